@@ -1,0 +1,50 @@
+# lora-share: every target sets up what it needs, so `make demo` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.lora-share-installed
+RUNNER := build/runner
+CONFIG ?= configs/llama_adapters.yaml
+OUT ?= out/llama_adapters
+
+.PHONY: all setup runner demo test bench clean system-deps
+
+all: setup runner
+
+# Compilers and CMake for the C++ runner (present on most machines; installed from Debian when missing).
+system-deps:
+	@command -v cmake >/dev/null && command -v g++ >/dev/null || { \
+	  echo "installing cmake and g++ from Debian"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make; }
+
+# The venv: torch pinned to 2.13.0 (the CPU build), executorch 1.5.1, this package editable, test tools.
+$(SETUP_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(SETUP_STAMP)
+
+# The C++ runner, built against the runtime shipped in the executorch wheel (never from source).
+$(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/*) | system-deps
+	cmake -S cpp_runner -B build/cmake -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import executorch, os; print(os.path.dirname(executorch.__file__))')" >/dev/null
+	cmake --build build/cmake -j2
+
+runner: $(RUNNER)
+
+demo: setup runner
+	$(VENV)/bin/lora-share build $(CONFIG)
+	@echo "--- lora-share run (Python runtime), adapter_a:"
+	$(VENV)/bin/lora-share run --pte $(OUT)/adapter_a.pte --ptd $(OUT)/foundation.ptd --tokens 1,17,42 --max-new-tokens 8
+	@echo "--- build/runner (C++), adapter_a and adapter_b served from one process sharing foundation.ptd:"
+	printf 'adapter_a\t1,17,42\nadapter_b\t1,17,42\n' | $(RUNNER) --ptd $(OUT)/foundation.ptd \
+	  --pte $(OUT)/adapter_a.pte --pte $(OUT)/adapter_b.pte --max-new-tokens 8 --serve
+
+test: setup runner
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf build out .pytest_cache

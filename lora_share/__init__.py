@@ -1,0 +1,36 @@
+"""lora-share: one shared foundation.ptd, one small .pte per LoRA adapter, on ExecuTorch.
+
+Python API (the CLI calls the same functions)::
+
+    import lora_share
+    lora_share.validate("configs/llama_adapters.yaml")      # -> BuildConfig, or raises ConfigErrors
+    manifest = lora_share.build("configs/llama_adapters.yaml")
+    gen = lora_share.run("out/llama_adapters/adapter_a.pte", "out/llama_adapters/foundation.ptd", [1, 17, 42])
+"""
+
+import logging
+
+# torchao (pulled in by executorch) logs optional CUDA kernels it cannot load, and torch
+# warns about its Enum registration; neither concerns a CPU export, so keep the CLI readable.
+logging.getLogger("torchao").setLevel(logging.ERROR)
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+from .config import load_config as validate  # noqa: E402
+from .errors import ConfigErrors, UserError  # noqa: E402
+
+
+def build(config_path, quiet: bool = False) -> dict:
+    """Build every output of a config file; returns the manifest."""
+    from .build import build as _build
+
+    return _build(config_path, quiet=quiet)
+
+
+def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0):
+    """Generate with an adapter .pte over a foundation .ptd through ExecuTorch's Python runtime."""
+    from .runtime import run as _run
+
+    return _run(pte, ptd, tokens, max_new_tokens, temperature, seed)
+
+
+__all__ = ["build", "run", "validate", "ConfigErrors", "UserError"]

@@ -1,0 +1,308 @@
+"""The build config: YAML validated into typed, nested dataclasses.
+
+Every problem is collected (not just the first) and reported with the file, the
+full key path and what to do; an unknown key gets a "did you mean". Relative
+paths resolve against the YAML file's folder. ``config_json_schema()`` derives
+the JSON Schema in ``schema/config.schema.json`` from the same dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from .errors import ConfigErrors, UserError
+from .model import LORA_TARGETS
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _f(help: str, default=dataclasses.MISSING, **meta):
+    """A dataclass field with help text and schema constraints (minimum, choices)."""
+    kw = {"metadata": {"help": help, **meta}}
+    if default is not dataclasses.MISSING:
+        if isinstance(default, (list, dict)):
+            kw["default_factory"] = lambda d=default: type(d)(d)
+        else:
+            kw["default"] = default
+    return field(**kw)
+
+
+@dataclass
+class SyntheticFoundation:
+    """Deterministic demo weights for a llama-family foundation (no download)."""
+
+    dim: int = _f("model width (hidden_size)", minimum=8)
+    n_layers: int = _f("number of decoder layers", minimum=1)
+    n_heads: int = _f("attention heads", minimum=1)
+    n_kv_heads: int = _f("key/value heads (grouped-query attention)", minimum=1)
+    hidden_dim: int = _f("SwiGLU width (intermediate_size)", minimum=1)
+    vocab_size: int = _f("vocabulary size", minimum=2)
+    tie_embeddings: bool = _f("share the input embedding with the output projection", True)
+    seed: int = _f("random seed of the weights", 0, minimum=0)
+    norm_eps: float = _f("RMSNorm epsilon", 1e-5)
+    rope_theta: float = _f("RoPE base", 10000.0)
+
+
+@dataclass
+class FoundationConfig:
+    """The shared base model: a Hugging Face checkpoint or synthetic weights."""
+
+    checkpoint: Optional[Path] = _f(
+        "Hugging Face llama folder: config.json + model.safetensors (or shards + index json)", None, path=True
+    )
+    synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
+    max_seq_len: int = _f("longest prompt + generation the exported program accepts", 128, minimum=2)
+
+
+@dataclass
+class SyntheticAdapter:
+    """Deterministic demo LoRA weights."""
+
+    rank: int = _f("LoRA rank r", minimum=1)
+    alpha: float = _f("LoRA alpha (scale = alpha / rank)")
+    target_modules: list[str] = _f("linears to adapt", choices=list(LORA_TARGETS))
+    seed: int = _f("random seed of the weights", 0, minimum=0)
+    layers: Optional[list[int]] = _f("only these decoder layers (default: all)", None)
+
+
+@dataclass
+class AdapterConfig:
+    """One LoRA adapter: a PEFT folder or synthetic weights."""
+
+    name: str = _f("adapter name; the output is <name>.pte", pattern=NAME_RE.pattern)
+    peft: Optional[Path] = _f("PEFT folder: adapter_config.json + adapter_model.safetensors", None, path=True)
+    synthetic: Optional[SyntheticAdapter] = _f("deterministic demo LoRA weights instead of a PEFT folder", None)
+
+
+@dataclass
+class BuildConfig:
+    """What ``lora-share build`` reads."""
+
+    foundation: FoundationConfig = _f("the shared base model")
+    adapters: list[AdapterConfig] = _f("LoRA adapters, one .pte each")
+    output_dir: Optional[Path] = _f("where outputs go (default: out/<config file stem>)", None, path=True)
+    source: Optional[Path] = field(default=None, metadata={"internal": True})
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}s"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", Path: "a path"}[tp]
+
+
+class _Loader:
+    """Walks YAML data against the dataclass tree, collecting every problem."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+        self.problems: list[str] = []
+
+    def problem(self, key: str, msg: str) -> None:
+        self.problems.append(f"{key or '<top level>'}: {msg}")
+
+    def value(self, tp, data, key: str, meta: dict):
+        origin = typing.get_origin(tp)
+        if origin is typing.Union:
+            (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+            return None if data is None else self.value(inner, data, key, meta)
+        if dataclasses.is_dataclass(tp):
+            return self.dataclass(tp, data, key)
+        if origin is list:
+            if not isinstance(data, list):
+                self.problem(key, f"expected {_type_name(tp)}, got {data!r}")
+                return None
+            (item,) = typing.get_args(tp)
+            return [self.value(item, v, f"{key}[{i}]", meta) for i, v in enumerate(data)]
+        return self.scalar(tp, data, key, meta)
+
+    def scalar(self, tp, data, key: str, meta: dict):
+        ok = {
+            bool: isinstance(data, bool),
+            int: isinstance(data, int) and not isinstance(data, bool),
+            float: isinstance(data, (int, float)) and not isinstance(data, bool),
+            str: isinstance(data, str),
+            Path: isinstance(data, str) and data != "",
+        }[tp]
+        if not ok:
+            self.problem(key, f"expected {_type_name(tp)}, got {data!r}")
+            return None
+        if "minimum" in meta and data < meta["minimum"]:
+            self.problem(key, f"must be at least {meta['minimum']}, got {data}")
+        if "choices" in meta and data not in meta["choices"]:
+            hint = difflib.get_close_matches(str(data), meta["choices"], n=1)
+            did = f" (did you mean {hint[0]!r}?)" if hint else ""
+            self.problem(key, f"{data!r} is not one of {', '.join(meta['choices'])}{did}")
+        if "pattern" in meta and not re.match(meta["pattern"], data):
+            self.problem(key, f"{data!r} must be letters, digits, '_', '.' or '-', starting with a letter or digit")
+        if tp is Path:
+            p = Path(data).expanduser()
+            return p if p.is_absolute() else (self.base_dir / p).resolve()
+        return float(data) if tp is float else data
+
+    def dataclass(self, cls, data, key: str):
+        if not isinstance(data, dict):
+            self.problem(key, f"expected a mapping, got {data!r}")
+            return None
+        fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+        for k in data:
+            if k not in fields:
+                hint = difflib.get_close_matches(str(k), list(fields), n=1)
+                did = f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(fields)}"
+                self.problem(_join(key, k), f"unknown key{did}")
+        kwargs = {}
+        hints = _hints(cls)
+        for name, f in fields.items():
+            sub = _join(key, name)
+            if name in data:
+                kwargs[name] = self.value(hints[name], data[name], sub, f.metadata)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                self.problem(sub, f"missing (required: {f.metadata['help']})")
+                kwargs[name] = None
+        return cls(**kwargs)
+
+
+def _join(key: str, name) -> str:
+    return f"{key}.{name}" if key else str(name)
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
+    """Cross-field rules the types cannot express."""
+    fnd = cfg.foundation
+    if fnd is not None:
+        if (fnd.checkpoint is None) == (fnd.synthetic is None):
+            L.problem("foundation", "give exactly one of 'checkpoint' or 'synthetic'")
+        if fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
+            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face llama folder)")
+        s = fnd.synthetic
+        if s is not None and None not in (s.dim, s.n_heads, s.n_kv_heads):
+            if s.n_heads and s.dim % s.n_heads:
+                L.problem("foundation.synthetic.dim", f"{s.dim} is not divisible by n_heads {s.n_heads}")
+            if s.n_kv_heads and s.n_heads % s.n_kv_heads:
+                L.problem("foundation.synthetic.n_kv_heads", f"n_heads {s.n_heads} is not a multiple of {s.n_kv_heads}")
+            elif s.n_heads and (s.dim // s.n_heads) % 2:
+                L.problem("foundation.synthetic.dim", "head size dim / n_heads must be even for RoPE")
+    if cfg.adapters is not None:
+        if not cfg.adapters:
+            L.problem("adapters", "list at least one adapter")
+        seen: dict[str, int] = {}
+        for i, a in enumerate(cfg.adapters):
+            if a is None:
+                continue
+            key = f"adapters[{i}]"
+            if a.name in seen:
+                L.problem(f"{key}.name", f"{a.name!r} is already used by adapters[{seen[a.name]}]")
+            elif a.name is not None:
+                seen[a.name] = i
+            if (a.peft is None) == (a.synthetic is None):
+                L.problem(key, "give exactly one of 'peft' or 'synthetic'")
+            if a.peft is not None and not a.peft.is_dir():
+                L.problem(f"{key}.peft", f"{a.peft}: no such folder (a PEFT adapter folder)")
+            if a.synthetic is not None and a.synthetic.target_modules == []:
+                L.problem(f"{key}.synthetic.target_modules", "list at least one module")
+
+
+def load_config(path) -> BuildConfig:
+    """Read and validate ``path``; raise ConfigErrors listing every problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}:{where} not valid YAML: {getattr(e, 'problem', e)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read: {e}") from None
+    L = _Loader(path.resolve().parent)
+    cfg = L.dataclass(BuildConfig, data if data is not None else {}, "")
+    if cfg is not None:
+        _check_semantics(cfg, L)
+    if L.problems:
+        raise ConfigErrors(path, L.problems)
+    cfg.source = path.resolve()
+    if cfg.output_dir is None:
+        cfg.output_dir = (Path.cwd() / "out" / path.stem).resolve()
+    return cfg
+
+
+def config_to_dict(obj) -> Any:
+    """Plain data (for the resolved config saved beside the outputs)."""
+    if dataclasses.is_dataclass(obj):
+        return {
+            f.name: config_to_dict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if getattr(obj, f.name) is not None and not f.metadata.get("internal")
+        }
+    if isinstance(obj, list):
+        return [config_to_dict(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# JSON Schema
+
+
+def _schema(tp, meta: dict) -> dict:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _schema(inner, meta)
+    if dataclasses.is_dataclass(tp):
+        hints = _hints(tp)
+        fields = [f for f in dataclasses.fields(tp) if not f.metadata.get("internal")]
+        out = {
+            "type": "object",
+            "description": (tp.__doc__ or "").strip(),
+            "additionalProperties": False,
+            "properties": {f.name: _schema(hints[f.name], f.metadata) for f in fields},
+        }
+        required = [
+            f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        if required:
+            out["required"] = required
+        return out
+    if origin is list:
+        item_meta = {k: v for k, v in meta.items() if k in ("choices", "minimum")}
+        out = {"type": "array", "items": _schema(typing.get_args(tp)[0], item_meta)}
+    else:
+        out = {"type": {int: "integer", float: "number", bool: "boolean", str: "string", Path: "string"}[tp]}
+        if "minimum" in meta:
+            out["minimum"] = meta["minimum"]
+        if "choices" in meta:
+            out["enum"] = list(meta["choices"])
+        if "pattern" in meta:
+            out["pattern"] = meta["pattern"]
+    if "help" in meta:
+        out["description"] = meta["help"]
+    return out
+
+
+def config_json_schema() -> dict:
+    """JSON Schema (draft 2020-12) of the config, derived from the dataclasses."""
+    schema = _schema(BuildConfig, {})
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "lora-share build config", **schema}

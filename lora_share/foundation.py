@@ -1,0 +1,172 @@
+"""The foundation model's weights: a Hugging Face llama checkpoint or synthetic demo weights.
+
+Tensors keep Hugging Face's names (``model.layers.0.mlp.up_proj.weight``) and are
+converted to float32. With tied embeddings there is no ``lm_head.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .config import FoundationConfig, SyntheticFoundation
+from .errors import UserError
+from .files import sha256_file
+from .model import LlamaLoRA, ModelArgs
+
+# Checkpoint keys that carry no weights (recomputed buffers some exporters save).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class Foundation:
+    args: ModelArgs
+    tensors: dict[str, torch.Tensor]
+    source: dict
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        return expected_shapes(self.args)
+
+
+def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Foundation parameter names and shapes for ``args`` (Hugging Face naming)."""
+    with torch.device("meta"):
+        m = LlamaLoRA(args)
+    return {n: tuple(p.shape) for n, p in m.named_parameters()}
+
+
+def load_foundation(cfg: FoundationConfig, where: str = "foundation") -> Foundation:
+    """Load the foundation described by ``cfg`` (validated config)."""
+    if cfg.synthetic is not None:
+        return synthetic_foundation(cfg.synthetic, cfg.max_seq_len)
+    return load_hf_checkpoint(cfg.checkpoint, cfg.max_seq_len)
+
+
+def synthetic_foundation(s: SyntheticFoundation, max_seq_len: int) -> Foundation:
+    """Deterministic weights: the same config always gives the same bytes.
+
+    Scales are chosen so logits are well separated (greedy decoding is stable
+    under float rounding): embeddings ~N(0,1), linears ~N(0, 1/fan_in), norms ~1.
+    """
+    args = ModelArgs(
+        dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+        hidden_dim=s.hidden_dim, vocab_size=s.vocab_size, norm_eps=s.norm_eps,
+        rope_theta=s.rope_theta, tie_embeddings=s.tie_embeddings, max_seq_len=max_seq_len,
+    )
+    gen = torch.Generator().manual_seed(s.seed)
+    tensors = {}
+    for name, shape in sorted(expected_shapes(args).items()):
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif name == "model.embed_tokens.weight":
+            t = torch.randn(shape, generator=gen)
+        else:
+            t = torch.randn(shape, generator=gen) / shape[1] ** 0.5
+        tensors[name] = t
+    return Foundation(args, tensors, {"kind": "synthetic", **asdict(s)})
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing ({what})") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not readable JSON ({what}): {e}") from None
+
+
+def hf_model_args(config_path: Path, max_seq_len: int) -> ModelArgs:
+    """ModelArgs from a Hugging Face ``config.json``; refuses what changes the math and isn't supported."""
+    c = _read_json(config_path, "the Hugging Face model config")
+
+    def bad(key, msg):
+        raise UserError(f"{config_path}: {key}: {msg}")
+
+    if c.get("model_type", "llama") != "llama":
+        bad("model_type", f"{c.get('model_type')!r} is not supported; lora-share exports llama-family models")
+    if c.get("hidden_act", "silu") != "silu":
+        bad("hidden_act", f"{c['hidden_act']!r} is not supported (llama uses silu)")
+    for flag in ("attention_bias", "mlp_bias"):
+        if c.get(flag):
+            bad(flag, "biases are not supported; llama has none")
+    scaling = c.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind not in ("default", "llama3"):
+            bad("rope_scaling", f"type {kind!r} is not supported (supported: llama3)")
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if not isinstance(c.get(key), int) or c[key] < 1:
+            bad(key, "missing or not a positive integer")
+    return ModelArgs(
+        dim=c["hidden_size"],
+        n_layers=c["num_hidden_layers"],
+        n_heads=c["num_attention_heads"],
+        n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+        hidden_dim=c["intermediate_size"],
+        vocab_size=c["vocab_size"],
+        head_dim=c.get("head_dim"),
+        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(c.get("rope_theta", 10000.0)),
+        rope_scaling=scaling if scaling else None,
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        max_seq_len=max_seq_len,
+    )
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index, "the safetensors shard index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UserError(f"{index}: weight_map: missing or not a mapping")
+        files = sorted({folder / f for f in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise UserError(f"{index}: names shard {f.name}, which is missing from {folder}")
+        return files
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise UserError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    return [single]
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file, with a clear error for a bad file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable safetensors file ({e}); the file may be truncated") from None
+
+
+def load_hf_checkpoint(folder: Path, max_seq_len: int) -> Foundation:
+    """Load a Hugging Face llama folder and check every tensor's name and shape."""
+    folder = Path(folder)
+    args = hf_model_args(folder / "config.json", max_seq_len)
+    raw: dict[str, torch.Tensor] = {}
+    files = _weight_files(folder)
+    for f in files:
+        raw.update(read_safetensors(f))
+    expected = expected_shapes(args)
+    tensors = {}
+    for name, shape in expected.items():
+        if name not in raw:
+            raise UserError(f"{folder}: tensor {name!r} is missing from the checkpoint (expected shape {list(shape)})")
+        t = raw.pop(name)
+        if tuple(t.shape) != shape:
+            raise UserError(
+                f"{folder}: tensor {name!r} has shape {list(t.shape)}, config.json implies {list(shape)}"
+            )
+        tensors[name] = t.to(torch.float32).contiguous()
+    if args.tie_embeddings:
+        raw.pop("lm_head.weight", None)  # some exporters save the tied copy too
+    extra = [k for k in raw if not k.endswith(_IGNORED_SUFFIXES)]
+    if extra:
+        raise UserError(f"{folder}: unexpected tensors for a llama model: {', '.join(sorted(extra)[:5])}")
+    hashes = {f.name: sha256_file(f) for f in files}
+    return Foundation(args, tensors, {"kind": "checkpoint", "path": str(folder), "sha256": hashes})

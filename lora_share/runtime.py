@@ -1,0 +1,94 @@
+"""``lora-share run``: an adapter .pte against a foundation .ptd through ExecuTorch's Python runtime."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+from .generate import Generation, check_request, generate
+
+
+def _require_file(path: Path, flag: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{flag} {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{flag} {path}: not readable")
+    return path
+
+
+class _native_stderr:
+    """Capture what the C++ runtime writes to fd 2 while loading (cpuinfo chatter on
+    success; the reason on failure, which is then put into our one-line error)."""
+
+    def __enter__(self):
+        import tempfile
+
+        self.file = tempfile.TemporaryFile(mode="w+b")
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+
+    def lines(self) -> list[str]:
+        self.file.seek(0)
+        text = self.file.read().decode(errors="replace")
+        return [ln.split("] ", 1)[-1].strip() for ln in text.splitlines() if ln.strip()]
+
+
+def _explain(failure: Exception, native: list[str]) -> str:
+    """The runtime's own reason, in words a user can act on."""
+    import re
+
+    for line in native:
+        m = re.search(r"constant data for key (\w+)", line)
+        if m:
+            return (f"the .ptd has no data for key {m.group(1)[:16]}... that the .pte needs: "
+                    "was this adapter built against a different foundation?")
+    relevant = [ln for ln in native if ("Failed" in ln or "rror" in ln) and "midr" not in ln]
+    return "; ".join(relevant) or str(failure)
+
+
+class LoadedAdapter:
+    """One adapter program loaded against a foundation data file."""
+
+    def __init__(self, pte: Path, ptd: Path):
+        import torch  # noqa: F401  (registers tensor types the runtime returns)
+        from executorch.runtime import Runtime
+
+        self.pte, self.ptd = _require_file(pte, "--pte"), _require_file(ptd, "--ptd")
+        t0 = time.perf_counter()
+        with _native_stderr() as log:
+            try:
+                program = Runtime.get().load_program(str(self.pte), data_path=str(self.ptd))
+                self.forward = program.load_method("forward")
+                self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
+                self.vocab_size = int(program.load_method("get_vocab_size").execute([])[0])
+                failure = None
+            except RuntimeError as e:
+                failure = e
+        if failure is not None:
+            raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
+        self.load_s = time.perf_counter() - t0
+
+    def step(self, tokens: list[int], pos: int) -> np.ndarray:
+        import torch
+
+        out = self.forward.execute([torch.tensor([tokens], dtype=torch.int64), torch.tensor([pos], dtype=torch.int64)])
+        return out[0].reshape(-1).numpy().astype(np.float32)
+
+
+def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0) -> Generation:
+    """Generate ``max_new_tokens`` ids after ``tokens``; returns tokens, logits rows and timings."""
+    adapter = LoadedAdapter(Path(pte), Path(ptd))
+    check_request(tokens, max_new_tokens, adapter.vocab_size, adapter.max_seq_len)
+    gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed)
+    gen.timings["load_s"] = adapter.load_s
+    return gen

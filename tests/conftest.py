@@ -1,0 +1,77 @@
+"""Session fixtures: tiny exports built once and shared by every test that needs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+
+TINY_FOUNDATION = {
+    "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
+    "vocab_size": 256, "tie_embeddings": True, "seed": 0,
+}
+TINY_ADAPTERS = [
+    {"name": "tiny_a", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
+    {"name": "tiny_b", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj", "gate_proj", "down_proj"], "seed": 2}},
+    {"name": "tiny_c", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["k_proj", "up_proj"], "seed": 3, "layers": [1]}},
+]
+
+
+@dataclass
+class Build:
+    config: Path
+    out_dir: Path
+    manifest: dict
+
+    @property
+    def ptd(self) -> Path:
+        return self.out_dir / "foundation.ptd"
+
+    @property
+    def ptes(self) -> dict[str, Path]:
+        return {a["name"]: self.out_dir / a["file"] for a in self.manifest["adapters"]}
+
+
+def write_config(folder: Path, foundation: dict, adapters: list, name: str = "deploy") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation, "adapters": adapters}))
+    return path
+
+
+def build_config(path: Path) -> Build:
+    import lora_share
+
+    manifest = lora_share.build(path, quiet=True)
+    return Build(path, path.parent / "out", manifest)
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory) -> Build:
+    """Three synthetic adapters (different ranks, targets, layer subsets) over a tied tiny foundation."""
+    folder = tmp_path_factory.mktemp("tiny")
+    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, TINY_ADAPTERS)
+    return build_config(cfg)
+
+
+@pytest.fixture(scope="session")
+def runner_bin() -> Path:
+    """The C++ runner, built by `make runner` if it is not built yet."""
+    binary = REPO / "build" / "runner"
+    if not binary.exists() or os.environ.get("LORA_SHARE_REBUILD_RUNNER"):
+        subprocess.run(["make", "-C", str(REPO), "runner"], check=True, capture_output=True)
+    return binary
+
+
+def run_cli(*args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    """The real `lora-share` command, as a user types it."""
+    exe = Path(sys.executable).parent / "lora-share"
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)
