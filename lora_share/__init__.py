@@ -21,7 +21,7 @@ from .errors import ConfigErrors, UserError  # noqa: E402
 
 def build(config_path, quiet: bool = False) -> dict:
     """Build every output of a config file; returns the manifest."""
-    from .build import build as _build
+    from .builder import build as _build
 
     return _build(config_path, quiet=quiet)
 

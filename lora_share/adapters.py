@@ -7,6 +7,7 @@ shape depends only on ranks and targets.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -128,8 +129,8 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
         bad("peft_type", f"{cfg['peft_type']!r} is not supported; only LORA adapters are")
     for key, off in _UNSUPPORTED.items():
         if key in cfg and cfg[key] not in off:
-            bad(key, f"{cfg[key]!r} changes the adapter's math and is not supported by lora-share; "
-                     f"retrain without it (supported: {off[0]!r})")
+            bad(key, f"{json.dumps(cfg[key])} changes the adapter's math and is not supported by lora-share; "
+                     f"retrain without it (supported: {json.dumps(off[0])})")
     if cfg.get("layers_pattern") not in (None, "", "layers", ["layers"]):
         bad("layers_pattern", f"{cfg['layers_pattern']!r} is not supported (llama layers are 'layers')")
     if not isinstance(cfg.get("r"), int) or cfg["r"] < 1:

@@ -28,7 +28,7 @@ def _cmd_validate(ns) -> int:
 
 
 def _cmd_build(ns) -> int:
-    from .build import build
+    from .builder import build
 
     manifest = build(ns.config, quiet=ns.json)
     if ns.json:

@@ -1,0 +1,99 @@
+#include "foundation.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace lora_share {
+
+using executorch::extension::FlatTensorDataMap;
+using executorch::extension::MmapDataLoader;
+using executorch::runtime::Error;
+using executorch::runtime::FreeableBuffer;
+using executorch::runtime::Result;
+using executorch::runtime::TensorLayout;
+
+Status check_readable_file(const std::string& path, const std::string& flag) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    int err = errno;
+    return Status::failure(flag + " " + path + ": " +
+                           (err == ENOENT ? std::string("no such file")
+                                          : std::strerror(err)));
+  }
+  struct stat st;
+  bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  ::close(fd);
+  if (!regular) return Status::failure(flag + " " + path + ": not a regular file");
+  return Status();
+}
+
+StatusOr<std::unique_ptr<Foundation>> Foundation::open(
+    const std::string& path) {
+  Status readable = check_readable_file(path, "--ptd");
+  if (!readable.ok()) return readable;
+
+  std::unique_ptr<Foundation> f(new Foundation());
+  f->path_ = path;
+  // NoMlock: the point is to let the kernel share and evict these pages;
+  // locking would pin the whole foundation even where XNNPACK has already
+  // packed its own copy of a weight.
+  Result<MmapDataLoader> loader =
+      MmapDataLoader::from(path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
+  if (!loader.ok())
+    return Status::failure("--ptd " + path + ": could not map the file");
+  f->loader_ = std::make_unique<MmapDataLoader>(std::move(loader.get()));
+
+  Result<FlatTensorDataMap> map = FlatTensorDataMap::load(f->loader_.get());
+  if (!map.ok())
+    return Status::failure("--ptd " + path +
+                           ": not an ExecuTorch data file (.ptd); pass the "
+                           "foundation.ptd written by the export");
+  f->data_map_ = std::make_unique<FlatTensorDataMap>(std::move(map.get()));
+  return f;
+}
+
+void KeyRecordingDataMap::note(std::string_view key, Error error) const {
+  if (error != Error::NotFound) return;
+  std::string k(key);
+  if (missing_set_.insert(k).second) missing_.push_back(k);
+}
+
+Result<const TensorLayout> KeyRecordingDataMap::get_tensor_layout(
+    std::string_view key) const {
+  // Result<const T> cannot be moved (ExecuTorch placement-news into a const
+  // member), so the found case returns a fresh lookup, which C++17 elides.
+  auto probe = inner_->get_tensor_layout(key);
+  if (!probe.ok()) {
+    note(key, probe.error());
+    return probe.error();
+  }
+  return inner_->get_tensor_layout(key);
+}
+
+Result<FreeableBuffer> KeyRecordingDataMap::get_data(
+    std::string_view key) const {
+  auto r = inner_->get_data(key);
+  if (!r.ok()) note(key, r.error());
+  return r;
+}
+
+Error KeyRecordingDataMap::load_data_into(std::string_view key, void* buffer,
+                                          size_t size) const {
+  Error e = inner_->load_data_into(key, buffer, size);
+  note(key, e);
+  return e;
+}
+
+Result<uint32_t> KeyRecordingDataMap::get_num_keys() const {
+  return inner_->get_num_keys();
+}
+
+Result<const char*> KeyRecordingDataMap::get_key(uint32_t index) const {
+  return inner_->get_key(index);
+}
+
+}  // namespace lora_share

@@ -1,0 +1,34 @@
+// What the runner prints: the --json object, the --serve answer lines, the
+// error line of --serve, and the human summary.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "generate.h"
+#include "memory_stats.h"
+#include "session.h"
+
+namespace lora_share {
+
+// The one object --json prints for a single run.
+std::string run_json(const Session& session, const Adapter& adapter,
+                     const std::vector<int64_t>& prompt, const Generation& g,
+                     const MemoryStats& end);
+
+// One --serve answer line.
+std::string serve_answer_json(const Adapter& adapter,
+                              const std::vector<int64_t>& prompt,
+                              const Generation& g);
+
+// One --serve error line: {"error": "..."}.
+std::string error_json(const std::string& message);
+
+// Plain output: the ids on stdout's line is printed by main; this is the
+// summary for stderr.
+void print_summary(std::FILE* out, const Session& session, const Adapter& adapter,
+                   const std::vector<int64_t>& prompt, const Generation& g,
+                   const MemoryStats& end);
+
+}  // namespace lora_share

@@ -1,0 +1,66 @@
+#include "session.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+
+namespace lora_share {
+
+Adapter* Session::find(const std::string& name) const {
+  for (const auto& a : adapters)
+    if (a->name() == name) return a.get();
+  return nullptr;
+}
+
+std::string Session::names() const {
+  std::string out;
+  for (const auto& a : adapters) out += (out.empty() ? "" : ", ") + a->name();
+  return out;
+}
+
+StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto session = std::make_unique<Session>();
+  session->ptd = options.ptd;
+  session->mode = options.stock ? "stock" : "shared";
+  bool weight_cache = !(options.stock || options.no_weight_cache);
+  // Workspace sharing stays at the backend's default on the stock path, which
+  // is meant to measure ExecuTorch as shipped.
+  Status s = session->xnnpack.configure(weight_cache,
+                                        /*share_workspace=*/!options.stock);
+  if (!s.ok()) return s;
+  if (!options.packed_cache.empty()) {
+    struct stat st;
+    session->packed_cache_warm =
+        stat(options.packed_cache.c_str(), &st) == 0 && st.st_size > 0;
+    s = session->xnnpack.use_packed_cache(options.packed_cache);
+    if (!s.ok()) return s;
+  }
+  session->xnnpack_state = session->xnnpack.read_state();
+
+  if (!options.stock) {
+    auto foundation = Foundation::open(options.ptd);
+    if (!foundation.ok()) return foundation.status();
+    session->foundation = std::move(foundation.value());
+  }
+  for (const std::string& pte : options.ptes) {
+    auto adapter =
+        options.stock
+            ? load_stock_adapter(pte, options.ptd)
+            : load_shared_adapter(pte, *session->foundation,
+                                  session->xnnpack.load_options());
+    if (!adapter.ok()) return adapter.status();
+    session->adapters.push_back(std::move(adapter.value()));
+  }
+  if (!options.packed_cache.empty()) {
+    s = session->xnnpack.save_packed_cache();
+    if (!s.ok()) return s;
+  }
+  session->load_ms = std::chrono::duration<double, std::milli>(
+                         std::chrono::steady_clock::now() - t0)
+                         .count();
+  session->after_load = read_memory_stats();
+  return session;
+}
+
+}  // namespace lora_share

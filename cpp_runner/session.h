@@ -1,0 +1,40 @@
+// Everything loaded once per process: XNNPACK settings, the shared
+// foundation and every adapter named with --pte.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "adapter.h"
+#include "flags.h"
+#include "foundation.h"
+#include "memory_stats.h"
+#include "status.h"
+#include "xnnpack_options.h"
+
+namespace lora_share {
+
+struct Session {
+  // Declaration order is destruction order in reverse: adapters must go
+  // before the foundation they point into.
+  XnnpackSettings xnnpack;
+  std::unique_ptr<Foundation> foundation;  // null on the --stock path
+  std::vector<std::unique_ptr<Adapter>> adapters;
+
+  std::string ptd;   // --ptd, as given
+  std::string mode;  // "shared" or "stock"
+  XnnpackState xnnpack_state;
+  bool packed_cache_warm = false;  // the cache file held data before loading
+  double load_ms = 0;
+  MemoryStats after_load;
+
+  // The adapter called `name` (the .pte stem), or null.
+  Adapter* find(const std::string& name) const;
+  // "a, b, c": the names, for error messages.
+  std::string names() const;
+};
+
+StatusOr<std::unique_ptr<Session>> load_session(const Options& options);
+
+}  // namespace lora_share

@@ -1,0 +1,106 @@
+// The stock loading path, kept for comparison: one
+// executorch::extension::Module per adapter, each opening the foundation
+// itself, as ExecuTorch's LLM runner does. main() turns the XNNPACK weight
+// cache off for this path, so every adapter packs its own copy of the
+// foundation's delegated weights.
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr.h>
+
+#include <chrono>
+
+#include "adapter.h"
+#include "adapter_outputs.h"
+#include "et_platform.h"
+#include "flags.h"
+
+namespace lora_share {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::extension::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+class StockAdapter final : public Adapter {
+ public:
+  Status load(const std::string& pte, const std::string& ptd);
+  Status step(const std::vector<int64_t>& tokens, int64_t pos,
+              std::vector<float>* logits) override;
+
+ private:
+  StatusOr<int64_t> run_constant_method(const char* method_name);
+  std::unique_ptr<Module> module_;
+};
+
+Status StockAdapter::load(const std::string& pte, const std::string& ptd) {
+  auto t0 = std::chrono::steady_clock::now();
+  name_ = adapter_name_of(pte);
+  pte_path_ = pte;
+  Status readable = check_readable_file(pte, "--pte");
+  if (!readable.ok()) return readable;
+  set_phase("loading " + pte + " against " + ptd +
+            " (do they come from the same export?)");
+  // MmapUseMlockIgnoreErrors is the LLM runner's default load mode.
+  module_ = std::make_unique<Module>(pte, ptd,
+                                     Module::LoadMode::MmapUseMlockIgnoreErrors);
+  clear_last_runtime_error();
+  Error err = module_->load_method("forward");
+  if (err != Error::Ok) {
+    std::string detail = last_runtime_error();
+    return Status::failure("could not load " + pte + " against " + ptd + " (" +
+                           executorch::runtime::to_string(err) +
+                           (detail.empty() ? "" : ": " + detail) + ")");
+  }
+  auto vocab = run_constant_method("get_vocab_size");
+  if (!vocab.ok()) return vocab.status();
+  auto max_seq_len = run_constant_method("get_max_seq_len");
+  if (!max_seq_len.ok()) return max_seq_len.status();
+  vocab_size_ = vocab.value();
+  max_seq_len_ = max_seq_len.value();
+  load_ms_ = std::chrono::duration<double, std::milli>(
+                 std::chrono::steady_clock::now() - t0)
+                 .count();
+  set_phase("running " + pte);
+  return Status();
+}
+
+StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
+  std::string what = pte_path_ + ": " + method_name + "()";
+  auto out = module_->execute(method_name);
+  if (!out.ok() || out->size() != 1)
+    return Status::failure(what + " failed to run (the export contract "
+                           "requires it)");
+  return int_from_output(out.get()[0], what);
+}
+
+Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
+                          std::vector<float>* logits) {
+  auto tokens_tensor = executorch::extension::make_tensor_ptr(
+      {1, static_cast<int32_t>(tokens.size())},
+      const_cast<int64_t*>(tokens.data()), ScalarType::Long);
+  auto pos_tensor =
+      executorch::extension::make_tensor_ptr({1}, &pos, ScalarType::Long);
+  std::string what = pte_path_ + ": forward";
+  auto out = module_->execute(
+      "forward", std::vector<EValue>{EValue(*tokens_tensor), EValue(*pos_tensor)});
+  if (!out.ok())
+    return Status::failure(what + " failed (" +
+                           executorch::runtime::to_string(out.error()) + ": " +
+                           last_runtime_error() + ")");
+  if (out->empty()) return Status::failure(what + " returned nothing");
+  return logits_from_output(out.get()[0], vocab_size_, what, logits);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
+                                                      const std::string& ptd) {
+  Status readable = check_readable_file(ptd, "--ptd");
+  if (!readable.ok()) return readable;
+  auto adapter = std::make_unique<StockAdapter>();
+  Status s = adapter->load(pte, ptd);
+  if (!s.ok()) return s;
+  return std::unique_ptr<Adapter>(std::move(adapter));
+}
+
+}  // namespace lora_share

@@ -1,0 +1,78 @@
+#include "xnnpack_options.h"
+
+#include <executorch/runtime/backend/interface.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace lora_share {
+
+using executorch::runtime::BackendOption;
+using executorch::runtime::BackendOptions;
+using executorch::runtime::Error;
+using executorch::runtime::Span;
+
+namespace {
+constexpr char kBackend[] = "XnnpackBackend";
+constexpr int kGlobalWorkspace = 2;
+}  // namespace
+
+Status XnnpackSettings::configure(bool weight_cache, bool share_workspace) {
+  BackendOptions<2> options;
+  options.set_option("weight_cache_enabled", weight_cache);
+  if (share_workspace) options.set_option("workspace_sharing_mode", kGlobalWorkspace);
+  Error err = executorch::runtime::set_option(kBackend, options.view());
+  if (err == Error::NotFound)
+    return Status::failure("the XNNPACK backend is not registered: the runner "
+                           "was linked without libexecutorch_backend_xnnpack");
+  if (err != Error::Ok)
+    return Status::failure(std::string("XNNPACK rejected its options (") +
+                           executorch::runtime::to_string(err) + ")");
+  return Status();
+}
+
+Status XnnpackSettings::use_packed_cache(const std::string& path) {
+  if (path.size() >= executorch::runtime::kMaxOptionValueLength)
+    return Status::usage("--packed-cache: the path must be shorter than " +
+                         std::to_string(executorch::runtime::kMaxOptionValueLength) +
+                         " characters");
+  // XNNPACK silently falls back to memory when it cannot open the file, which
+  // would turn a typo into "the cache never warms up". Check it here.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+  if (fd < 0)
+    return Status::failure("--packed-cache " + path + ": " + std::strerror(errno));
+  ::close(fd);
+  load_options_.set_option("packed_cache_path", path.c_str());
+  Error err = load_options_map_.set_options(kBackend, load_options_.view());
+  if (err != Error::Ok)
+    return Status::failure("--packed-cache: could not set the load option");
+  has_load_options_ = true;
+  return Status();
+}
+
+Status XnnpackSettings::save_packed_cache() {
+  BackendOptions<1> options;
+  options.set_option("save_weight_cache_on_disk", true);
+  Error err = executorch::runtime::set_option(kBackend, options.view());
+  if (err != Error::Ok)
+    return Status::failure(std::string("could not save the packed-weight cache (") +
+                           executorch::runtime::to_string(err) + ")");
+  return Status();
+}
+
+XnnpackState XnnpackSettings::read_state() const {
+  XnnpackState state;
+  BackendOptions<2> options;
+  options.set_option("weight_cache_enabled", false);
+  options.set_option("workspace_sharing_mode", 0);
+  if (executorch::runtime::get_option(kBackend, options.view()) == Error::Ok) {
+    options.get_option("weight_cache_enabled", state.weight_cache);
+    options.get_option("workspace_sharing_mode", state.workspace_sharing_mode);
+  }
+  return state;
+}
+
+}  // namespace lora_share

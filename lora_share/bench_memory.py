@@ -1,0 +1,181 @@
+"""Memory benchmark for the C++ runner: what does one more loaded adapter cost?
+
+    python -m lora_share.bench_memory --ptd foundation.ptd --pte a.pte --pte b.pte \\
+        --pte c.pte --pte d.pte [--runner build/runner] [--json]
+
+For k = 1..N it starts the runner with the first k adapters loaded (one process
+each, `--json --max-new-tokens 1`) and reads the process's PSS right after
+loading (`memory.after_load.pss_kb`, from /proc/self/smaps_rollup). PSS divides
+shared file pages among the processes mapping them, so it is what a loaded
+adapter really costs. Three loading paths are measured side by side:
+
+- shared:   the runner's own path. One mmapped foundation.ptd feeds every
+            adapter, and XNNPACK's weight cache packs each foundation weight
+            once for the whole process.
+- no-cache: the same, with the weight cache off (`--no-weight-cache`): every
+            adapter packs its own copy of the foundation's delegated weights.
+- stock:    one `executorch::extension::Module(pte, ptd)` per adapter with the
+            weight cache off (`--stock`), as ExecuTorch's examples load.
+
+The bound checked on the shared path: adapter k adds at most
+1.2 x size(pte_k) + 4 MiB of PSS. The other paths are reported, not checked:
+they are expected to grow by about one foundation per adapter.
+
+It also times a cold and a warm start with `--packed-cache` (XNNPACK's
+packed-weight file: the first start packs and writes it, the second maps it).
+
+Exit status: 0 if every shared-path increment is within its bound, 1 if not,
+2 on bad arguments or a runner failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MIB = 1024 * 1024
+SLACK_BYTES = 4 * MIB
+PTE_FACTOR = 1.2
+MODES = {
+    "shared": [],
+    "no-cache": ["--no-weight-cache"],
+    "stock": ["--stock"],
+}
+
+
+class BenchError(Exception):
+    """The runner could not be started or failed; the message says why."""
+
+
+def run_runner(runner: Path, ptd: Path, ptes: list[Path], extra: list[str]) -> dict:
+    cmd = [str(runner), "--ptd", str(ptd)]
+    for pte in ptes:
+        cmd += ["--pte", str(pte)]
+    cmd += ["--tokens", "1", "--max-new-tokens", "1", "--json", *extra]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BenchError(f"could not run {runner}: {e}") from None
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def measure(runner: Path, ptd: Path, ptes: list[Path], mode: str) -> list[dict]:
+    """One row per adapter count: PSS after load and the increment over k-1."""
+    rows, previous = [], None
+    for k in range(1, len(ptes) + 1):
+        report = run_runner(runner, ptd, ptes[:k], MODES[mode])
+        mem = report["memory"]["after_load"]
+        pss = mem["pss_kb"] * 1024
+        row = {
+            "adapters": k,
+            "pss_bytes": pss,
+            "rss_bytes": mem["rss_kb"] * 1024,
+            "anon_bytes": mem["anon_kb"] * 1024,
+            "file_bytes": mem["file_kb"] * 1024,
+            "load_ms": report["load_ms"],
+            "increment_bytes": None if previous is None else pss - previous,
+            "bound_bytes": None,
+            "ok": None,
+        }
+        if previous is not None:
+            row["bound_bytes"] = int(PTE_FACTOR * ptes[k - 1].stat().st_size + SLACK_BYTES)
+            row["ok"] = row["increment_bytes"] <= row["bound_bytes"]
+        rows.append(row)
+        previous = pss
+    return rows
+
+
+def packed_cache_starts(runner: Path, ptd: Path, ptes: list[Path]) -> list[dict]:
+    """A cold start (packs, writes the file) then a warm one (maps it)."""
+    with tempfile.TemporaryDirectory(prefix="lora-share-bench-") as tmp:
+        cache = Path(tmp) / "xnnpack_packed.bin"
+        starts = []
+        for label in ("cold", "warm"):
+            report = run_runner(runner, ptd, ptes, ["--packed-cache", str(cache)])
+            starts.append({
+                "start": label,
+                "load_ms": report["load_ms"],
+                "pss_bytes": report["memory"]["after_load"]["pss_kb"] * 1024,
+                "end_pss_bytes": report["memory"]["end"]["pss_kb"] * 1024,
+                "warm_reported": report["loading"]["packed_cache_warm"],
+                "cache_file_bytes": cache.stat().st_size,
+            })
+        return starts
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / MIB:.1f}"
+
+
+def format_report(result: dict) -> str:
+    lines = [f"foundation {result['ptd']} ({_mib(result['ptd_bytes'])} MiB)"]
+    for pte in result["ptes"]:
+        lines.append(f"adapter    {pte['path']} ({_mib(pte['bytes'])} MiB)")
+    lines.append("")
+    header = f"{'adapters':>8} | {'shared PSS':>10} {'+MiB':>7} {'bound':>7} {'ok':>4}"
+    for mode in MODES:
+        if mode != "shared":
+            header += f" | {mode + ' PSS':>12} {'+MiB':>7}"
+    lines += [header, "-" * len(header)]
+    modes = result["modes"]
+    for i, row in enumerate(modes["shared"]):
+        ok = "" if row["ok"] is None else ("pass" if row["ok"] else "FAIL")
+        line = (f"{row['adapters']:>8} | {_mib(row['pss_bytes']):>10} {_mib(row['increment_bytes']):>7} "
+                f"{_mib(row['bound_bytes']):>7} {ok:>4}")
+        for mode in MODES:
+            if mode != "shared":
+                other = modes[mode][i]
+                line += f" | {_mib(other['pss_bytes']):>12} {_mib(other['increment_bytes']):>7}"
+        lines.append(line)
+    lines.append("")
+    lines.append("bound: each further adapter adds at most 1.2 x its .pte size + 4 MiB of PSS (shared path)")
+    lines.append("")
+    n = len(result["ptes"])
+    baseline = result["modes"]["shared"][-1]
+    lines.append(f"--packed-cache with {n} adapters (PSS after load / after one token; the warm start maps packed")
+    lines.append("weights from the file and faults them in on first use, so compare the second number):")
+    lines.append(f"  {'none':>4} start: load {baseline['load_ms']:8.1f} ms, PSS {_mib(baseline['pss_bytes'])} MiB")
+    for start in result["packed_cache"]:
+        lines.append(f"  {start['start']:>4} start: load {start['load_ms']:8.1f} ms, PSS {_mib(start['pss_bytes'])} / "
+                     f"{_mib(start['end_pss_bytes'])} MiB, cache file {_mib(start['cache_file_bytes'])} MiB")
+    lines.append("")
+    lines.append("PASS" if result["pass"] else "FAIL: an adapter costs more than its bound on the shared path")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lora_share.bench_memory", description=__doc__.split("\n")[0])
+    parser.add_argument("--ptd", required=True, type=Path, help="the shared foundation.ptd")
+    parser.add_argument("--pte", required=True, type=Path, action="append", help="adapter .pte (repeat, 1..N)")
+    parser.add_argument("--runner", type=Path, default=Path("build/runner"), help="the C++ runner [build/runner]")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    ns = parser.parse_args(argv)
+
+    for path in [ns.runner, ns.ptd, *ns.pte]:
+        if not path.is_file():
+            print(f"error: {path}: no such file", file=sys.stderr)
+            return 2
+    try:
+        result = {
+            "ptd": str(ns.ptd),
+            "ptd_bytes": ns.ptd.stat().st_size,
+            "ptes": [{"path": str(p), "bytes": p.stat().st_size} for p in ns.pte],
+            "modes": {mode: measure(ns.runner, ns.ptd, ns.pte, mode) for mode in MODES},
+            "packed_cache": packed_cache_starts(ns.runner, ns.ptd, ns.pte),
+        }
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result["pass"] = all(row["ok"] is not False for row in result["modes"]["shared"])
+    print(json.dumps(result, indent=2) if ns.json else format_report(result))
+    return 0 if result["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

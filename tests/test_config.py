@@ -1,0 +1,113 @@
+"""Config validation: every shipped YAML validates; bad ones get every error, with key paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import lora_share
+from conftest import REPO, run_cli
+from lora_share.config import config_json_schema
+
+SHIPPED = sorted([*REPO.glob("configs/*.yaml"), *REPO.glob("examples/**/*.yaml")])
+
+
+def test_configs_exist():
+    assert any(p.name == "llama_adapters.yaml" for p in SHIPPED)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(REPO)))
+def test_shipped_configs_validate(path):
+    cfg = lora_share.validate(path)
+    assert cfg.adapters
+
+
+def test_default_config_meets_the_promise():
+    """configs/llama_adapters.yaml: synthetic, >= 100 MB foundation, >= 3 adapters of different ranks and targets."""
+    import math
+
+    from lora_share.foundation import expected_shapes
+    from lora_share.model import ModelArgs
+
+    cfg = lora_share.validate(REPO / "configs/llama_adapters.yaml")
+    s = cfg.foundation.synthetic
+    assert s is not None
+    args = ModelArgs(dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+                     hidden_dim=s.hidden_dim, vocab_size=s.vocab_size, tie_embeddings=s.tie_embeddings)
+    assert sum(4 * math.prod(shape) for shape in expected_shapes(args).values()) >= 100e6
+    assert len(cfg.adapters) >= 3
+    assert len({a.synthetic.rank for a in cfg.adapters}) >= 2
+    assert len({tuple(a.synthetic.target_modules) for a in cfg.adapters}) >= 2
+
+
+def test_schema_file_in_sync():
+    on_disk = json.loads((REPO / "schema/config.schema.json").read_text())
+    assert on_disk == config_json_schema(), "regenerate with: .venv/bin/lora-share schema > schema/config.schema.json"
+
+
+def _write(tmp_path: Path, data: dict, name="bad.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+GOOD_FOUNDATION = {"synthetic": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
+                                 "vocab_size": 256}}
+
+
+def test_every_error_reported_at_once(tmp_path):
+    p = _write(tmp_path, {
+        "foundaton": {},
+        "adapters": [
+            {"name": "a", "synthetic": {"rank": 0, "alpha": 16, "target_modules": ["q_prj"]}},
+            {"name": "a", "peft": "nowhere"},
+        ],
+    })
+    with pytest.raises(lora_share.ConfigErrors) as e:
+        lora_share.validate(p)
+    problems = e.value.problems
+    text = str(e.value)
+    assert str(p) in text
+    assert "foundaton: unknown key; did you mean 'foundation'?" in problems
+    assert any(s.startswith("foundation: missing") for s in problems)
+    assert "adapters[0].synthetic.rank: must be at least 1, got 0" in problems
+    assert any("adapters[0].synthetic.target_modules[0]" in s and "did you mean 'q_proj'" in s for s in problems)
+    assert any(s.startswith("adapters[1].name") and "already used" in s for s in problems)
+    assert any(s.startswith("adapters[1].peft") and "no such folder" in s for s in problems)
+    assert len(problems) == 6
+
+
+def test_paths_resolve_against_the_config_folder(tmp_path):
+    (tmp_path / "sub" / "peft_a").mkdir(parents=True)
+    p = _write(tmp_path / "sub", {"foundation": GOOD_FOUNDATION, "output_dir": "../built",
+                                  "adapters": [{"name": "a", "peft": "peft_a"}]}, "c.yaml")
+    cfg = lora_share.validate(p)
+    assert cfg.adapters[0].peft == (tmp_path / "sub" / "peft_a").resolve()
+    assert cfg.output_dir == (tmp_path / "built").resolve()
+
+
+def test_validate_cli_reports_all_and_exits_2(tmp_path):
+    p = _write(tmp_path, {"foundation": {**GOOD_FOUNDATION, "max_seq_len": "long"}, "adapters": [], "extra": 1})
+    r = run_cli("validate", p)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "foundation.max_seq_len: expected an integer, got 'long'" in r.stderr
+    assert "extra: unknown key" in r.stderr
+    assert "adapters: list at least one adapter" in r.stderr
+
+
+def test_validate_cli_ok():
+    r = run_cli("validate", *SHIPPED)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(": OK") == len(SHIPPED)
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("foundation:\n  synthetic: {dim: 64\nadapters: []\n")
+    r = run_cli("validate", p)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert str(p) in r.stderr and "line" in r.stderr
