@@ -30,7 +30,7 @@ setup: $(SETUP_STAMP)
 # The C++ runner, built against the runtime shipped in the executorch wheel (never from source).
 $(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/*) | system-deps
 	cmake -S cpp_runner -B build/cmake -DCMAKE_BUILD_TYPE=Release \
-	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import executorch, os; print(os.path.dirname(executorch.__file__))')" >/dev/null
+	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import importlib.util as u; print(u.find_spec("executorch").submodule_search_locations[0])')" >/dev/null
 	cmake --build build/cmake -j2
 
 runner: $(RUNNER)
