@@ -51,8 +51,9 @@ const FlagSpec kFlags[] = {
        o.ptes.push_back(v);
        return Status();
      }},
-    {"ptd", "PATH", "(required)",
-     "shared foundation data file (.ptd), mapped once for every adapter",
+    {"ptd", "PATH", "(none: self-contained .pte)",
+     "shared foundation data file (.ptd), mapped once for every adapter; "
+     "omit it only for programs with every weight inside",
      [](Options& o, const std::string& v) {
        o.ptd = v;
        return Status();
@@ -142,6 +143,13 @@ const FlagSpec kFlags[] = {
        o.stock = true;
        return Status();
      }},
+    {"no-verify", nullptr, "off",
+     "load adapters even if their recorded foundation fingerprint differs "
+     "from the --ptd's (the files are still checked for corruption)",
+     [](Options& o, const std::string&) {
+       o.no_verify = true;
+       return Status();
+     }},
     {"verbose", nullptr, "off", "pass ExecuTorch's own log lines to stderr",
      [](Options& o, const std::string&) {
        o.verbose = true;
@@ -166,8 +174,6 @@ Status check_combinations(const Options& o) {
   if (o.help) return Status();
   if (o.ptes.empty())
     return Status::usage("--pte: give at least one adapter program (.pte)");
-  if (o.ptd.empty())
-    return Status::usage("--ptd: give the foundation data file (.ptd)");
   if (o.serve) {
     if (o.tokens_given)
       return Status::usage("--tokens is not used with --serve: each request "
@@ -268,7 +274,7 @@ StatusOr<Options> parse_flags(int argc, char** argv) {
 std::string usage_text(const char* program_name) {
   std::ostringstream out;
   out << "usage: " << program_name
-      << " --pte A.pte [--pte B.pte ...] --ptd foundation.ptd "
+      << " --pte A.pte [--pte B.pte ...] [--ptd foundation.ptd] "
          "(--tokens IDS | --serve) [flags]\n\n"
          "Loads every adapter program against one shared, memory-mapped "
          "foundation and generates tokens.\n\nflags:\n";

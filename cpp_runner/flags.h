@@ -25,6 +25,7 @@ struct Options {
   std::string packed_cache;           // --packed-cache
   bool no_weight_cache = false;       // --no-weight-cache
   bool stock = false;                 // --stock
+  bool no_verify = false;             // --no-verify
   bool verbose = false;               // --verbose
   bool help = false;                  // --help
 };

@@ -25,10 +25,15 @@ class Foundation {
   // Maps `path` and parses its FlatTensor header. Fails with a run error if
   // the file is missing, unreadable or not a .ptd.
   static StatusOr<std::unique_ptr<Foundation>> open(const std::string& path);
+  // No foundation (no --ptd): programs must carry every weight themselves.
+  static std::unique_ptr<Foundation> none() {
+    return std::unique_ptr<Foundation>(new Foundation());
+  }
 
+  // "" and null for none().
   const std::string& path() const { return path_; }
   const executorch::runtime::NamedDataMap* data_map() const {
-    return &*data_map_;
+    return data_map_.get();
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "et_platform.h"
+#include "file_check.h"
 #include "flags.h"
 #include "generate.h"
 #include "memory_stats.h"
@@ -22,7 +23,7 @@ using namespace lora_share;
 namespace {
 
 int fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  std::fprintf(stderr, "error: %s\n", printable(status.message()).c_str());
   return static_cast<int>(status.code());
 }
 

@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "file_check.h"
+
 namespace lora_share {
 
 Adapter* Session::find(const std::string& name) const {
@@ -38,8 +40,31 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
   }
   session->xnnpack_state = session->xnnpack.read_state();
 
+  // Our own checks first: a corrupt file or a mismatched pair is refused
+  // before ExecuTorch reads anything from it.
+  // Without --ptd every program must be self-contained; a lora-share adapter
+  // never is, so it is refused here with the fix rather than failing to load.
+  bool has_ptd = !options.ptd.empty();
+  auto ptd_info =
+      has_ptd ? check_ptd(options.ptd, "--ptd") : StatusOr<PtdInfo>(PtdInfo());
+  if (!ptd_info.ok()) return ptd_info.status();
+  for (const std::string& pte : options.ptes) {
+    auto pte_info = check_pte(pte, "--pte");
+    if (!pte_info.ok()) return pte_info.status();
+    if (!has_ptd && pte_info->record.present)
+      return Status::usage("--pte " + pte + " is a lora-share adapter for "
+                           "foundation " + pte_info->record.fingerprint +
+                           ": give its foundation.ptd with --ptd");
+    if (has_ptd) {
+      s = check_pair(pte, pte_info.value(), options.ptd, ptd_info.value(),
+                     /*verify=*/!options.no_verify);
+      if (!s.ok()) return s;
+    }
+  }
   if (!options.stock) {
-    auto foundation = Foundation::open(options.ptd);
+    auto foundation = has_ptd ? Foundation::open(options.ptd)
+                              : StatusOr<std::unique_ptr<Foundation>>(
+                                    Foundation::none());
     if (!foundation.ok()) return foundation.status();
     session->foundation = std::move(foundation.value());
   }

@@ -113,7 +113,9 @@ Status SharedAdapter::load(const std::string& pte, const Foundation& foundation,
   if (!loader.ok()) return Status::failure("--pte " + pte + ": could not map the file");
   loader_ = std::make_unique<MmapDataLoader>(std::move(loader.get()));
 
-  Result<Program> program = Program::load(loader_.get());
+  // InternalConsistency runs flatbuffers' verifier over the whole program.
+  Result<Program> program =
+      Program::load(loader_.get(), Program::Verification::InternalConsistency);
   if (!program.ok())
     return Status::failure("--pte " + pte +
                            ": not an ExecuTorch program (.pte) this runtime "
@@ -130,7 +132,9 @@ Status SharedAdapter::load(const std::string& pte, const Foundation& foundation,
 
   Status mem = memory_.allocate(*program_, "forward");
   if (!mem.ok()) return Status::failure(pte + ": " + mem.message());
-  data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
+  // No foundation (no --ptd): the program's own named data is all there is.
+  if (foundation.data_map() != nullptr)
+    data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
   clear_last_runtime_error();
   Result<Method> method =
       program_->load_method("forward", memory_.manager.get(),
@@ -173,8 +177,9 @@ Status SharedAdapter::explain_load_failure(Error error,
     }
   }
   std::vector<std::string> missing;
-  for (const std::string& key : data_map_->missing_keys())
-    if (!own_keys.count(key)) missing.push_back(key);
+  if (data_map_)
+    for (const std::string& key : data_map_->missing_keys())
+      if (!own_keys.count(key)) missing.push_back(key);
 
   if (!missing.empty()) {
     // XNNPACK names the weights it takes by the sha256 of their bytes, so a
@@ -203,8 +208,11 @@ Status SharedAdapter::explain_load_failure(Error error,
             "(different shapes or dtypes); was it exported against this "
             "foundation?"
           : "";
-  return Status::failure("could not load " + pte_path_ + " against " +
-                         foundation.path() + " (" +
+  return Status::failure("could not load " + pte_path_ +
+                         (foundation.path().empty()
+                              ? " without --ptd"
+                              : " against " + foundation.path()) +
+                         " (" +
                          executorch::runtime::to_string(error) +
                          (detail.empty() ? "" : ": " + detail) + ")" + hint);
 }

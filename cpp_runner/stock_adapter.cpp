@@ -41,8 +41,12 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd) {
   set_phase("loading " + pte + " against " + ptd +
             " (do they come from the same export?)");
   // MmapUseMlockIgnoreErrors is the LLM runner's default load mode.
-  module_ = std::make_unique<Module>(pte, ptd,
-                                     Module::LoadMode::MmapUseMlockIgnoreErrors);
+  // No --ptd: a self-contained program, opened as Module(pte).
+  module_ = ptd.empty()
+                ? std::make_unique<Module>(
+                      pte, Module::LoadMode::MmapUseMlockIgnoreErrors)
+                : std::make_unique<Module>(
+                      pte, ptd, Module::LoadMode::MmapUseMlockIgnoreErrors);
   clear_last_runtime_error();
   Error err = module_->load_method("forward");
   if (err != Error::Ok) {
@@ -95,8 +99,10 @@ Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
 
 StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
                                                       const std::string& ptd) {
-  Status readable = check_readable_file(ptd, "--ptd");
-  if (!readable.ok()) return readable;
+  if (!ptd.empty()) {
+    Status readable = check_readable_file(ptd, "--ptd");
+    if (!readable.ok()) return readable;
+  }
   auto adapter = std::make_unique<StockAdapter>();
   Status s = adapter->load(pte, ptd);
   if (!s.ok()) return s;

@@ -60,6 +60,7 @@ class LoadedAdapter:
     """One adapter program loaded against a foundation data file."""
 
     def __init__(self, pte: Path, ptd: Path):
+        import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels: int8 embeddings)
         import torch  # noqa: F401  (registers tensor types the runtime returns)
         from executorch.runtime import Runtime
 
@@ -85,8 +86,22 @@ class LoadedAdapter:
         return out[0].reshape(-1).numpy().astype(np.float32)
 
 
-def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0) -> Generation:
-    """Generate ``max_new_tokens`` ids after ``tokens``; returns tokens, logits rows and timings."""
+def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
+        verify: bool = True) -> Generation:
+    """Generate ``max_new_tokens`` ids after ``tokens``; returns tokens, logits rows and timings.
+
+    Both files are checked with the defensive readers first (and refused if damaged);
+    ``verify`` also requires that the .pte was built for this .ptd (same foundation
+    fingerprint, every key present).
+    """
+    from .formats import FormatError
+    from .verify import require_compatible
+
+    _require_file(pte, "--pte"), _require_file(ptd, "--ptd")
+    try:
+        require_compatible(pte, ptd, verify)
+    except FormatError as e:
+        raise UserError(f"could not load {pte} with {ptd}: {e}") from None
     adapter = LoadedAdapter(Path(pte), Path(ptd))
     check_request(tokens, max_new_tokens, adapter.vocab_size, adapter.max_seq_len)
     gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed)

@@ -1,0 +1,400 @@
+#include "file_check.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "flat_reader.h"
+#include "foundation.h"
+#include "lora_record.h"
+#include "xnnpack_keys.h"
+
+namespace lora_share {
+namespace {
+
+
+// A read-only mapping of a whole file, unmapped on destruction.
+class Mapping {
+ public:
+  ~Mapping() {
+    if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  Status open(const std::string& path, const std::string& flag) {
+    Status readable = check_readable_file(path, flag);
+    if (!readable.ok()) return readable;
+    int fd = ::open(path.c_str(), O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      if (fd >= 0) ::close(fd);
+      return Status::failure(flag + " " + path + ": cannot read the file");
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) data_ = nullptr;
+      else data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+    if (size_ > 0 && data_ == nullptr)
+      return Status::failure(flag + " " + path + ": could not map the file");
+    return Status();
+  }
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+uint32_t le32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t le64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// Bytes per element of executorch_flatbuffer.ScalarType; 0 = unknown.
+uint64_t element_size(int8_t scalar_type) {
+  switch (scalar_type) {
+    case 0: case 1: case 11: case 12: case 13: case 16: case 17:
+    case 23: case 24: case 25: case 26:
+      return 1;
+    case 2: case 5: case 15: case 22: case 27:
+      return 2;
+    case 3: case 6: case 14: case 28:
+      return 4;
+    case 4: case 7: case 29:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+// A segment's absolute range, checked to lie in the segment data.
+// An absolute byte range in the file.
+struct Range {
+  uint64_t start = 0, size = 0;
+};
+
+// Reads DataSegment tables (offset slot 0, size slot 1) relative to `base`,
+// each inside [base, base + data_size).
+bool read_segments(FlatReader& fb, const FlatReader::Vector& v, uint64_t base,
+                   uint64_t data_size, std::vector<Range>* out) {
+  for (uint32_t i = 0; i < v.count && !fb.failed(); ++i) {
+    FlatReader::Table seg = fb.table_at(v, i, "DataSegment");
+    uint64_t offset = fb.u64(seg, 0), size = fb.u64(seg, 1);
+    if (fb.failed()) return false;
+    if (offset > data_size || size > data_size - offset) {
+      fb.fail("segment " + std::to_string(i) +
+              " runs past the end of the segment data: the file may be truncated");
+      return false;
+    }
+    out->push_back({base + offset, size});
+  }
+  return !fb.failed();
+}
+
+// Header + region checks shared by both file kinds; `what` prefixes errors.
+Status check_region(uint64_t file_size, uint64_t fb_end, uint64_t base,
+                    uint64_t data_size, const std::string& what) {
+  if (fb_end > file_size)
+    return Status::failure(what + ": flatbuffer ends at byte " +
+                           std::to_string(fb_end) + ", past the end of the " +
+                           std::to_string(file_size) +
+                           "-byte file: the file may be truncated");
+  if (base > file_size || data_size > file_size - base)
+    return Status::failure(what + ": segment data runs past the end of the " +
+                           std::to_string(file_size) +
+                           "-byte file: the file may be truncated");
+  if (data_size > 0 && base < fb_end)
+    return Status::failure(what + ": segment data overlaps the flatbuffer");
+  return Status();
+}
+
+std::string magic_hint(const uint8_t* data, uint64_t size) {
+  return size >= 8 ? std::string(reinterpret_cast<const char*>(data + 4), 4)
+                   : std::string();
+}
+
+}  // namespace
+
+std::string printable(const std::string& text) {
+  std::string out;
+  size_t i = 0, n = text.size();
+  while (i < n) {
+    auto byte = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
+    unsigned char c = byte(0);
+    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : (c & 0xF0) == 0xE0 ? 3
+                 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (byte(k) & 0xC0) == 0x80;
+    // No overlong forms, UTF-16 surrogates or code points past U+10FFFF.
+    if (ok && len == 3) ok = !(c == 0xE0 && byte(1) < 0xA0) && !(c == 0xED && byte(1) >= 0xA0);
+    if (ok && len == 4) ok = !(c == 0xF0 && byte(1) < 0x90) && !(c == 0xF4 && byte(1) >= 0x90);
+    if (ok && len == 1) ok = c >= 0x20 && c != 0x7F;
+    if (!ok) {
+      out += '?';
+      ++i;
+      continue;
+    }
+    out.append(text, i, len);
+    i += len;
+  }
+  return out;
+}
+
+StatusOr<PtdInfo> check_ptd(const std::string& path, const std::string& flag) {
+  std::string what = flag + " " + path;
+  Mapping m;
+  Status s = m.open(path, flag);
+  if (!s.ok()) return s;
+  const uint8_t* d = m.data();
+  uint64_t n = m.size();
+  std::string ident = magic_hint(d, n);
+  if (n >= 8 && ident != "FT01")
+    return Status::failure(
+        what + ": not an ExecuTorch data file (.ptd): wrong magic" +
+        (ident == "ET12" ? " (that is a program, .pte)" : ""));
+  if (n < 48)
+    return Status::failure(what + ": " + std::to_string(n) +
+                           " bytes, shorter than the .ptd header: the file "
+                           "is truncated or empty");
+  if (std::memcmp(d + 8, "FH01", 4) != 0)
+    return Status::failure(what + ": no FlatTensor header (wrong magic at byte 8)");
+  uint32_t length = le32(d + 12);
+  uint64_t fb_offset = le64(d + 16), fb_size = le64(d + 24);
+  uint64_t base = le64(d + 32), data_size = le64(d + 40);
+  if (length < 40 || fb_offset > n || fb_size > n ||
+      8 + static_cast<uint64_t>(length) > fb_offset + fb_size)
+    return Status::failure(what + ": corrupt .ptd header");
+  s = check_region(n, fb_offset + fb_size, base, data_size, what);
+  if (!s.ok()) return s;
+
+  FlatReader fb(d, 0, fb_offset + fb_size);
+  FlatReader::Table root = fb.root("FlatTensor");
+  if (!fb.failed() && fb.u32(root, 0) != 0)
+    fb.fail("unsupported FlatTensor version");
+  FlatReader::Vector seg_vec = fb.vector(root, 1, 4);
+  FlatReader::Vector named = fb.vector(root, 2, 4);
+  if (!fb.failed() && (!seg_vec.present || !named.present))
+    fb.fail("FlatTensor has no segments or no named_data table");
+  std::vector<Range> segments;
+  read_segments(fb, seg_vec, base, data_size, &segments);
+  PtdInfo info;
+  Range record_range;
+  bool has_record = false;
+  for (uint32_t i = 0; i < named.count && !fb.failed(); ++i) {
+    FlatReader::Table nd = fb.table_at(named, i, "NamedData");
+    std::string key = fb.string(nd, 0);
+    uint32_t index = fb.u32(nd, 1);
+    FlatReader::Table layout = fb.table(nd, 2, "TensorLayout");
+    if (fb.failed()) break;
+    if (key.empty() || info.keys.count(key)) {
+      fb.fail("named_data[" + std::to_string(i) + "] has an empty or repeated key");
+      break;
+    }
+    if (index >= segments.size()) {
+      fb.fail("key " + key + " points at a segment that does not exist");
+      break;
+    }
+    if (layout.present) {
+      uint64_t elem = element_size(static_cast<int8_t>(fb.u8(layout, 0)));
+      FlatReader::Vector sizes = fb.vector(layout, 1, 4);
+      FlatReader::Vector order = fb.vector(layout, 2, 1);
+      if (fb.failed()) break;
+      // nbytes saturates just above the segment size, so it cannot overflow.
+      uint64_t limit = segments[index].size, nbytes = elem;
+      bool ok = elem != 0 && sizes.count == order.count;
+      std::vector<bool> seen(ok ? order.count : 0, false);
+      for (uint32_t k = 0; ok && k < sizes.count; ++k) {
+        int32_t dim = fb.i32_at(sizes, k);
+        uint8_t o = fb.u8_at(order, k);
+        ok = dim >= 0 && o < order.count && !seen[o];
+        if (ok) seen[o] = true;
+        if (ok && dim > 0 && nbytes > limit / static_cast<uint64_t>(dim))
+          nbytes = limit + 1;
+        else if (ok)
+          nbytes *= static_cast<uint64_t>(dim);
+      }
+      if (!ok || nbytes > limit) {
+        fb.fail("key " + key + ": its tensor layout does not fit its data");
+        break;
+      }
+    }
+    info.keys[key] = {segments[index].size, layout.present};
+    if (key == kFoundationKey) {
+      record_range = segments[index];
+      has_record = true;
+    }
+  }
+  if (fb.failed())
+    return Status::failure(what + ": corrupt .ptd: " + fb.error());
+  if (has_record) {
+    s = decode_record(d, record_range.start, record_range.size, /*adapter=*/false, what, &info.record);
+    if (!s.ok()) return s;
+  }
+  return info;
+}
+
+namespace {
+
+// What the program needs from a .ptd: XNNPACK named constants and EXTERNAL
+// tensors, from every method. Program slots: execution_plan 1,
+// backend_delegate_data 3; ExecutionPlan: values 2, delegates 7.
+bool collect_needs(FlatReader& fb, const uint8_t* d, FlatReader::Table root,
+                   const std::vector<Range>& segments, PteInfo* info) {
+  FlatReader::Vector inline_data = fb.vector(root, 3, 4);
+  FlatReader::Vector plans = fb.vector(root, 1, 4);
+  for (uint32_t p = 0; p < plans.count && !fb.failed(); ++p) {
+    FlatReader::Table plan = fb.table_at(plans, p, "ExecutionPlan");
+    FlatReader::Vector delegates = fb.vector(plan, 7, 4);
+    for (uint32_t i = 0; i < delegates.count && !fb.failed(); ++i) {
+      FlatReader::Table del = fb.table_at(delegates, i, "BackendDelegate");
+      FlatReader::Table ref = fb.table(del, 1, "BackendDelegateDataReference");
+      std::string id = fb.string(del, 0);
+      uint8_t location = fb.u8(ref, 0);
+      uint32_t index = fb.u32(ref, 1);
+      if (fb.failed() || id != "XnnpackBackend") continue;
+      Range payload;
+      if (location == 0 && index < inline_data.count) {
+        FlatReader::Vector bytes =
+            fb.vector(fb.table_at(inline_data, index, "BackendDelegateInlineData"), 0, 1);
+        payload = {bytes.first, bytes.count};
+      } else if (location == 1 && index < segments.size()) {
+        payload = segments[index];
+      } else {
+        fb.fail("a delegate points at a payload that does not exist");
+        break;
+      }
+      std::string error;
+      if (!fb.failed() && !xnnpack_named_constants(d, payload.start, payload.size,
+                                                   &info->delegate_constants, &error))
+        fb.fail(error);
+    }
+    FlatReader::Vector values = fb.vector(plan, 2, 4);
+    for (uint32_t v = 0; v < values.count && !fb.failed(); ++v) {
+      FlatReader::Table value = fb.table_at(values, v, "EValue");
+      if (fb.u8(value, 0) != 5) continue;  // KernelTypes.Tensor
+      FlatReader::Table extra = fb.table(fb.table(value, 1, "Tensor"), 9, "ExtraTensorInfo");
+      if (extra.present && fb.u8(extra, 2) == 1)  // TensorDataLocation.EXTERNAL
+        info->external_tensors.insert(fb.string(extra, 1));
+    }
+  }
+  return !fb.failed();
+}
+
+}  // namespace
+
+StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag) {
+  std::string what = flag + " " + path;
+  Mapping m;
+  Status s = m.open(path, flag);
+  if (!s.ok()) return s;
+  const uint8_t* d = m.data();
+  uint64_t n = m.size();
+  std::string ident = magic_hint(d, n);
+  if (n >= 8 && ident != "ET12")
+    return Status::failure(
+        what + ": not an ExecuTorch program (.pte): wrong magic" +
+        (ident == "FT01" ? " (that is a data file, .ptd)" : ""));
+  if (n < 40)
+    return Status::failure(what + ": " + std::to_string(n) +
+                           " bytes, shorter than the .pte header: the file "
+                           "is truncated or empty");
+  if (std::memcmp(d + 8, "eh00", 4) != 0)
+    return Status::failure(what + ": no extended header (wrong magic at byte 8)");
+  uint32_t length = le32(d + 12);
+  uint64_t program_size = le64(d + 16), base = le64(d + 24);
+  uint64_t data_size = length >= 32 ? le64(d + 32) : (base < n ? n - base : 0);
+  if (length < 24 || 8 + static_cast<uint64_t>(length) > program_size)
+    return Status::failure(what + ": corrupt .pte header");
+  s = check_region(n, program_size, base, data_size, what);
+  if (!s.ok()) return s;
+
+  FlatReader fb(d, 0, program_size);
+  FlatReader::Table root = fb.root("Program");
+  if (!fb.failed() && fb.u32(root, 0) != 0) fb.fail("unsupported Program version");
+  std::vector<Range> segments;
+  read_segments(fb, fb.vector(root, 4, 4), base, data_size, &segments);
+  FlatReader::Vector named = fb.vector(root, 7, 4);
+  PteInfo info;
+  Range record_range;
+  bool has_record = false;
+  for (uint32_t i = 0; i < named.count && !fb.failed(); ++i) {
+    FlatReader::Table nd = fb.table_at(named, i, "NamedData");
+    std::string key = fb.string(nd, 0);
+    uint32_t index = fb.u32(nd, 1);
+    if (fb.failed()) break;
+    if (index >= segments.size()) {
+      fb.fail("named data " + key + " points at a segment that does not exist");
+      break;
+    }
+    info.own_keys.insert(key);
+    if (key == kAdapterKey) {
+      record_range = segments[index];
+      has_record = true;
+    }
+  }
+  if (!fb.failed()) collect_needs(fb, d, root, segments, &info);
+  if (fb.failed())
+    return Status::failure(what + ": corrupt .pte: " + fb.error());
+  if (has_record) {
+    s = decode_record(d, record_range.start, record_range.size, /*adapter=*/true, what, &info.record);
+    if (!s.ok()) return s;
+    const Record& r = info.record;
+    uint64_t end = record_range.start + record_range.size;
+    if (r.content_bytes != 0 &&
+        (r.content_bytes != n ||
+         crc32(crc32(0, d, record_range.start), d + end, n - end) != r.content_crc32))
+      return Status::failure(what + ": does not match the size and checksum it "
+                             "was written with: the file is damaged");
+  }
+  return info;
+}
+
+Status check_pair(const std::string& pte, const PteInfo& adapter,
+                  const std::string& ptd, const PtdInfo& foundation,
+                  bool verify) {
+  // What ExecuTorch and XNNPACK would read without checking it themselves.
+  for (const std::string& key : adapter.external_tensors) {
+    auto found = foundation.keys.find(key);
+    if (found != foundation.keys.end() && !found->second.has_layout)
+      return Status::failure(ptd + " holds " + key + " without a tensor layout, but " +
+                             pte + " reads it as a tensor: the file is corrupt");
+  }
+  for (const auto& [key, bytes] : adapter.delegate_constants) {
+    auto found = foundation.keys.find(key);
+    if (found != foundation.keys.end() && !adapter.own_keys.count(key) &&
+        found->second.size < bytes)
+      return Status::failure(ptd + " holds " + std::to_string(found->second.size) +
+                             " bytes for " + key + ", but " + pte + " reads " +
+                             std::to_string(bytes) + ": the file is corrupt");
+  }
+  if (!verify) return Status();
+  const char* skip = "; --no-verify skips this check";
+  if (!adapter.record.present)
+    return Status::failure(pte + " has no lora-share adapter record (" +
+                           kAdapterKey + "): rebuild it with lora-share" + skip);
+  if (!foundation.record.present)
+    return Status::failure(ptd + " has no lora-share foundation record (" +
+                           kFoundationKey + "): rebuild it with lora-share" + skip);
+  if (adapter.record.fingerprint != foundation.record.fingerprint)
+    return Status::failure(pte + " was built for foundation " +
+                           adapter.record.fingerprint + ", but " + ptd +
+                           " is foundation " + foundation.record.fingerprint +
+                           ": use the foundation.ptd built with this adapter" +
+                           skip);
+  return Status();
+}
+
+}  // namespace lora_share

@@ -1,0 +1,56 @@
+#include "lora_record.h"
+
+#include "flat_reader.h"
+
+namespace lora_share {
+
+namespace {
+constexpr uint32_t kMetadataVersion = 1;
+}  // namespace
+
+Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
+                     bool adapter, const std::string& what, Record* out) {
+  FlatReader fb(data, start, start + size);
+  if (!fb.failed() && fb.identifier() != "LSM1")
+    fb.fail("identifier is not LSM1");
+  FlatReader::Table root = fb.root("Metadata");
+  uint32_t version = fb.u32(root, 0);
+  FlatReader::Table body =
+      fb.table(root, adapter ? 2 : 1, adapter ? "Adapter" : "Foundation");
+  if (!fb.failed() && version != kMetadataVersion)
+    fb.fail("lora-share metadata version " + std::to_string(version) +
+            ", this runner reads " + std::to_string(kMetadataVersion));
+  if (!fb.failed() && !body.present) fb.fail("the record has no body");
+  if (adapter) {
+    out->name = fb.string(body, 0);
+    out->fingerprint = fb.string(body, 1);
+    out->content_bytes = fb.u64(body, 11);
+    out->content_crc32 = fb.u32(body, 12);
+  } else {
+    out->fingerprint = fb.string(body, 0);
+  }
+  if (fb.failed())
+    return Status::failure(what + ": bad lora-share record (" +
+                           (adapter ? kAdapterKey : kFoundationKey) +
+                           "): " + fb.error());
+  out->present = true;
+  return Status();
+}
+
+uint32_t crc32(uint32_t crc, const uint8_t* data, uint64_t size) {
+  static uint32_t table[256];
+  static bool ready = false;
+  if (!ready) {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      table[i] = c;
+    }
+    ready = true;
+  }
+  crc = ~crc;
+  for (uint64_t i = 0; i < size; ++i) crc = table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+}  // namespace lora_share

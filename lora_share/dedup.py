@@ -1,0 +1,79 @@
+"""The build's byte report: what is stored once, what is shared, what a copy was avoided for.
+
+Read back from the written files (not from what the exporter was asked to do):
+
+- inside each file, named data entries that point at one segment are stored
+  once (ExecuTorch's named-data store merges equal bytes: a tied embedding is
+  one segment under its plain name and under XNNPACK's sha256 key);
+- across adapters, a tensor with the same bytes in several .pte files is
+  reported with the adapters that carry it, and the bytes a shared file would
+  save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .formats import read_ptd, read_pte
+from .inspection import dedup_summary
+
+
+def _file_summary(size: int, summary: dict) -> dict:
+    return {"total": size, "stored": summary["stored_bytes"], "shared": summary["shared_bytes"],
+            "unique": summary["stored_bytes"] - summary["shared_bytes"],
+            "duplicate_avoided": summary["duplicate_avoided_bytes"]}
+
+
+def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str]) -> dict:
+    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name."""
+    ptd = read_ptd(Path(out_dir) / ptd_name)
+    report = {"foundation": {"file": ptd_name, **_file_summary(
+        ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries]))}}
+    holders: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    per_adapter = {}
+    for name, file in adapters.items():
+        pte = read_pte(Path(out_dir) / file)
+        seen_here = set()
+        for e in pte.named_data:
+            digest = hashlib.sha256(pte.blob[e.start:e.end]).hexdigest()
+            if digest not in seen_here:
+                seen_here.add(digest)
+                holders.setdefault(digest, []).append(name)
+                sizes[digest] = e.size
+        per_adapter[name] = (pte, seen_here)
+    shared = {d: names for d, names in holders.items() if len(names) > 1}
+    report["adapters"] = {}
+    for name, (pte, digests) in per_adapter.items():
+        summary = _file_summary(pte.size, dedup_summary([(e.key, e.segment_index, e.size) for e in pte.named_data]))
+        summary["shared_with_other_adapters"] = sum(sizes[d] for d in digests if d in shared)
+        summary["unique"] = summary["stored"] - summary["shared"] - summary["shared_with_other_adapters"]
+        report["adapters"][name] = {"file": adapters[name], **summary}
+    report["across_adapters"] = {
+        "shared": sum(sizes[d] for d in shared),
+        "duplicate": sum(sizes[d] * (len(n) - 1) for d, n in shared.items()),
+        "tensors": [{"sha256": d, "size": sizes[d], "adapters": n} for d, n in sorted(shared.items())],
+    }
+    report["total"] = ptd.size + sum(a["total"] for a in report["adapters"].values())
+    return report
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def report_lines(report: dict) -> list[str]:
+    """The report as the lines the build prints."""
+    f, across = report["foundation"], report["across_adapters"]
+    lines = [f"  bytes: {_kb(report['total'])} in all; {f['file']} {_kb(f['total'])}: {_kb(f['shared'])} stored once "
+             f"for several keys, {_kb(f['duplicate_avoided'])} of duplicates avoided"]
+    for name, a in report["adapters"].items():
+        lines.append(f"    {a['file']}: {_kb(a['total'])}, {_kb(a['unique'])} unique named data, "
+                     f"{_kb(a['shared_with_other_adapters'])} also in other adapters")
+    if across["tensors"]:
+        lines.append(f"    {len(across['tensors'])} tensor(s) ({_kb(across['shared'])}) are in several adapters: "
+                     f"{_kb(across['duplicate'])} stored more than once")
+        for t in across["tensors"][:5]:
+            lines.append(f"      {t['sha256'][:16]}... {_kb(t['size'])}: {', '.join(t['adapters'])}")
+    return lines

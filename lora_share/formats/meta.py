@@ -1,0 +1,167 @@
+"""lora-share's own metadata (schema/lora_share.fbs), written with the
+``flatbuffers`` package's Builder and read back with the bounds-checked reader.
+
+The foundation's record is stored in foundation.ptd under ``FOUNDATION_KEY``;
+an adapter's in its .pte under ``ADAPTER_KEY``. Encoded records are padded with
+zeros to a multiple of ``FOUNDATION_PAD`` / ``ADAPTER_PAD`` bytes, so an adapter
+record can be rewritten in place (e.g. by a tool that derives one adapter's .pte
+from another's) when the new one fits in the same size, as any record under
+1 KiB does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import flatbuffers
+
+from .errors import BadFlatbuffer, UnsupportedVersion
+from .flatbuf import FlatBuffer, Table
+
+FOUNDATION_KEY = "lora_share.foundation"
+ADAPTER_KEY = "lora_share.adapter"
+FILE_IDENTIFIER = b"LSM1"
+FORMAT_VERSION = 1
+FOUNDATION_PAD = 256
+ADAPTER_PAD = 1024
+
+# Slots, in declaration order of schema/lora_share.fbs.
+_M_VERSION, _M_FOUNDATION, _M_ADAPTER = 0, 1, 2
+_F_FINGERPRINT, _F_TENSORS, _F_PARAMS, _F_BYTES, _F_TIED = 0, 1, 2, 3, 4
+(_A_NAME, _A_FINGERPRINT, _A_RANK, _A_ALPHA, _A_TARGETS, _A_LAYERS, _A_RSLORA, _A_KIND, _A_SOURCE, _A_HASHES,
+ _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC) = range(13)
+_H_FILE, _H_SHA = 0, 1
+
+
+@dataclass
+class FoundationMeta:
+    """The foundation record: its layout-independent fingerprint and sizes."""
+
+    fingerprint: str
+    tensor_count: int
+    parameter_count: int
+    tensor_bytes: int
+    tied_embeddings: bool
+
+
+@dataclass
+class AdapterMeta:
+    """An adapter record: who it is and which foundation (by fingerprint) it needs."""
+
+    name: str
+    foundation_fingerprint: str
+    rank: int
+    alpha: float
+    targets: list[str]
+    layers: list[int]
+    use_rslora: bool
+    source_kind: str
+    source: str
+    source_hashes: dict[str, str] = field(default_factory=dict)
+    lora_bytes: int = 0
+    content_bytes: int = 0  # the seal (formats.seal): file size and CRC-32 of the rest of the file
+    content_crc32: int = 0
+
+
+@dataclass
+class Metadata:
+    """One decoded record: exactly one of ``foundation`` / ``adapter`` is set in files lora-share writes."""
+
+    format_version: int
+    foundation: Optional[FoundationMeta] = None
+    adapter: Optional[AdapterMeta] = None
+
+
+def _pad(data: bytes, pad: int) -> bytes:
+    return data + b"\0" * (-len(data) % pad)
+
+
+def _strings(b: flatbuffers.Builder, offsets: list[int]) -> int:
+    b.StartVector(4, len(offsets), 4)
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    return b.EndVector()
+
+
+def _finish(b: flatbuffers.Builder, slot: int, table: int, pad: int) -> bytes:
+    b.StartObject(3)
+    b.PrependUint32Slot(_M_VERSION, FORMAT_VERSION, 0)
+    b.PrependUOffsetTRelativeSlot(slot, table, 0)
+    b.Finish(b.EndObject(), file_identifier=FILE_IDENTIFIER)
+    return _pad(bytes(b.Output()), pad)
+
+
+def encode_foundation(m: FoundationMeta) -> bytes:
+    """The foundation record as stored under ``FOUNDATION_KEY``."""
+    b = flatbuffers.Builder(256)
+    fp = b.CreateString(m.fingerprint)
+    b.StartObject(5)
+    b.PrependUOffsetTRelativeSlot(_F_FINGERPRINT, fp, 0)
+    b.PrependUint32Slot(_F_TENSORS, m.tensor_count, 0)
+    b.PrependUint64Slot(_F_PARAMS, m.parameter_count, 0)
+    b.PrependUint64Slot(_F_BYTES, m.tensor_bytes, 0)
+    b.PrependBoolSlot(_F_TIED, m.tied_embeddings, False)
+    return _finish(b, _M_FOUNDATION, b.EndObject(), FOUNDATION_PAD)
+
+
+def encode_adapter(m: AdapterMeta) -> bytes:
+    """The adapter record as stored under ``ADAPTER_KEY``."""
+    b = flatbuffers.Builder(512)
+    hashes = []
+    for file, sha in sorted(m.source_hashes.items()):
+        f, s = b.CreateString(file), b.CreateString(sha)
+        b.StartObject(2)
+        b.PrependUOffsetTRelativeSlot(_H_FILE, f, 0)
+        b.PrependUOffsetTRelativeSlot(_H_SHA, s, 0)
+        hashes.append(b.EndObject())
+    hashes_vec = _strings(b, hashes)
+    targets = _strings(b, [b.CreateString(t) for t in m.targets])
+    b.StartVector(4, len(m.layers), 4)
+    for layer in reversed(m.layers):
+        b.PrependUint32(layer)
+    layers = b.EndVector()
+    name, fp, kind, source = (b.CreateString(s) for s in (m.name, m.foundation_fingerprint, m.source_kind, m.source))
+    b.StartObject(13)
+    b.PrependUOffsetTRelativeSlot(_A_NAME, name, 0)
+    b.PrependUOffsetTRelativeSlot(_A_FINGERPRINT, fp, 0)
+    b.PrependUint32Slot(_A_RANK, m.rank, 0)
+    b.PrependFloat64Slot(_A_ALPHA, m.alpha, 0.0)
+    b.PrependUOffsetTRelativeSlot(_A_TARGETS, targets, 0)
+    b.PrependUOffsetTRelativeSlot(_A_LAYERS, layers, 0)
+    b.PrependBoolSlot(_A_RSLORA, m.use_rslora, False)
+    b.PrependUOffsetTRelativeSlot(_A_KIND, kind, 0)
+    b.PrependUOffsetTRelativeSlot(_A_SOURCE, source, 0)
+    b.PrependUOffsetTRelativeSlot(_A_HASHES, hashes_vec, 0)
+    b.PrependUint64Slot(_A_LORA_BYTES, m.lora_bytes, 0)
+    b.PrependUint64Slot(_A_CONTENT_BYTES, m.content_bytes, 0)
+    b.PrependUint32Slot(_A_CONTENT_CRC, m.content_crc32, 0)
+    return _finish(b, _M_ADAPTER, b.EndObject(), ADAPTER_PAD)
+
+
+def decode(data: bytes, what: str) -> Metadata:
+    """Decode a record (either kind); ``what`` names where it came from in errors."""
+    fb = FlatBuffer(data, what)
+    if fb.identifier() != FILE_IDENTIFIER:
+        raise BadFlatbuffer(what, f"lora-share metadata has identifier {fb.identifier()!r}, expected {FILE_IDENTIFIER!r}")
+    root = fb.root("Metadata")
+    version = root.u32(_M_VERSION)
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersion(what, f"lora-share metadata version {version}; this lora-share reads {FORMAT_VERSION}")
+    out = Metadata(version)
+    f = root.table(_M_FOUNDATION, "Foundation")
+    if f is not None:
+        out.foundation = FoundationMeta(_text(f, _F_FINGERPRINT), f.u32(_F_TENSORS), f.u64(_F_PARAMS),
+                                        f.u64(_F_BYTES), bool(f.u8(_F_TIED)))
+    a = root.table(_M_ADAPTER, "Adapter")
+    if a is not None:
+        hashes = {_text(h, _H_FILE): _text(h, _H_SHA) for h in a.tables(_A_HASHES, "SourceHash")}
+        out.adapter = AdapterMeta(
+            _text(a, _A_NAME), _text(a, _A_FINGERPRINT), a.u32(_A_RANK), a.f64(_A_ALPHA), a.strings(_A_TARGETS),
+            a.scalars(_A_LAYERS, "I"), bool(a.u8(_A_RSLORA)), _text(a, _A_KIND), _text(a, _A_SOURCE), hashes,
+            a.u64(_A_LORA_BYTES), a.u64(_A_CONTENT_BYTES), a.u32(_A_CONTENT_CRC))
+    return out
+
+
+def _text(t: Table, slot: int) -> str:
+    return t.string(slot) or ""

@@ -1,0 +1,272 @@
+"""Read ExecuTorch programs (.pte) defensively: the parts lora-share relies on.
+
+Layout (little-endian; see schema/FORMAT.md)::
+
+    [0:4]   uint32  flatbuffer root table offset
+    [4:8]   "ET12"  flatbuffer file identifier
+    [8:12]  "eh00"  extended header magic
+    [12:16] uint32  extended header length (>= 24; 32 with segment data size)
+    [16:24] uint64  program size: the flatbuffer is [0, program size)
+    [24:32] uint64  segment base offset
+    [32:40] uint64  segment data size
+    ...     Program flatbuffer
+    [segment base offset ...] segments (named data, delegate payloads, constants)
+
+``read_pte`` returns absolute byte ranges for everything a tool may want to read
+or patch in place: segments, named data (and where each key's bytes are),
+delegate payloads (inline or in a segment) and the named keys each XNNPACK
+payload refers to, plus the tensors the program expects in an external .ptd.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .blob import open_blob
+from .errors import BadFlatbuffer, BadHeader, OffsetOutOfRange, TruncatedHeader, UnsupportedVersion, WrongMagic
+from .flatbuf import FlatBuffer, Table
+from .layout import TensorLayout
+from .ptd import Segment
+from .xnnpack import ConstantRef, named_constants
+
+FILE_IDENTIFIER = b"ET12"
+HEADER_MAGIC = b"eh00"
+MIN_HEADER_LENGTH = 24
+MAX_VERSION = 0
+XNNPACK_ID = "XnnpackBackend"
+
+# Slots (declaration order) in executorch/schema/program.fbs.
+_P_VERSION, _P_PLANS, _P_DELEGATE_DATA, _P_SEGMENTS, _P_CONSTANT_SEGMENT, _P_NAMED_DATA = 0, 1, 3, 4, 5, 7
+_PLAN_NAME, _PLAN_VALUES, _PLAN_DELEGATES = 0, 2, 7
+_EVALUE_TYPE, _EVALUE_VAL = 0, 1
+_KERNEL_TYPE_TENSOR = 5
+_T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER, _T_EXTRA = 0, 2, 3, 9
+_EXTRA_FQN, _EXTRA_LOCATION = 1, 2
+_LOCATION_EXTERNAL = 1
+_DEL_ID, _DEL_PROCESSED = 0, 1
+_REF_LOCATION, _REF_INDEX = 0, 1
+_INLINE, _SEGMENT = 0, 1
+_SEG_OFFSET, _SEG_SIZE = 0, 1
+_SUB_SEGMENT, _SUB_OFFSETS = 0, 1
+_ND_KEY, _ND_SEGMENT = 0, 1
+
+
+@dataclass(frozen=True)
+class PteHeader:
+    """The extended header at byte 8."""
+
+    length: int
+    program_size: int
+    segment_base_offset: int
+    segment_data_size: int
+
+
+@dataclass(frozen=True)
+class NamedData:
+    """One entry of the program's own named data: ``start``/``size`` is its absolute byte range."""
+
+    key: str
+    segment_index: int
+    start: int
+    size: int
+    key_span: tuple[int, int]  # absolute (position, length) of the key's bytes
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """One lowered subgraph: backend ``id``, where its payload is, and the named keys it refers to."""
+
+    plan: str
+    index: int
+    id: str
+    location: str  # "inline" (backend_delegate_data[data_index]) or "segment" (segments[data_index])
+    data_index: int
+    start: int
+    size: int
+    constants: tuple[ConstantRef, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+@dataclass(frozen=True)
+class ExternalTensor:
+    """A non-delegated tensor whose data the program expects in an external .ptd under ``key``."""
+
+    plan: str
+    key: str
+    layout: TensorLayout
+
+
+@dataclass
+class Pte:
+    """A parsed .pte."""
+
+    what: str
+    size: int
+    header: PteHeader
+    version: int
+    plans: list[str]
+    segments: list[Segment]
+    named_data: list[NamedData]
+    delegates: list[Delegate]
+    external_tensors: list[ExternalTensor]
+    constant_segment: Optional[int]
+    blob: object = field(repr=False)
+
+    def __post_init__(self):
+        self._by_key = {e.key: e for e in self.named_data}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
+
+    def entry(self, key: str) -> NamedData:
+        """The program's own named data entry ``key``; KeyError if there is none."""
+        return self._by_key[key]
+
+    def data(self, key: str) -> bytes:
+        """A copy of the bytes of the program's own named data ``key``."""
+        e = self._by_key[key]
+        return bytes(self.blob[e.start:e.end])
+
+    def external_keys(self) -> list[str]:
+        """Keys this program must find in an external .ptd: delegate constants it does not
+        carry itself, and external tensors; sorted, each once."""
+        keys = {c.key for d in self.delegates for c in d.constants if c.key not in self._by_key}
+        keys |= {t.key for t in self.external_tensors}
+        return sorted(keys)
+
+
+def read_header(blob, what: str) -> PteHeader:
+    """Check magic and extended header of a .pte held in ``blob``; return the header."""
+    n = len(blob)
+    if n >= 8 and bytes(blob[4:8]) != FILE_IDENTIFIER:
+        found = bytes(blob[4:8])
+        hint = " (that is an ExecuTorch data file, .ptd)" if found == b"FT01" else ""
+        raise WrongMagic(what, f"not an ExecuTorch program (.pte): identifier {found!r} at byte 4, "
+                               f"expected {FILE_IDENTIFIER!r}{hint}")
+    if n < 8 + MIN_HEADER_LENGTH:
+        raise TruncatedHeader(what, f"{n} bytes, shorter than the {8 + MIN_HEADER_LENGTH}-byte .pte header: "
+                                    "the file is truncated or empty")
+    if bytes(blob[8:12]) != HEADER_MAGIC:
+        raise WrongMagic(what, f"no extended header: magic {bytes(blob[8:12])!r} at byte 8, expected {HEADER_MAGIC!r}")
+    length, program_size, base = struct.unpack_from("<IQQ", blob, 12)
+    if length < MIN_HEADER_LENGTH:
+        raise BadHeader(what, f"extended header length {length} is below {MIN_HEADER_LENGTH}")
+    if length >= 32 and n < 40:
+        raise TruncatedHeader(what, f"{n} bytes, shorter than its {8 + length}-byte header: the file is truncated")
+    seg_size = struct.unpack_from("<Q", blob, 32)[0] if length >= 32 else max(n - base, 0)
+    if 8 + length > program_size:
+        raise BadHeader(what, f"extended header ({length} bytes) runs past the program's end {program_size}")
+    if program_size > n:
+        raise OffsetOutOfRange(what, f"program flatbuffer ends at byte {program_size}, past the end of the "
+                                     f"{n}-byte file: the file may be truncated")
+    if base + seg_size > n:
+        raise OffsetOutOfRange(what, f"segment data ends at byte {base + seg_size}, past the end of the "
+                                     f"{n}-byte file: the file may be truncated")
+    if seg_size and base < program_size:
+        raise BadHeader(what, f"segment data at byte {base} overlaps the program (ends at {program_size})")
+    return PteHeader(length, program_size, base, seg_size)
+
+
+def _segments(root: Table, header: PteHeader, what: str) -> list[Segment]:
+    seg_end = header.segment_base_offset + header.segment_data_size
+    out = []
+    for i, t in enumerate(root.tables(_P_SEGMENTS, "DataSegment")):
+        seg = Segment(i, t.u64(_SEG_OFFSET), t.u64(_SEG_SIZE), header.segment_base_offset + t.u64(_SEG_OFFSET))
+        if seg.end > seg_end:
+            raise OffsetOutOfRange(what, f"segment {i} ends at byte {seg.end}, past the segment data's end "
+                                         f"{seg_end}: the file may be truncated")
+        out.append(seg)
+    return out
+
+
+def _named_data(root: Table, segments: list[Segment], what: str) -> list[NamedData]:
+    out, seen = [], set()
+    for i, t in enumerate(root.tables(_P_NAMED_DATA, "NamedData")):
+        key = t.string(_ND_KEY)
+        if not key:
+            raise BadFlatbuffer(what, f"named_data[{i}] has no key")
+        if key in seen:
+            raise BadFlatbuffer(what, f"named data key {key!r} appears twice")
+        seen.add(key)
+        index = t.u32(_ND_SEGMENT)
+        if index >= len(segments):
+            raise BadFlatbuffer(what, f"named data {key!r} points at segment {index}, but there are {len(segments)}")
+        out.append(NamedData(key, index, segments[index].start, segments[index].size, t.string_span(_ND_KEY)))
+    return out
+
+
+def _delegates(root: Table, plan: Table, plan_name: str, segments, blob, what: str) -> list[Delegate]:
+    inline = root.tables(_P_DELEGATE_DATA, "BackendDelegateInlineData")
+    out = []
+    for i, d in enumerate(plan.tables(_PLAN_DELEGATES, "BackendDelegate")):
+        ref = d.table(_DEL_PROCESSED, "BackendDelegateDataReference")
+        if ref is None:
+            raise BadFlatbuffer(what, f"{plan_name}: delegate {i} has no payload reference")
+        location, index = ref.u8(_REF_LOCATION), ref.u32(_REF_INDEX)
+        if location == _INLINE and index < len(inline):
+            span = inline[index].vector(0, 1) or (inline[index].pos, 0)
+        elif location == _SEGMENT and index < len(segments):
+            span = (segments[index].start, segments[index].size)
+        else:
+            raise BadFlatbuffer(what, f"{plan_name}: delegate {i} points at missing payload {index} (location {location})")
+        backend = d.string(_DEL_ID) or ""
+        consts = named_constants(blob, what, *span) if backend == XNNPACK_ID else []
+        out.append(Delegate(plan_name, i, backend, "inline" if location == _INLINE else "segment", index,
+                            span[0], span[1], tuple(consts)))
+    return out
+
+
+def _external_tensors(plan: Table, plan_name: str, what: str) -> list[ExternalTensor]:
+    out = []
+    for v in plan.tables(_PLAN_VALUES, "EValue"):
+        if v.u8(_EVALUE_TYPE) != _KERNEL_TYPE_TENSOR:
+            continue
+        t = v.table(_EVALUE_VAL, "Tensor")
+        extra = t.table(_T_EXTRA, "ExtraTensorInfo") if t is not None else None
+        if extra is None or extra.u8(_EXTRA_LOCATION) != _LOCATION_EXTERNAL:
+            continue
+        key = extra.string(_EXTRA_FQN)
+        if not key:
+            raise BadFlatbuffer(what, f"{plan_name}: an external tensor has no name")
+        layout = TensorLayout(struct.unpack("<b", bytes([t.u8(_T_SCALAR_TYPE)]))[0],
+                              tuple(t.scalars(_T_SIZES, "i")), tuple(t.scalars(_T_DIM_ORDER, "B")))
+        out.append(ExternalTensor(plan_name, key, layout))
+    return out
+
+
+def read_pte(source, what: str | None = None) -> Pte:
+    """Parse a .pte (a path, or bytes) and check every offset, size and key lora-share reads.
+
+    Raises a ``FormatError`` subclass naming the file and the first problem.
+    """
+    blob, what = open_blob(source, what)
+    header = read_header(blob, what)
+    fb = FlatBuffer(blob, what, 0, header.program_size)
+    root = fb.root("Program")
+    version = root.u32(_P_VERSION)
+    if version > MAX_VERSION:
+        raise UnsupportedVersion(what, f"Program schema version {version}; this reader knows up to {MAX_VERSION}")
+    segments = _segments(root, header, what)
+    named = _named_data(root, segments, what)
+    plans, delegates, external = [], [], []
+    for p in root.tables(_P_PLANS, "ExecutionPlan"):
+        name = p.string(_PLAN_NAME) or ""
+        plans.append(name)
+        delegates += _delegates(root, p, name, segments, blob, what)
+        external += _external_tensors(p, name, what)
+    if not plans:
+        raise BadFlatbuffer(what, "the program has no methods")
+    const = root.table(_P_CONSTANT_SEGMENT, "SubsegmentOffsets")
+    const_index = const.u32(_SUB_SEGMENT) if const is not None and const.vector(_SUB_OFFSETS, 8) else None
+    if const_index is not None and const_index >= len(segments):
+        raise BadFlatbuffer(what, f"constant segment {const_index} does not exist ({len(segments)} segments)")
+    return Pte(what, len(blob), header, version, plans, segments, named, delegates, external, const_index, blob)
