@@ -51,6 +51,21 @@ class SyntheticFoundation:
     rope_theta: float = _f("RoPE base", 10000.0)
 
 
+QUANT_GROUP_MULTIPLE = 32  # XNNPACK's 4-bit blockwise kernels take groups of a multiple of 32 weights
+
+
+@dataclass
+class QuantizeConfig:
+    """Quantize the shared foundation; LoRA A and B stay float32 in each adapter's .pte."""
+
+    scheme: str = _f("8da4w: every foundation linear gets int4 weights in groups, with int8 dynamic "
+                     "per-token activations (ExecuTorch's 8da4w, run by XNNPACK)", choices=["8da4w"])
+    group_size: int = _f("int4 weights per scale: a multiple of 32 that divides every linear's input width",
+                         32, minimum=QUANT_GROUP_MULTIPLE)
+    embedding: Optional[str] = _f("int8: token embeddings as int8 with one scale per row (default: float32)",
+                                  None, choices=["int8"])
+
+
 @dataclass
 class FoundationConfig:
     """The shared base model: a Hugging Face checkpoint or synthetic weights."""
@@ -60,6 +75,7 @@ class FoundationConfig:
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
     max_seq_len: int = _f("longest prompt + generation the exported program accepts", 128, minimum=2)
+    quantize: Optional[QuantizeConfig] = _f("quantize the foundation (default: float32)", None)
 
 
 @dataclass
@@ -202,6 +218,17 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
                 L.problem("foundation.synthetic.n_kv_heads", f"n_heads {s.n_heads} is not a multiple of {s.n_kv_heads}")
             elif s.n_heads and (s.dim // s.n_heads) % 2:
                 L.problem("foundation.synthetic.dim", "head size dim / n_heads must be even for RoPE")
+        q = fnd.quantize
+        if q is not None and isinstance(q.group_size, int) and q.group_size >= QUANT_GROUP_MULTIPLE:
+            if q.group_size % QUANT_GROUP_MULTIPLE:
+                L.problem("foundation.quantize.group_size",
+                          f"{q.group_size} is not a multiple of {QUANT_GROUP_MULTIPLE} (XNNPACK's 4-bit kernels)")
+            elif s is not None:
+                for key in ("dim", "hidden_dim"):
+                    width = getattr(s, key)
+                    if isinstance(width, int) and width % q.group_size:
+                        L.problem("foundation.quantize.group_size",
+                                  f"{q.group_size} does not divide synthetic.{key} {width} (a linear's input width)")
     if cfg.adapters is not None:
         if not cfg.adapters:
             L.problem("adapters", "list at least one adapter")
@@ -244,6 +271,15 @@ def load_config(path) -> BuildConfig:
     cfg.source = path.resolve()
     if cfg.output_dir is None:
         cfg.output_dir = (Path.cwd() / "out" / path.stem).resolve()
+    return cfg
+
+
+def foundation_from_dict(data: dict, where: str) -> FoundationConfig:
+    """A FoundationConfig from plain data (as a manifest records it), validated like a config file."""
+    L = _Loader(Path("/"))
+    cfg = L.dataclass(FoundationConfig, data, "foundation")
+    if L.problems:
+        raise ConfigErrors(where, L.problems)
     return cfg
 
 

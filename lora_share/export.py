@@ -35,8 +35,12 @@ def _tag(node: torch.fx.Node) -> str | None:
     return None if is_adapter_tensor(target) or is_adapter_tensor(node.name) else FOUNDATION_TAG
 
 
-def eager_model(foundation: Foundation, adapter: Adapter | None = None) -> LlamaLoRA:
-    """The PyTorch model with the adapter applied: the reference for every export."""
+def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True) -> LlamaLoRA:
+    """The PyTorch model with the adapter applied: the reference for every export.
+
+    A foundation with ``quantize`` set is quantized (LoRA stays float) unless
+    ``quantized=False``, which gives the float model it approximates.
+    """
     model = LlamaLoRA(foundation.args, adapter.spec if adapter else None)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -49,7 +53,36 @@ def eager_model(foundation: Foundation, adapter: Adapter | None = None) -> Llama
             lin.lora_a.weight.copy_(a)
             lin.lora_b.weight.copy_(b)
     model.requires_grad_(False)
+    if quantized and foundation.quantize is not None:
+        from .quantize import quantize_foundation_
+
+        quantize_foundation_(model, foundation.quantize)
     return model.eval()
+
+
+def _tag_quantized_weights(gm: torch.fx.GraphModule):
+    """Edge pass (before partitioning): send quantized foundation weights to foundation.ptd too.
+
+    XNNPACK's serializer reads the external tag of a quantized weight (and of its
+    scales) from the dequantize node it consumes, not from the weight, and the
+    tag given to the weight before export does not survive the flattening of
+    torchao's quantized tensors. So tag each weight placeholder feeding a
+    dequantize node, and that node, with ``_tag`` of the weight (LoRA: none).
+    """
+    from executorch.exir.pass_base import PassResult
+
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        for user in node.users:
+            if user.op == "call_function" and "dequantize" in str(user.target) and user.args[0] is node:
+                tag = _tag(node)
+                if tag is not None:
+                    for n in (node, user):
+                        n.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+                    changed = True
+    return PassResult(gm, changed)
 
 
 @dataclass
@@ -59,35 +92,53 @@ class Exported:
     seconds: float
 
 
-def export_program(model: LlamaLoRA, workdir: Path) -> Exported:
-    """torch.export → XNNPACK → ExecuTorch; returns the .pte bytes and the foundation .ptd bytes."""
+def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[bytes, str | None]] | None = None,
+                   external: bool = True) -> Exported:
+    """torch.export → XNNPACK → ExecuTorch; returns the .pte bytes and the foundation .ptd bytes.
+
+    ``named_data`` adds blobs: key -> (bytes, FOUNDATION_TAG for the .ptd or None for the .pte).
+    ``external=False`` tags nothing: a stand-alone .pte with every weight inside (``ptd`` is
+    empty; the benchmark's baseline). Give it no FOUNDATION_TAG blobs.
+    """
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
     from torch.export import Dim
 
+    from .quantize import is_quantized
+
     t0 = time.perf_counter()
     args = model.args
     dynamic = ({1: Dim("seq", min=1, max=args.max_seq_len)}, None)
+    # Float exports take exactly the float path. An int8 embedding is torchao's dequantize +
+    # embedding; ExecuTorch's quant fusion turns that into its quantized embedding_byte kernel.
+    quantized = any(is_quantized(p) for p in model.parameters())
+    fuse_quant = is_quantized(model.model.embed_tokens.weight)
     with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, EXAMPLE_PROMPT, dynamic_shapes=dynamic, strict=False)
         unlifted = ep.module()
-        delegate_external_constants_pass_unlifted(unlifted, _tag)
+        if external:
+            delegate_external_constants_pass_unlifted(unlifted, _tag)
         ep = torch.export.export(unlifted, EXAMPLE_PROMPT, dynamic_shapes=dynamic, strict=False)
         edge = to_edge_transform_and_lower(
             ep,
+            transform_passes=[_tag_quantized_weights] if quantized and external else None,
             partitioner=[XnnpackPartitioner()],
             constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size},
         )
-        program = edge.to_executorch(ExecutorchBackendConfig(external_constants=_tag))
+        for key, (data, tag) in (named_data or {}).items():
+            edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=tag)
+        program = edge.to_executorch(
+            ExecutorchBackendConfig(external_constants=_tag if external else False,
+                                    do_quant_fusion_and_const_prop=fuse_quant))
         workdir.mkdir(parents=True, exist_ok=True)
         program.write_tensor_data_to_file(str(workdir))
         pte = program.buffer
     written = sorted(p.name for p in workdir.iterdir())
-    if written != [f"{FOUNDATION_TAG}.ptd"]:
-        raise RuntimeError(f"export wrote {written}, expected only {FOUNDATION_TAG}.ptd")
-    ptd = (workdir / f"{FOUNDATION_TAG}.ptd").read_bytes()
+    if written != ([f"{FOUNDATION_TAG}.ptd"] if external else []):
+        raise RuntimeError(f"export wrote {written}, expected {'only ' + FOUNDATION_TAG + '.ptd' if external else 'nothing'}")
+    ptd = (workdir / f"{FOUNDATION_TAG}.ptd").read_bytes() if external else b""
     return Exported(pte, ptd, time.perf_counter() - t0)
 
 

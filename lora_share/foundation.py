@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-from .config import FoundationConfig, SyntheticFoundation
+from .config import FoundationConfig, QuantizeConfig, SyntheticFoundation
 from .errors import UserError
 from .files import sha256_file
 from .model import LlamaLoRA, ModelArgs
@@ -24,8 +25,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 @dataclass
 class Foundation:
     args: ModelArgs
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor]  # float32, as loaded; quantization happens on the eager model
     source: dict
+    quantize: Optional[QuantizeConfig] = None  # config.QuantizeConfig, or None for a float32 foundation
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         return expected_shapes(self.args)
@@ -41,8 +43,11 @@ def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 def load_foundation(cfg: FoundationConfig, where: str = "foundation") -> Foundation:
     """Load the foundation described by ``cfg`` (validated config)."""
     if cfg.synthetic is not None:
-        return synthetic_foundation(cfg.synthetic, cfg.max_seq_len)
-    return load_hf_checkpoint(cfg.checkpoint, cfg.max_seq_len)
+        foundation = synthetic_foundation(cfg.synthetic, cfg.max_seq_len)
+    else:
+        foundation = load_hf_checkpoint(cfg.checkpoint, cfg.max_seq_len)
+    foundation.quantize = cfg.quantize
+    return foundation
 
 
 def synthetic_foundation(s: SyntheticFoundation, max_seq_len: int) -> Foundation:

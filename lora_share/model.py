@@ -98,16 +98,23 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(var + self.eps))
 
 
-class Linear(nn.Module):
-    """A bias-free linear with optional LoRA: ``x W^T + (x A^T) B^T`` (scale folded into B)."""
+class Linear(nn.Linear):
+    """A bias-free linear with optional LoRA: ``x W^T + (x A^T) B^T`` (scale folded into B).
+
+    An ``nn.Linear`` (weight named ``weight``, as Hugging Face names it) so that
+    torchao's ``quantize_`` can replace the foundation weight with a quantized
+    tensor; ``lora_a``/``lora_b`` are child linears that stay float.
+    """
 
     def __init__(self, in_f: int, out_f: int, rank: int = 0):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_f, in_f))
+        super().__init__(in_f, out_f, bias=False)
         if rank:
             self.lora_a = nn.Linear(in_f, rank, bias=False)
             self.lora_b = nn.Linear(rank, out_f, bias=False)
         self.rank = rank
+
+    def reset_parameters(self) -> None:
+        """No random init: every foundation weight is copied in from the checkpoint."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
