@@ -13,7 +13,11 @@ from .errors import UserError
 EPILOG = """examples:
   lora-share validate configs/llama_adapters.yaml
   lora-share build configs/llama_adapters.yaml
+  lora-share add --to out/llama_adapters path/to/peft_adapter_dir
   lora-share run --pte out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd --tokens 1,17,42
+  lora-share inspect out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
+  lora-share verify --pte out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
+  lora-share bench configs/llama_adapters.yaml
 """
 
 
@@ -36,6 +40,21 @@ def _cmd_build(ns) -> int:
     return 0
 
 
+def _cmd_add(ns) -> int:
+    from .builder import add
+
+    specs = []
+    for spec in ns.adapters:
+        name, sep, folder = spec.partition("=")
+        if not sep:
+            folder, name = spec, Path(spec.rstrip("/")).name
+        specs.append((name, Path(folder)))
+    manifest = add(ns.to, specs, quiet=ns.json)
+    if ns.json:
+        print(json.dumps(manifest, indent=2))
+    return 0
+
+
 def _cmd_run(ns) -> int:
     import numpy as np
 
@@ -43,7 +62,7 @@ def _cmd_run(ns) -> int:
     from .runtime import run
 
     tokens = parse_tokens(ns.tokens)
-    gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed)
+    gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed, verify=not ns.no_verify)
     if ns.dump_logits:
         _save_npy(Path(ns.dump_logits), gen.logits, np)
     if ns.json:
@@ -64,6 +83,35 @@ def _save_npy(path: Path, array, np) -> None:
         os.replace(tmp, path)
     except OSError as e:
         raise UserError(f"--dump-logits {path}: cannot write: {e.strerror}") from None
+
+
+def _cmd_inspect(ns) -> int:
+    from .inspection import inspect_file, render
+
+    report = inspect_file(ns.file, ns.ptd)
+    print(json.dumps(report, indent=2) if ns.json else render(report))
+    return 0
+
+
+def _cmd_verify(ns) -> int:
+    from .verify import check_pair
+
+    pairing = check_pair(ns.pte, ns.ptd)
+    if ns.json:
+        print(json.dumps({"compatible": pairing.ok, "problems": pairing.problems, "missing": pairing.missing,
+                          "adapter_fingerprint": pairing.adapter and pairing.adapter.foundation_fingerprint,
+                          "foundation_fingerprint": pairing.foundation and pairing.foundation.fingerprint}))
+    elif pairing.ok:
+        print(f"{ns.pte}: compatible with {ns.ptd} (foundation {pairing.foundation.fingerprint})")
+    for problem in [] if ns.json else pairing.problems:
+        print(f"incompatible: {problem}", file=sys.stderr)
+    return 0 if pairing.ok else 1
+
+
+def _cmd_bench(ns) -> int:
+    from .bench.run import run_from_args
+
+    return run_from_args(ns, "lora-share bench " + " ".join(sys.argv[2:]))
 
 
 def _cmd_schema(ns) -> int:
@@ -94,6 +142,16 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of progress")
     b.set_defaults(func=_cmd_build)
 
+    a = sub.add_parser("add", help="add PEFT adapters to an existing build; foundation.ptd is left untouched",
+                       epilog="examples:\n  lora-share add --to out/llama_adapters path/to/peft_adapter_dir\n"
+                              "  lora-share add --to out/llama_adapters support_bot=path/to/peft_dir",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--to", required=True, metavar="OUT_DIR", help="output folder of an earlier build")
+    a.add_argument("adapters", nargs="+", metavar="[NAME=]PEFT_DIR",
+                   help="PEFT folder (adapter_config.json + adapter_model.safetensors); NAME defaults to its name")
+    a.add_argument("--json", action="store_true", help="print the updated manifest as JSON instead of progress")
+    a.set_defaults(func=_cmd_add)
+
     r = sub.add_parser("run", help="generate with an adapter .pte over a foundation .ptd (Python runtime)",
                        epilog="example:\n  lora-share run --pte out/llama_adapters/adapter_a.pte "
                               "--ptd out/llama_adapters/foundation.ptd --tokens 1,17,42 --max-new-tokens 8",
@@ -107,7 +165,39 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--dump-logits", metavar="PATH", help=".npy float32 [steps, vocab]: row 0 at the last prompt "
                                                          "position, row i after feeding generated token i")
     r.add_argument("--json", action="store_true", help='print {"tokens": [...], "timings": {...}}')
+    r.add_argument("--no-verify", action="store_true",
+                   help="skip the check that the .pte was built for this .ptd (foundation fingerprint, keys)")
     r.set_defaults(func=_cmd_run)
+
+    i = sub.add_parser("inspect", help="show what a .ptd or .pte holds: keys, sizes, segments, fingerprints",
+                       epilog="examples:\n  lora-share inspect out/llama_adapters/foundation.ptd\n"
+                              "  lora-share inspect out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd\n"
+                              "  lora-share inspect out/llama_adapters/adapter_a.pte --json | jq .needs",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    i.add_argument("file", metavar="FILE", help=".ptd or .pte (told apart by their magic bytes)")
+    i.add_argument("--ptd", help="for a .pte: also check whether this .ptd has every key it needs")
+    i.add_argument("--json", action="store_true", help="print the report as JSON")
+    i.set_defaults(func=_cmd_inspect)
+
+    vf = sub.add_parser("verify", help="check that an adapter .pte fits a foundation .ptd (exit 0 yes, 1 no, 2 bad file)",
+                        epilog="example:\n  lora-share verify --pte out/llama_adapters/adapter_a.pte "
+                               "--ptd out/llama_adapters/foundation.ptd",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    vf.add_argument("--pte", required=True, help="adapter program")
+    vf.add_argument("--ptd", required=True, help="foundation data file")
+    vf.add_argument("--json", action="store_true", help='print {"compatible": ..., "problems": [...], ...}')
+    vf.set_defaults(func=_cmd_verify)
+
+    bn = sub.add_parser("bench", help="measure disk, memory, load time, speed and build time against stand-alone "
+                                      "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
+                        epilog="examples:\n  lora-share bench configs/llama_adapters.yaml       "
+                               "# about 12 min; writes benchmarks/results/bench.{json,md} + PNG plots\n"
+                               "  lora-share bench configs/tiny.yaml --counts 1,2 --out /tmp/bench",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .bench.run import add_arguments
+
+    add_arguments(bn, config_option=False)
+    bn.set_defaults(func=_cmd_bench)
 
     s = sub.add_parser("schema", help="print the config's JSON Schema")
     s.set_defaults(func=_cmd_schema)
@@ -124,6 +214,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted: earlier outputs are untouched", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away, e.g. `lora-share inspect foundation.ptd | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

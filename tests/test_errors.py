@@ -125,11 +125,18 @@ def _same_tree(a: Path, b: Path) -> bool:
     return not (cmp.left_only or cmp.right_only or filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)[1])
 
 
+def _changed_foundation(config: Path, into: Path) -> None:
+    """The same deployment over other foundation weights: every adapter must be exported again."""
+    data = yaml.safe_load(config.read_text())
+    data["foundation"]["synthetic"]["seed"] += 1
+    into.write_text(yaml.safe_dump(data))
+
+
 def test_failed_build_leaves_previous_outputs(tiny_build, tmp_path, monkeypatch):
     out = _snapshot(tiny_build.out_dir, tmp_path / "out")
     before = _snapshot(out, tmp_path / "before")
     cfg = tmp_path / "deploy.yaml"
-    shutil.copy(tiny_build.config, cfg)
+    _changed_foundation(tiny_build.config, cfg)
     import lora_share.builder as build_mod
 
     calls = []
@@ -152,7 +159,7 @@ def test_killed_build_leaves_previous_outputs(tiny_build, tmp_path):
     out = _snapshot(tiny_build.out_dir, tmp_path / "out")
     before = _snapshot(out, tmp_path / "before")
     cfg = tmp_path / "deploy.yaml"
-    shutil.copy(tiny_build.config, cfg)
+    _changed_foundation(tiny_build.config, cfg)
     exe = Path(sys.executable).parent / "lora-share"
     proc = subprocess.Popen([str(exe), "build", str(cfg)], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
@@ -160,11 +167,11 @@ def test_killed_build_leaves_previous_outputs(tiny_build, tmp_path):
     while time.time() < deadline:
         line = proc.stderr.readline()
         seen += line
-        if "done in" in line:  # the first adapter is written into staging; kill mid-build
+        if "exported in" in line:  # the first adapter is written into staging; kill mid-build
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert "done in" in seen
+    assert "exported in" in seen
     assert _same_tree(out, before)
     # The next build clears the debris and replaces the outputs whole.
     manifest = lora_share.build(cfg, quiet=True)

@@ -1,0 +1,109 @@
+"""The fast path: a new adapter's .pte from an exported one with the same graph signature.
+
+Adapters with the same ranks on the same (layer, target) slots lower to the same
+program; only the LoRA tensors differ. XNNPACK stores each of them as PTE named
+data keyed by the sha256 of its bytes, and its delegate payload refers to them
+by that key. So a template .pte becomes another adapter's .pte by:
+
+1. writing the new tensor bytes over the template's, in the named-data segment
+   the template's key points at (same size: same shape and dtype);
+2. replacing the template's key with the new key (both are 64 hex characters, so
+   no offset moves) in the named-data table and in every delegate payload;
+3. writing the adapter's metadata record over the template's (records are padded
+   to a fixed size, so it fits unless it grew past a padding step).
+
+``formats.read_pte`` (the defensive flatbuffers reader) gives the exact byte
+ranges: each named-data entry and its key, and every key an XNNPACK payload
+names; afterwards no trace of a template key may remain. Anything
+the substitution cannot express exactly (tensors with equal bytes, which the
+exporter would have stored once) is refused, and the caller exports instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .adapters import Adapter
+from .formats import read_pte
+
+
+class NotSubstitutable(Exception):
+    """The template cannot be turned into this adapter exactly; export it instead."""
+
+
+def slot_name(layer: int, target: str, which: str) -> str:
+    return f"layers.{layer}.{target}.lora_{which}"
+
+
+def tensor_keys(adapter: Adapter) -> dict[str, str]:
+    """Slot name -> sha256 of the tensor's bytes: the key XNNPACK stores it under."""
+    out = {}
+    for (layer, target), (a, b) in sorted(adapter.weights.items()):
+        for which, t in (("a", a), ("b", b)):
+            out[slot_name(layer, target, which)] = hashlib.sha256(_raw(t)).hexdigest()
+    return out
+
+
+def signature(adapter: Adapter, foundation_fingerprint: str, export_settings: dict) -> str:
+    """What the exported graph depends on: ranks per slot, the foundation, the export settings."""
+    ranks = sorted((layer, target, a.shape[0]) for (layer, target), (a, _) in adapter.weights.items())
+    blob = json.dumps({"ranks": ranks, "foundation": foundation_fingerprint, "export": export_settings},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _raw(t) -> bytes:
+    return t.detach().contiguous().numpy().tobytes()
+
+
+def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adapter,
+               blobs: dict[str, bytes] | None = None) -> bytes:
+    """The .pte of ``adapter`` made from a template exported with ``template_keys``.
+
+    ``blobs`` are the adapter's own named data under fixed keys (its metadata
+    record): each replaces the template's in place, so it must have the same size.
+    """
+    new_keys = tensor_keys(adapter)
+    if sorted(new_keys) != sorted(template_keys):
+        raise NotSubstitutable("different LoRA slots")
+    if len(set(new_keys.values())) != len(new_keys) or len(set(template_keys.values())) != len(template_keys):
+        raise NotSubstitutable("two LoRA tensors have equal bytes (the exporter stores them once)")
+    tensors = {}
+    for (layer, target), (a, b) in adapter.weights.items():
+        tensors[slot_name(layer, target, "a")], tensors[slot_name(layer, target, "b")] = _raw(a), _raw(b)
+
+    layout = read_pte(template_pte, "template .pte")
+    out = bytearray(template_pte)
+    spans: dict[str, list[tuple[int, int]]] = {}  # key -> every (position, length) its text occupies
+    for e in layout.named_data:
+        spans.setdefault(e.key, []).append(e.key_span)
+    for d in layout.delegates:
+        for c in d.constants:
+            spans.setdefault(c.key, []).append(c.key_span)
+    if any(k in layout for k in set(new_keys.values()) - set(template_keys.values())):
+        raise NotSubstitutable("a new tensor's key is already in the template")
+    for slot, old in template_keys.items():
+        if old not in layout:
+            raise NotSubstitutable(f"template has no named data for {slot}")
+        entry, data, new = layout.entry(old), tensors[slot], new_keys[slot].encode()
+        if entry.size != len(data) or hashlib.sha256(out[entry.start:entry.end]).hexdigest() != old:
+            raise NotSubstitutable(f"template data for {slot} is not where its key says")
+        if len(spans[old]) < 2:
+            raise NotSubstitutable(f"no delegate payload refers to {slot}")
+        out[entry.start:entry.end] = data
+        for position, length in spans[old]:
+            if length != len(new):
+                raise NotSubstitutable(f"key of {slot} is not a sha256 hex digest")
+            out[position:position + length] = new
+    for key, data in (blobs or {}).items():
+        if key not in layout:
+            raise NotSubstitutable(f"template has no named data {key!r}")
+        entry = layout.entry(key)
+        if entry.size != len(data):
+            raise NotSubstitutable(f"{key!r} is {len(data)} bytes, the template's {entry.size}")
+        out[entry.start:entry.end] = data
+    leftover = [k for k in template_keys.values() if k.encode() in out]
+    if leftover:
+        raise NotSubstitutable(f"template key {leftover[0][:12]} is still referenced outside the known places")
+    return bytes(out)
