@@ -4,6 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.lora-share-installed
+BENCH_STAMP := $(VENV)/.lora-share-bench-installed
 RUNNER := build/runner
 CONFIG ?= configs/llama_adapters.yaml
 OUT ?= out/llama_adapters
@@ -39,12 +40,24 @@ demo: setup runner
 	$(VENV)/bin/lora-share build $(CONFIG)
 	@echo "--- lora-share run (Python runtime), adapter_a:"
 	$(VENV)/bin/lora-share run --pte $(OUT)/adapter_a.pte --ptd $(OUT)/foundation.ptd --tokens 1,17,42 --max-new-tokens 8
-	@echo "--- build/runner (C++), adapter_a and adapter_b served from one process sharing foundation.ptd:"
+	@echo "--- build/runner (C++): adapter_a and adapter_b served in turn by one process over one foundation.ptd:"
 	printf 'adapter_a\t1,17,42\nadapter_b\t1,17,42\n' | $(RUNNER) --ptd $(OUT)/foundation.ptd \
 	  --pte $(OUT)/adapter_a.pte --pte $(OUT)/adapter_b.pte --max-new-tokens 8 --serve
+	@echo "--- build/runner (C++): both loaded, adapter_b answers; memory after load and at the end:"
+	$(RUNNER) --ptd $(OUT)/foundation.ptd --pte $(OUT)/adapter_a.pte --pte $(OUT)/adapter_b.pte \
+	  --adapter adapter_b --tokens 1,17,42 --max-new-tokens 8
 
 test: setup runner
 	$(PY) -m pytest -q
+
+# The benchmark also draws plots: matplotlib comes with the `bench` extra.
+$(BENCH_STAMP): $(SETUP_STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@
+
+# lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
+bench: $(BENCH_STAMP) runner
+	$(VENV)/bin/lora-share bench $(CONFIG)
 
 clean:
 	rm -rf build out .pytest_cache

@@ -51,8 +51,9 @@ class BenchError(Exception):
     """The runner could not be started or failed; the message says why."""
 
 
-def run_runner(runner: Path, ptd: Path, ptes: list[Path], extra: list[str]) -> dict:
-    cmd = [str(runner), "--ptd", str(ptd)]
+def run_runner(runner: Path, ptd: Path | None, ptes: list[Path], extra: list[str]) -> dict:
+    """The runner's ``--json`` report for one 1-token request; ``ptd=None`` for self-contained programs."""
+    cmd = [str(runner)] + (["--ptd", str(ptd)] if ptd is not None else [])
     for pte in ptes:
         cmd += ["--pte", str(pte)]
     cmd += ["--tokens", "1", "--max-new-tokens", "1", "--json", *extra]
@@ -101,6 +102,7 @@ def packed_cache_starts(runner: Path, ptd: Path, ptes: list[Path]) -> list[dict]
             starts.append({
                 "start": label,
                 "load_ms": report["load_ms"],
+                "adapter_load_ms": [a["load_ms"] for a in report["adapters"]],
                 "pss_bytes": report["memory"]["after_load"]["pss_kb"] * 1024,
                 "end_pss_bytes": report["memory"]["end"]["pss_kb"] * 1024,
                 "warm_reported": report["loading"]["packed_cache_warm"],

@@ -1,0 +1,22 @@
+"""``lora-share bench``: lora-share, stand-alone programs and ExecuTorch's stock loading, side by side.
+
+One run on this machine builds the config's foundation with N = 1, 2, 4, 8
+adapters (one recipe, a different seed each) and measures, for every N:
+
+- disk: foundation.ptd + N adapter .pte against N stand-alone .pte files with
+  every weight inside (``export_program(external=False)``, the first exported,
+  the others made from it by ``fastpath.substitute``);
+- memory (PSS and RSS from /proc): one runner process serving N adapters,
+  N concurrent runner processes with one stand-alone program each, and one
+  process loading N adapters the stock way (one ``Module`` each, no weight cache);
+- load time of the first and each further adapter, with and without the
+  packed-weight cache; prefill and decode speed of the bare foundation and of
+  each adapter; the cost of switching adapters between requests in ``--serve``;
+- build time of N adapters from scratch.
+
+Results go to ``benchmarks/results/`` as ``bench.json``, ``bench.md`` and two
+PNG plots. Modules: ``variants`` makes the files, ``processes`` drives the C++
+runner, ``report`` writes the results, ``run`` puts it together.
+"""
+
+from .run import main, run_bench  # noqa: F401
