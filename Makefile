@@ -4,7 +4,6 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.lora-share-installed
-BENCH_STAMP := $(VENV)/.lora-share-bench-installed
 RUNNER := build/runner
 CONFIG ?= configs/llama_adapters.yaml
 OUT ?= out/llama_adapters
@@ -19,11 +18,12 @@ system-deps:
 	  echo "installing cmake and g++ from Debian"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make; }
 
-# The venv: torch pinned to 2.13.0 (the CPU build), executorch 1.5.1, this package editable, test tools.
-$(SETUP_STAMP): pyproject.toml
+# The venv: torch pinned to 2.13.0 (the CPU build), executorch 1.5.1, this package editable, the test
+# tools and the benchmark's plotting library (so the plot test runs too).
+$(SETUP_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
 setup: $(SETUP_STAMP)
@@ -50,13 +50,8 @@ demo: setup runner
 test: setup runner
 	$(PY) -m pytest -q
 
-# The benchmark also draws plots: matplotlib comes with the `bench` extra.
-$(BENCH_STAMP): $(SETUP_STAMP)
-	$(PY) -m pip install -q -e '.[test,bench]'
-	touch $@
-
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
-bench: $(BENCH_STAMP) runner
+bench: setup runner
 	$(VENV)/bin/lora-share bench $(CONFIG)
 
 clean:
