@@ -42,3 +42,23 @@ def file_kind(blob, what: str) -> str:
     if len(blob) < 8:
         raise TruncatedHeader(what, f"{len(blob)} bytes: too short to be a .pte or .ptd (truncated or empty)")
     raise WrongMagic(what, f"identifier {ident!r} at byte 4 is neither b'ET12' (.pte) nor b'FT01' (.ptd)")
+
+
+class KeyedEntries:
+    """Lookup by key for a parsed file whose entries carry ``key``, ``start`` and ``end``
+    (absolute byte offsets into ``self.blob``). Call ``_index(entries)`` once after parsing."""
+
+    def _index(self, entries) -> None:
+        self._by_key = {e.key: e for e in entries}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
+
+    def entry(self, key: str):
+        """The entry named ``key``; KeyError if there is none."""
+        return self._by_key[key]
+
+    def data(self, key: str) -> bytes:
+        """A copy of the bytes stored under ``key``."""
+        e = self._by_key[key]
+        return bytes(self.blob[e.start:e.end])

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .blob import open_blob
+from .blob import KeyedEntries, open_blob
 from .errors import BadFlatbuffer, BadHeader, OffsetOutOfRange, TruncatedHeader, UnsupportedVersion, WrongMagic
 from .flatbuf import FlatBuffer, Table
 from .layout import TensorLayout, alignment_of
@@ -93,7 +93,7 @@ class PtdEntry:
 
 
 @dataclass
-class Ptd:
+class Ptd(KeyedEntries):
     """A parsed .ptd. ``entries`` keep the file's order; ``data(key)`` returns a tensor's bytes."""
 
     what: str
@@ -105,19 +105,7 @@ class Ptd:
     blob: object = field(repr=False)
 
     def __post_init__(self):
-        self._by_key = {e.key: e for e in self.entries}
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._by_key
-
-    def entry(self, key: str) -> PtdEntry:
-        """The entry named ``key``; KeyError if there is none."""
-        return self._by_key[key]
-
-    def data(self, key: str) -> bytes:
-        """A copy of the bytes stored under ``key``."""
-        e = self._by_key[key]
-        return bytes(self.blob[e.start:e.end])
+        self._index(self.entries)
 
     def keys_by_segment(self) -> dict[int, list[str]]:
         """Segment index -> every key that points at it (more than one key = stored once, shared)."""

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .blob import open_blob
+from .blob import KeyedEntries, open_blob
 from .errors import BadFlatbuffer, BadHeader, OffsetOutOfRange, TruncatedHeader, UnsupportedVersion, WrongMagic
 from .flatbuf import FlatBuffer, Table
 from .layout import TensorLayout
@@ -106,7 +106,7 @@ class ExternalTensor:
 
 
 @dataclass
-class Pte:
+class Pte(KeyedEntries):
     """A parsed .pte."""
 
     what: str
@@ -122,19 +122,7 @@ class Pte:
     blob: object = field(repr=False)
 
     def __post_init__(self):
-        self._by_key = {e.key: e for e in self.named_data}
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._by_key
-
-    def entry(self, key: str) -> NamedData:
-        """The program's own named data entry ``key``; KeyError if there is none."""
-        return self._by_key[key]
-
-    def data(self, key: str) -> bytes:
-        """A copy of the bytes of the program's own named data ``key``."""
-        e = self._by_key[key]
-        return bytes(self.blob[e.start:e.end])
+        self._index(self.named_data)
 
     def external_keys(self) -> list[str]:
         """Keys this program must find in an external .ptd: delegate constants it does not
