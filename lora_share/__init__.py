@@ -26,11 +26,12 @@ def build(config_path, quiet: bool = False) -> dict:
     return _build(config_path, quiet=quiet)
 
 
-def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0):
-    """Generate with an adapter .pte over a foundation .ptd through ExecuTorch's Python runtime."""
+def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0, shared_ptd=None):
+    """Generate with an adapter .pte over a foundation .ptd through ExecuTorch's Python runtime
+    (``shared_ptd``: the build's adapters_shared.ptd, for adapters that read tensors from it)."""
     from .runtime import run as _run
 
-    return _run(pte, ptd, tokens, max_new_tokens, temperature, seed)
+    return _run(pte, ptd, tokens, max_new_tokens, temperature, seed, shared_ptd=shared_ptd)
 
 
 __all__ = ["build", "run", "validate", "ConfigErrors", "UserError"]

@@ -14,6 +14,12 @@ Each adapter's .pte comes the cheapest exact way:
 - exported: torch.export + XNNPACK lowering, once per signature.
 When the foundation is unchanged, foundation.ptd is hard-linked from the
 previous outputs: neither rewritten nor touched.
+
+With ``dedup.shared_adapter_tensors: hoist`` the tensors two or more adapters
+have are written once to adapters_shared.ptd (shared_data.py) and left out of
+their .pte files; which slots an adapter reads from there is part of its
+signature. ``lora-share add`` never rewrites a shipped file: a new adapter
+reads from adapters_shared.ptd exactly the tensors already in it.
 """
 
 from __future__ import annotations
@@ -24,25 +30,27 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
 from .adapters import Adapter, load_adapter, load_peft
-from .config import config_to_dict, foundation_from_dict, load_config
+from .config import config_to_dict, foundation_from_dict, hoists_shared_tensors, load_config
 from .errors import UserError
 from .export import FOUNDATION_TAG, eager_model, export_program
-from .fastpath import NotSubstitutable, signature, substitute, tensor_keys
+from .fastpath import NotSubstitutable, signature, slot_param_name, slot_tensors, substitute, tensor_keys
 from .files import sha256_file, staged_dir
 from .foundation import Foundation, load_foundation
 from .model import ModelArgs
-from .formats.meta import ADAPTER_KEY, encode_adapter
+from .formats import read_ptd
+from .formats.meta import ADAPTER_KEY, SHARED_KEY, encode_adapter
 from .quantize import adapter_quantization_error, format_error
 from .dedup import byte_report, report_lines
 from .formats.seal import seal_pte
 from .records import adapter_meta, export_named_data
+from .shared_data import SHARED_PTD, encode_shared_ptd, plan_hoisting
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "lora-share-manifest"
@@ -104,12 +112,41 @@ def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict |
     return manifest
 
 
+@dataclass
+class _Sharing:
+    """What goes to adapters_shared.ptd (dedup.shared_adapter_tensors: hoist)."""
+
+    plan: dict[str, list[str]]  # adapter name -> its slots read from the shared file
+    file: bytes | None  # the file to write; None: keep the previous build's as it is
+
+
+def _plan_sharing(adapters: list[Adapter], fingerprint: str) -> _Sharing:
+    """Hoist every tensor that two or more of ``adapters`` have."""
+    keys = {a.name: tensor_keys(a) for a in adapters}
+    plan = plan_hoisting(keys)
+    tensors = {}
+    for adapter in adapters:
+        raw = slot_tensors(adapter)
+        tensors.update({keys[adapter.name][slot]: raw[slot] for slot in plan[adapter.name]})
+    return _Sharing(plan, encode_shared_ptd(tensors, fingerprint))
+
+
+def _check_exported_shared(name: str, exported_ptd: bytes, shared: bytes) -> None:
+    """The export's own adapters_shared.ptd must hold nothing the build's lacks or holds differently."""
+    ours = read_ptd(shared, SHARED_PTD)
+    for e in read_ptd(exported_ptd, f"{name}'s exported {SHARED_PTD}").entries:
+        if e.key not in ours or ours.data(e.key) != exported_ptd[e.start:e.end]:
+            raise RuntimeError(f"adapter {name}: its export reads shared tensor {e.key[:12]} that {SHARED_PTD} "
+                               "does not hold as exported")
+
+
 class _Producer:
     """Makes adapter .pte bytes the cheapest exact way (see module docstring)."""
 
     def __init__(self, out_dir: Path, previous: dict | None, get_foundation: Callable[[], Foundation],
-                 fingerprint: str, settings: dict, workdir: Path):
+                 fingerprint: str, settings: dict, workdir: Path, shared_file: Path | None):
         self.out_dir, self.get_foundation, self.workdir = out_dir, get_foundation, workdir
+        self.shared_file = shared_file
         self.fingerprint, self.settings = fingerprint, settings
         self.previous = {a["name"]: a for a in (previous or {}).get("adapters", [])}
         self.templates: dict[str, tuple[Callable[[], bytes], dict]] = {}
@@ -119,10 +156,11 @@ class _Producer:
         self.ptd: bytes | None = None  # set by the first export when there is no previous foundation.ptd
         self.ptd_sha = (previous or {}).get("foundation", {}).get("sha256")
 
-    def produce(self, adapter: Adapter) -> tuple[bytes | Path, str, float]:
-        """(.pte bytes or an existing file to keep, how, seconds)."""
+    def produce(self, adapter: Adapter, hoisted: list[str], sig: str, keys: dict[str, str]
+                ) -> tuple[bytes | Path, str, float]:
+        """(.pte bytes or an existing file to keep, how, seconds); ``hoisted`` slots are read
+        from adapters_shared.ptd; ``sig`` and ``keys`` are the adapter's signature and tensor keys."""
         t0 = time.perf_counter()
-        sig, keys = signature(adapter, self.fingerprint, self.settings), tensor_keys(adapter)
         old = self.previous.get(adapter.name)
         if old and old["signature"] == sig and old["tensor_keys"] == keys:
             return self.out_dir / old["file"], "reused", time.perf_counter() - t0
@@ -130,13 +168,16 @@ class _Producer:
             template, template_keys = self.templates[sig]
             try:
                 record = {ADAPTER_KEY: encode_adapter(adapter_meta(adapter, self.fingerprint))}
-                pte = substitute(template(), template_keys, adapter, record)
+                pte = substitute(template(), template_keys, adapter, record, hoisted)
                 return pte, "substituted", time.perf_counter() - t0
             except NotSubstitutable:
                 pass
         foundation = self.get_foundation()
         exported = export_program(eager_model(foundation, adapter), self.workdir / adapter.name,
-                                  export_named_data(foundation, adapter, self.fingerprint))
+                                  export_named_data(foundation, adapter, self.fingerprint),
+                                  shared=frozenset(map(slot_param_name, hoisted)))
+        if hoisted:
+            _check_exported_shared(adapter.name, exported.shared_ptd, self.shared_file.read_bytes())
         sha = hashlib.sha256(exported.ptd).hexdigest()
         if self.ptd_sha is None:
             self.ptd, self.ptd_sha = exported.ptd, sha
@@ -157,12 +198,33 @@ def _link_or_write(dest: Path, content: bytes | Path) -> None:
         dest.write_bytes(seal_pte(content))  # size + CRC-32 into its record (formats/seal.py)
 
 
+def _write_shared(stage: Path, out_dir: Path, sharing: _Sharing, previous: dict | None) -> Path:
+    """adapters_shared.ptd in the staging folder: hard-linked when the previous one has the same bytes."""
+    dest, old = stage / SHARED_PTD, out_dir / SHARED_PTD
+    old_sha = ((previous or {}).get("shared") or {}).get("sha256")
+    if sharing.file is None or (old_sha == hashlib.sha256(sharing.file).hexdigest() and old.is_file()
+                                and sha256_file(old) == old_sha):
+        os.link(old, dest)
+    else:
+        dest.write_bytes(sharing.file)
+    return dest
+
+
+def _shared_entry(path: Path) -> dict:
+    ptd = read_ptd(path)
+    tensors = [e for e in ptd.entries if e.key != SHARED_KEY]
+    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
+            "tensors": len(tensors), "tensor_bytes": sum(e.size for e in tensors)}
+
+
 def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], previous: dict | None,
                    get_foundation: Callable[[], Foundation], fingerprint: str, settings: dict,
-                   foundation_entry: dict, resolved_config: dict, quiet: bool, t_start: float) -> dict:
+                   foundation_entry: dict, resolved_config: dict, quiet: bool, t_start: float,
+                   sharing: _Sharing | None = None) -> dict:
     entries = []
     with staged_dir(out_dir) as stage:
-        producer = _Producer(out_dir, previous, get_foundation, fingerprint, settings, stage / ".work")
+        shared = _write_shared(stage, out_dir, sharing, previous) if sharing else None
+        producer = _Producer(out_dir, previous, get_foundation, fingerprint, settings, stage / ".work", shared)
         if previous:
             os.link(out_dir / PTD_NAME, stage / PTD_NAME)
         for entry in keep:
@@ -172,7 +234,9 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
             meta = adapter.meta
             _log(f"  [{i}/{len(adapters)}] {adapter.name}: rank {meta['rank']}, alpha {meta['alpha']}, "
                  f"targets {','.join(meta['targets'])}", quiet)
-            content, how, seconds = producer.produce(adapter)
+            hoisted = sharing.plan[adapter.name] if sharing else []
+            sig, keys = signature(adapter, fingerprint, settings, hoisted), tensor_keys(adapter)
+            content, how, seconds = producer.produce(adapter, hoisted, sig, keys)
             if producer.ptd is not None and not (stage / PTD_NAME).exists():
                 (stage / PTD_NAME).write_bytes(producer.ptd)
             pte_path = stage / f"{adapter.name}.pte"
@@ -181,14 +245,17 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
             entries.append({
                 "name": adapter.name, "file": pte_path.name, "size": pte_path.stat().st_size,
                 "sha256": sha256_file(pte_path), "lora_bytes": lora_bytes, "produced": how,
-                "seconds": round(seconds, 3), "signature": signature(adapter, fingerprint, settings),
-                **meta, "tensor_keys": tensor_keys(adapter),
+                "seconds": round(seconds, 3), "signature": sig,
+                **meta, "tensor_keys": keys, **({"hoisted": hoisted} if sharing else {}),
             })
-            _log(f"        {how} in {seconds:.2f} s: {pte_path.name} {_mb(pte_path.stat().st_size)}", quiet)
+            shared_note = f", {len(hoisted)} tensor(s) in {SHARED_PTD}" if hoisted else ""
+            _log(f"        {how} in {seconds:.2f} s: {pte_path.name} {_mb(pte_path.stat().st_size)}{shared_note}",
+                 quiet)
             if settings.get("quantize"):  # how far the quantized foundation moves this adapter's logits
                 old = (previous or {}).get("adapters", [])
                 err = next((a.get("quantization_error") for a in old if how == "reused" and a["name"] == adapter.name),
-                           None) or adapter_quantization_error(get_foundation(), adapter, pte_path, stage / PTD_NAME)
+                           None) or adapter_quantization_error(
+                    get_foundation(), adapter, pte_path, stage / PTD_NAME, shared if hoisted else None)
                 entries[-1]["quantization_error"] = err
                 _log(f"        quantized foundation {format_error(err)}", quiet)
         if (stage / ".work").exists():
@@ -203,8 +270,10 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
             "export_settings": settings,
             "foundation": {"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
                            "fingerprint": fingerprint, **foundation_entry},
+            **({"shared": _shared_entry(shared)} if shared else {}),
             "adapters": entries,
-            "bytes": byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries}),
+            "bytes": byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
+                                 shared.name if shared else None),
             "build_s": round(time.perf_counter() - t_start, 2),
         }
         for line in report_lines(manifest["bytes"]):
@@ -213,7 +282,8 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
         (stage / "config.resolved.yaml").write_text(yaml.safe_dump(config_out, sort_keys=False))
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     total = sum(e["size"] for e in entries)
-    _log(f"  wrote {out_dir}: foundation.ptd {_mb(manifest['foundation']['size'])}, "
+    shared_note = f", {SHARED_PTD} {_mb(manifest['shared']['size'])}" if shared else ""
+    _log(f"  wrote {out_dir}: foundation.ptd {_mb(manifest['foundation']['size'])}{shared_note}, "
          f"{len(entries)} adapter .pte {_mb(total)} in all, {manifest['build_s']:.1f} s", quiet)
     return manifest
 
@@ -248,8 +318,9 @@ def build(config_path, quiet: bool = False) -> dict:
     if cfg.foundation.quantize is not None:
         entry["quantize"] = config_to_dict(cfg.foundation.quantize)
     resolved = {"source": str(cfg.source), **config_to_dict(cfg)}
+    sharing = _plan_sharing(adapters, fingerprint) if hoists_shared_tensors(cfg) else None
     return _write_outputs(cfg.output_dir, adapters, [], previous, lambda: foundation, fingerprint, settings,
-                          entry, resolved, quiet, t_start)
+                          entry, resolved, quiet, t_start, sharing)
 
 
 def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict:
@@ -288,7 +359,20 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
     resolved["source"] = previous.get("config")
     entry = {k: v for k, v in fnd.items() if k not in ("file", "size", "sha256", "fingerprint")}
     return _write_outputs(out_dir, adapters, previous["adapters"], previous, get_foundation, fnd["fingerprint"],
-                          previous["export_settings"], entry, resolved, quiet, t_start)
+                          previous["export_settings"], entry, resolved, quiet, t_start,
+                          _existing_sharing(out_dir, previous, adapters))
+
+
+def _existing_sharing(out_dir: Path, previous: dict, adapters: list[Adapter]) -> _Sharing | None:
+    """For ``add`` to a build with adapters_shared.ptd: new adapters read the tensors it already
+    holds from it, and it stays as it is (so do the shipped adapters that read from it)."""
+    if "shared" not in previous:
+        return None
+    path = out_dir / SHARED_PTD
+    if not path.is_file() or sha256_file(path) != previous["shared"]["sha256"]:
+        raise UserError(f"{path}: missing or not the file {out_dir / MANIFEST} describes")
+    available = {e.key for e in read_ptd(path).entries} - {SHARED_KEY}
+    return _Sharing(plan_hoisting({a.name: tensor_keys(a) for a in adapters}, available), None)
 
 
 def manifest_model_args(manifest: dict) -> ModelArgs:

@@ -19,6 +19,8 @@ EPILOG = """examples:
   lora-share verify --pte out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
   lora-share bench configs/llama_adapters.yaml
 """
+SHARED_HELP = ("the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
+               "adapter that reads tensors it shares with other adapters from there")
 
 
 def _cmd_validate(ns) -> int:
@@ -62,7 +64,8 @@ def _cmd_run(ns) -> int:
     from .runtime import run
 
     tokens = parse_tokens(ns.tokens)
-    gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed, verify=not ns.no_verify)
+    gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed, verify=not ns.no_verify,
+              shared_ptd=ns.shared_ptd)
     if ns.dump_logits:
         _save_npy(Path(ns.dump_logits), gen.logits, np)
     if ns.json:
@@ -88,7 +91,7 @@ def _save_npy(path: Path, array, np) -> None:
 def _cmd_inspect(ns) -> int:
     from .inspection import inspect_file, render
 
-    report = inspect_file(ns.file, ns.ptd)
+    report = inspect_file(ns.file, ns.ptd, ns.shared_ptd)
     print(json.dumps(report, indent=2) if ns.json else render(report))
     return 0
 
@@ -96,13 +99,14 @@ def _cmd_inspect(ns) -> int:
 def _cmd_verify(ns) -> int:
     from .verify import check_pair
 
-    pairing = check_pair(ns.pte, ns.ptd)
+    pairing = check_pair(ns.pte, ns.ptd, ns.shared_ptd)
     if ns.json:
         print(json.dumps({"compatible": pairing.ok, "problems": pairing.problems, "missing": pairing.missing,
                           "adapter_fingerprint": pairing.adapter and pairing.adapter.foundation_fingerprint,
                           "foundation_fingerprint": pairing.foundation and pairing.foundation.fingerprint}))
     elif pairing.ok:
-        print(f"{ns.pte}: compatible with {ns.ptd} (foundation {pairing.foundation.fingerprint})")
+        files = f"{ns.ptd} + {ns.shared_ptd}" if ns.shared_ptd else ns.ptd
+        print(f"{ns.pte}: compatible with {files} (foundation {pairing.foundation.fingerprint})")
     for problem in [] if ns.json else pairing.problems:
         print(f"incompatible: {problem}", file=sys.stderr)
     return 0 if pairing.ok else 1
@@ -158,6 +162,7 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--pte", required=True, help="adapter program")
     r.add_argument("--ptd", required=True, help="foundation data file")
+    r.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
     r.add_argument("--tokens", required=True, help="comma-separated prompt token ids, e.g. 1,17,42")
     r.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -176,6 +181,7 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("file", metavar="FILE", help=".ptd or .pte (told apart by their magic bytes)")
     i.add_argument("--ptd", help="for a .pte: also check whether this .ptd has every key it needs")
+    i.add_argument("--shared-ptd", metavar="PATH", help="for a .pte with --ptd: " + SHARED_HELP)
     i.add_argument("--json", action="store_true", help="print the report as JSON")
     i.set_defaults(func=_cmd_inspect)
 
@@ -185,6 +191,7 @@ def parser() -> argparse.ArgumentParser:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     vf.add_argument("--pte", required=True, help="adapter program")
     vf.add_argument("--ptd", required=True, help="foundation data file")
+    vf.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
     vf.add_argument("--json", action="store_true", help='print {"compatible": ..., "problems": [...], ...}')
     vf.set_defaults(func=_cmd_verify)
 

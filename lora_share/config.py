@@ -98,12 +98,26 @@ class AdapterConfig:
     synthetic: Optional[SyntheticAdapter] = _f("deterministic demo LoRA weights instead of a PEFT folder", None)
 
 
+HOIST = "hoist"
+
+
+@dataclass
+class DedupConfig:
+    """What the build does with adapter tensors that have the same bytes in several adapters."""
+
+    shared_adapter_tensors: str = _f(
+        "'report': list them in the build's byte report, each .pte keeps its copy; 'hoist': store each "
+        "once in adapters_shared.ptd, which every adapter using one then needs beside foundation.ptd",
+        "report", choices=["report", HOIST])
+
+
 @dataclass
 class BuildConfig:
     """What ``lora-share build`` reads."""
 
     foundation: FoundationConfig = _f("the shared base model")
     adapters: list[AdapterConfig] = _f("LoRA adapters, one .pte each")
+    dedup: Optional[DedupConfig] = _f("deduplication across adapters (default: report shared tensors)", None)
     output_dir: Optional[Path] = _f("where outputs go (default: out/<config file stem>)", None, path=True)
     source: Optional[Path] = field(default=None, metadata={"internal": True})
 
@@ -247,6 +261,11 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
                 L.problem(f"{key}.peft", f"{a.peft}: no such folder (a PEFT adapter folder)")
             if a.synthetic is not None and a.synthetic.target_modules == []:
                 L.problem(f"{key}.synthetic.target_modules", "list at least one module")
+
+
+def hoists_shared_tensors(cfg: BuildConfig) -> bool:
+    """Whether the config asks for adapter tensors shared by several adapters in adapters_shared.ptd."""
+    return cfg.dedup is not None and cfg.dedup.shared_adapter_tensors == HOIST
 
 
 def load_config(path) -> BuildConfig:

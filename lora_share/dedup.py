@@ -7,7 +7,10 @@ Read back from the written files (not from what the exporter was asked to do):
   one segment under its plain name and under XNNPACK's sha256 key);
 - across adapters, a tensor with the same bytes in several .pte files is
   reported with the adapters that carry it, and the bytes a shared file would
-  save.
+  save;
+- with adapters_shared.ptd (dedup.shared_adapter_tensors: hoist), each tensor
+  in it is reported with the adapters whose programs read it from there, and
+  the copies that saved.
 """
 
 from __future__ import annotations
@@ -25,8 +28,23 @@ def _file_summary(size: int, summary: dict) -> dict:
             "duplicate_avoided": summary["duplicate_avoided_bytes"]}
 
 
-def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str]) -> dict:
-    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name."""
+def _hoisted(shared, ptes: dict) -> dict:
+    """What adapters_shared.ptd holds and which adapters read each of its tensors from it."""
+    readers: dict[str, list[str]] = {}
+    for name, pte in ptes.items():
+        for key in sorted({c.key for d in pte.delegates for c in d.constants if c.key not in pte}):
+            if key in shared:
+                readers.setdefault(key, []).append(name)
+    stored = dedup_summary([(e.key, e.segment_index, e.size) for e in shared.entries])
+    return {**_file_summary(shared.size, stored), "tensors": len(readers),
+            "tensor_bytes": sum(shared.entry(k).size for k in readers),
+            "duplicate_avoided": sum(shared.entry(k).size * (len(n) - 1) for k, n in readers.items()),
+            "readers": {k: n for k, n in sorted(readers.items())}}
+
+
+def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_name: str | None = None) -> dict:
+    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name;
+    ``shared_name`` is its adapters_shared.ptd, if it has one."""
     ptd = read_ptd(Path(out_dir) / ptd_name)
     report = {"foundation": {"file": ptd_name, **_file_summary(
         ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries]))}}
@@ -56,6 +74,10 @@ def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str]) -> dict:
         "tensors": [{"sha256": d, "size": sizes[d], "adapters": n} for d, n in sorted(shared.items())],
     }
     report["total"] = ptd.size + sum(a["total"] for a in report["adapters"].values())
+    if shared_name is not None:
+        report["shared"] = {"file": shared_name,
+                            **_hoisted(read_ptd(Path(out_dir) / shared_name), {n: p for n, (p, _) in per_adapter.items()})}
+        report["total"] += report["shared"]["total"]
     return report
 
 
@@ -71,6 +93,12 @@ def report_lines(report: dict) -> list[str]:
     for name, a in report["adapters"].items():
         lines.append(f"    {a['file']}: {_kb(a['total'])}, {_kb(a['unique'])} unique named data, "
                      f"{_kb(a['shared_with_other_adapters'])} also in other adapters")
+    if "shared" in report:
+        sh = report["shared"]
+        readers = sorted({n for names in sh["readers"].values() for n in names})
+        lines.append(f"    {sh['file']}: {_kb(sh['total'])}, {sh['tensors']} tensor(s) ({_kb(sh['tensor_bytes'])}) "
+                     f"stored once for {', '.join(readers) or 'no adapter'}: {_kb(sh['duplicate_avoided'])} of "
+                     "copies avoided")
     if across["tensors"]:
         lines.append(f"    {len(across['tensors'])} tensor(s) ({_kb(across['shared'])}) are in several adapters: "
                      f"{_kb(across['duplicate'])} stored more than once")

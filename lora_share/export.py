@@ -3,8 +3,9 @@
 Foundation tensors are tagged for the external data file ``foundation.ptd``
 (delegated weights through ExecuTorch's ``delegate_external_constants_pass_unlifted``,
 the rest through ``ExecutorchBackendConfig(external_constants=...)``); LoRA
-tensors are left untagged, so they stay inside the .pte. Only standard ATen ops
-are used, so the program runs on the stand-alone C++ runtime.
+tensors are left untagged, so they stay inside the .pte, except those the build
+hoists into ``adapters_shared.ptd`` (shared_data.py), tagged for that file. Only
+standard ATen ops are used, so the program runs on the stand-alone C++ runtime.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from .adapters import Adapter
 from .foundation import Foundation
 from .model import LlamaLoRA
+from .shared_data import SHARED_PTD, SHARED_TAG
 
 FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 EXAMPLE_PROMPT = (torch.tensor([[1, 2, 3]], dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
@@ -33,6 +35,18 @@ def is_adapter_tensor(name: str) -> bool:
 def _tag(node: torch.fx.Node) -> str | None:
     target = node.target if isinstance(node.target, str) else node.name
     return None if is_adapter_tensor(target) or is_adapter_tensor(node.name) else FOUNDATION_TAG
+
+
+def _tagger(shared: frozenset[str]):
+    """``_tag``, except that the LoRA parameters named in ``shared`` go to adapters_shared.ptd."""
+    if not shared:
+        return _tag
+    by_node_name = {name.replace(".", "_") for name in shared}
+
+    def tag(node: torch.fx.Node) -> str | None:
+        target = node.target if isinstance(node.target, str) else None
+        return SHARED_TAG if target in shared or node.name in by_node_name else _tag(node)
+    return tag
 
 
 def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True) -> LlamaLoRA:
@@ -90,15 +104,18 @@ class Exported:
     pte: bytes
     ptd: bytes
     seconds: float
+    shared_ptd: bytes = b""  # the hoisted LoRA tensors this program reads (empty if none)
 
 
 def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[bytes, str | None]] | None = None,
-                   external: bool = True) -> Exported:
+                   external: bool = True, shared: frozenset[str] = frozenset()) -> Exported:
     """torch.export → XNNPACK → ExecuTorch; returns the .pte bytes and the foundation .ptd bytes.
 
     ``named_data`` adds blobs: key -> (bytes, FOUNDATION_TAG for the .ptd or None for the .pte).
+    ``shared`` names LoRA parameters (``model.lora_param_name``) to keep out of the .pte, in
+    the data file adapters_shared.ptd (``shared_ptd``).
     ``external=False`` tags nothing: a stand-alone .pte with every weight inside (``ptd`` is
-    empty; the benchmark's baseline). Give it no FOUNDATION_TAG blobs.
+    empty; the benchmark's baseline). Give it no FOUNDATION_TAG blobs and no ``shared``.
     """
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
@@ -118,8 +135,9 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, EXAMPLE_PROMPT, dynamic_shapes=dynamic, strict=False)
         unlifted = ep.module()
+        tagger = _tagger(frozenset(shared)) if external else None
         if external:
-            delegate_external_constants_pass_unlifted(unlifted, _tag)
+            delegate_external_constants_pass_unlifted(unlifted, tagger)
         ep = torch.export.export(unlifted, EXAMPLE_PROMPT, dynamic_shapes=dynamic, strict=False)
         edge = to_edge_transform_and_lower(
             ep,
@@ -130,16 +148,18 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
         for key, (data, tag) in (named_data or {}).items():
             edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=tag)
         program = edge.to_executorch(
-            ExecutorchBackendConfig(external_constants=_tag if external else False,
+            ExecutorchBackendConfig(external_constants=tagger if external else False,
                                     do_quant_fusion_and_const_prop=fuse_quant))
         workdir.mkdir(parents=True, exist_ok=True)
         program.write_tensor_data_to_file(str(workdir))
         pte = program.buffer
     written = sorted(p.name for p in workdir.iterdir())
-    if written != ([f"{FOUNDATION_TAG}.ptd"] if external else []):
-        raise RuntimeError(f"export wrote {written}, expected {'only ' + FOUNDATION_TAG + '.ptd' if external else 'nothing'}")
+    expected = sorted(([f"{FOUNDATION_TAG}.ptd"] if external else []) + ([SHARED_PTD] if shared else []))
+    if written != expected:
+        raise RuntimeError(f"export wrote {written}, expected {expected or 'nothing'}")
     ptd = (workdir / f"{FOUNDATION_TAG}.ptd").read_bytes() if external else b""
-    return Exported(pte, ptd, time.perf_counter() - t0)
+    shared_ptd = (workdir / SHARED_PTD).read_bytes() if shared else b""
+    return Exported(pte, ptd, time.perf_counter() - t0, shared_ptd)
 
 
 class _quiet_logs:

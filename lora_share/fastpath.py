@@ -12,6 +12,10 @@ by that key. So a template .pte becomes another adapter's .pte by:
 3. writing the adapter's metadata record over the template's (records are padded
    to a fixed size, so it fits unless it grew past a padding step).
 
+A slot hoisted into adapters_shared.ptd (shared_data.py) has no named data in
+the .pte: only step 2 applies to it, in the delegate payloads. Which slots are
+hoisted is part of the signature, so template and adapter agree on it.
+
 ``formats.read_pte`` (the defensive flatbuffers reader) gives the exact byte
 ranges: each named-data entry and its key, and every key an XNNPACK payload
 names; afterwards no trace of a template key may remain. Anything
@@ -26,6 +30,7 @@ import json
 
 from .adapters import Adapter
 from .formats import read_pte
+from .model import lora_param_name
 
 
 class NotSubstitutable(Exception):
@@ -34,6 +39,20 @@ class NotSubstitutable(Exception):
 
 def slot_name(layer: int, target: str, which: str) -> str:
     return f"layers.{layer}.{target}.lora_{which}"
+
+
+def slot_param_name(slot: str) -> str:
+    """The model parameter a slot name stands for (``model.lora_param_name``)."""
+    _, layer, target, lora = slot.split(".")
+    return lora_param_name(int(layer), target, lora.removeprefix("lora_"))
+
+
+def slot_tensors(adapter: Adapter) -> dict[str, bytes]:
+    """Slot name -> the raw bytes of its tensor."""
+    out = {}
+    for (layer, target), (a, b) in adapter.weights.items():
+        out[slot_name(layer, target, "a")], out[slot_name(layer, target, "b")] = _raw(a), _raw(b)
+    return out
 
 
 def tensor_keys(adapter: Adapter) -> dict[str, str]:
@@ -45,12 +64,15 @@ def tensor_keys(adapter: Adapter) -> dict[str, str]:
     return out
 
 
-def signature(adapter: Adapter, foundation_fingerprint: str, export_settings: dict) -> str:
-    """What the exported graph depends on: ranks per slot, the foundation, the export settings."""
+def signature(adapter: Adapter, foundation_fingerprint: str, export_settings: dict,
+              hoisted: list[str] | tuple = ()) -> str:
+    """What the exported program depends on: ranks per slot, the foundation, the export
+    settings and which slots live in adapters_shared.ptd."""
     ranks = sorted((layer, target, a.shape[0]) for (layer, target), (a, _) in adapter.weights.items())
-    blob = json.dumps({"ranks": ranks, "foundation": foundation_fingerprint, "export": export_settings},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    what = {"ranks": ranks, "foundation": foundation_fingerprint, "export": export_settings}
+    if hoisted:
+        what["hoisted"] = sorted(hoisted)
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _raw(t) -> bytes:
@@ -58,21 +80,19 @@ def _raw(t) -> bytes:
 
 
 def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adapter,
-               blobs: dict[str, bytes] | None = None) -> bytes:
+               blobs: dict[str, bytes] | None = None, hoisted: list[str] | tuple = ()) -> bytes:
     """The .pte of ``adapter`` made from a template exported with ``template_keys``.
 
     ``blobs`` are the adapter's own named data under fixed keys (its metadata
     record): each replaces the template's in place, so it must have the same size.
+    ``hoisted`` slots are external in both (adapters_shared.ptd): only their keys change.
     """
     new_keys = tensor_keys(adapter)
     if sorted(new_keys) != sorted(template_keys):
         raise NotSubstitutable("different LoRA slots")
     if len(set(new_keys.values())) != len(new_keys) or len(set(template_keys.values())) != len(template_keys):
         raise NotSubstitutable("two LoRA tensors have equal bytes (the exporter stores them once)")
-    tensors = {}
-    for (layer, target), (a, b) in adapter.weights.items():
-        tensors[slot_name(layer, target, "a")], tensors[slot_name(layer, target, "b")] = _raw(a), _raw(b)
-
+    tensors = slot_tensors(adapter)
     layout = read_pte(template_pte, "template .pte")
     out = bytearray(template_pte)
     spans: dict[str, list[tuple[int, int]]] = {}  # key -> every (position, length) its text occupies
@@ -83,15 +103,21 @@ def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adap
             spans.setdefault(c.key, []).append(c.key_span)
     if any(k in layout for k in set(new_keys.values()) - set(template_keys.values())):
         raise NotSubstitutable("a new tensor's key is already in the template")
+    external = set(hoisted)
     for slot, old in template_keys.items():
-        if old not in layout:
-            raise NotSubstitutable(f"template has no named data for {slot}")
-        entry, data, new = layout.entry(old), tensors[slot], new_keys[slot].encode()
-        if entry.size != len(data) or hashlib.sha256(out[entry.start:entry.end]).hexdigest() != old:
-            raise NotSubstitutable(f"template data for {slot} is not where its key says")
-        if len(spans[old]) < 2:
-            raise NotSubstitutable(f"no delegate payload refers to {slot}")
-        out[entry.start:entry.end] = data
+        new = new_keys[slot].encode()
+        if slot in external:
+            if old in layout or not spans.get(old):
+                raise NotSubstitutable(f"template does not read {slot} from a data file")
+        else:
+            if old not in layout:
+                raise NotSubstitutable(f"template has no named data for {slot}")
+            entry, data = layout.entry(old), tensors[slot]
+            if entry.size != len(data) or hashlib.sha256(out[entry.start:entry.end]).hexdigest() != old:
+                raise NotSubstitutable(f"template data for {slot} is not where its key says")
+            if len(spans[old]) < 2:
+                raise NotSubstitutable(f"no delegate payload refers to {slot}")
+            out[entry.start:entry.end] = data
         for position, length in spans[old]:
             if length != len(new):
                 raise NotSubstitutable(f"key of {slot} is not a sha256 hex digest")
@@ -103,7 +129,7 @@ def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adap
         if entry.size != len(data):
             raise NotSubstitutable(f"{key!r} is {len(data)} bytes, the template's {entry.size}")
         out[entry.start:entry.end] = data
-    leftover = [k for k in template_keys.values() if k.encode() in out]
+    leftover = [k for k in set(template_keys.values()) - set(new_keys.values()) if k.encode() in out]
     if leftover:
         raise NotSubstitutable(f"template key {leftover[0][:12]} is still referenced outside the known places")
     return bytes(out)

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from .formats import Ptd, Pte, read_ptd, read_pte
 from .formats.blob import file_kind, open_blob
 from .formats.seal import seal_status
-from .verify import adapter_record, check_pair, foundation_record
+from .verify import adapter_record, check_pair, foundation_record, shared_record
 
 
 def _entry(key, segment, start, size, layout=None) -> dict:
@@ -39,18 +39,20 @@ def dedup_summary(entries: list[tuple[str, int, int]]) -> dict:
 
 def ptd_report(ptd: Ptd) -> dict:
     """Everything ``inspect`` shows about a .ptd."""
-    record = foundation_record(ptd)
+    record, shared = foundation_record(ptd), shared_record(ptd)
     return {
         "file": ptd.what, "kind": "ptd", "size": ptd.size, "version": ptd.version, "header": asdict(ptd.header),
         "foundation": asdict(record) if record else None,
+        "shared": asdict(shared) if shared else None,
         "segments": _segments(ptd.segments, ptd.keys_by_segment()),
         "named_data": [_entry(e.key, e.segment_index, e.start, e.size, e.layout) for e in ptd.entries],
         "dedup": dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries]),
     }
 
 
-def pte_report(pte: Pte, ptd_path=None) -> dict:
-    """Everything ``inspect`` shows about a .pte; with ``ptd_path``, whether that .ptd has what it needs."""
+def pte_report(pte: Pte, ptd_path=None, shared_path=None) -> dict:
+    """Everything ``inspect`` shows about a .pte; with ``ptd_path`` (and ``shared_path``, an
+    adapters_shared.ptd), whether those files have what it needs."""
     users: dict[int, list[str]] = {}
     for e in pte.named_data:
         users.setdefault(e.segment_index, []).append(e.key)
@@ -76,18 +78,18 @@ def pte_report(pte: Pte, ptd_path=None) -> dict:
     }
     report["delegate_keys_in_file"] = sorted({c.key for d in pte.delegates for c in d.constants} & own)
     if ptd_path is not None:
-        pairing = check_pair(pte.what, ptd_path)
-        report["ptd"] = {"file": pairing.ptd.what, "has_all_keys": not pairing.missing, "missing": pairing.missing,
+        pairing = check_pair(pte.what, ptd_path, shared_path)
+        report["ptd"] = {"file": pairing.ptd.what, "shared_file": str(shared_path) if shared_path else None, "has_all_keys": not pairing.missing, "missing": pairing.missing,
                          "compatible": pairing.ok, "problems": pairing.problems}
     return report
 
 
-def inspect_file(path, ptd_path=None) -> dict:
-    """The report for ``path`` (kind told by its magic); ``ptd_path`` only applies to a .pte."""
+def inspect_file(path, ptd_path=None, shared_path=None) -> dict:
+    """The report for ``path`` (kind told by its magic); ``ptd_path`` and ``shared_path`` only apply to a .pte."""
     blob, what = open_blob(path)
     if file_kind(blob, what) == "ptd":
         return ptd_report(read_ptd(path))
-    return pte_report(read_pte(path), ptd_path)
+    return pte_report(read_pte(path), ptd_path, shared_path)
 
 
 def _short(key: str) -> str:
@@ -101,10 +103,14 @@ def render(r: dict) -> str:
         out.append(f"{r['file']}: ExecuTorch data file (.ptd), {r['size']:,} bytes, FlatTensor version {r['version']}")
         out.append(f"  header: {h['length']} bytes at 8; flatbuffer [0, {h['flatbuffer_offset'] + h['flatbuffer_size']}); "
                    f"segment data at {h['segment_base_offset']} ({h['segment_data_size']:,} bytes)")
-        f = r["foundation"]
-        out.append("  lora-share foundation: " + (
-            f"fingerprint {f['fingerprint']}, {f['tensor_count']} tensors, {f['parameter_count']:,} parameters, "
-            f"{'tied' if f['tied_embeddings'] else 'untied'} embeddings" if f else "none (not built by lora-share)"))
+        f, sh = r["foundation"], r["shared"]
+        if sh:
+            out.append(f"  lora-share shared adapter tensors: {sh['tensor_count']} tensors, {sh['tensor_bytes']:,} "
+                       f"bytes, for adapters of foundation {sh['foundation_fingerprint']}")
+        else:
+            out.append("  lora-share foundation: " + (
+                f"fingerprint {f['fingerprint']}, {f['tensor_count']} tensors, {f['parameter_count']:,} parameters, "
+                f"{'tied' if f['tied_embeddings'] else 'untied'} embeddings" if f else "none (not built by lora-share)"))
     else:
         out.append(f"{r['file']}: ExecuTorch program (.pte), {r['size']:,} bytes, methods {', '.join(r['methods'])}")
         out.append(f"  header: {h['length']} bytes at 8; program [0, {h['program_size']}); "
@@ -139,7 +145,8 @@ def render(r: dict) -> str:
                    f"{len(r['needs']) - len({t['key'] for t in r['external_tensors']})} delegate constants)")
         if "ptd" in r:
             p = r["ptd"]
-            out.append(f"  against {p['file']}: " + ("all present" if p["has_all_keys"] else
+            against = p["file"] + (f" + {p['shared_file']}" if p.get("shared_file") else "")
+            out.append(f"  against {against}: " + ("all present" if p["has_all_keys"] else
                        f"{len(p['missing'])} missing: " + ", ".join(_short(k) for k in p["missing"][:5])))
             out.append("  compatible: " + ("yes" if p["compatible"] else "no"))
             out += [f"    {problem}" for problem in p["problems"]]

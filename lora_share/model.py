@@ -24,6 +24,12 @@ from torch import nn
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def lora_param_name(layer: int, target: str, which: str) -> str:
+    """The dotted name of LoRA matrix ``which`` ('a' or 'b') of ``target`` in decoder layer ``layer``."""
+    block = "self_attn" if LORA_TARGETS.index(target) < 4 else "mlp"
+    return f"model.layers.{layer}.{block}.{target}.lora_{which}.weight"
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     """Shape of the foundation model (Hugging Face llama config, flattened)."""

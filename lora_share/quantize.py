@@ -154,16 +154,16 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict:
     }
 
 
-def quantization_error(float_model: nn.Module, pte, ptd) -> dict:
-    """The exported adapter (``pte`` over ``ptd``, ExecuTorch's Python runtime) against
-    ``float_model`` (the float eager model with the same adapter) on the fixed prompt set."""
+def quantization_error(float_model: nn.Module, pte, ptd, shared_ptd=None) -> dict:
+    """The exported adapter (``pte`` over ``ptd`` and ``shared_ptd``, ExecuTorch's Python runtime)
+    against ``float_model`` (the float eager model with the same adapter) on the fixed prompt set."""
     from .runtime import LoadedAdapter
 
     args = float_model.args
     prompts = accuracy_prompts(args.vocab_size, args.max_seq_len)
     with single_threaded():
         ref = teacher_forced_logits(eager_step(float_model), prompts)
-    loaded = LoadedAdapter(pte, ptd)
+    loaded = LoadedAdapter(pte, ptd, shared_ptd)
     got = teacher_forced_logits(loaded.step, prompts)
     return {"prompts": len(prompts), "prompt_len": len(prompts[0]), "seed": ACCURACY_SEED,
             **compare_logits(ref, got)}
@@ -175,9 +175,9 @@ def format_error(err: dict) -> str:
             f"({err['relative_rms']:.1%} of the logit std {err['logit_std']:.3g})")
 
 
-def adapter_quantization_error(foundation, adapter, pte, ptd) -> dict:
-    """``quantization_error`` of one built adapter: its .pte over ``ptd`` against the float
-    eager model (``export.eager_model(..., quantized=False)``) with the same adapter."""
+def adapter_quantization_error(foundation, adapter, pte, ptd, shared_ptd=None) -> dict:
+    """``quantization_error`` of one built adapter: its .pte over ``ptd`` (and ``shared_ptd``)
+    against the float eager model (``export.eager_model(..., quantized=False)``) with the same adapter."""
     from .export import eager_model
 
-    return quantization_error(eager_model(foundation, adapter, quantized=False), pte, ptd)
+    return quantization_error(eager_model(foundation, adapter, quantized=False), pte, ptd, shared_ptd)

@@ -1,4 +1,5 @@
-"""``lora-share run``: an adapter .pte against a foundation .ptd through ExecuTorch's Python runtime."""
+"""``lora-share run``: an adapter .pte against a foundation .ptd (and, for adapters built with
+shared tensors hoisted, adapters_shared.ptd) through ExecuTorch's Python runtime."""
 
 from __future__ import annotations
 
@@ -57,26 +58,35 @@ def _explain(failure: Exception, native: list[str]) -> str:
 
 
 class LoadedAdapter:
-    """One adapter program loaded against a foundation data file."""
+    """One adapter program loaded against a foundation data file (and a shared-tensors file)."""
 
-    def __init__(self, pte: Path, ptd: Path):
+    def __init__(self, pte: Path, ptd: Path, shared_ptd: Path | None = None):
         import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels: int8 embeddings)
         import torch  # noqa: F401  (registers tensor types the runtime returns)
         from executorch.runtime import Runtime
 
+        from .shared_data import merged_ptd
+
         self.pte, self.ptd = _require_file(pte, "--pte"), _require_file(ptd, "--ptd")
+        files = f"{self.ptd}" + (f" and {shared_ptd}" if shared_ptd else "")
+        # ExecuTorch's Python runtime takes one data file: give it both files' entries in one
+        # (a temporary file, unlinked once loaded; the loaded program keeps what it needs).
+        data = merged_ptd([self.ptd, _require_file(shared_ptd, "--shared-ptd")]) if shared_ptd else self.ptd
         t0 = time.perf_counter()
         with _native_stderr() as log:
             try:
-                program = Runtime.get().load_program(str(self.pte), data_path=str(self.ptd))
+                program = Runtime.get().load_program(str(self.pte), data_path=str(data))
                 self.forward = program.load_method("forward")
                 self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
                 self.vocab_size = int(program.load_method("get_vocab_size").execute([])[0])
                 failure = None
             except RuntimeError as e:
                 failure = e
+            finally:
+                if data != self.ptd:
+                    data.unlink()
         if failure is not None:
-            raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
+            raise UserError(f"could not load {self.pte} with {files}: {_explain(failure, log.lines())}")
         self.load_s = time.perf_counter() - t0
 
     def step(self, tokens: list[int], pos: int) -> np.ndarray:
@@ -87,22 +97,24 @@ class LoadedAdapter:
 
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
-        verify: bool = True) -> Generation:
+        verify: bool = True, shared_ptd=None) -> Generation:
     """Generate ``max_new_tokens`` ids after ``tokens``; returns tokens, logits rows and timings.
 
-    Both files are checked with the defensive readers first (and refused if damaged);
+    The files are checked with the defensive readers first (and refused if damaged);
     ``verify`` also requires that the .pte was built for this .ptd (same foundation
-    fingerprint, every key present).
+    fingerprint, every key present in ``ptd`` or ``shared_ptd``).
     """
     from .formats import FormatError
     from .verify import require_compatible
 
     _require_file(pte, "--pte"), _require_file(ptd, "--ptd")
+    if shared_ptd is not None:
+        _require_file(shared_ptd, "--shared-ptd")
     try:
-        require_compatible(pte, ptd, verify)
+        require_compatible(pte, ptd, verify, shared_ptd)
     except FormatError as e:
         raise UserError(f"could not load {pte} with {ptd}: {e}") from None
-    adapter = LoadedAdapter(Path(pte), Path(ptd))
+    adapter = LoadedAdapter(Path(pte), Path(ptd), Path(shared_ptd) if shared_ptd is not None else None)
     check_request(tokens, max_new_tokens, adapter.vocab_size, adapter.max_seq_len)
     gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed)
     gen.timings["load_s"] = adapter.load_s

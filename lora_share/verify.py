@@ -13,6 +13,10 @@ Both files are first read with the defensive readers (a malformed file is a
   adapter records must be the one the foundation records, every key the
   program needs from a .ptd must be there, and external tensors must have the
   dtype and shape the program expects.
+
+An adapter built with shared tensors hoisted also reads keys from
+adapters_shared.ptd: given one, keys are looked up in both files, and its
+record must name the adapter's foundation too.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import Optional
 
 from .errors import UserError
 from .formats import Ptd, Pte, read_ptd, read_pte
-from .formats.meta import ADAPTER_KEY, FOUNDATION_KEY, AdapterMeta, FoundationMeta, decode
+from .formats.meta import ADAPTER_KEY, FOUNDATION_KEY, SHARED_KEY, AdapterMeta, FoundationMeta, SharedMeta, decode
+from .shared_data import SHARED_PTD
 from .formats.seal import check_seal
 
 
@@ -38,6 +43,26 @@ def adapter_record(pte: Pte) -> Optional[AdapterMeta]:
 def foundation_record(ptd: Ptd) -> Optional[FoundationMeta]:
     """The foundation record stored in ``ptd``, or None if it has none."""
     return decode(ptd.data(FOUNDATION_KEY), f"{ptd.what}: {FOUNDATION_KEY}").foundation if FOUNDATION_KEY in ptd else None
+
+
+def shared_record(ptd: Ptd) -> Optional[SharedMeta]:
+    """The shared-tensors record stored in ``ptd`` (an adapters_shared.ptd), or None if it has none."""
+    return decode(ptd.data(SHARED_KEY), f"{ptd.what}: {SHARED_KEY}").shared if SHARED_KEY in ptd else None
+
+
+class DataFiles:
+    """The .ptd files a program resolves its keys against, looked up as one (like ExecuTorch's
+    MergedDataMap); ``holder(key)`` is the file that has it."""
+
+    def __init__(self, files: list[Ptd]):
+        self.files = files
+        self.what = " + ".join(f.what for f in files)
+
+    def __contains__(self, key: str) -> bool:
+        return any(key in f for f in self.files)
+
+    def holder(self, key: str) -> Ptd:
+        return next(f for f in self.files if key in f)
 
 
 @dataclass
@@ -61,12 +86,15 @@ def _layout_text(layout) -> str:
     return f"{layout.dtype}{list(layout.sizes)}"
 
 
-def check_pair(pte_path, ptd_path) -> Pairing:
-    """Check ``pte_path`` against ``ptd_path``; raises FormatError if either file is malformed or damaged."""
+def check_pair(pte_path, ptd_path, shared_path=None) -> Pairing:
+    """Check ``pte_path`` against ``ptd_path`` (and ``shared_path``, an adapters_shared.ptd);
+    raises FormatError if a file is malformed or damaged."""
     pte, ptd = read_pte(pte_path), read_ptd(ptd_path)
     check_seal(pte)
+    shared = read_ptd(shared_path) if shared_path is not None else None
+    data = DataFiles([ptd] + ([shared] if shared else []))
     pairing = Pairing(pte, ptd, adapter_record(pte), foundation_record(ptd))
-    pairing.unsafe = _hazards(pte, ptd)
+    pairing.unsafe = _hazards(pte, data)
     pairing.problems += pairing.unsafe
     a, f = pairing.adapter, pairing.foundation
     if a is None:
@@ -79,39 +107,58 @@ def check_pair(pte_path, ptd_path) -> Pairing:
         pairing.problems.append(
             f"{pte.what} was built for foundation {a.foundation_fingerprint}, but {ptd.what} is foundation "
             f"{f.fingerprint}: use the foundation.ptd built with this adapter, or rebuild the adapter")
-    pairing.missing = [k for k in pte.external_keys() if k not in ptd]
+    if shared is not None:
+        pairing.problems += _shared_problems(pairing.adapter, shared)
+    pairing.missing = [k for k in pte.external_keys() if k not in data]
     if pairing.missing:
         shown = ", ".join(k[:16] + ("..." if len(k) > 16 else "") for k in pairing.missing[:3])
         more = f" and {len(pairing.missing) - 3} more" if len(pairing.missing) > 3 else ""
-        pairing.problems.append(f"{ptd.what} lacks {len(pairing.missing)} key(s) that {pte.what} needs: {shown}{more}")
+        hint = (f"; it reads tensors shared with other adapters: give the build's {SHARED_PTD} (--shared-ptd)"
+                if shared is None and a is not None and a.foundation_fingerprint == getattr(f, "fingerprint", None)
+                else "")
+        pairing.problems.append(
+            f"{data.what} lacks {len(pairing.missing)} key(s) that {pte.what} needs: {shown}{more}{hint}")
     for t in pte.external_tensors:
-        if t.key in ptd and ptd.entry(t.key).layout is not None:
-            have = ptd.entry(t.key).layout
+        if t.key in data and data.holder(t.key).entry(t.key).layout is not None:
+            have = data.holder(t.key).entry(t.key).layout
             if (have.scalar_type, have.sizes) != (t.layout.scalar_type, t.layout.sizes):
                 pairing.problems.append(f"{ptd.what} holds {t.key} as {_layout_text(have)}, but {pte.what} "
                                         f"expects {_layout_text(t.layout)}")
     return pairing
 
 
-def _hazards(pte: Pte, ptd: Ptd) -> list[str]:
-    """What the runtime would read wrongly from this pair without noticing."""
+def _shared_problems(adapter: Optional[AdapterMeta], shared: Ptd) -> list[str]:
+    record = shared_record(shared)
+    if record is None:
+        return [f"{shared.what} has no lora-share shared-tensors record ({SHARED_KEY}): it is not an "
+                f"{SHARED_PTD} written by lora-share build"]
+    if adapter is not None and adapter.foundation_fingerprint != record.foundation_fingerprint:
+        return [f"{shared.what} holds shared tensors of adapters for foundation {record.foundation_fingerprint}, "
+                f"but {adapter.name}'s foundation is {adapter.foundation_fingerprint}: use the {SHARED_PTD} "
+                "built with this adapter"]
+    return []
+
+
+def _hazards(pte: Pte, data: DataFiles) -> list[str]:
+    """What the runtime would read wrongly from these files without noticing."""
     out = []
     for t in pte.external_tensors:
-        if t.key in ptd and ptd.entry(t.key).layout is None:
-            out.append(f"{ptd.what} holds {t.key} without a tensor layout, but {pte.what} reads it as a tensor: "
-                       "the file is damaged")
+        if t.key in data and data.holder(t.key).entry(t.key).layout is None:
+            out.append(f"{data.holder(t.key).what} holds {t.key} without a tensor layout, but {pte.what} reads it "
+                       "as a tensor: the file is damaged")
     for d in pte.delegates:
         for c in d.constants:
-            if c.key not in pte and c.key in ptd and ptd.entry(c.key).size < c.size:
-                out.append(f"{ptd.what} holds {ptd.entry(c.key).size} bytes for {c.key}, but {pte.what} reads "
-                           f"{c.size}: the file is damaged")
+            if c.key not in pte and c.key in data and data.holder(c.key).entry(c.key).size < c.size:
+                holder = data.holder(c.key)
+                out.append(f"{holder.what} holds {holder.entry(c.key).size} bytes for {c.key}, but {pte.what} "
+                           f"reads {c.size}: the file is damaged")
     return out
 
 
-def require_compatible(pte_path, ptd_path, verify: bool = True) -> Pairing:
-    """``check_pair``, raising ``Incompatible`` with the first problem if the pair does not fit;
+def require_compatible(pte_path, ptd_path, verify: bool = True, shared_path=None) -> Pairing:
+    """``check_pair``, raising ``Incompatible`` with the first problem if the files do not fit;
     with ``verify`` False only for the unsafe problems (a damaged file)."""
-    pairing = check_pair(pte_path, ptd_path)
+    pairing = check_pair(pte_path, ptd_path, shared_path)
     problems = pairing.problems if verify else pairing.unsafe
     if problems:
         extra = f" (and {len(problems) - 1} more problem(s); see lora-share verify)" if len(problems) > 1 else ""

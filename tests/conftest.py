@@ -23,6 +23,18 @@ TINY_ADAPTERS = [
     {"name": "tiny_b", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj", "gate_proj", "down_proj"], "seed": 2}},
     {"name": "tiny_c", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["k_proj", "up_proj"], "seed": 3, "layers": [1]}},
 ]
+# Adapters that share tensors, built with dedup.shared_adapter_tensors: hoist. The synthetic
+# weights come from one generator per adapter, slot by slot, and B carries alpha/rank, so:
+HOIST_ADAPTERS = [
+    {"name": "h_a", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
+    # same A tensors as h_a (alpha only scales B): every A is shared, every B its own
+    {"name": "h_b", "synthetic": {"rank": 4, "alpha": 4, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
+    # h_a's layer 0 exactly: all of its tensors are shared
+    {"name": "h_c", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1,
+                                  "layers": [0]}},
+    # shares nothing: keeps every tensor in its .pte
+    {"name": "h_d", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj"], "seed": 2}},
+]
 
 
 @dataclass
@@ -39,11 +51,16 @@ class Build:
     def ptes(self) -> dict[str, Path]:
         return {a["name"]: self.out_dir / a["file"] for a in self.manifest["adapters"]}
 
+    @property
+    def shared_ptd(self) -> Path:
+        """adapters_shared.ptd (built only with dedup.shared_adapter_tensors: hoist)."""
+        return self.out_dir / "adapters_shared.ptd"
 
-def write_config(folder: Path, foundation: dict, adapters: list, name: str = "deploy") -> Path:
+
+def write_config(folder: Path, foundation: dict, adapters: list, name: str = "deploy", **extra) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation, "adapters": adapters}))
+    path.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation, "adapters": adapters, **extra}))
     return path
 
 
@@ -59,6 +76,15 @@ def tiny_build(tmp_path_factory) -> Build:
     """Three synthetic adapters (different ranks, targets, layer subsets) over a tied tiny foundation."""
     folder = tmp_path_factory.mktemp("tiny")
     cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, TINY_ADAPTERS)
+    return build_config(cfg)
+
+
+@pytest.fixture(scope="session")
+def hoisted_build(tmp_path_factory) -> Build:
+    """HOIST_ADAPTERS over the tiny foundation, shared tensors hoisted into adapters_shared.ptd."""
+    folder = tmp_path_factory.mktemp("hoisted")
+    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, HOIST_ADAPTERS,
+                       dedup={"shared_adapter_tensors": "hoist"})
     return build_config(cfg)
 
 

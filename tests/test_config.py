@@ -80,6 +80,21 @@ def test_every_error_reported_at_once(tmp_path):
     assert len(problems) == 6
 
 
+def test_dedup_mistakes_get_a_suggestion(tmp_path):
+    adapters = [{"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}]
+    p = _write(tmp_path, {"foundation": GOOD_FOUNDATION, "adapters": adapters,
+                          "dedup": {"shared_adapter_tensors": "hoisted", "shared_tensor": "hoist"}})
+    with pytest.raises(lora_share.ConfigErrors) as e:
+        lora_share.validate(p)
+    assert sorted(e.value.problems) == [
+        "dedup.shared_adapter_tensors: 'hoisted' is not one of report, hoist (did you mean 'hoist'?)",
+        "dedup.shared_tensor: unknown key; did you mean 'shared_adapter_tensors'?",
+    ]
+    p = _write(tmp_path, {"foundation": GOOD_FOUNDATION, "adapters": adapters,
+                          "dedup": {"shared_adapter_tensors": "hoist"}}, name="good.yaml")
+    assert lora_share.validate(p).dedup.shared_adapter_tensors == "hoist"
+
+
 def test_paths_resolve_against_the_config_folder(tmp_path):
     (tmp_path / "sub" / "peft_a").mkdir(parents=True)
     p = _write(tmp_path / "sub", {"foundation": GOOD_FOUNDATION, "output_dir": "../built",

@@ -23,8 +23,8 @@ import pytest
 from lora_share.errors import UserError
 from lora_share.formats import (BadFlatbuffer, Damaged, FormatError, OffsetOutOfRange, TruncatedHeader, WrongMagic,
                                 read_ptd, read_pte)
-from lora_share.formats.meta import (ADAPTER_KEY, FOUNDATION_KEY, AdapterMeta, FoundationMeta, decode,
-                                     encode_adapter, encode_foundation)
+from lora_share.formats.meta import (ADAPTER_KEY, FOUNDATION_KEY, AdapterMeta, FoundationMeta, SharedMeta, decode,
+                                     encode_adapter, encode_foundation, encode_shared)
 from lora_share.formats.seal import check_seal, seal_pte, seal_status
 from lora_share.verify import adapter_record, foundation_record
 from mutations import damaged
@@ -36,6 +36,7 @@ FOUNDATION = FoundationMeta("0123456789abcdef" * 4, 20, 90432, 361728, True)
 ADAPTER = AdapterMeta("tiny_a", "fedcba9876543210" * 4, 4, 8.0, ["q_proj", "v_proj"], [0, 1], False, "peft",
                       "/data/adapters/a", {"adapter_config.json": "11" * 32, "adapter_model.safetensors": "22" * 32},
                       7168, 63232, 0xFD4EF17C)
+SHARED = SharedMeta("0123456789abcdef" * 4, 6, 5632)
 # encode_*(above) with the zero padding stripped; any change to these bytes is a format change.
 GOLDEN_FOUNDATION = (
     "140000004c534d310000000008000e000800040008000000180000000100000000000e0020001c0018001000080007000e000000"
@@ -53,6 +54,10 @@ GOLDEN_ADAPTER = (
     "666574656e736f727300000008000c000800040008000000080000004c0000004000000031313131313131313131313131313131"
     "31313131313131313131313131313131313131313131313131313131313131313131313131313131313131313131313100000000"
     "13000000616461707465725f636f6e6669672e6a736f6e")
+GOLDEN_SHARED = (
+    "140000004c534d310c000e0008000000000004000c000000140000000100000000000a00140010000c0004000a00000000160000"
+    "0000000006000000040000004000000030313233343536373839616263646566303132333435363738396162636465663031323334"
+    "353637383961626364656630313233343536373839616263646566")
 
 
 def flatc() -> Path:
@@ -121,10 +126,12 @@ def test_pte_needs_exactly_what_the_ptd_has(tiny_build):
 
 
 def test_records_golden_bytes():
-    f, a = encode_foundation(FOUNDATION), encode_adapter(ADAPTER)
+    f, a, s = encode_foundation(FOUNDATION), encode_adapter(ADAPTER), encode_shared(SHARED)
     assert f == bytes.fromhex(GOLDEN_FOUNDATION).ljust(256, b"\0")
     assert a == bytes.fromhex(GOLDEN_ADAPTER).ljust(1024, b"\0")
+    assert s == bytes.fromhex(GOLDEN_SHARED).ljust(256, b"\0")
     assert decode(f, "f").foundation == FOUNDATION and decode(a, "a").adapter == ADAPTER
+    assert decode(s, "s").shared == SHARED and decode(s, "s").adapter is None
 
 
 def test_records_agree_with_the_schema(tmp_path):
@@ -140,8 +147,11 @@ def test_records_agree_with_the_schema(tmp_path):
                 {"file": "adapter_config.json", "sha256": "11" * 32},
                 {"file": "adapter_model.safetensors", "sha256": "22" * 32}],
             "content_bytes": 63232, "content_crc32": 0xFD4EF17C}},
+        "s": {"format_version": 1, "shared": {
+            "foundation_fingerprint": SHARED.foundation_fingerprint, "tensor_count": 6, "tensor_bytes": 5632}},
     }
-    for name, blob in (("f", encode_foundation(FOUNDATION)), ("a", encode_adapter(ADAPTER))):
+    for name, blob in (("f", encode_foundation(FOUNDATION)), ("a", encode_adapter(ADAPTER)),
+                       ("s", encode_shared(SHARED))):
         (tmp_path / f"{name}.lsm").write_bytes(blob)
         subprocess.run([flatc(), "--json", "--raw-binary", "--strict-json", "--defaults-json", "-o", tmp_path,
                         SCHEMA, "--", tmp_path / f"{name}.lsm"], check=True, capture_output=True)
@@ -154,6 +164,7 @@ def test_records_agree_with_the_schema(tmp_path):
         decoded = decode((tmp_path / "in" / f"{name}.lsm").read_bytes(), name)
         assert decoded.foundation == (FOUNDATION if name == "f" else None)
         assert decoded.adapter == (ADAPTER if name == "a" else None)
+        assert decoded.shared == (SHARED if name == "s" else None)
 
 
 def test_build_writes_the_records(tiny_build):

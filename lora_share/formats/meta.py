@@ -2,7 +2,8 @@
 ``flatbuffers`` package's Builder and read back with the bounds-checked reader.
 
 The foundation's record is stored in foundation.ptd under ``FOUNDATION_KEY``;
-an adapter's in its .pte under ``ADAPTER_KEY``. Encoded records are padded with
+an adapter's in its .pte under ``ADAPTER_KEY``; the shared adapter tensors'
+in adapters_shared.ptd under ``SHARED_KEY``. Encoded records are padded with
 zeros to a multiple of ``FOUNDATION_PAD`` / ``ADAPTER_PAD`` bytes, so an adapter
 record can be rewritten in place (e.g. by a tool that derives one adapter's .pte
 from another's) when the new one fits in the same size, as any record under
@@ -21,17 +22,20 @@ from .flatbuf import FlatBuffer, Table
 
 FOUNDATION_KEY = "lora_share.foundation"
 ADAPTER_KEY = "lora_share.adapter"
+SHARED_KEY = "lora_share.shared"
 FILE_IDENTIFIER = b"LSM1"
 FORMAT_VERSION = 1
 FOUNDATION_PAD = 256
 ADAPTER_PAD = 1024
+SHARED_PAD = 256
 
 # Slots, in declaration order of schema/lora_share.fbs.
-_M_VERSION, _M_FOUNDATION, _M_ADAPTER = 0, 1, 2
+_M_VERSION, _M_FOUNDATION, _M_ADAPTER, _M_SHARED = 0, 1, 2, 3
 _F_FINGERPRINT, _F_TENSORS, _F_PARAMS, _F_BYTES, _F_TIED = 0, 1, 2, 3, 4
 (_A_NAME, _A_FINGERPRINT, _A_RANK, _A_ALPHA, _A_TARGETS, _A_LAYERS, _A_RSLORA, _A_KIND, _A_SOURCE, _A_HASHES,
  _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC) = range(13)
 _H_FILE, _H_SHA = 0, 1
+_S_FINGERPRINT, _S_TENSORS, _S_BYTES = 0, 1, 2
 
 
 @dataclass
@@ -65,12 +69,23 @@ class AdapterMeta:
 
 
 @dataclass
+class SharedMeta:
+    """The record of adapters_shared.ptd: LoRA tensors several adapters share, for which foundation."""
+
+    foundation_fingerprint: str
+    tensor_count: int
+    tensor_bytes: int
+
+
+@dataclass
 class Metadata:
-    """One decoded record: exactly one of ``foundation`` / ``adapter`` is set in files lora-share writes."""
+    """One decoded record: exactly one of ``foundation`` / ``adapter`` / ``shared`` is set in files
+    lora-share writes."""
 
     format_version: int
     foundation: Optional[FoundationMeta] = None
     adapter: Optional[AdapterMeta] = None
+    shared: Optional[SharedMeta] = None
 
 
 def _pad(data: bytes, pad: int) -> bytes:
@@ -85,7 +100,7 @@ def _strings(b: flatbuffers.Builder, offsets: list[int]) -> int:
 
 
 def _finish(b: flatbuffers.Builder, slot: int, table: int, pad: int) -> bytes:
-    b.StartObject(3)
+    b.StartObject(4)
     b.PrependUint32Slot(_M_VERSION, FORMAT_VERSION, 0)
     b.PrependUOffsetTRelativeSlot(slot, table, 0)
     b.Finish(b.EndObject(), file_identifier=FILE_IDENTIFIER)
@@ -139,6 +154,17 @@ def encode_adapter(m: AdapterMeta) -> bytes:
     return _finish(b, _M_ADAPTER, b.EndObject(), ADAPTER_PAD)
 
 
+def encode_shared(m: SharedMeta) -> bytes:
+    """The shared-tensors record as stored under ``SHARED_KEY``."""
+    b = flatbuffers.Builder(128)
+    fp = b.CreateString(m.foundation_fingerprint)
+    b.StartObject(3)
+    b.PrependUOffsetTRelativeSlot(_S_FINGERPRINT, fp, 0)
+    b.PrependUint32Slot(_S_TENSORS, m.tensor_count, 0)
+    b.PrependUint64Slot(_S_BYTES, m.tensor_bytes, 0)
+    return _finish(b, _M_SHARED, b.EndObject(), SHARED_PAD)
+
+
 def decode(data: bytes, what: str) -> Metadata:
     """Decode a record (either kind); ``what`` names where it came from in errors."""
     fb = FlatBuffer(data, what)
@@ -160,6 +186,9 @@ def decode(data: bytes, what: str) -> Metadata:
             _text(a, _A_NAME), _text(a, _A_FINGERPRINT), a.u32(_A_RANK), a.f64(_A_ALPHA), a.strings(_A_TARGETS),
             a.scalars(_A_LAYERS, "I"), bool(a.u8(_A_RSLORA)), _text(a, _A_KIND), _text(a, _A_SOURCE), hashes,
             a.u64(_A_LORA_BYTES), a.u64(_A_CONTENT_BYTES), a.u32(_A_CONTENT_CRC))
+    s = root.table(_M_SHARED, "Shared")
+    if s is not None:
+        out.shared = SharedMeta(_text(s, _S_FINGERPRINT), s.u32(_S_TENSORS), s.u64(_S_BYTES))
     return out
 
 
