@@ -45,8 +45,9 @@ StatusOr<std::unique_ptr<Adapter>> load_shared_adapter(
     const executorch::runtime::LoadBackendOptionsMap* backend_options);
 
 // Loads `pte` the way ExecuTorch's examples do: a Module that opens `ptd`
-// itself.
-StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
-                                                      const std::string& ptd);
+// (and `shared_ptd`, unless "") itself.
+StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
+    const std::string& pte, const std::string& ptd,
+    const std::string& shared_ptd);
 
 }  // namespace lora_share

@@ -362,39 +362,146 @@ StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag) {
   return info;
 }
 
+const PtdEntry* DataFiles::find(const std::string& key,
+                                std::string* path) const {
+  auto found = foundation.keys.find(key);
+  if (found != foundation.keys.end()) {
+    *path = ptd;
+    return &found->second;
+  }
+  found = shared.keys.find(key);
+  if (shared_ptd.empty() || found == shared.keys.end()) return nullptr;
+  *path = shared_ptd;
+  return &found->second;
+}
+
+namespace {
+
+// "a, b, c, ... (7 in all)": at most three keys, so the message stays one
+// readable line.
+std::string key_list(const std::vector<std::string>& keys) {
+  std::string list;
+  for (size_t i = 0; i < keys.size() && i < 3; ++i)
+    list += (i ? ", " : "") + keys[i];
+  if (keys.size() > 3)
+    list += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return list;
+}
+
+bool is_content_hash(const std::string& key) {
+  return key.size() == 64 &&
+         key.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+StatusOr<DataFiles> check_data_files(const std::string& ptd,
+                                     const std::string& shared_ptd) {
+  DataFiles files;
+  files.ptd = ptd;
+  files.shared_ptd = shared_ptd;
+  auto foundation = check_ptd(ptd, "--ptd");
+  if (!foundation.ok()) return foundation.status();
+  files.foundation = std::move(foundation.value());
+  if (shared_ptd.empty()) return files;
+  auto shared = check_ptd(shared_ptd, "--shared-ptd");
+  if (!shared.ok()) return shared.status();
+  files.shared = std::move(shared.value());
+
+  std::vector<std::string> in_both;
+  for (const auto& entry : files.shared.keys)
+    if (files.foundation.keys.count(entry.first)) in_both.push_back(entry.first);
+  if (in_both.empty()) return files;
+  // A foundation given twice (or another build's) is the likely mistake.
+  return Status::failure(
+      "--ptd " + ptd + " and --shared-ptd " + shared_ptd + " both hold " +
+      key_list(in_both) + ": " +
+      (files.shared.record.present
+           ? "--shared-ptd is a foundation; pass the build's "
+             "adapters_shared.ptd"
+           : "pass the foundation.ptd and adapters_shared.ptd of one build"));
+}
+
+std::string missing_keys_message(const std::string& pte,
+                                 const std::string& ptd,
+                                 const std::string& shared_ptd,
+                                 const std::vector<std::string>& missing,
+                                 bool built_for_foundation) {
+  std::string line =
+      pte + " needs weights that " +
+      (shared_ptd.empty() ? ptd + " does not have"
+                          : "neither " + ptd + " nor " + shared_ptd + " has") +
+      " (" + key_list(missing) + ")";
+  size_t hashes = 0;
+  for (const std::string& key : missing) hashes += is_content_hash(key);
+  if (hashes == 0)
+    return line + ": was the adapter exported against this foundation?";
+  // XNNPACK names the weights it takes by the sha256 of their bytes, so a
+  // missing hash means other weights, not merely other names: a different
+  // foundation, or adapter tensors the build stored once in
+  // adapters_shared.ptd. Matching records rule out the first.
+  const char* differ = "the foundation's weights differ from the ones the "
+                       "adapter was exported with";
+  line += hashes == 1 ? ", a content hash: " : ", content hashes: ";
+  if (!shared_ptd.empty())
+    return line + (built_for_foundation
+                       ? "pass the adapters_shared.ptd of the build that "
+                         "wrote this adapter"
+                       : differ);
+  line += "if the adapter's build set dedup.shared_adapter_tensors: hoist, "
+          "pass its adapters_shared.ptd with --shared-ptd";
+  return built_for_foundation ? line : line + "; otherwise " + differ;
+}
+
 Status check_pair(const std::string& pte, const PteInfo& adapter,
-                  const std::string& ptd, const PtdInfo& foundation,
-                  bool verify) {
-  // What ExecuTorch and XNNPACK would read without checking it themselves.
+                  const DataFiles& files, bool verify) {
+  // What ExecuTorch and XNNPACK would read without checking it themselves,
+  // in whichever file holds it.
+  std::string holder;
   for (const std::string& key : adapter.external_tensors) {
-    auto found = foundation.keys.find(key);
-    if (found != foundation.keys.end() && !found->second.has_layout)
-      return Status::failure(ptd + " holds " + key + " without a tensor layout, but " +
+    const PtdEntry* found = files.find(key, &holder);
+    if (found != nullptr && !found->has_layout)
+      return Status::failure(holder + " holds " + key + " without a tensor layout, but " +
                              pte + " reads it as a tensor: the file is corrupt");
   }
   for (const auto& [key, bytes] : adapter.delegate_constants) {
-    auto found = foundation.keys.find(key);
-    if (found != foundation.keys.end() && !adapter.own_keys.count(key) &&
-        found->second.size < bytes)
-      return Status::failure(ptd + " holds " + std::to_string(found->second.size) +
+    const PtdEntry* found = files.find(key, &holder);
+    if (found != nullptr && !adapter.own_keys.count(key) && found->size < bytes)
+      return Status::failure(holder + " holds " + std::to_string(found->size) +
                              " bytes for " + key + ", but " + pte + " reads " +
                              std::to_string(bytes) + ": the file is corrupt");
   }
-  if (!verify) return Status();
-  const char* skip = "; --no-verify skips this check";
-  if (!adapter.record.present)
-    return Status::failure(pte + " has no lora-share adapter record (" +
-                           kAdapterKey + "): rebuild it with lora-share" + skip);
-  if (!foundation.record.present)
-    return Status::failure(ptd + " has no lora-share foundation record (" +
-                           kFoundationKey + "): rebuild it with lora-share" + skip);
-  if (adapter.record.fingerprint != foundation.record.fingerprint)
-    return Status::failure(pte + " was built for foundation " +
-                           adapter.record.fingerprint + ", but " + ptd +
-                           " is foundation " + foundation.record.fingerprint +
-                           ": use the foundation.ptd built with this adapter" +
-                           skip);
-  return Status();
+  const Record &a = adapter.record, &f = files.foundation.record;
+  const std::string& ptd = files.ptd;
+  if (verify) {
+    const char* skip = "; --no-verify skips this check";
+    if (!a.present)
+      return Status::failure(pte + " has no lora-share adapter record (" +
+                             kAdapterKey + "): rebuild it with lora-share" + skip);
+    if (!f.present)
+      return Status::failure(ptd + " has no lora-share foundation record (" +
+                             kFoundationKey + "): rebuild it with lora-share" + skip);
+    if (a.fingerprint != f.fingerprint)
+      return Status::failure(pte + " was built for foundation " + a.fingerprint +
+                             ", but " + ptd + " is foundation " + f.fingerprint +
+                             ": use the foundation.ptd built with this adapter" +
+                             skip);
+  }
+  // Last, so that a mismatched foundation is reported as one (above): its
+  // keys are all missing too. The runtime would otherwise stop at the first
+  // missing key with an error code.
+  std::vector<std::string> missing;
+  for (const std::string& key : adapter.external_tensors)
+    if (!adapter.own_keys.count(key) && !files.find(key, &holder))
+      missing.push_back(key);
+  for (const auto& entry : adapter.delegate_constants)
+    if (!adapter.own_keys.count(entry.first) && !files.find(entry.first, &holder))
+      missing.push_back(entry.first);
+  if (missing.empty()) return Status();
+  bool built_for_foundation =
+      a.present && f.present && a.fingerprint == f.fingerprint;
+  return Status::failure(missing_keys_message(pte, ptd, files.shared_ptd, missing,
+                                              built_for_foundation));
 }
 
 }  // namespace lora_share

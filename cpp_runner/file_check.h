@@ -40,19 +40,47 @@ struct PteInfo {
 // named data entry). `flag` names the command-line flag in messages.
 StatusOr<PtdInfo> check_ptd(const std::string& path, const std::string& flag);
 
+// The data files programs resolve against: the foundation (--ptd) and, for
+// builds that hoist tensors several adapters share, adapters_shared.ptd
+// (--shared-ptd). No key is in both (check_data_files makes sure).
+struct DataFiles {
+  std::string ptd;
+  PtdInfo foundation;
+  std::string shared_ptd;  // "" = none
+  PtdInfo shared;
+
+  // The entry for `key` and, in `path`, the file holding it; null if no
+  // file has it.
+  const PtdEntry* find(const std::string& key, std::string* path) const;
+};
+
+// check_ptd on both files, then that no key is in both: ExecuTorch's merged
+// map refuses that, without naming the files.
+StatusOr<DataFiles> check_data_files(const std::string& ptd,
+                                     const std::string& shared_ptd);
+
 // Checks the .pte's header, segment table, named data and XNNPACK payload
 // headers, and collects what it needs from a .ptd (ExecuTorch then verifies
 // the rest of the Program flatbuffer).
 StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag);
 
-// Always: everything the program reads from the .ptd is there in a usable
-// form (tensors have layouts, delegate constants are as large as the
-// delegate reads). Unless `verify` is false: the adapter was built for this
-// foundation (both records present, fingerprints equal). Failures name both
-// files (and both fingerprints).
+// Always: what the program reads from the data files is in a usable form
+// wherever it is found (tensors have layouts, delegate constants are as large
+// as the delegate reads). Unless `verify` is false: the adapter was built for
+// this foundation (both records present, fingerprints equal). Then always:
+// every key the program needs and does not hold itself is in one of the
+// files. Failures name the files (and both fingerprints).
 Status check_pair(const std::string& pte, const PteInfo& adapter,
-                  const std::string& ptd, const PtdInfo& foundation,
-                  bool verify);
+                  const DataFiles& files, bool verify);
+
+// The one line for a program whose `missing` keys no data file has. With
+// `built_for_foundation` (the records agree), a missing content hash can only
+// be a tensor the build hoisted into adapters_shared.ptd.
+std::string missing_keys_message(const std::string& pte,
+                                 const std::string& ptd,
+                                 const std::string& shared_ptd,
+                                 const std::vector<std::string>& missing,
+                                 bool built_for_foundation);
 
 // `text` with every control character and every byte that is not part of
 // valid UTF-8 replaced by '?': error messages quote keys and names read from

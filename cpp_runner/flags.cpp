@@ -58,6 +58,14 @@ const FlagSpec kFlags[] = {
        o.ptd = v;
        return Status();
      }},
+    {"shared-ptd", "PATH", "(none)",
+     "adapter tensors several adapters share (adapters_shared.ptd, written "
+     "when the build config sets dedup.shared_adapter_tensors: hoist); "
+     "mapped once, like --ptd",
+     [](Options& o, const std::string& v) {
+       o.shared_ptd = v;
+       return Status();
+     }},
     {"tokens", "IDS", "(required unless --serve)",
      "prompt token ids, comma-separated, e.g. 1,17,42",
      [](Options& o, const std::string& v) {
@@ -137,8 +145,9 @@ const FlagSpec kFlags[] = {
        return Status();
      }},
     {"stock", nullptr, "off",
-     "load each adapter through executorch::extension::Module(pte, ptd) with "
-     "the weight cache off, as ExecuTorch's examples do (for benchmarks)",
+     "load each adapter through executorch::extension::Module(pte, {ptd, "
+     "shared-ptd}) with the weight cache off, as ExecuTorch's examples do "
+     "(for benchmarks)",
      [](Options& o, const std::string&) {
        o.stock = true;
        return Status();
@@ -201,6 +210,11 @@ Status check_combinations(const Options& o) {
   if (!o.adapter.empty() && !names.count(o.adapter))
     return Status::usage("--adapter '" + o.adapter +
                          "': no such adapter (loaded: " + listed + ")");
+  // The shared file holds LoRA tensors only: a program that reads it also
+  // reads foundation weights, so it is useless without --ptd.
+  if (!o.shared_ptd.empty() && o.ptd.empty())
+    return Status::usage("--shared-ptd is read beside the foundation: give "
+                         "the build's foundation.ptd with --ptd too");
   if (!o.packed_cache.empty() && (o.no_weight_cache || o.stock))
     return Status::usage("--packed-cache needs the weight cache, which "
                          "--no-weight-cache/--stock turn off");
@@ -274,8 +288,9 @@ StatusOr<Options> parse_flags(int argc, char** argv) {
 std::string usage_text(const char* program_name) {
   std::ostringstream out;
   out << "usage: " << program_name
-      << " --pte A.pte [--pte B.pte ...] [--ptd foundation.ptd] "
-         "(--tokens IDS | --serve) [flags]\n\n"
+      << " --pte A.pte [--pte B.pte ...] [--ptd foundation.ptd "
+         "[--shared-ptd adapters_shared.ptd]] (--tokens IDS | --serve) "
+         "[flags]\n\n"
          "Loads every adapter program against one shared, memory-mapped "
          "foundation and generates tokens.\n\nflags:\n";
   for (const FlagSpec& f : kFlags) {

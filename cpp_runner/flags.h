@@ -13,6 +13,7 @@ namespace lora_share {
 struct Options {
   std::vector<std::string> ptes;      // --pte, repeatable
   std::string ptd;                    // --ptd
+  std::string shared_ptd;             // --shared-ptd
   std::vector<int64_t> tokens;        // --tokens
   bool tokens_given = false;
   int64_t max_new_tokens = 16;        // --max-new-tokens

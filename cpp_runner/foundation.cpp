@@ -11,9 +11,12 @@ namespace lora_share {
 
 using executorch::extension::FlatTensorDataMap;
 using executorch::extension::MmapDataLoader;
+using executorch::extension::merged_data_map::MergedDataMap;
 using executorch::runtime::Error;
 using executorch::runtime::FreeableBuffer;
+using executorch::runtime::NamedDataMap;
 using executorch::runtime::Result;
+using executorch::runtime::Span;
 using executorch::runtime::TensorLayout;
 
 Status check_readable_file(const std::string& path, const std::string& flag) {
@@ -31,28 +34,63 @@ Status check_readable_file(const std::string& path, const std::string& flag) {
   return Status();
 }
 
-StatusOr<std::unique_ptr<Foundation>> Foundation::open(
-    const std::string& path) {
-  Status readable = check_readable_file(path, "--ptd");
-  if (!readable.ok()) return readable;
+std::string describe_data_files(const std::string& ptd,
+                                const std::string& shared_ptd) {
+  return shared_ptd.empty() ? ptd : ptd + " and " + shared_ptd;
+}
 
-  std::unique_ptr<Foundation> f(new Foundation());
-  f->path_ = path;
+StatusOr<Foundation::MappedPtd> Foundation::map_ptd(
+    const std::string& path, const std::string& flag,
+    const std::string& expected) {
+  Status readable = check_readable_file(path, flag);
+  if (!readable.ok()) return readable;
+  MappedPtd mapped;
   // NoMlock: the point is to let the kernel share and evict these pages;
-  // locking would pin the whole foundation even where XNNPACK has already
-  // packed its own copy of a weight.
+  // locking would pin the whole file even where XNNPACK has already packed
+  // its own copy of a weight.
   Result<MmapDataLoader> loader =
       MmapDataLoader::from(path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
   if (!loader.ok())
-    return Status::failure("--ptd " + path + ": could not map the file");
-  f->loader_ = std::make_unique<MmapDataLoader>(std::move(loader.get()));
+    return Status::failure(flag + " " + path + ": could not map the file");
+  mapped.loader = std::make_unique<MmapDataLoader>(std::move(loader.get()));
 
-  Result<FlatTensorDataMap> map = FlatTensorDataMap::load(f->loader_.get());
+  Result<FlatTensorDataMap> map = FlatTensorDataMap::load(mapped.loader.get());
   if (!map.ok())
-    return Status::failure("--ptd " + path +
-                           ": not an ExecuTorch data file (.ptd); pass the "
-                           "foundation.ptd written by the export");
-  f->data_map_ = std::make_unique<FlatTensorDataMap>(std::move(map.get()));
+    return Status::failure(flag + " " + path +
+                           ": not an ExecuTorch data file (.ptd); pass the " +
+                           expected);
+  mapped.map = std::make_unique<FlatTensorDataMap>(std::move(map.get()));
+  return mapped;
+}
+
+StatusOr<std::unique_ptr<Foundation>> Foundation::open(
+    const std::string& path, const std::string& shared_path) {
+  std::unique_ptr<Foundation> f(new Foundation());
+  f->path_ = path;
+  f->shared_path_ = shared_path;
+  auto foundation =
+      map_ptd(path, "--ptd", "foundation.ptd written by the export");
+  if (!foundation.ok()) return foundation.status();
+  f->foundation_ = std::move(foundation.value());
+  if (shared_path.empty()) return f;
+
+  auto shared = map_ptd(shared_path, "--shared-ptd",
+                        "adapters_shared.ptd written by the build");
+  if (!shared.ok()) return shared.status();
+  f->shared_ = std::move(shared.value());
+  // One map over both files, so that each adapter program resolves against
+  // it exactly as against a lone foundation, and each file is mapped once
+  // for the whole process however many adapters read it.
+  const NamedDataMap* maps[] = {f->foundation_.map.get(), f->shared_.map.get()};
+  Result<MergedDataMap> merged =
+      MergedDataMap::load(Span<const NamedDataMap*>(maps, 2));
+  if (!merged.ok())
+    return Status::failure(
+        "--ptd " + path + " and --shared-ptd " + shared_path +
+        ": ExecuTorch could not merge them (" +
+        executorch::runtime::to_string(merged.error()) +
+        "); pass the foundation.ptd and adapters_shared.ptd of one build");
+  f->merged_ = std::make_unique<MergedDataMap>(std::move(merged.get()));
   return f;
 }
 

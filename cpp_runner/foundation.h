@@ -1,10 +1,12 @@
-// The shared foundation: one .ptd file, opened and memory-mapped once per
-// process, whose NamedDataMap every adapter program resolves its external
+// The shared foundation: one .ptd file (plus, for builds that hoist tensors
+// several adapters share, adapters_shared.ptd), opened and memory-mapped once
+// per process, whose NamedDataMap every adapter program resolves its external
 // weights against.
 #pragma once
 
 #include <executorch/extension/data_loader/mmap_data_loader.h>
 #include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
+#include <executorch/extension/named_data_map/merged_data_map.h>
 
 #include <memory>
 #include <set>
@@ -20,28 +22,50 @@ namespace lora_share {
 // `flag` names the flag the path came from.
 Status check_readable_file(const std::string& path, const std::string& flag);
 
+// "F" or "F and S": the data files a program is resolved against, for
+// messages. `shared_ptd` may be "".
+std::string describe_data_files(const std::string& ptd,
+                                const std::string& shared_ptd);
+
 class Foundation {
  public:
-  // Maps `path` and parses its FlatTensor header. Fails with a run error if
-  // the file is missing, unreadable or not a .ptd.
-  static StatusOr<std::unique_ptr<Foundation>> open(const std::string& path);
+  // Maps `path` (--ptd) and, unless `shared_path` is "", the adapters' shared
+  // tensors (--shared-ptd), and parses their FlatTensor headers. Fails with a
+  // run error if a file is missing, unreadable or not a .ptd, or if the two
+  // files cannot be merged.
+  static StatusOr<std::unique_ptr<Foundation>> open(
+      const std::string& path, const std::string& shared_path);
   // No foundation (no --ptd): programs must carry every weight themselves.
   static std::unique_ptr<Foundation> none() {
     return std::unique_ptr<Foundation>(new Foundation());
   }
 
-  // "" and null for none().
+  // "" for none() / no shared file.
   const std::string& path() const { return path_; }
+  const std::string& shared_path() const { return shared_path_; }
+  // Every key of both files (null for none()).
   const executorch::runtime::NamedDataMap* data_map() const {
-    return data_map_.get();
+    if (merged_) return merged_.get();
+    return foundation_.map.get();
   }
 
  private:
+  // One mapped .ptd. Declaration order matters: the map points into the
+  // loader.
+  struct MappedPtd {
+    std::unique_ptr<executorch::extension::MmapDataLoader> loader;
+    std::unique_ptr<executorch::extension::FlatTensorDataMap> map;
+  };
+  static StatusOr<MappedPtd> map_ptd(const std::string& path,
+                                     const std::string& flag,
+                                     const std::string& expected);
+
   Foundation() = default;
-  std::string path_;
-  // Declaration order matters: the data map points into the loader.
-  std::unique_ptr<executorch::extension::MmapDataLoader> loader_;
-  std::unique_ptr<executorch::extension::FlatTensorDataMap> data_map_;
+  std::string path_, shared_path_;
+  MappedPtd foundation_, shared_;
+  // Last, so it goes first: it points into both maps above.
+  std::unique_ptr<executorch::extension::merged_data_map::MergedDataMap>
+      merged_;
 };
 
 // A pass-through view of a NamedDataMap that remembers which keys were asked

@@ -92,7 +92,10 @@ JsonWriter& JsonWriter::value(double v) {
 }
 
 JsonWriter& JsonWriter::value(std::optional<double> v) {
-  if (v) return value(*v);
+  return v ? value(*v) : null();
+}
+
+JsonWriter& JsonWriter::null() {
   separate();
   out_ += "null";
   return *this;

@@ -23,6 +23,7 @@ class JsonWriter {
   JsonWriter& value(std::optional<double> v);  // nullopt -> null
   JsonWriter& value(bool v);
   JsonWriter& value(const std::vector<int64_t>& v);
+  JsonWriter& null();
 
   const std::string& str() const { return out_; }
 

@@ -64,6 +64,9 @@ std::string run_json(const Session& session, const Adapter& adapter,
       .key("packed_cache_warm").value(session.packed_cache_warm)
       .end_object();
   j.key("ptd").value(session.ptd);
+  j.key("shared_ptd");
+  if (session.shared_ptd.empty()) j.null();
+  else j.value(session.shared_ptd);
   j.key("adapters").begin_array();
   for (const auto& a : session.adapters) {
     j.begin_object()
@@ -103,14 +106,18 @@ std::string error_json(const std::string& message) {
 void print_summary(std::FILE* out, const Session& session, const Adapter& adapter,
                    const std::vector<int64_t>& prompt, const Generation& g,
                    const MemoryStats& end) {
+  std::string shared = session.shared_ptd.empty()
+                           ? ""
+                           : ", shared adapter tensors from " + session.shared_ptd;
   std::fprintf(out,
-               "%s: %zu adapter(s) loaded (%s%s) in %.1f ms; adapter '%s' "
+               "%s: %zu adapter(s) loaded (%s%s%s) in %.1f ms; adapter '%s' "
                "generated %zu tokens\n",
                session.mode.c_str(), session.adapters.size(),
                session.xnnpack_state.weight_cache ? "weight cache on"
                                                   : "weight cache off",
                session.packed_cache_warm ? ", packed cache warm" : "",
-               session.load_ms, adapter.name().c_str(), g.tokens.size());
+               shared.c_str(), session.load_ms, adapter.name().c_str(),
+               g.tokens.size());
   std::fprintf(out, "prefill: %zu tokens in %.2f ms (%s tok/s); decode: %zu "
                     "tokens in %.2f ms (%s tok/s)\n",
                prompt.size(), g.prefill_ms, rate(g.prefill_tokens_per_s).c_str(),

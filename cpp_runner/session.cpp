@@ -24,6 +24,7 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
   auto t0 = std::chrono::steady_clock::now();
   auto session = std::make_unique<Session>();
   session->ptd = options.ptd;
+  session->shared_ptd = options.shared_ptd;
   session->mode = options.stock ? "stock" : "shared";
   bool weight_cache = !(options.stock || options.no_weight_cache);
   // Workspace sharing stays at the backend's default on the stock path, which
@@ -44,10 +45,11 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
   // before ExecuTorch reads anything from it.
   // Without --ptd every program must be self-contained; a lora-share adapter
   // never is, so it is refused here with the fix rather than failing to load.
+  // (parse_flags refuses --shared-ptd without --ptd.)
   bool has_ptd = !options.ptd.empty();
-  auto ptd_info =
-      has_ptd ? check_ptd(options.ptd, "--ptd") : StatusOr<PtdInfo>(PtdInfo());
-  if (!ptd_info.ok()) return ptd_info.status();
+  auto files = has_ptd ? check_data_files(options.ptd, options.shared_ptd)
+                       : StatusOr<DataFiles>(DataFiles());
+  if (!files.ok()) return files.status();
   for (const std::string& pte : options.ptes) {
     auto pte_info = check_pte(pte, "--pte");
     if (!pte_info.ok()) return pte_info.status();
@@ -56,22 +58,22 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
                            "foundation " + pte_info->record.fingerprint +
                            ": give its foundation.ptd with --ptd");
     if (has_ptd) {
-      s = check_pair(pte, pte_info.value(), options.ptd, ptd_info.value(),
+      s = check_pair(pte, pte_info.value(), files.value(),
                      /*verify=*/!options.no_verify);
       if (!s.ok()) return s;
     }
   }
   if (!options.stock) {
-    auto foundation = has_ptd ? Foundation::open(options.ptd)
-                              : StatusOr<std::unique_ptr<Foundation>>(
-                                    Foundation::none());
+    auto foundation =
+        has_ptd ? Foundation::open(options.ptd, options.shared_ptd)
+                : StatusOr<std::unique_ptr<Foundation>>(Foundation::none());
     if (!foundation.ok()) return foundation.status();
     session->foundation = std::move(foundation.value());
   }
   for (const std::string& pte : options.ptes) {
     auto adapter =
         options.stock
-            ? load_stock_adapter(pte, options.ptd)
+            ? load_stock_adapter(pte, options.ptd, options.shared_ptd)
             : load_shared_adapter(pte, *session->foundation,
                                   session->xnnpack.load_options());
     if (!adapter.ok()) return adapter.status();

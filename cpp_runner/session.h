@@ -1,5 +1,6 @@
 // Everything loaded once per process: XNNPACK settings, the shared
-// foundation and every adapter named with --pte.
+// foundation (with the adapters' shared tensors, if any) and every adapter
+// named with --pte.
 #pragma once
 
 #include <memory>
@@ -22,8 +23,9 @@ struct Session {
   std::unique_ptr<Foundation> foundation;  // null on the --stock path
   std::vector<std::unique_ptr<Adapter>> adapters;
 
-  std::string ptd;   // --ptd, as given
-  std::string mode;  // "shared" or "stock"
+  std::string ptd;         // --ptd, as given
+  std::string shared_ptd;  // --shared-ptd, as given ("" = none)
+  std::string mode;        // "shared" or "stock"
   XnnpackState xnnpack_state;
   bool packed_cache_warm = false;  // the cache file held data before loading
   double load_ms = 0;

@@ -17,6 +17,7 @@
 #include "adapter.h"
 #include "adapter_outputs.h"
 #include "et_platform.h"
+#include "file_check.h"
 #include "flags.h"
 
 namespace lora_share {
@@ -105,7 +106,8 @@ Status SharedAdapter::load(const std::string& pte, const Foundation& foundation,
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;
-  set_phase("loading " + pte + " against " + foundation.path() +
+  set_phase("loading " + pte + " against " +
+            describe_data_files(foundation.path(), foundation.shared_path()) +
             " (do they come from the same export?)");
 
   Result<MmapDataLoader> loader =
@@ -181,26 +183,13 @@ Status SharedAdapter::explain_load_failure(Error error,
     for (const std::string& key : data_map_->missing_keys())
       if (!own_keys.count(key)) missing.push_back(key);
 
-  if (!missing.empty()) {
-    // XNNPACK names the weights it takes by the sha256 of their bytes, so a
-    // missing hash means the foundation holds different weights, not merely
-    // differently named ones.
-    bool content_hash = false;
-    std::string list;
-    for (size_t i = 0; i < missing.size() && i < 3; ++i) {
-      list += (i ? ", " : "") + missing[i];
-      content_hash |= missing[i].size() == 64 &&
-                      missing[i].find_first_not_of("0123456789abcdef") ==
-                          std::string::npos;
-    }
-    if (missing.size() > 3) list += ", ...";
-    return Status::failure(
-        pte_path_ + " needs weights that " + foundation.path() +
-        " does not have (" + list + ")" +
-        (content_hash ? ", a content hash: the foundation's weights differ "
-                        "from the ones the adapter was exported with"
-                      : ": was the adapter exported against this foundation?"));
-  }
+  // check_pair finds the keys a program needs before loading; this is for a
+  // lookup it does not model. No records here to tell hoisted tensors from
+  // other foundations, so both are named.
+  if (!missing.empty())
+    return Status::failure(missing_keys_message(
+        pte_path_, foundation.path(), foundation.shared_path(), missing,
+        /*built_for_foundation=*/false));
   std::string detail = last_runtime_error();
   std::string hint =
       error == Error::InvalidExternalData
@@ -211,7 +200,9 @@ Status SharedAdapter::explain_load_failure(Error error,
   return Status::failure("could not load " + pte_path_ +
                          (foundation.path().empty()
                               ? " without --ptd"
-                              : " against " + foundation.path()) +
+                              : " against " + describe_data_files(
+                                                  foundation.path(),
+                                                  foundation.shared_path())) +
                          " (" +
                          executorch::runtime::to_string(error) +
                          (detail.empty() ? "" : ": " + detail) + ")" + hint);

@@ -23,7 +23,9 @@ using executorch::runtime::EValue;
 
 class StockAdapter final : public Adapter {
  public:
-  Status load(const std::string& pte, const std::string& ptd);
+  // `ptd` "" = a self-contained program; `shared_ptd` "" = none.
+  Status load(const std::string& pte, const std::string& ptd,
+              const std::string& shared_ptd);
   Status step(const std::vector<int64_t>& tokens, int64_t pos,
               std::vector<float>* logits) override;
 
@@ -32,26 +34,34 @@ class StockAdapter final : public Adapter {
   std::unique_ptr<Module> module_;
 };
 
-Status StockAdapter::load(const std::string& pte, const std::string& ptd) {
+Status StockAdapter::load(const std::string& pte, const std::string& ptd,
+                          const std::string& shared_ptd) {
   auto t0 = std::chrono::steady_clock::now();
   name_ = adapter_name_of(pte);
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;
-  set_phase("loading " + pte + " against " + ptd +
+  std::vector<std::string> data_files;
+  for (const std::string& f : {ptd, shared_ptd})
+    if (!f.empty()) data_files.push_back(f);
+  std::string against = describe_data_files(ptd, shared_ptd);
+  set_phase("loading " + pte + " against " + against +
             " (do they come from the same export?)");
   // MmapUseMlockIgnoreErrors is the LLM runner's default load mode.
-  // No --ptd: a self-contained program, opened as Module(pte).
-  module_ = ptd.empty()
+  // No --ptd: a self-contained program, opened as Module(pte). With several
+  // files, Module merges their maps itself (per adapter: this path shares
+  // nothing between adapters, as stock ExecuTorch does not).
+  module_ = data_files.empty()
                 ? std::make_unique<Module>(
                       pte, Module::LoadMode::MmapUseMlockIgnoreErrors)
                 : std::make_unique<Module>(
-                      pte, ptd, Module::LoadMode::MmapUseMlockIgnoreErrors);
+                      pte, data_files,
+                      Module::LoadMode::MmapUseMlockIgnoreErrors);
   clear_last_runtime_error();
   Error err = module_->load_method("forward");
   if (err != Error::Ok) {
     std::string detail = last_runtime_error();
-    return Status::failure("could not load " + pte + " against " + ptd + " (" +
+    return Status::failure("could not load " + pte + " against " + against + " (" +
                            executorch::runtime::to_string(err) +
                            (detail.empty() ? "" : ": " + detail) + ")");
   }
@@ -97,14 +107,18 @@ Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
-                                                      const std::string& ptd) {
-  if (!ptd.empty()) {
-    Status readable = check_readable_file(ptd, "--ptd");
+StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
+    const std::string& pte, const std::string& ptd,
+    const std::string& shared_ptd) {
+  const std::pair<std::string, const char*> files[] = {
+      {ptd, "--ptd"}, {shared_ptd, "--shared-ptd"}};
+  for (const auto& [path, flag] : files) {
+    if (path.empty()) continue;
+    Status readable = check_readable_file(path, flag);
     if (!readable.ok()) return readable;
   }
   auto adapter = std::make_unique<StockAdapter>();
-  Status s = adapter->load(pte, ptd);
+  Status s = adapter->load(pte, ptd, shared_ptd);
   if (!s.ok()) return s;
   return std::unique_ptr<Adapter>(std::move(adapter));
 }

@@ -1,13 +1,15 @@
 """Realistic damage to .ptd/.pte files, for the fuzz tests: truncation at a random
 offset, bit flips in the header, in the flatbuffer and in lora-share's record,
-and wrong magic. Deterministic for a given seed."""
+and wrong magic. Deterministic for a given seed. Plus ``write_damaged``: the few
+named damages the error tests give every tool."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from lora_share.formats import read_ptd, read_pte
-from lora_share.formats.meta import ADAPTER_KEY, FOUNDATION_KEY
+from lora_share.formats.meta import ADAPTER_KEY, FOUNDATION_KEY, SHARED_KEY
 
 KINDS = ("truncate", "header_flip", "flatbuffer_flips", "wrong_magic", "record_flips")
 # Relative frequency of each kind.
@@ -18,7 +20,7 @@ def regions(data: bytes, kind: str) -> dict[str, tuple[int, int]]:
     """Byte ranges of a healthy file's header, flatbuffer and lora-share record (without its zero padding)."""
     if kind == "ptd":
         f = read_ptd(data)
-        rec = f.entry(FOUNDATION_KEY)
+        rec = f.entry(FOUNDATION_KEY if FOUNDATION_KEY in f else SHARED_KEY)  # foundation or adapters_shared
         where = {"header": (0, 48), "flatbuffer": (48, f.header.flatbuffer_end)}
     else:
         p = read_pte(data)
@@ -60,3 +62,22 @@ def damaged(data: bytes, kind: str, count: int, seed: int):
     where = regions(data, kind)
     for _ in range(count):
         yield mutate(data, where, rng)
+
+
+FILE_DAMAGE = ("truncated", "wrong-magic", "flipped", "empty", "folder")
+
+
+def write_damaged(path: Path, data: bytes, damage: str) -> None:
+    """Puts ``data`` with one of FILE_DAMAGE at ``path`` (a folder: an empty directory in its place)."""
+    if damage == "truncated":
+        path.write_bytes(data[:len(data) * 2 // 3])
+    elif damage == "wrong-magic":
+        path.write_bytes(data[:4] + b"ZZ99" + data[8:])
+    elif damage == "flipped":  # the root table offset
+        path.write_bytes(bytes([data[0] ^ 0x80]) + data[1:])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "folder":
+        path.mkdir()
+    else:
+        raise ValueError(f"unknown damage {damage!r}")

@@ -16,6 +16,7 @@ import pytest
 from conftest import TINY_FOUNDATION, build_config, run_cli, write_config
 from lora_share.formats import read_ptd
 from lora_share.formats.meta import ADAPTER_KEY, FOUNDATION_KEY
+from mutations import FILE_DAMAGE, write_damaged
 
 SHARING_ADAPTERS = [
     {"name": "share_p", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj"], "seed": 11}},
@@ -172,8 +173,8 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         assert own - {ADAPTER_KEY} == set(pte["delegate_keys_in_file"])
         if "tensor_keys" in entry:
             assert set(entry["tensor_keys"].values()) == own - {ADAPTER_KEY}
-        assert pte["ptd"] == {"file": str(tiny_build.ptd), "has_all_keys": True, "missing": [], "compatible": True,
-                              "problems": []}
+        assert pte["ptd"] == {"file": str(tiny_build.ptd), "shared_file": None, "has_all_keys": True, "missing": [],
+                              "compatible": True, "problems": []}
         assert FOUNDATION_KEY not in pte["needs"] and len(pte["needs"]) > len(pte["external_tensors"])
 
 
@@ -198,22 +199,12 @@ def test_help_has_examples(command):
 # --- hostile files in every tool ------------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["truncated", "wrong-magic", "flipped", "empty", "folder"])
+@pytest.mark.parametrize("damage", FILE_DAMAGE)
 @pytest.mark.parametrize("which", ["ptd", "pte"])
 def test_damaged_files_give_one_error_line(tiny_build, runner_bin, tmp_path, damage, which):
     good_pte, good_ptd = tiny_build.ptes["tiny_a"], tiny_build.ptd
-    src = (good_ptd if which == "ptd" else good_pte).read_bytes()
     bad = tmp_path / f"bad.{which}"
-    if damage == "truncated":
-        bad.write_bytes(src[:len(src) * 2 // 3])
-    elif damage == "wrong-magic":
-        bad.write_bytes(src[:4] + b"ZZ99" + src[8:])
-    elif damage == "flipped":  # the root table offset
-        bad.write_bytes(bytes([src[0] ^ 0x80]) + src[1:])
-    elif damage == "empty":
-        bad.write_bytes(b"")
-    else:
-        bad.mkdir()
+    write_damaged(bad, (good_ptd if which == "ptd" else good_pte).read_bytes(), damage)
     pte, ptd = (good_pte, bad) if which == "ptd" else (bad, good_ptd)
     assert str(bad) in one_error_line(run_cli("inspect", bad), 2)
     assert str(bad) in one_error_line(run_cli("verify", "--pte", pte, "--ptd", ptd), 2)
