@@ -17,6 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import UserError
 from .formats.meta import SHARED_KEY, SharedMeta, encode_shared
 
 SHARED_TAG = "adapters_shared"
@@ -60,7 +61,8 @@ def encode_shared_ptd(tensors: dict[str, bytes], fingerprint: str) -> bytes:
 def merged_ptd(paths: list[Path]) -> Path:
     """One temporary .ptd with every entry of ``paths`` (for a runtime that takes one data file).
 
-    The caller deletes it. Keys must be distinct across the files (lora-share's are).
+    The caller deletes it. Keys must be distinct across the files (lora-share's are): a key
+    in two of them is refused, as ExecuTorch's MergedDataMap refuses it.
     """
     from executorch.exir._serialize._cord import Cord
     from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
@@ -68,11 +70,14 @@ def merged_ptd(paths: list[Path]) -> Path:
 
     serializer = FlatTensorSerializer()
     buffers, named = [], {}
+    holder: dict[str, Path] = {}
     for path in paths:
         payload = serializer.deserialize(Cord(Path(path).read_bytes()))
         for key, entry in payload.named_data.items():
             if key in named:
-                raise ValueError(f"{path}: key {key} is also in another data file")
+                raise UserError(f"{path}: key {key} is also in {holder[key]}; pass the foundation.ptd and "
+                                "adapters_shared.ptd of one build")
+            holder[key] = Path(path)
             named[key] = DataEntry(len(buffers) + entry.buffer_index, ALIGNMENT, entry.tensor_layout)
         buffers += payload.buffers
     fd, name = tempfile.mkstemp(prefix="lora-share-", suffix=".ptd")

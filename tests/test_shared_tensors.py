@@ -134,6 +134,9 @@ def test_run_and_verify_ask_for_the_shared_file(hoisted, tmp_path):
     cut.write_bytes(shared.read_bytes()[:300])
     r = run_cli("run", "--pte", pte, "--ptd", ptd, "--shared-ptd", cut, "--tokens", "1,2")
     assert r.returncode == 2 and "Traceback" not in r.stderr and str(cut) in r.stderr
+    # the foundation given twice, checks skipped: the merge refuses the repeated keys
+    r = run_cli("run", "--pte", pte, "--ptd", ptd, "--shared-ptd", ptd, "--tokens", "1,2", "--no-verify")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "is also in" in r.stderr
     r = run_cli("inspect", pte, "--ptd", ptd, "--shared-ptd", shared, "--json")
     assert r.returncode == 0 and yaml.safe_load(r.stdout)["ptd"]["compatible"] is True
     r = run_cli("inspect", shared)
