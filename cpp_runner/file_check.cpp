@@ -126,6 +126,45 @@ std::string magic_hint(const uint8_t* data, uint64_t size) {
                    : std::string();
 }
 
+// What tells the two kinds of file apart, and what their fixed headers need.
+struct FileKind {
+  const char* ident;         // flatbuffer file identifier at byte 4
+  const char* header_magic;  // the header's own magic at byte 8
+  uint64_t header_bytes;     // the file must at least hold this much
+  const char* name;          // for "not <name>"
+  const char* ext;
+  const char* header_name;
+  const char* other_ident;   // the other kind, named when it is passed instead
+  const char* other_name;
+};
+const FileKind kPtdKind{"FT01", "FH01", 48, "an ExecuTorch data file (.ptd)", ".ptd",
+                        "FlatTensor header", "ET12", "a program, .pte"};
+const FileKind kPteKind{"ET12", "eh00", 40, "an ExecuTorch program (.pte)", ".pte",
+                        "extended header", "FT01", "a data file, .ptd"};
+
+// Maps `path` into `m` and checks what every file of `kind` starts with:
+// its identifier, a whole fixed header, the header's magic.
+Status open_checked(Mapping* m, const std::string& path, const std::string& flag,
+                    const FileKind& kind) {
+  std::string what = flag + " " + path;
+  Status s = m->open(path, flag);
+  if (!s.ok()) return s;
+  const uint8_t* d = m->data();
+  uint64_t n = m->size();
+  std::string ident = magic_hint(d, n);
+  if (n >= 8 && ident != kind.ident)
+    return Status::failure(what + ": not " + kind.name + ": wrong magic" +
+                           (ident == kind.other_ident
+                                ? std::string(" (that is ") + kind.other_name + ")"
+                                : ""));
+  if (n < kind.header_bytes)
+    return Status::failure(what + ": " + std::to_string(n) + " bytes, shorter than the " +
+                           kind.ext + " header: the file is truncated or empty");
+  if (std::memcmp(d + 8, kind.header_magic, 4) != 0)
+    return Status::failure(what + ": no " + kind.header_name + " (wrong magic at byte 8)");
+  return Status();
+}
+
 }  // namespace
 
 std::string printable(const std::string& text) {
@@ -156,21 +195,10 @@ std::string printable(const std::string& text) {
 StatusOr<PtdInfo> check_ptd(const std::string& path, const std::string& flag) {
   std::string what = flag + " " + path;
   Mapping m;
-  Status s = m.open(path, flag);
+  Status s = open_checked(&m, path, flag, kPtdKind);
   if (!s.ok()) return s;
   const uint8_t* d = m.data();
   uint64_t n = m.size();
-  std::string ident = magic_hint(d, n);
-  if (n >= 8 && ident != "FT01")
-    return Status::failure(
-        what + ": not an ExecuTorch data file (.ptd): wrong magic" +
-        (ident == "ET12" ? " (that is a program, .pte)" : ""));
-  if (n < 48)
-    return Status::failure(what + ": " + std::to_string(n) +
-                           " bytes, shorter than the .ptd header: the file "
-                           "is truncated or empty");
-  if (std::memcmp(d + 8, "FH01", 4) != 0)
-    return Status::failure(what + ": no FlatTensor header (wrong magic at byte 8)");
   uint32_t length = le32(d + 12);
   uint64_t fb_offset = le64(d + 16), fb_size = le64(d + 24);
   uint64_t base = le64(d + 32), data_size = le64(d + 40);
@@ -298,21 +326,10 @@ bool collect_needs(FlatReader& fb, const uint8_t* d, FlatReader::Table root,
 StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag) {
   std::string what = flag + " " + path;
   Mapping m;
-  Status s = m.open(path, flag);
+  Status s = open_checked(&m, path, flag, kPteKind);
   if (!s.ok()) return s;
   const uint8_t* d = m.data();
   uint64_t n = m.size();
-  std::string ident = magic_hint(d, n);
-  if (n >= 8 && ident != "ET12")
-    return Status::failure(
-        what + ": not an ExecuTorch program (.pte): wrong magic" +
-        (ident == "FT01" ? " (that is a data file, .ptd)" : ""));
-  if (n < 40)
-    return Status::failure(what + ": " + std::to_string(n) +
-                           " bytes, shorter than the .pte header: the file "
-                           "is truncated or empty");
-  if (std::memcmp(d + 8, "eh00", 4) != 0)
-    return Status::failure(what + ": no extended header (wrong magic at byte 8)");
   uint32_t length = le32(d + 12);
   uint64_t program_size = le64(d + 16), base = le64(d + 24);
   uint64_t data_size = length >= 32 ? le64(d + 32) : (base < n ? n - base : 0);

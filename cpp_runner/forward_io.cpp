@@ -1,5 +1,5 @@
-// What both adapter implementations share: reading the program's outputs.
-#include "adapter_outputs.h"
+// What both adapter implementations share: forward's inputs, the program's outputs.
+#include "forward_io.h"
 
 #include <cstring>
 
@@ -7,6 +7,12 @@ namespace lora_share {
 
 using executorch::aten::ScalarType;
 using executorch::runtime::EValue;
+
+ForwardInputs::ForwardInputs(const std::vector<int64_t>& token_ids, int64_t* pos)
+    : tokens(executorch::extension::make_tensor_ptr(
+          {1, static_cast<int32_t>(token_ids.size())},
+          const_cast<int64_t*>(token_ids.data()), ScalarType::Long)),
+      input_pos(executorch::extension::make_tensor_ptr({1}, pos, ScalarType::Long)) {}
 
 StatusOr<int64_t> int_from_output(const EValue& value,
                                   const std::string& what) {

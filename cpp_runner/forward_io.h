@@ -1,7 +1,9 @@
-// Reading a method's outputs into plain C++ values, with a clear error when
-// the program does not follow the export contract.
+// forward's inputs from plain C++ values, and a method's outputs read back
+// into them, with a clear error when the program does not follow the export
+// contract: forward(tokens [1, T] int64, input_pos [1] int64) -> logits.
 #pragma once
 
+#include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/core/evalue.h>
 
 #include <cstdint>
@@ -11,6 +13,13 @@
 #include "status.h"
 
 namespace lora_share {
+
+// forward's two inputs. They only borrow `tokens` and `*pos`, which must
+// outlive them; the runtime copies them into its planned input buffers.
+struct ForwardInputs {
+  ForwardInputs(const std::vector<int64_t>& tokens, int64_t* pos);
+  executorch::extension::TensorPtr tokens, input_pos;
+};
 
 // A constant method's single int64 (get_max_seq_len, get_vocab_size).
 StatusOr<int64_t> int_from_output(const executorch::runtime::EValue& value,

@@ -4,7 +4,6 @@
 // cache) is allocated here, zero-initialised and lazily backed by the kernel.
 #include <executorch/extension/data_loader/mmap_data_loader.h>
 #include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
-#include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/core/hierarchical_allocator.h>
 #include <executorch/runtime/executor/memory_manager.h>
 #include <executorch/runtime/executor/method.h>
@@ -15,7 +14,7 @@
 #include <set>
 
 #include "adapter.h"
-#include "adapter_outputs.h"
+#include "forward_io.h"
 #include "et_platform.h"
 #include "file_check.h"
 #include "flags.h"
@@ -23,7 +22,6 @@
 namespace lora_share {
 namespace {
 
-using executorch::aten::ScalarType;
 using executorch::extension::MallocMemoryAllocator;
 using executorch::extension::MmapDataLoader;
 using executorch::runtime::Error;
@@ -210,16 +208,10 @@ Status SharedAdapter::explain_load_failure(Error error,
 
 Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                            std::vector<float>* logits) {
-  // The inputs only borrow the caller's memory: set_input copies them into
-  // the method's planned input buffers.
-  auto tokens_tensor = executorch::extension::make_tensor_ptr(
-      {1, static_cast<int32_t>(tokens.size())},
-      const_cast<int64_t*>(tokens.data()), ScalarType::Long);
-  auto pos_tensor =
-      executorch::extension::make_tensor_ptr({1}, &pos, ScalarType::Long);
+  ForwardInputs in(tokens, &pos);
   std::string what = pte_path_ + ": forward";
-  if (forward_->set_input(EValue(*tokens_tensor), 0) != Error::Ok ||
-      forward_->set_input(EValue(*pos_tensor), 1) != Error::Ok)
+  if (forward_->set_input(EValue(*in.tokens), 0) != Error::Ok ||
+      forward_->set_input(EValue(*in.input_pos), 1) != Error::Ok)
     return Status::failure(what + " rejected its inputs (" + last_runtime_error() + ")");
   Error err = forward_->execute();
   if (err != Error::Ok)

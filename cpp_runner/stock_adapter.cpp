@@ -4,19 +4,17 @@
 // cache off for this path, so every adapter packs its own copy of the
 // foundation's delegated weights.
 #include <executorch/extension/module/module.h>
-#include <executorch/extension/tensor/tensor_ptr.h>
 
 #include <chrono>
 
 #include "adapter.h"
-#include "adapter_outputs.h"
+#include "forward_io.h"
 #include "et_platform.h"
 #include "flags.h"
 
 namespace lora_share {
 namespace {
 
-using executorch::aten::ScalarType;
 using executorch::extension::Module;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
@@ -89,14 +87,10 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
 
 Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                           std::vector<float>* logits) {
-  auto tokens_tensor = executorch::extension::make_tensor_ptr(
-      {1, static_cast<int32_t>(tokens.size())},
-      const_cast<int64_t*>(tokens.data()), ScalarType::Long);
-  auto pos_tensor =
-      executorch::extension::make_tensor_ptr({1}, &pos, ScalarType::Long);
+  ForwardInputs in(tokens, &pos);
   std::string what = pte_path_ + ": forward";
   auto out = module_->execute(
-      "forward", std::vector<EValue>{EValue(*tokens_tensor), EValue(*pos_tensor)});
+      "forward", std::vector<EValue>{EValue(*in.tokens), EValue(*in.input_pos)});
   if (!out.ok())
     return Status::failure(what + " failed (" +
                            executorch::runtime::to_string(out.error()) + ": " +
