@@ -39,7 +39,7 @@ import yaml
 from .adapters import Adapter, load_adapter, load_peft
 from .config import config_to_dict, foundation_from_dict, hoists_shared_tensors, load_config
 from .errors import UserError
-from .export import FOUNDATION_TAG, eager_model, export_program
+from .export import EXPORTER_REVISION, FOUNDATION_TAG, eager_model, export_program
 from .fastpath import NotSubstitutable, signature, slot_param_name, slot_tensors, substitute, tensor_keys
 from .files import sha256_file, staged_dir
 from .foundation import Foundation, load_foundation
@@ -105,7 +105,8 @@ def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict |
         return None
     fnd = manifest["foundation"]
     ptd = out_dir / PTD_NAME
-    if fnd.get("fingerprint") != fingerprint or manifest.get("export_settings") != settings or not ptd.is_file():
+    if (fnd.get("fingerprint") != fingerprint or manifest.get("export_settings") != settings
+            or manifest.get("exporter") != EXPORTER_REVISION or not ptd.is_file()):
         return None
     if ptd.stat().st_size != fnd["size"] or sha256_file(ptd) != fnd["sha256"]:
         return None
@@ -268,6 +269,7 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
             "version": MANIFEST_VERSION,
             "config": resolved_config.get("source"),
             "export_settings": settings,
+            "exporter": EXPORTER_REVISION,
             "foundation": {"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
                            "fingerprint": fingerprint, **foundation_entry},
             **({"shared": _shared_entry(shared)} if shared else {}),

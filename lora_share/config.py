@@ -74,7 +74,11 @@ class FoundationConfig:
         "Hugging Face llama folder: config.json + model.safetensors (or shards + index json)", None, path=True
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
-    max_seq_len: int = _f("longest prompt + generation the exported program accepts", 128, minimum=2)
+    max_seq_len: int = _f("the context: KV cache length, the longest prompt + generation the program accepts",
+                          128, minimum=2)
+    prefill_chunk: int = _f("most prompt tokens one forward call takes; longer prompts are fed in chunks, so "
+                            "planned activation memory scales with chunk x context, not context squared "
+                            "(capped at max_seq_len)", 128, minimum=2)
     quantize: Optional[QuantizeConfig] = _f("quantize the foundation (default: float32)", None)
 
 

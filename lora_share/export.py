@@ -20,11 +20,21 @@ import torch
 
 from .adapters import Adapter
 from .foundation import Foundation
-from .model import LlamaLoRA
+from .model import LlamaLoRA, forward_inputs
 from .shared_data import SHARED_PTD, SHARED_TAG
 
 FOUNDATION_TAG = "foundation"  # -> foundation.ptd
-EXAMPLE_PROMPT = (torch.tensor([[1, 2, 3]], dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
+# The revision of the exported graph. Part of every adapter's signature and of the check that
+# keeps an earlier build's files: raise it whenever the model or the export passes change what
+# a program computes or how, so that a rebuild exports again instead of reusing stale programs.
+# 2: attention over the written prefix, prefill chunks, the KV cache updated in place.
+EXPORTER_REVISION = 2
+
+
+def example_inputs(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """forward's example inputs for torch.export: a few tokens after two earlier positions (so that
+    the two dynamic sizes, tokens and cache positions, differ and are not taken to be one)."""
+    return forward_inputs(range(1, min(3, chunk) + 1), 2)
 
 
 def is_adapter_tensor(name: str) -> bool:
@@ -126,30 +136,37 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
 
     t0 = time.perf_counter()
     args = model.args
-    dynamic = ({1: Dim("seq", min=1, max=args.max_seq_len)}, None)
+    # One forward call takes at most a prefill chunk of tokens: activations are planned for
+    # chunk x context, not context x context (the runners feed longer prompts chunk by chunk).
+    # The attended cache slots are a dynamic size of their own, up to the whole context.
+    dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, {0: Dim("cache", min=1, max=args.max_seq_len)})
+    example = example_inputs(args.chunk)
     # Float exports take exactly the float path. An int8 embedding is torchao's dequantize +
     # embedding; ExecuTorch's quant fusion turns that into its quantized embedding_byte kernel.
     quantized = any(is_quantized(p) for p in model.parameters())
     fuse_quant = is_quantized(model.model.embed_tokens.weight)
     with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
-        ep = torch.export.export(model, EXAMPLE_PROMPT, dynamic_shapes=dynamic, strict=False)
+        ep = torch.export.export(model, example, dynamic_shapes=dynamic, strict=False)
         unlifted = ep.module()
         tagger = _tagger(frozenset(shared)) if external else None
         if external:
             delegate_external_constants_pass_unlifted(unlifted, tagger)
-        ep = torch.export.export(unlifted, EXAMPLE_PROMPT, dynamic_shapes=dynamic, strict=False)
+        ep = torch.export.export(unlifted, example, dynamic_shapes=dynamic, strict=False)
         edge = to_edge_transform_and_lower(
             ep,
             transform_passes=[_tag_quantized_weights] if quantized and external else None,
             partitioner=[XnnpackPartitioner()],
-            constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size},
+            constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size,
+                              "get_prefill_chunk": args.chunk},
         )
         for key, (data, tag) in (named_data or {}).items():
             edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=tag)
         program = edge.to_executorch(
+            # run_reinplace_pass: the KV cache update becomes an in-place index_put_; without it
+            # every layer copies its whole cache (context x heads x head_dim) on every call.
             ExecutorchBackendConfig(external_constants=tagger if external else False,
-                                    do_quant_fusion_and_const_prop=fuse_quant))
+                                    do_quant_fusion_and_const_prop=fuse_quant, run_reinplace_pass=True))
         workdir.mkdir(parents=True, exist_ok=True)
         program.write_tensor_data_to_file(str(workdir))
         pte = program.buffer

@@ -16,11 +16,16 @@ A slot hoisted into adapters_shared.ptd (shared_data.py) has no named data in
 the .pte: only step 2 applies to it, in the delegate payloads. Which slots are
 hoisted is part of the signature, so template and adapter agree on it.
 
+Slots whose tensors have equal bytes share one key: the exporter stores them
+once. Phi-3's fused LoRA does this by design (one A under q_proj, k_proj and
+v_proj, adapters.py). The substitution then renames each template key once,
+which is exact when the adapter groups its slots as the template does (same
+bytes in the same slots); otherwise the programs differ and it is refused.
+
 ``formats.read_pte`` (the defensive flatbuffers reader) gives the exact byte
 ranges: each named-data entry and its key, and every key an XNNPACK payload
-names; afterwards no trace of a template key may remain. Anything
-the substitution cannot express exactly (tensors with equal bytes, which the
-exporter would have stored once) is refused, and the caller exports instead.
+names; afterwards no trace of a template key may remain. Anything the
+substitution cannot express exactly is refused, and the caller exports instead.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import hashlib
 import json
 
 from .adapters import Adapter
+from .export import EXPORTER_REVISION
 from .formats import read_pte
 from .model import lora_param_name
 
@@ -67,9 +73,10 @@ def tensor_keys(adapter: Adapter) -> dict[str, str]:
 def signature(adapter: Adapter, foundation_fingerprint: str, export_settings: dict,
               hoisted: list[str] | tuple = ()) -> str:
     """What the exported program depends on: ranks per slot, the foundation, the export
-    settings and which slots live in adapters_shared.ptd."""
+    settings, the exporter's revision and which slots live in adapters_shared.ptd."""
     ranks = sorted((layer, target, a.shape[0]) for (layer, target), (a, _) in adapter.weights.items())
-    what = {"ranks": ranks, "foundation": foundation_fingerprint, "export": export_settings}
+    what = {"ranks": ranks, "foundation": foundation_fingerprint, "export": export_settings,
+            "exporter": EXPORTER_REVISION}
     if hoisted:
         what["hoisted"] = sorted(hoisted)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
@@ -90,8 +97,16 @@ def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adap
     new_keys = tensor_keys(adapter)
     if sorted(new_keys) != sorted(template_keys):
         raise NotSubstitutable("different LoRA slots")
-    if len(set(new_keys.values())) != len(new_keys) or len(set(template_keys.values())) != len(template_keys):
-        raise NotSubstitutable("two LoRA tensors have equal bytes (the exporter stores them once)")
+    # Slots with equal bytes share a key (stored once): each template key must become one new key,
+    # and no two template keys the same one, i.e. the adapter groups its slots as the template does.
+    groups: dict[str, list[str]] = {}  # template key -> its slots
+    renames: dict[str, str] = {}  # template key -> new key
+    for slot, old in sorted(template_keys.items()):
+        groups.setdefault(old, []).append(slot)
+        if renames.setdefault(old, new_keys[slot]) != new_keys[slot]:
+            raise NotSubstitutable(f"{slot}: slots with equal bytes in the template differ in the adapter")
+    if len(set(renames.values())) != len(renames):
+        raise NotSubstitutable("slots with different bytes in the template have equal bytes in the adapter")
     tensors = slot_tensors(adapter)
     layout = read_pte(template_pte, "template .pte")
     out = bytearray(template_pte)
@@ -104,8 +119,10 @@ def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adap
     if any(k in layout for k in set(new_keys.values()) - set(template_keys.values())):
         raise NotSubstitutable("a new tensor's key is already in the template")
     external = set(hoisted)
-    for slot, old in template_keys.items():
-        new = new_keys[slot].encode()
+    for old, slots in groups.items():
+        slot, new = slots[0], renames[old].encode()
+        if len({s in external for s in slots}) != 1:
+            raise NotSubstitutable(f"{slot}: slots with equal bytes are not all in the same file")
         if slot in external:
             if old in layout or not spans.get(old):
                 raise NotSubstitutable(f"template does not read {slot} from a data file")

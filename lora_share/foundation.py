@@ -7,7 +7,7 @@ converted to float32. With tied embeddings there is no ``lm_head.weight``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -46,6 +46,7 @@ def load_foundation(cfg: FoundationConfig, where: str = "foundation") -> Foundat
         foundation = synthetic_foundation(cfg.synthetic, cfg.max_seq_len)
     else:
         foundation = load_hf_checkpoint(cfg.checkpoint, cfg.max_seq_len)
+    foundation.args = replace(foundation.args, prefill_chunk=cfg.prefill_chunk)
     foundation.quantize = cfg.quantize
     return foundation
 

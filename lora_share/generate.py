@@ -1,6 +1,8 @@
 """Token generation shared by every backend that exposes ``step(tokens, pos) -> logits``.
 
 The contract (the same in ``lora-share run`` and the C++ runner):
+a prompt longer than the program's prefill chunk is fed in successive calls of
+at most ``chunk`` tokens at positions 0, chunk, 2 * chunk, ...;
 row 0 of the logits is taken at the last prompt position; row i (i >= 1) after
 feeding generated token i. ``max_new_tokens`` tokens come out, so the logits
 have ``max_new_tokens`` rows and the last position used is
@@ -46,8 +48,18 @@ def check_request(prompt: Sequence[int], max_new_tokens: int, vocab: int, max_se
     if needed > max_seq_len:
         raise UserError(
             f"{len(prompt)} prompt tokens + {max_new_tokens} new tokens need {needed} positions, "
-            f"but the program was exported with max_seq_len {max_seq_len}: shorten the request"
+            f"but the program's context (max_seq_len) is {max_seq_len}: shorten the request"
         )
+
+
+def prefill(step: Callable[[list[int], int], np.ndarray], prompt: Sequence[int], chunk: int | None) -> np.ndarray:
+    """Feed ``prompt`` from position 0 in calls of at most ``chunk`` tokens; the last call's logits."""
+    prompt = list(prompt)
+    size = chunk or len(prompt)
+    logits = None
+    for start in range(0, len(prompt), size):
+        logits = step(prompt[start:start + size], start)
+    return logits
 
 
 def pick(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
@@ -65,14 +77,15 @@ def generate(
     max_new_tokens: int,
     temperature: float = 0.0,
     seed: int = 0,
+    chunk: int | None = None,
 ) -> Generation:
-    """Run prefill then decode with ``step`` and collect tokens and logits."""
+    """Run prefill (in calls of at most ``chunk`` tokens) then decode with ``step``; collect tokens and logits."""
     import time
 
     rng = np.random.default_rng(seed)
     rows, out = [], []
     t0 = time.perf_counter()
-    logits = step(list(prompt), 0)
+    logits = prefill(step, prompt, chunk)
     t1 = time.perf_counter()
     pos = len(prompt)
     for i in range(max_new_tokens):

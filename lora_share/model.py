@@ -4,11 +4,18 @@ The module tree mirrors Hugging Face's ``LlamaForCausalLM`` so that foundation
 parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``)
 and LoRA parameters sit beside them (``...q_proj.lora_a.weight``). Only standard
 ATen ops are used, so the exported program runs on the stand-alone ExecuTorch
-runtime: the KV cache is a mutable buffer updated with ``index_copy_`` and
-attention is a masked matmul/softmax over the whole cache.
+runtime: the KV cache is a mutable buffer updated in place (``index_copy_``), and
+attention reads the written prefix of the cache only, so a decoded token costs
+what its position needs, not the whole context.
 
-``forward(tokens [1, T] int64, input_pos [1] int64) -> logits [1, vocab]``
-returns the logits at the last of the T positions.
+``forward(tokens [1, T] int64, cache_positions [P + T] int64) -> logits [1, vocab]``
+feeds T tokens at positions P .. P+T-1 and returns the logits at the last one.
+``cache_positions`` is ``0, 1, ..., P+T-1`` (``forward_inputs`` builds both): the
+cache slots this call attends, its own tokens' positions last. Its *length* bounds
+attention as a dynamic input dimension, which XNNPACK plans for and runs (a length
+computed inside the graph, from a position value, would be an unbacked size that
+XNNPACK refuses, leaving attention to slow single-threaded kernels).
+``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer prompts are fed in chunks.
 """
 
 from __future__ import annotations
@@ -22,8 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
 def lora_param_name(layer: int, target: str, which: str) -> str:
     """The dotted name of LoRA matrix ``which`` ('a' or 'b') of ``target`` in decoder layer ``layer``."""
     block = "self_attn" if LORA_TARGETS.index(target) < 4 else "mlp"
@@ -46,6 +51,12 @@ class ModelArgs:
     rope_scaling: Mapping | None = None
     tie_embeddings: bool = False
     max_seq_len: int = 128
+    prefill_chunk: int | None = None  # most tokens one forward call takes (None: max_seq_len)
+
+    @property
+    def chunk(self) -> int:
+        """Tokens one forward call takes at most: the prefill chunk, never more than the context."""
+        return min(self.prefill_chunk or self.max_seq_len, self.max_seq_len)
 
     @property
     def hd(self) -> int:
@@ -63,7 +74,6 @@ class ModelArgs:
             "up_proj": (self.hidden_dim, self.dim),
             "down_proj": (self.dim, self.hidden_dim),
         }[target]
-
 
 @dataclass(frozen=True)
 class LoraSpec:
@@ -94,13 +104,18 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``. The mean is a linear against a row of ``1 / dim``:
+    XNNPACK takes that (its mean takes only 4-D tensors), so the norm stays inside the delegate
+    with the linears around it instead of splitting it in two."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.register_buffer("mean_row", torch.full((1, dim), 1.0 / dim), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)
+        var = F.linear(x * x, self.mean_row)
         return self.weight * (x * torch.rsqrt(var + self.eps))
 
 
@@ -129,38 +144,63 @@ class Linear(nn.Linear):
         return y
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotate_half_matrix(hd: int) -> torch.Tensor:
+    """``W`` with ``F.linear(x, W) == cat(-x[..., hd/2:], x[..., :hd/2])`` exactly (entries 0 and ±1):
+    Hugging Face's ``rotate_half`` as a linear, which XNNPACK runs, instead of slices it does not take
+    on dynamic shapes (each would split the delegate and cost a copy)."""
+    half = hd // 2
+    w = torch.zeros(hd, hd)
+    idx = torch.arange(half)
+    w[idx, idx + half] = -1.0
+    w[idx + half, idx] = 1.0
+    return w
 
 
 class Attention(nn.Module):
+    """Grouped-query attention over the written prefix of a KV cache (batch 1).
+
+    Keys are cached transposed, ``[1, n_kv, head_dim, S + 1]``, so the keys of the first
+    ``length`` slots are one prefix slice already laid out as the second operand of
+    ``scores = q @ K^T``; values are ``[1, n_kv, S + 1, head_dim]`` (S = max_seq_len; the
+    spare slot keeps a prefix of S slots from being the whole buffer, a case torch.export
+    specialises). The ``rep`` query heads that read one key/value head are ``rep * T`` rows
+    of one product: no copy of the cache per query head. Of the layouts measured at
+    SmolLM-135M's shape (this one; keys first in the product, which XNNPACK does not
+    repack; both), this one decoded fastest at every position (README, "Measured").
+    """
+
     def __init__(self, args: ModelArgs, layer: int, lora: LoraSpec):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = args.n_heads, args.n_kv_heads, args.hd
         for t in ("q_proj", "k_proj", "v_proj", "o_proj"):
             out_f, in_f = args.linear_shape(t)
             setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0)))
-        cache = (1, self.n_kv, args.max_seq_len, self.hd)
-        self.register_buffer("k_cache", torch.zeros(cache), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(cache), persistent=False)
+        slots = args.max_seq_len + 1
+        self.register_buffer("k_cache", torch.zeros(1, self.n_kv, self.hd, slots), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(1, self.n_kv, slots, self.hd), persistent=False)
+        self.register_buffer("rotate_half", rotate_half_matrix(self.hd), persistent=False)
 
-    def forward(self, x, cos, sin, positions, mask):
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        self.k_cache.index_copy_(2, positions, k)
-        self.v_cache.index_copy_(2, positions, v)
-        rep = self.n_heads // self.n_kv
-        keys = self.k_cache.repeat_interleave(rep, dim=1)
-        values = self.v_cache.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) / math.sqrt(self.hd)
-        scores = scores.masked_fill(mask, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1), values)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+    def rope(self, x, cos, sin):
+        return x * cos + F.linear(x, self.rotate_half) * sin
+
+    def forward(self, x, cos, sin, positions, bias, length):
+        """``length`` (a symbolic int) cache slots are attended: every slot written so far.
+        ``bias`` ``[1, rep * T, length]`` is 0 where a query row may see a slot, -inf where not."""
+        _, t, _ = x.shape
+        n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [t, 1, hd]: one rotation per position
+        q = self.rope(self.q_proj(x).view(1, t, self.n_heads, hd), cos, sin) * (1.0 / math.sqrt(hd))
+        k = self.rope(self.k_proj(x).view(1, t, n_kv, hd), cos, sin)
+        v = self.v_proj(x).view(1, t, n_kv, hd)
+        self.k_cache.index_copy_(3, positions, k.permute(0, 2, 3, 1))
+        self.v_cache.index_copy_(2, positions, v.transpose(1, 2))
+        keys_t = self.k_cache.narrow(3, 0, length).view(n_kv, hd, length)
+        values = self.v_cache.narrow(2, 0, length).view(n_kv, length, hd)
+        # Rows ordered (query head within its group, position), as the rows of ``bias``.
+        q = q.view(1, t, n_kv, rep, hd).permute(0, 2, 3, 1, 4).reshape(n_kv, rep * t, hd)
+        probs = torch.softmax(torch.bmm(q, keys_t) + bias, dim=-1)
+        out = torch.bmm(probs, values).view(n_kv, rep, t, hd).permute(2, 0, 1, 3)
+        return self.o_proj(out.reshape(1, t, self.n_heads * hd))
 
 
 class MLP(nn.Module):
@@ -182,8 +222,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = MLP(args, layer, lora)
 
-    def forward(self, x, cos, sin, positions, mask):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, mask)
+    def forward(self, x, cos, sin, positions, bias, length):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, bias, length)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -193,6 +233,12 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(DecoderLayer(args, i, lora) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+def forward_inputs(tokens, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward``'s inputs for ``tokens`` (ids) fed at positions ``pos``, ``pos + 1``, ..."""
+    return (torch.tensor([list(tokens)], dtype=torch.int64),
+            torch.arange(pos + len(tokens), dtype=torch.int64))
 
 
 class LlamaLoRA(nn.Module):
@@ -209,17 +255,21 @@ class LlamaLoRA(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("rope_cos", emb.cos(), persistent=False)
         self.register_buffer("rope_sin", emb.sin(), persistent=False)
-        self.register_buffer("cache_slots", torch.arange(args.max_seq_len), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[1]
-        positions = input_pos + torch.arange(t, dtype=torch.int64)
+    def forward(self, tokens: torch.Tensor, cache_positions: torch.Tensor) -> torch.Tensor:
+        t, length = tokens.shape[1], cache_positions.shape[0]
+        torch._check(length >= t)
+        positions = cache_positions.narrow(0, length - t, t)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        # True where a query position must not see a cache slot (future or unwritten).
-        mask = self.cache_slots.unsqueeze(0) > positions.unsqueeze(1)
+        # -inf where a query position must not see a slot (a later one in this chunk), once per
+        # call for every layer, and already repeated for the query heads that share a key/value
+        # head, so each layer adds it with a broadcast over its leading dimension only.
+        mask = cache_positions.unsqueeze(0) > positions.unsqueeze(1)
+        rep = self.args.n_heads // self.args.n_kv_heads
+        bias = torch.zeros(mask.shape).masked_fill(mask, float("-inf")).repeat(rep, 1).unsqueeze(0)
         h = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            h = layer(h, cos, sin, positions, mask)
+            h = layer(h, cos, sin, positions, bias, length)
         h = self.model.norm(h[:, -1, :])
         return self.lm_head(h)
 

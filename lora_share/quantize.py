@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
+from .model import forward_inputs
 
 # The fixed synthetic prompt set: ACCURACY_PROMPTS prompts of up to ACCURACY_LEN
 # uniform random token ids (seeded), fed one token at a time, so every position
@@ -133,7 +134,7 @@ class single_threaded:
 def eager_step(model: nn.Module):
     def step(tokens, pos):
         with torch.no_grad():
-            return model(torch.tensor([tokens], dtype=torch.int64), torch.tensor([pos], dtype=torch.int64)).numpy()
+            return model(*forward_inputs(tokens, pos)).numpy()
 
     return step
 

@@ -79,6 +79,9 @@ class LoadedAdapter:
                 self.forward = program.load_method("forward")
                 self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
                 self.vocab_size = int(program.load_method("get_vocab_size").execute([])[0])
+                # Exports before prefill chunks took a whole context in one call.
+                self.prefill_chunk = (int(program.load_method("get_prefill_chunk").execute([])[0])
+                                      if "get_prefill_chunk" in program.method_names else self.max_seq_len)
                 failure = None
             except RuntimeError as e:
                 failure = e
@@ -90,9 +93,9 @@ class LoadedAdapter:
         self.load_s = time.perf_counter() - t0
 
     def step(self, tokens: list[int], pos: int) -> np.ndarray:
-        import torch
+        from .model import forward_inputs
 
-        out = self.forward.execute([torch.tensor([tokens], dtype=torch.int64), torch.tensor([pos], dtype=torch.int64)])
+        out = self.forward.execute(list(forward_inputs(tokens, pos)))
         return out[0].reshape(-1).numpy().astype(np.float32)
 
 
@@ -116,6 +119,6 @@ def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, se
         raise UserError(f"could not load {pte} with {ptd}: {e}") from None
     adapter = LoadedAdapter(Path(pte), Path(ptd), Path(shared_ptd) if shared_ptd is not None else None)
     check_request(tokens, max_new_tokens, adapter.vocab_size, adapter.max_seq_len)
-    gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed)
+    gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed, adapter.prefill_chunk)
     gen.timings["load_s"] = adapter.load_s
     return gen

@@ -18,6 +18,7 @@ TINY_FOUNDATION = {
     "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
     "vocab_size": 256, "tie_embeddings": True, "seed": 0,
 }
+TINY_CHUNK = 8  # tiny_build's prefill chunk: prompts longer than this are fed in several calls
 TINY_ADAPTERS = [
     {"name": "tiny_a", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
     {"name": "tiny_b", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj", "gate_proj", "down_proj"], "seed": 2}},
@@ -73,9 +74,11 @@ def build_config(path: Path) -> Build:
 
 @pytest.fixture(scope="session")
 def tiny_build(tmp_path_factory) -> Build:
-    """Three synthetic adapters (different ranks, targets, layer subsets) over a tied tiny foundation."""
+    """Three synthetic adapters (different ranks, targets, layer subsets) over a tied tiny foundation,
+    with a context of 32 and forward calls of at most TINY_CHUNK tokens (longer prompts are chunked)."""
     folder = tmp_path_factory.mktemp("tiny")
-    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, TINY_ADAPTERS)
+    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK},
+                       TINY_ADAPTERS)
     return build_config(cfg)
 
 

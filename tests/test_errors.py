@@ -99,7 +99,7 @@ def test_unknown_key_in_build(tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (["--tokens", "1,x"], "--tokens"),
     (["--tokens", "1,9999"], "outside the vocabulary"),
-    (["--tokens", "1,2", "--max-new-tokens", "40"], "max_seq_len 32"),
+    (["--tokens", "1,2", "--max-new-tokens", "40"], "context (max_seq_len) is 32"),
 ])
 def test_run_bad_flags(tiny_build, args, expected):
     pte = tiny_build.ptes["tiny_a"]

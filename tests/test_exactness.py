@@ -11,6 +11,7 @@ from lora_share.adapters import load_adapter
 from lora_share.export import eager_model
 from lora_share.foundation import load_foundation
 from lora_share.generate import generate
+from lora_share.model import forward_inputs
 
 PROMPT = [1, 17, 42, 7, 99]
 NEW = 10
@@ -21,7 +22,7 @@ def eager_generation(model, prompt, n):
 
     def step(tokens, pos):
         with torch.no_grad():
-            return model(torch.tensor([tokens]), torch.tensor([pos])).reshape(-1).numpy()
+            return model(*forward_inputs(tokens, pos)).reshape(-1).numpy()
 
     return generate(step, prompt, n)
 
@@ -41,6 +42,26 @@ def test_pte_matches_eager(tiny_build, tiny_models, name):
     assert got.logits.shape == (NEW, 256)
     assert np.abs(got.logits - want.logits).max() <= 1e-4
     assert got.tokens == want.tokens
+
+
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_b"])
+def test_chunked_prefill_matches_eager(tiny_build, tiny_models, name):
+    """A prompt of almost three prefill chunks, fed chunk by chunk to the program, against the eager
+    model given the whole prompt in one call: same logits, same greedy tokens, up to the context's end."""
+    from conftest import TINY_CHUNK
+
+    _, models = tiny_models
+    prompt = [(5 * i + 3) % 256 for i in range(3 * TINY_CHUNK - 2)]
+    new = 32 - len(prompt) + 1  # the last position used is the context's last slot
+    got = lora_share.run(tiny_build.ptes[name], tiny_build.ptd, prompt, new)
+    want = eager_generation(models[name], prompt, new)
+    assert np.abs(got.logits - want.logits).max() <= 1e-4
+    assert got.tokens == want.tokens
+
+
+def test_request_past_the_context_is_refused(tiny_build):
+    with pytest.raises(lora_share.UserError, match=r"need 33 positions, but the program's context \(max_seq_len\) is 32"):
+        lora_share.run(tiny_build.ptes["tiny_a"], tiny_build.ptd, list(range(1, 31)), 4)
 
 
 def test_adapters_change_the_output(tiny_build, tiny_models):
