@@ -113,7 +113,9 @@ const FlagSpec kFlags[] = {
      }},
     {"serve", nullptr, "off",
      "read requests 'adapter<TAB>ids' from stdin, one per line; answer one "
-     "JSON line each; EOF ends",
+     "JSON line each; EOF ends. Requests run one at a time and each starts "
+     "at position 0: nothing of an earlier request (KV cache included) is "
+     "kept or read",
      [](Options& o, const std::string&) {
        o.serve = true;
        return Status();
@@ -150,6 +152,14 @@ const FlagSpec kFlags[] = {
      "(for benchmarks)",
      [](Options& o, const std::string&) {
        o.stock = true;
+       return Status();
+     }},
+    {"private-arenas", nullptr, "off",
+     "give each adapter program its own planned memory (KV cache and "
+     "activations) instead of one arena for all, sized to the largest "
+     "(for benchmarks)",
+     [](Options& o, const std::string&) {
+       o.private_arenas = true;
        return Status();
      }},
     {"no-verify", nullptr, "off",
@@ -218,6 +228,9 @@ Status check_combinations(const Options& o) {
   if (!o.packed_cache.empty() && (o.no_weight_cache || o.stock))
     return Status::usage("--packed-cache needs the weight cache, which "
                          "--no-weight-cache/--stock turn off");
+  if (o.private_arenas && o.stock)
+    return Status::usage("--private-arenas is for the runner's own loading "
+                         "path; with --stock each Module has its own memory");
   return Status();
 }
 
@@ -292,7 +305,10 @@ std::string usage_text(const char* program_name) {
          "[--shared-ptd adapters_shared.ptd]] (--tokens IDS | --serve) "
          "[flags]\n\n"
          "Loads every adapter program against one shared, memory-mapped "
-         "foundation and generates tokens.\n\nflags:\n";
+         "foundation and generates tokens.\nRequests run one at a time and "
+         "each starts at position 0 (a prompt longer than the program's "
+         "prefill chunk is fed in several calls): nothing of an earlier "
+         "request, KV cache included, is kept or read.\n\nflags:\n";
   for (const FlagSpec& f : kFlags) {
     std::string left = std::string("  --") + f.name;
     if (f.value_name) left += std::string(" ") + f.value_name;

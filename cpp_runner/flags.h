@@ -26,6 +26,7 @@ struct Options {
   std::string packed_cache;           // --packed-cache
   bool no_weight_cache = false;       // --no-weight-cache
   bool stock = false;                 // --stock
+  bool private_arenas = false;        // --private-arenas
   bool no_verify = false;             // --no-verify
   bool verbose = false;               // --verbose
   bool help = false;                  // --help

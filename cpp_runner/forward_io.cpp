@@ -2,17 +2,22 @@
 #include "forward_io.h"
 
 #include <cstring>
+#include <numeric>
 
 namespace lora_share {
 
 using executorch::aten::ScalarType;
 using executorch::runtime::EValue;
 
-ForwardInputs::ForwardInputs(const std::vector<int64_t>& token_ids, int64_t* pos)
-    : tokens(executorch::extension::make_tensor_ptr(
+ForwardInputs::ForwardInputs(const std::vector<int64_t>& token_ids, int64_t pos)
+    : positions(static_cast<size_t>(pos) + token_ids.size()),
+      tokens(executorch::extension::make_tensor_ptr(
           {1, static_cast<int32_t>(token_ids.size())},
-          const_cast<int64_t*>(token_ids.data()), ScalarType::Long)),
-      input_pos(executorch::extension::make_tensor_ptr({1}, pos, ScalarType::Long)) {}
+          const_cast<int64_t*>(token_ids.data()), ScalarType::Long)) {
+  std::iota(positions.begin(), positions.end(), int64_t{0});
+  cache_positions = executorch::extension::make_tensor_ptr(
+      {static_cast<int32_t>(positions.size())}, positions.data(), ScalarType::Long);
+}
 
 StatusOr<int64_t> int_from_output(const EValue& value,
                                   const std::string& what) {

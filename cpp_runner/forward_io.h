@@ -1,6 +1,7 @@
 // forward's inputs from plain C++ values, and a method's outputs read back
 // into them, with a clear error when the program does not follow the export
-// contract: forward(tokens [1, T] int64, input_pos [1] int64) -> logits.
+// contract: forward(tokens [1, T] int64, cache_positions [P + T] int64) ->
+// logits, feeding T tokens at positions P.. (lora_share/model.py).
 #pragma once
 
 #include <executorch/extension/tensor/tensor_ptr.h>
@@ -14,11 +15,14 @@
 
 namespace lora_share {
 
-// forward's two inputs. They only borrow `tokens` and `*pos`, which must
-// outlive them; the runtime copies them into its planned input buffers.
+// forward's two inputs for `tokens` at positions pos, pos + 1, ...:
+// the ids, and cache_positions = 0 .. pos + T - 1, whose length is the number
+// of cache slots attended. The ids are borrowed (they must outlive this); the
+// runtime copies both into its planned input buffers.
 struct ForwardInputs {
-  ForwardInputs(const std::vector<int64_t>& tokens, int64_t* pos);
-  executorch::extension::TensorPtr tokens, input_pos;
+  ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos);
+  std::vector<int64_t> positions;
+  executorch::extension::TensorPtr tokens, cache_positions;
 };
 
 // A constant method's single int64 (get_max_seq_len, get_vocab_size).

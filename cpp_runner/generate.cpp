@@ -28,6 +28,20 @@ int64_t pick(const std::vector<float>& logits, double temperature,
   return static_cast<int64_t>(p.size() - 1);
 }
 
+// Feeds the prompt from position 0 in forward calls of at most the program's
+// prefill chunk; `logits` are the last call's.
+Status prefill(Adapter& adapter, const std::vector<int64_t>& prompt,
+               std::vector<float>* logits) {
+  size_t chunk = static_cast<size_t>(std::max<int64_t>(adapter.prefill_chunk(), 1));
+  for (size_t start = 0; start < prompt.size(); start += chunk) {
+    std::vector<int64_t> part(prompt.begin() + start,
+                              prompt.begin() + std::min(prompt.size(), start + chunk));
+    Status s = adapter.step(part, static_cast<int64_t>(start), logits);
+    if (!s.ok()) return s;
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
@@ -46,8 +60,8 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
     return Status::usage(
         std::to_string(prompt.size()) + " prompt tokens + " +
         std::to_string(max_new_tokens) + " new tokens need " +
-        std::to_string(needed) + " positions, but the program was exported "
-        "with max_seq_len " + std::to_string(max_seq_len) +
+        std::to_string(needed) + " positions, but the program's context "
+        "(max_seq_len) is " + std::to_string(max_seq_len) +
         ": shorten the request");
   return Status();
 }
@@ -62,7 +76,7 @@ StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prom
   std::vector<float> logits;
 
   auto t0 = clock::now();
-  Status s = adapter.step(prompt, 0, &logits);
+  Status s = prefill(adapter, prompt, &logits);
   if (!s.ok()) return s;
   auto t1 = clock::now();
   int64_t pos = static_cast<int64_t>(prompt.size());

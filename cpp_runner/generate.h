@@ -1,5 +1,7 @@
-// Token generation, following lora_share/generate.py exactly: row 0 of the
-// logits is taken at the last prompt position, row i (i >= 1) after feeding
+// Token generation, following lora_share/generate.py exactly: a prompt
+// longer than the program's prefill chunk is fed in calls of at most that
+// many tokens at positions 0, chunk, 2 * chunk, ...; row 0 of the logits is
+// taken at the last prompt position, row i (i >= 1) after feeding
 // generated token i; max_new_tokens tokens and rows come out, and the last
 // position used is len(prompt) + max_new_tokens - 2.
 #pragma once

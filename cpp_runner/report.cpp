@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include "json_writer.h"
 
 namespace lora_share {
@@ -56,12 +58,15 @@ std::string run_json(const Session& session, const Adapter& adapter,
   j.key("load_ms").value(session.load_ms);
   j.key("vocab_size").value(adapter.vocab_size());
   j.key("max_seq_len").value(adapter.max_seq_len());
+  j.key("prefill_chunk").value(adapter.prefill_chunk());
   j.key("loading").begin_object()
       .key("mode").value(session.mode)
       .key("weight_cache").value(session.xnnpack_state.weight_cache)
       .key("workspace_sharing_mode")
       .value(static_cast<int64_t>(session.xnnpack_state.workspace_sharing_mode))
       .key("packed_cache_warm").value(session.packed_cache_warm)
+      .key("arena").value(session.arena)
+      .key("planned_bytes").value(static_cast<int64_t>(session.planned_bytes))
       .end_object();
   j.key("ptd").value(session.ptd);
   j.key("shared_ptd");
@@ -110,18 +115,22 @@ void print_summary(std::FILE* out, const Session& session, const Adapter& adapte
                            ? ""
                            : ", shared adapter tensors from " + session.shared_ptd;
   std::fprintf(out,
-               "%s: %zu adapter(s) loaded (%s%s%s) in %.1f ms; adapter '%s' "
-               "generated %zu tokens\n",
-               session.mode.c_str(), session.adapters.size(),
+               "%s: %zu adapter(s) loaded (%s arena, %s%s%s) in %.1f ms; "
+               "adapter '%s' generated %zu tokens\n",
+               session.mode.c_str(), session.adapters.size(), session.arena.c_str(),
                session.xnnpack_state.weight_cache ? "weight cache on"
                                                   : "weight cache off",
                session.packed_cache_warm ? ", packed cache warm" : "",
                shared.c_str(), session.load_ms, adapter.name().c_str(),
                g.tokens.size());
-  std::fprintf(out, "prefill: %zu tokens in %.2f ms (%s tok/s); decode: %zu "
-                    "tokens in %.2f ms (%s tok/s)\n",
-               prompt.size(), g.prefill_ms, rate(g.prefill_tokens_per_s).c_str(),
-               g.tokens.size() - 1, g.decode_ms, rate(g.decode_tokens_per_s).c_str());
+  int64_t chunk = std::max<int64_t>(adapter.prefill_chunk(), 1);
+  int64_t calls = (static_cast<int64_t>(prompt.size()) + chunk - 1) / chunk;
+  std::fprintf(out, "prefill: %zu tokens in %lld call(s) of at most %lld, %.2f ms "
+                    "(%s tok/s); decode: %zu tokens in %.2f ms (%s tok/s)\n",
+               prompt.size(), static_cast<long long>(calls),
+               static_cast<long long>(chunk), g.prefill_ms,
+               rate(g.prefill_tokens_per_s).c_str(), g.tokens.size() - 1,
+               g.decode_ms, rate(g.decode_tokens_per_s).c_str());
   std::fprintf(out, "memory: PSS %.1f MiB (anon %.1f, file %.1f), RSS %.1f MiB "
                     "after load; PSS %.1f MiB, RSS %.1f MiB at end\n",
                mib(session.after_load.pss_kb), mib(session.after_load.anon_kb),

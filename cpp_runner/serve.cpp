@@ -1,5 +1,6 @@
 #include "serve.h"
 
+#include <cstdio>
 #include <string>
 
 #include "generate.h"
@@ -37,6 +38,12 @@ std::string answer(const Session& session, const Options& options,
 
 Status serve(const Session& session, const Options& options, std::istream& in,
              std::ostream& out) {
+  // On stderr, so answers stay one JSON line each on stdout: tells a client
+  // (and the benchmark, which reads memory right after) that loading is over.
+  std::fprintf(stderr, "ready: %zu adapter(s) loaded in %.1f ms (%s arena): %s\n",
+               session.adapters.size(), session.load_ms, session.arena.c_str(),
+               session.names().c_str());
+  std::fflush(stderr);
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "file_check.h"
+#include "shared_adapter.h"
 
 namespace lora_share {
 
@@ -19,6 +20,50 @@ std::string Session::names() const {
   for (const auto& a : adapters) out += (out.empty() ? "" : ", ") + a->name();
   return out;
 }
+
+namespace {
+
+Status load_stock_adapters(Session& session, const Options& options) {
+  session.arena = "module";
+  for (const std::string& pte : options.ptes) {
+    auto adapter = load_stock_adapter(pte, options.ptd, options.shared_ptd);
+    if (!adapter.ok()) return adapter.status();
+    session.adapters.push_back(std::move(adapter.value()));
+  }
+  return Status();
+}
+
+// Opens every program first, so that one arena can be sized to the largest
+// of them, then loads each forward method over it (planned_arena.h says why
+// sharing is correct). --private-arenas gives each program its own instead.
+Status load_shared_adapters(Session& session, const Options& options) {
+  std::vector<std::unique_ptr<SharedAdapter>> programs;
+  std::vector<std::vector<size_t>> sizes;
+  for (const std::string& pte : options.ptes) {
+    auto program = std::make_unique<SharedAdapter>();
+    Status s = program->open(pte);
+    if (!s.ok()) return s;
+    sizes.push_back(program->planned_sizes());
+    programs.push_back(std::move(program));
+  }
+  session.arena = options.private_arenas ? "private" : "shared";
+  for (size_t i = 0; i < programs.size(); ++i) {
+    if (options.private_arenas || i == 0) {
+      auto arena = PlannedArena::allocate(
+          options.private_arenas ? sizes[i] : PlannedArena::largest(sizes));
+      if (!arena.ok()) return arena.status();
+      session.planned_bytes += arena.value()->total_bytes();
+      session.arenas.push_back(std::move(arena.value()));
+    }
+    Status s = programs[i]->load_forward(*session.arenas.back(), *session.foundation,
+                                         session.xnnpack.load_options());
+    if (!s.ok()) return s;
+    session.adapters.push_back(std::move(programs[i]));
+  }
+  return Status();
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
   auto t0 = std::chrono::steady_clock::now();
@@ -70,15 +115,9 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
     if (!foundation.ok()) return foundation.status();
     session->foundation = std::move(foundation.value());
   }
-  for (const std::string& pte : options.ptes) {
-    auto adapter =
-        options.stock
-            ? load_stock_adapter(pte, options.ptd, options.shared_ptd)
-            : load_shared_adapter(pte, *session->foundation,
-                                  session->xnnpack.load_options());
-    if (!adapter.ok()) return adapter.status();
-    session->adapters.push_back(std::move(adapter.value()));
-  }
+  s = options.stock ? load_stock_adapters(*session, options)
+                    : load_shared_adapters(*session, options);
+  if (!s.ok()) return s;
   if (!options.packed_cache.empty()) {
     s = session->xnnpack.save_packed_cache();
     if (!s.ok()) return s;

@@ -11,6 +11,7 @@
 #include "flags.h"
 #include "foundation.h"
 #include "memory_stats.h"
+#include "planned_arena.h"
 #include "status.h"
 #include "xnnpack_options.h"
 
@@ -21,11 +22,16 @@ struct Session {
   // before the foundation they point into.
   XnnpackSettings xnnpack;
   std::unique_ptr<Foundation> foundation;  // null on the --stock path
+  // Planned memory of the adapters' forward methods (planned_arena.h): one
+  // for all, or one each with --private-arenas; none on the --stock path.
+  std::vector<std::unique_ptr<PlannedArena>> arenas;
   std::vector<std::unique_ptr<Adapter>> adapters;
 
   std::string ptd;         // --ptd, as given
   std::string shared_ptd;  // --shared-ptd, as given ("" = none)
   std::string mode;        // "shared" or "stock"
+  std::string arena;       // "shared", "private" or "module" (stock: each Module its own)
+  size_t planned_bytes = 0;  // planned memory the runner allocated for forward
   XnnpackState xnnpack_state;
   bool packed_cache_warm = false;  // the cache file held data before loading
   double load_ms = 0;

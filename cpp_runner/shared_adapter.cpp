@@ -1,23 +1,12 @@
-// The shared loading path: each adapter program is loaded by hand (Program +
-// Method) so that all of them resolve their external weights against the ONE
-// foundation map opened in main, and so that their planned memory (the KV
-// cache) is allocated here, zero-initialised and lazily backed by the kernel.
-#include <executorch/extension/data_loader/mmap_data_loader.h>
-#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
-#include <executorch/runtime/core/hierarchical_allocator.h>
-#include <executorch/runtime/executor/memory_manager.h>
-#include <executorch/runtime/executor/method.h>
-#include <executorch/runtime/executor/program.h>
+#include "shared_adapter.h"
 
 #include <chrono>
-#include <cstdlib>
 #include <set>
 
-#include "adapter.h"
-#include "forward_io.h"
 #include "et_platform.h"
 #include "file_check.h"
 #include "flags.h"
+#include "forward_io.h"
 
 namespace lora_share {
 namespace {
@@ -34,79 +23,40 @@ using executorch::runtime::Program;
 using executorch::runtime::Result;
 using executorch::runtime::Span;
 
-// Memory for one loaded method: its allocators and its planned buffers.
-// calloc gives zeroed memory that the kernel only backs once touched, so a
-// long max_seq_len costs address space, not RSS, until positions are used.
-struct MethodMemory {
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  MallocMemoryAllocator method_allocator;
-  MallocMemoryAllocator temp_allocator;
-  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> buffers;
-  std::vector<Span<uint8_t>> spans;
-  std::unique_ptr<HierarchicalAllocator> planned;
-  std::unique_ptr<MemoryManager> manager;
-
-  Status allocate(const Program& program, const char* method_name) {
-    auto meta = program.method_meta(method_name);
-    if (!meta.ok())
-      return Status::failure(std::string("the program has no method '") +
-                             method_name + "'");
-    for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
-      int64_t size = meta->memory_planned_buffer_size(i).get();
-      auto* p = static_cast<uint8_t*>(std::calloc(size > 0 ? size : 1, 1));
-      if (p == nullptr)
-        return Status::failure("out of memory allocating " +
-                               std::to_string(size) + " bytes of planned memory");
-      buffers.emplace_back(p);
-      spans.emplace_back(p, static_cast<size_t>(size));
-    }
-    planned = std::make_unique<HierarchicalAllocator>(
-        Span<Span<uint8_t>>(spans.data(), spans.size()));
-    manager = std::make_unique<MemoryManager>(&method_allocator, planned.get(),
-                                              &temp_allocator);
-    return Status();
-  }
-};
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now() - t0)
       .count();
 }
 
-class SharedAdapter final : public Adapter {
- public:
-  Status load(const std::string& pte, const Foundation& foundation,
-              const LoadBackendOptionsMap* backend_options);
+// The sizes of `method_name`'s planned buffers, in memory-id order.
+StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program,
+                                                   const char* method_name) {
+  auto meta = program.method_meta(method_name);
+  if (!meta.ok())
+    return Status::failure(std::string("the program has no method '") +
+                           method_name + "'");
+  std::vector<size_t> sizes;
+  for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
+    int64_t size = meta->memory_planned_buffer_size(i).get();
+    sizes.push_back(size > 0 ? static_cast<size_t>(size) : 0);
+  }
+  return sizes;
+}
 
-  Status step(const std::vector<int64_t>& tokens, int64_t pos,
-              std::vector<float>* logits) override;
+}  // namespace
 
- private:
-  StatusOr<int64_t> run_constant_method(const char* method_name);
-  Status explain_load_failure(Error error, const Foundation& foundation);
+MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
+    : planned(planned_buffers),
+      manager(&method_allocator, &planned, &temp_allocator) {}
 
-  // Declaration order is destruction order in reverse: the method goes
-  // first, then its memory, then the program, then the file mapping.
-  std::unique_ptr<MmapDataLoader> loader_;
-  std::unique_ptr<Program> program_;
-  std::unique_ptr<KeyRecordingDataMap> data_map_;
-  MethodMemory memory_;
-  std::unique_ptr<Method> forward_;
-};
-
-Status SharedAdapter::load(const std::string& pte, const Foundation& foundation,
-                           const LoadBackendOptionsMap* backend_options) {
+Status SharedAdapter::open(const std::string& pte) {
   auto t0 = std::chrono::steady_clock::now();
   name_ = adapter_name_of(pte);
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;
-  set_phase("loading " + pte + " against " +
-            describe_data_files(foundation.path(), foundation.shared_path()) +
-            " (do they come from the same export?)");
+  set_phase("opening " + pte);
 
   Result<MmapDataLoader> loader =
       MmapDataLoader::from(pte.c_str(), MmapDataLoader::MlockConfig::NoMlock);
@@ -129,31 +79,54 @@ Status SharedAdapter::load(const std::string& pte, const Foundation& foundation,
   if (!max_seq_len.ok()) return max_seq_len.status();
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
+  // Exports from before prefill chunks took a whole context per call.
+  prefill_chunk_ = max_seq_len_;
+  if (program_->method_meta("get_prefill_chunk").ok()) {
+    auto chunk = run_constant_method("get_prefill_chunk");
+    if (!chunk.ok()) return chunk.status();
+    prefill_chunk_ = chunk.value();
+  }
+  auto sizes = planned_buffer_sizes(*program_, "forward");
+  if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
+  planned_sizes_ = std::move(sizes.value());
+  load_ms_ += ms_since(t0);
+  return Status();
+}
 
-  Status mem = memory_.allocate(*program_, "forward");
-  if (!mem.ok()) return Status::failure(pte + ": " + mem.message());
+Status SharedAdapter::load_forward(PlannedArena& arena, const Foundation& foundation,
+                                   const LoadBackendOptionsMap* backend_options) {
+  auto t0 = std::chrono::steady_clock::now();
+  set_phase("loading " + pte_path_ + " against " +
+            describe_data_files(foundation.path(), foundation.shared_path()) +
+            " (do they come from the same export?)");
+  if (!arena.holds(planned_sizes_))
+    return Status::failure(pte_path_ + ": its planned memory does not fit the arena");
+  memory_ = std::make_unique<MethodMemory>(arena.spans(planned_sizes_.size()));
   // No foundation (no --ptd): the program's own named data is all there is.
   if (foundation.data_map() != nullptr)
     data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
   clear_last_runtime_error();
   Result<Method> method =
-      program_->load_method("forward", memory_.manager.get(),
+      program_->load_method("forward", &memory_->manager,
                             /*event_tracer=*/nullptr, data_map_.get(),
                             backend_options);
   if (!method.ok()) return explain_load_failure(method.error(), foundation);
   forward_ = std::make_unique<Method>(std::move(method.get()));
-  load_ms_ = ms_since(t0);
-  set_phase("running " + pte);
+  load_ms_ += ms_since(t0);
+  set_phase("running " + pte_path_);
   return Status();
 }
 
 StatusOr<int64_t> SharedAdapter::run_constant_method(const char* method_name) {
   std::string what = pte_path_ + ": " + method_name + "()";
-  MethodMemory memory;
-  Status mem = memory.allocate(*program_, method_name);
-  if (!mem.ok()) return Status::failure(pte_path_ + ": " + mem.message() +
-                                        " (the export contract requires it)");
-  Result<Method> method = program_->load_method(method_name, memory.manager.get());
+  // A constant method's planned memory is its own, for this one call.
+  auto sizes = planned_buffer_sizes(*program_, method_name);
+  if (!sizes.ok()) return Status::failure(pte_path_ + ": " + sizes.status().message() +
+                                          " (the export contract requires it)");
+  auto arena = PlannedArena::allocate(sizes.value());
+  if (!arena.ok()) return arena.status();
+  MethodMemory memory(arena.value()->spans(sizes->size()));
+  Result<Method> method = program_->load_method(method_name, &memory.manager);
   if (!method.ok())
     return Status::failure(what + " could not be loaded (" +
                            executorch::runtime::to_string(method.error()) + ")");
@@ -208,10 +181,10 @@ Status SharedAdapter::explain_load_failure(Error error,
 
 Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                            std::vector<float>* logits) {
-  ForwardInputs in(tokens, &pos);
+  ForwardInputs in(tokens, pos);
   std::string what = pte_path_ + ": forward";
   if (forward_->set_input(EValue(*in.tokens), 0) != Error::Ok ||
-      forward_->set_input(EValue(*in.input_pos), 1) != Error::Ok)
+      forward_->set_input(EValue(*in.cache_positions), 1) != Error::Ok)
     return Status::failure(what + " rejected its inputs (" + last_runtime_error() + ")");
   Error err = forward_->execute();
   if (err != Error::Ok)
@@ -221,17 +194,6 @@ Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
   if (forward_->outputs_size() < 1)
     return Status::failure(what + " returned nothing");
   return logits_from_output(forward_->get_output(0), vocab_size_, what, logits);
-}
-
-}  // namespace
-
-StatusOr<std::unique_ptr<Adapter>> load_shared_adapter(
-    const std::string& pte, const Foundation& foundation,
-    const LoadBackendOptionsMap* backend_options) {
-  auto adapter = std::make_unique<SharedAdapter>();
-  Status s = adapter->load(pte, foundation, backend_options);
-  if (!s.ok()) return s;
-  return std::unique_ptr<Adapter>(std::move(adapter));
 }
 
 }  // namespace lora_share

@@ -69,6 +69,14 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd,
   if (!max_seq_len.ok()) return max_seq_len.status();
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
+  // Exports from before prefill chunks took a whole context per call.
+  prefill_chunk_ = max_seq_len_;
+  auto methods = module_->method_names();
+  if (methods.ok() && methods->count("get_prefill_chunk")) {
+    auto chunk = run_constant_method("get_prefill_chunk");
+    if (!chunk.ok()) return chunk.status();
+    prefill_chunk_ = chunk.value();
+  }
   load_ms_ = std::chrono::duration<double, std::milli>(
                  std::chrono::steady_clock::now() - t0)
                  .count();
@@ -87,10 +95,10 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
 
 Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                           std::vector<float>* logits) {
-  ForwardInputs in(tokens, &pos);
+  ForwardInputs in(tokens, pos);
   std::string what = pte_path_ + ": forward";
   auto out = module_->execute(
-      "forward", std::vector<EValue>{EValue(*in.tokens), EValue(*in.input_pos)});
+      "forward", std::vector<EValue>{EValue(*in.tokens), EValue(*in.cache_positions)});
   if (!out.ok())
     return Status::failure(what + " failed (" +
                            executorch::runtime::to_string(out.error()) + ": " +

@@ -147,6 +147,8 @@ def test_json_report(runner_bin, tiny_build):
             assert isinstance(mem[key], int) and mem[key] > 0, (when, key)
         assert mem["pss_kb"] <= mem["rss_kb"]
     assert out["loading"]["mode"] == "shared" and out["loading"]["weight_cache"] is True
+    assert out["loading"]["arena"] == "shared" and out["loading"]["planned_bytes"] > 0
+    assert 1 <= out["prefill_chunk"] <= out["max_seq_len"]
     assert [a["name"] for a in out["adapters"]] == list(tiny_build.ptes)
 
 
@@ -167,7 +169,8 @@ def test_help_lists_every_flag_with_default(runner_bin):
     proc = run_runner(runner_bin, "--help")
     assert proc.returncode == 0
     for flag in ("--pte", "--ptd", "--tokens", "--max-new-tokens", "--temperature", "--seed", "--adapter",
-                 "--serve", "--dump-logits", "--json", "--packed-cache", "--no-weight-cache", "--stock"):
+                 "--serve", "--dump-logits", "--json", "--packed-cache", "--no-weight-cache", "--stock",
+                 "--private-arenas"):
         line = next((l for l in proc.stdout.splitlines() if l.strip().startswith(flag + " ")
                      or l.strip() == flag), None)
         assert line is not None and "[default:" in line, flag
