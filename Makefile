@@ -8,7 +8,7 @@ RUNNER := build/runner
 CONFIG ?= configs/llama_adapters.yaml
 OUT ?= out/llama_adapters
 
-.PHONY: all setup runner demo test bench clean system-deps
+.PHONY: all setup runner demo test bench bench-scale clean system-deps
 
 all: setup runner
 
@@ -53,6 +53,12 @@ test: setup runner
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner
 	$(VENV)/bin/lora-share bench $(CONFIG)
+
+# SmolLM-135M's shape at a 2,048-token context, fp32 and 8da4w: memory with 1, 2, 4, 8 adapters served
+# (shared arena vs private arenas vs one process each), prefill and decode speed, load and export time.
+# The builds are kept in out/bench_scale and reused while nothing changed.
+bench-scale: setup runner
+	$(VENV)/bin/lora-share bench-scale
 
 clean:
 	rm -rf build out .pytest_cache

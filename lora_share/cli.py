@@ -18,6 +18,7 @@ EPILOG = """examples:
   lora-share inspect out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
   lora-share verify --pte out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
   lora-share bench configs/llama_adapters.yaml
+  lora-share bench-scale
 """
 SHARED_HELP = ("the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
                "adapter that reads tensors it shares with other adapters from there")
@@ -118,6 +119,12 @@ def _cmd_bench(ns) -> int:
     return run_from_args(ns, "lora-share bench " + " ".join(sys.argv[2:]))
 
 
+def _cmd_bench_scale(ns) -> int:
+    from .bench.scale import run_from_args
+
+    return run_from_args(ns, "lora-share bench-scale " + " ".join(sys.argv[2:]))
+
+
 def _cmd_schema(ns) -> int:
     from .config import config_json_schema
 
@@ -205,6 +212,17 @@ def parser() -> argparse.ArgumentParser:
 
     add_arguments(bn, config_option=False)
     bn.set_defaults(func=_cmd_bench)
+
+    bs = sub.add_parser("bench-scale", help="memory and speed at SmolLM-135M's shape with a 2,048-token context: "
+                                            "shared arena vs private arenas vs one process per adapter",
+                        epilog="examples:\n  lora-share bench-scale                 # = make bench-scale; about 35 min "
+                               "the first time (3 exports), 15 min after; writes benchmarks/results/bench_scale.{json,md}\n"
+                               "  lora-share bench-scale --shape tiny --out /tmp/scale   # every step on a tiny shape",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .bench.scale import add_arguments as add_scale_arguments
+
+    add_scale_arguments(bs)
+    bs.set_defaults(func=_cmd_bench_scale)
 
     s = sub.add_parser("schema", help="print the config's JSON Schema")
     s.set_defaults(func=_cmd_schema)

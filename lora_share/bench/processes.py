@@ -48,9 +48,23 @@ class Server:
             cmd += ["--pte", str(pte)]
         cmd += ["--serve", "--max-new-tokens", str(max_new_tokens), *extra]
         self.cmd, self.names = cmd, [Path(p).stem for p in ptes]
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._stderr = tempfile.NamedTemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      text=True, bufsize=1)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 600.0) -> None:
+        """Until the runner says every program is loaded (its ``ready:`` line on stderr)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.stderr_text()
+            if "ready:" in text:
+                return
+            if self.proc.poll() is not None:
+                raise BenchError(f"{' '.join(self.cmd)} exited ({self.proc.returncode}): {text.strip()}")
+            time.sleep(0.02)
+        self.close()
+        raise BenchError(f"{' '.join(self.cmd)}: not ready after {timeout:.0f} s")
 
     def ask(self, name: str, tokens: list[int]) -> tuple[dict, float]:
         """(the answer, wall-clock seconds from sending the line to reading the answer)."""
@@ -63,12 +77,17 @@ class Server:
             line = ""
         seconds = time.perf_counter() - t0
         if not line:
-            self._stderr.seek(0)
-            raise BenchError(f"{' '.join(self.cmd)} exited ({self.proc.poll()}): {self._stderr.read().strip()}")
+            raise BenchError(f"{' '.join(self.cmd)} exited ({self.proc.poll()}): {self.stderr_text().strip()}")
         answer = json.loads(line)
         if "error" in answer:
             raise BenchError(f"{' '.join(self.cmd)}: request for {name} failed: {answer['error']}")
         return answer, seconds
+
+    def stderr_text(self) -> str:
+        """What the runner wrote to stderr so far (read through a handle of our own: the runner
+        writes through the file's shared offset, which seeking ours would move)."""
+        with open(self._stderr.name) as f:
+            return f.read()
 
     def warm(self, tokens: list[int]) -> None:
         """Load is over and every program has run once."""

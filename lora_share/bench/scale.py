@@ -1,0 +1,370 @@
+"""The scale benchmark: SmolLM-135M's shape at a 2,048-token context, where planned memory and
+attention cost show (the default config's 28 M parameters and 128 tokens hide both).
+
+    make bench-scale                      # = lora-share bench-scale; writes benchmarks/results/bench_scale.*
+    lora-share bench-scale --shape tiny --out /tmp/scale   # the same steps on a tiny shape, in a minute
+
+Three builds of one synthetic foundation, made once in ``--workdir`` and reused by later runs while
+nothing changed (``lora-share build`` keeps unchanged outputs; the export time of the build that
+exported is kept beside it): fp32 and 8da4w foundations at the full context with 8 rank-8 q/v
+adapters (one export, the rest substituted), and fp32 at a 128-token context with one adapter,
+the yardstick for what the long context costs a decoded token.
+
+Memory, for N = 1, 2, 4, 8 adapters of each full-context build: PSS right after load and after every
+adapter has served one request of 1,000 prompt tokens + 64 new ones, in three set-ups: one runner
+process with one planned-memory arena for all programs (lora-share's default), one process with an
+arena per program (``--private-arenas``), and N runner processes with one adapter each (summed PSS).
+
+Speed, in one process per build, requests interleaved across builds so the machine's noise hits all
+alike (median of ``--repeats``): prefill tokens/s of the 1,000-token prompt, decode tokens/s at
+position about 10 and about 1,000; load time of the first and of a further adapter; export time.
+
+The checks printed at the end (exit status 1 if a memory or an fp32 ratio check fails; the absolute
+speed targets hold on an otherwise idle machine and are printed, not enforced):
+- every adapter after the first adds at most 1.2 x its .pte + 4 MiB of PSS (shared arena, all served);
+- one adapter's PSS after its request minus after load is at most its KV cache's bytes + 32 MiB;
+- fp32 decode at position ~1,000 runs at >= 0.8 x the speed at ~10 (reported for 8da4w too), and
+  decode at ~10 with the full context at >= 0.8 x the 128-token context's;
+- targets: fp32 decode at ~10 >= 35 tokens/s, prefill of 1,000 tokens >= 300 tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from ..bench_memory import PTE_FACTOR, SLACK_BYTES, BenchError
+from ..errors import UserError
+from . import processes
+from .run import _Progress, _git, _machine, _prompt
+
+MIB = 1024 * 1024
+KV_SLACK_BYTES = 32 * MIB
+DECODE_RATIO = 0.8
+TARGET_DECODE = 35.0
+TARGET_PREFILL = 300.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A synthetic foundation and the request sizes measured on it."""
+
+    foundation: dict
+    context: int
+    short_context: int
+    prefill_chunk: int
+    prompt_tokens: int
+    new_tokens: int
+    speed_new_tokens: int  # decode steps timed per speed request (+1)
+    near_start: int  # prompt length of the "position about 10" request
+
+
+SHAPES = {
+    "smollm-135m": Shape(
+        foundation={"dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "hidden_dim": 1536,
+                    "vocab_size": 49152, "tie_embeddings": True, "seed": 0},
+        context=2048, short_context=128, prefill_chunk=128, prompt_tokens=1000, new_tokens=64,
+        speed_new_tokens=33, near_start=10),
+    "tiny": Shape(
+        foundation={"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
+                    "vocab_size": 256, "tie_embeddings": True, "seed": 0},
+        context=64, short_context=24, prefill_chunk=8, prompt_tokens=40, new_tokens=8,
+        speed_new_tokens=5, near_start=4),
+}
+ADAPTER = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+VARIANTS = ("fp32", "8da4w")
+
+
+def _variant_foundation(shape: Shape, variant: str, context: int) -> dict:
+    out = {"synthetic": shape.foundation, "max_seq_len": context, "prefill_chunk": shape.prefill_chunk}
+    if variant == "8da4w":
+        out["quantize"] = {"scheme": "8da4w"}
+    return out
+
+
+@dataclass
+class Deployment:
+    name: str
+    ptd: Path
+    ptes: list[Path]
+    manifest: dict
+    export_s: float  # seconds of the one export the build needed (kept from the run that made it)
+
+
+def build_variant(folder: Path, name: str, foundation: dict, adapters: int, quiet: bool) -> Deployment:
+    """Build (or reuse, when nothing changed) one deployment in ``folder``."""
+    from ..builder import build
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "output_dir": "out", "foundation": foundation,
+        "adapters": [{"name": f"a{i + 1}", "synthetic": {**ADAPTER, "seed": i + 1}} for i in range(adapters)],
+    }, sort_keys=False))
+    manifest = build(config, quiet=quiet)
+    out, record = folder / "out", folder / "export_time.json"
+    exported = [a["seconds"] for a in manifest["adapters"] if a["produced"] == "exported"]
+    if exported:
+        record.write_text(json.dumps({"export_s": exported[0], "signature": manifest["adapters"][0]["signature"]}))
+    saved = json.loads(record.read_text()) if record.is_file() else {}
+    return Deployment(name, out / "foundation.ptd", [out / a["file"] for a in manifest["adapters"]], manifest,
+                      saved.get("export_s", float("nan")))
+
+
+def kv_cache_bytes(args: dict) -> int:
+    """Bytes of one program's fp32 KV cache: keys and values of every layer for every context slot."""
+    return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * 4
+
+
+def _serve_all(server: processes.Server, names: list[str], prompt: list[int]) -> list[dict]:
+    return [server.ask(name, prompt)[0] for name in names]
+
+
+def memory_rows(runner: Path, d: Deployment, counts: list[int], prompt: list[int], new_tokens: int) -> list[dict]:
+    """PSS (kB) after load and after every adapter served ``prompt``, for each N and set-up."""
+    rows = []
+    for n in counts:
+        ptes, names = d.ptes[:n], [p.stem for p in d.ptes[:n]]
+        row = {"adapters": n}
+        for mode, extra in (("shared", []), ("private", ["--private-arenas"])):
+            with processes.Server(runner, ptes, d.ptd, extra, max_new_tokens=new_tokens) as server:
+                loaded = server.memory()
+                _serve_all(server, names, prompt)
+                row[mode] = {"after_load": loaded, "served": server.memory()}
+        with ExitStack() as stack:
+            servers = [stack.enter_context(processes.Server(runner, [p], d.ptd, max_new_tokens=new_tokens))
+                       for p in ptes]
+            loaded = processes.sum_memory([s.memory() for s in servers])
+            for server, name in zip(servers, names):
+                server.ask(name, prompt)
+            row["processes"] = {"after_load": loaded, "served": processes.sum_memory([s.memory() for s in servers])}
+        rows.append(row)
+    return rows
+
+
+def speed_rows(runner: Path, deployments: list[Deployment], short: Deployment, shape: Shape, repeats: int) -> dict:
+    """Median prefill and decode speeds per deployment; every request of a round goes to each in turn."""
+    vocab = shape.foundation["vocab_size"]
+    near, far = _prompt(shape.near_start, vocab), _prompt(shape.prompt_tokens, vocab)
+    with ExitStack() as stack:
+        servers = {d.name: stack.enter_context(processes.Server(runner, d.ptes[:1], d.ptd,
+                                                                max_new_tokens=shape.speed_new_tokens))
+                   for d in [*deployments, short]}
+        first = {d.name: d.ptes[0].stem for d in [*deployments, short]}
+        for name, server in servers.items():  # the first request touches every page: not timed
+            server.ask(first[name], near)
+        samples = {name: {"near": [], "far": []} for name in servers}
+        for _ in range(repeats):
+            for name, server in servers.items():
+                samples[name]["near"].append(server.ask(first[name], near)[0])
+                if name != short.name:
+                    samples[name]["far"].append(server.ask(first[name], far)[0])
+
+    def median(answers, key):
+        return round(statistics.median(a[key] for a in answers), 1)
+
+    out = {}
+    for name, s in samples.items():
+        out[name] = {"decode_near_tokens_per_s": median(s["near"], "decode_tokens_per_s")}
+        if s["far"]:
+            out[name].update({"prefill_tokens_per_s": median(s["far"], "prefill_tokens_per_s"),
+                              "decode_far_tokens_per_s": median(s["far"], "decode_tokens_per_s")})
+    return out
+
+
+def checks(result: dict) -> list[dict]:
+    """Every check of the module docstring: what, measured, limit, whether enforced, passed."""
+    rows = []
+
+    def add(what, measured, limit, ok, enforced=True):
+        rows.append({"check": what, "measured": measured, "limit": limit, "ok": bool(ok), "enforced": enforced})
+
+    for v in result["variants"]:
+        name, mem = v["name"], v["memory"]
+        one = mem[0]
+        for row in mem[1:]:
+            extra = row["adapters"] - one["adapters"]
+            grew = (row["shared"]["served"]["pss_kb"] - one["shared"]["served"]["pss_kb"]) * 1024 / extra
+            bound = PTE_FACTOR * v["pte_bytes"] + SLACK_BYTES
+            add(f"{name}: PSS per adapter after the first, {row['adapters']} served (shared arena)",
+                f"{grew / MIB:.1f} MiB", f"{bound / MIB:.1f} MiB", grew <= bound)
+        growth = (one["shared"]["served"]["pss_kb"] - one["shared"]["after_load"]["pss_kb"]) * 1024
+        add(f"{name}: one adapter's PSS growth from load to served", f"{growth / MIB:.1f} MiB",
+            f"KV {v['kv_cache_bytes'] / MIB:.1f} + 32 MiB", growth <= v["kv_cache_bytes"] + KV_SLACK_BYTES)
+        sp = v["speed"]
+        # Enforced for fp32, the issue's figure; reported for 8da4w, whose 4x smaller weights leave
+        # attention's per-slot cost a larger share of a decoded token.
+        add(f"{name}: decode at ~{result['shape']['prompt_tokens']} / decode at ~{result['shape']['near_start']}",
+            f"{sp['decode_far_tokens_per_s'] / sp['decode_near_tokens_per_s']:.2f}", f">= {DECODE_RATIO}",
+            sp["decode_far_tokens_per_s"] >= DECODE_RATIO * sp["decode_near_tokens_per_s"], enforced=name == "fp32")
+    fp32 = next((v for v in result["variants"] if v["name"] == "fp32"), None)
+    if fp32 is not None:
+        short, sp = result["short_context"]["speed"], fp32["speed"]
+        add(f"fp32: decode at ~{result['shape']['near_start']}, context {result['shape']['context']} / "
+            f"context {result['shape']['short_context']}",
+            f"{sp['decode_near_tokens_per_s'] / short['decode_near_tokens_per_s']:.2f}", f">= {DECODE_RATIO}",
+            sp["decode_near_tokens_per_s"] >= DECODE_RATIO * short["decode_near_tokens_per_s"])
+        add(f"fp32: decode tokens/s at ~{result['shape']['near_start']} (target, idle machine)",
+            f"{sp['decode_near_tokens_per_s']:.1f}",
+            f">= {TARGET_DECODE:.0f}", sp["decode_near_tokens_per_s"] >= TARGET_DECODE, enforced=False)
+        add(f"fp32: prefill tokens/s of {result['shape']['prompt_tokens']} tokens (target, idle machine)",
+            f"{sp['prefill_tokens_per_s']:.1f}", f">= {TARGET_PREFILL:.0f}",
+            sp["prefill_tokens_per_s"] >= TARGET_PREFILL, enforced=False)
+    return rows
+
+
+def run_scale(shape_name: str, variants: list[str], counts: list[int], runner: Path, workdir: Path,
+              repeats: int, quiet: bool = False) -> dict:
+    """Build (or reuse) the deployments, measure them, return the result dict."""
+    shape = SHAPES[shape_name]
+    if not runner.is_file():
+        raise UserError(f"{runner}: no such runner (build it with `make runner`)")
+    progress = _Progress(quiet)
+    deployments = []
+    for variant in variants:
+        with progress.step(f"build_{variant}", f"{variant}: build of {counts[-1]} adapters, context {shape.context}"):
+            deployments.append(build_variant(workdir / variant, variant,
+                                             _variant_foundation(shape, variant, shape.context), counts[-1], True))
+    with progress.step("build_short", f"fp32: build of 1 adapter, context {shape.short_context}"):
+        short = build_variant(workdir / f"fp32_ctx{shape.short_context}", f"fp32_ctx{shape.short_context}",
+                              _variant_foundation(shape, "fp32", shape.short_context), 1, True)
+    prompt = _prompt(shape.prompt_tokens, shape.foundation["vocab_size"])
+    result_variants = []
+    for d in deployments:
+        with progress.step(f"memory_{d.name}", f"{d.name}: memory for {counts} adapters, 3 set-ups"):
+            memory = memory_rows(runner, d, counts, prompt, shape.new_tokens)
+        with progress.step(f"load_{d.name}", f"{d.name}: load times"):
+            load = processes.load_times(runner, d.ptd, d.ptes[:2], [], repeats)
+        args = d.manifest["foundation"]["args"]
+        result_variants.append({
+            "name": d.name, "ptd_bytes": d.manifest["foundation"]["size"],
+            "pte_bytes": max(p.stat().st_size for p in d.ptes), "kv_cache_bytes": kv_cache_bytes(args),
+            "export_s": d.export_s, "memory": memory, "load": load})
+    with progress.step("speed", f"speed: {repeats} rounds over {len(deployments) + 1} programs"):
+        speed = speed_rows(runner, deployments, short, shape, repeats)
+    for v in result_variants:
+        v["speed"] = speed[v["name"]]
+    result = {
+        "format": "lora-share-bench-scale", "version": 1,
+        "machine": _machine(), "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "shape": {"name": shape_name, **shape.__dict__}, "counts": counts, "repeats": repeats,
+        "adapter": ADAPTER, "variants": result_variants,
+        "short_context": {"name": short.name, "export_s": short.export_s, "speed": speed[short.name]},
+        "steps_s": progress.steps,
+    }
+    result["checks"] = checks(result)
+    result["total_s"] = round(time.perf_counter() - progress.t0, 1)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+def _mib(kb: int) -> str:
+    return f"{kb / 1024:.1f}"
+
+
+def markdown(result: dict) -> str:
+    s = result["shape"]
+    lines = [f"# lora-share scale benchmark: {s['name']} shape, context {s['context']}", "",
+             f"{result['date']}, commit {result['commit']}{' (dirty)' if result['dirty'] else ''}, "
+             f"{result['machine']['cpu']}, {result['machine'].get('cpus', '?')} CPUs. "
+             f"Requests: {s['prompt_tokens']} prompt tokens + {s['new_tokens']} new; prefill chunk "
+             f"{s['prefill_chunk']}. Command: `{result.get('command', 'lora-share bench-scale')}`.", ""]
+    for v in result["variants"]:
+        lines += [f"## {v['name']}: foundation.ptd {v['ptd_bytes'] / 1e6:.1f} MB, adapter .pte "
+                  f"{v['pte_bytes'] / 1e6:.2f} MB, KV cache {v['kv_cache_bytes'] / MIB:.1f} MiB per program", "",
+                  "PSS in MiB (one process, shared arena | one process, an arena per program | "
+                  "one process per adapter, summed):", "",
+                  "| adapters | shared: loaded | shared: served | private: loaded | private: served | "
+                  "processes: loaded | processes: served |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in v["memory"]:
+            lines.append(f"| {r['adapters']} | " + " | ".join(
+                _mib(r[m][k]["pss_kb"]) for m in ("shared", "private", "processes") for k in ("after_load", "served"))
+                + " |")
+        sp, ld = v["speed"], v["load"]
+        lines += ["", f"Prefill of {s['prompt_tokens']} tokens: {sp['prefill_tokens_per_s']} tokens/s; decode at "
+                      f"position ~{s['near_start']}: {sp['decode_near_tokens_per_s']} tokens/s, at ~"
+                      f"{s['prompt_tokens']}: {sp['decode_far_tokens_per_s']} tokens/s. Load: first adapter "
+                      f"{ld['first_ms']:.0f} ms, a further one {ld['further_median_ms'] or 0:.1f} ms. "
+                      f"Export: {v['export_s']:.0f} s.", ""]
+    sh = result["short_context"]
+    lines += [f"Context {s['short_context']} (fp32, same shape): decode at ~{s['near_start']}: "
+              f"{sh['speed']['decode_near_tokens_per_s']} tokens/s; export {sh['export_s']:.0f} s.", "",
+              "## Checks", "", "| check | measured | limit | |", "|---|---:|---:|---|"]
+    for c in result["checks"]:
+        verdict = ("ok" if c["ok"] else "FAIL") + ("" if c["enforced"] else " (not enforced)")
+        lines.append(f"| {c['check']} | {c['measured']} | {c['limit']} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(result: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("bench_scale.json", json.dumps(result, indent=2) + "\n"),
+                       ("bench_scale.md", markdown(result))):
+        path = out_dir / name
+        tmp = path.with_name(name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", choices=list(SHAPES), default="smollm-135m",
+                   help="the foundation's shape and request sizes (default smollm-135m; tiny for a smoke run)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="foundations to measure: fp32, 8da4w or both "
+                                                                  "(default fp32,8da4w)")
+    p.add_argument("--counts", default="1,2,4,8", help="adapter counts, increasing (default 1,2,4,8)")
+    p.add_argument("--repeats", type=int, default=3, help="speed rounds and load starts, medians (default 3)")
+    p.add_argument("--workdir", help="where the builds are kept and reused (default out/bench_scale[_SHAPE])")
+    p.add_argument("--out", default="benchmarks/results", help="results folder (default benchmarks/results)")
+    p.add_argument("--runner", default="build/runner", help="the C++ runner (default build/runner)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def run_from_args(ns, command: str) -> int:
+    variants = [v.strip() for v in ns.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise UserError(f"--variants {ns.variants!r}: choose from {', '.join(VARIANTS)}")
+    try:
+        counts = [int(c) for c in ns.counts.split(",") if c.strip()]
+    except ValueError:
+        raise UserError(f"--counts {ns.counts!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+    if not counts or counts != sorted(set(counts)) or counts[0] != 1:
+        raise UserError(f"--counts {ns.counts!r}: give increasing adapter counts starting at 1, e.g. 1,2,4,8")
+    if ns.repeats < 1:
+        raise UserError("--repeats must be at least 1")
+    suffix = "" if ns.shape == "smollm-135m" else f"_{ns.shape}"
+    workdir = Path(ns.workdir or f"out/bench_scale{suffix}").resolve()
+    try:
+        result = run_scale(ns.shape, variants, counts, Path(ns.runner), workdir, ns.repeats, ns.quiet)
+    except BenchError as e:
+        from .run import BenchFailed
+
+        raise BenchFailed(str(e)) from None
+    result["command"] = command
+    written = write_results(result, Path(ns.out))
+    print(markdown(result))
+    if not ns.quiet:
+        print(f"wrote {', '.join(map(str, written))} in {result['total_s'] / 60:.1f} min", file=sys.stderr)
+    return 0 if all(c["ok"] for c in result["checks"] if c["enforced"]) else 1
