@@ -2,7 +2,9 @@
 
 An adapter becomes ``{(layer, target): (A [r, in], B [out, r])}`` with the LoRA
 scale folded into B, so the exported graph is ``x W^T + (x A^T) B^T`` and its
-shape depends only on ranks and targets.
+shape depends only on ranks and targets. A PEFT LoRA on a fused linear (Phi-3's
+``qkv_proj``, ``gate_up_proj``) is LoRA on each linear it holds, with the same A
+and B split by rows: ``x A^T B^T`` restricted to those rows.
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ import torch
 
 from .config import AdapterConfig, SyntheticAdapter
 from .errors import UserError
+from .families import ATTN, hf_linears
 from .files import sha256_file
 from .foundation import _read_json, read_safetensors
 from .model import LORA_TARGETS, LoraSpec, ModelArgs
-
-ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 # PEFT LoraConfig fields that change the math and that lora-share does not implement,
 # with the value that means "off". Anything else set on them is refused, never ignored.
@@ -38,6 +39,9 @@ _UNSUPPORTED = {
     "megatron_config": (None,),
     "alora_invocation_tokens": (None, []),
     "arrow_config": (None,),
+    "kasa_config": (None,),
+    "monteclora_config": (None,),
+    "use_bdlora": (None,),
 }
 
 
@@ -132,7 +136,7 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
             bad(key, f"{json.dumps(cfg[key])} changes the adapter's math and is not supported by lora-share; "
                      f"retrain without it (supported: {json.dumps(off[0])})")
     if cfg.get("layers_pattern") not in (None, "", "layers", ["layers"]):
-        bad("layers_pattern", f"{cfg['layers_pattern']!r} is not supported (llama layers are 'layers')")
+        bad("layers_pattern", f"{cfg['layers_pattern']!r} is not supported (every family's layers are 'layers')")
     if not isinstance(cfg.get("r"), int) or cfg["r"] < 1:
         bad("r", "missing or not a positive integer")
     if not cfg.get("target_modules"):
@@ -145,36 +149,39 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
     if not weights_path.is_file():
         raise UserError(f"{folder}: adapter_model.safetensors is missing (only safetensors adapters are read)")
     raw = read_safetensors(weights_path)
+    linears = {lin.name: lin for lin in hf_linears(args)}  # as the foundation's family names them
+    names = ", ".join(linears)
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, t in raw.items():
         m = _KEY_RE.match(key)
         if not m:
-            raise UserError(f"{weights_path}: tensor {key!r} is not a LoRA A/B weight of a llama linear "
-                            f"({', '.join(LORA_TARGETS)}); embeddings, lm_head and extra modules are not supported")
-        layer, target, ab = int(m.group(1)), m.group(3), m.group(4)
-        if target not in LORA_TARGETS or (target in ATTN) != (m.group(2) == "self_attn"):
-            raise UserError(f"{weights_path}: tensor {key!r} targets an unknown module {m.group(2)}.{target}")
+            raise UserError(f"{weights_path}: tensor {key!r} is not a LoRA A/B weight of a {args.model_type} linear "
+                            f"({names}); embeddings, lm_head and extra modules are not supported")
+        layer, block, module, ab = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+        if module not in linears or linears[module].block != block:
+            raise UserError(f"{weights_path}: tensor {key!r} targets an unknown module {block}.{module} "
+                            f"(a {args.model_type} model's linears: {names})")
         if layer >= args.n_layers:
             raise UserError(f"{weights_path}: tensor {key!r} is for layer {layer}, but the foundation has {args.n_layers} layers")
-        found.setdefault((layer, target), {})[ab] = t
+        found.setdefault((layer, module), {})[ab] = t
 
     weights = {}
     for layer in range(args.n_layers):
-        for target in LORA_TARGETS:
-            key = module_key(layer, target)
-            wanted, have = _targeted(cfg, key, layer), (layer, target) in found
+        for lin in linears.values():
+            key = f"model.layers.{layer}.{lin.block}.{lin.name}"
+            wanted, have = _targeted(cfg, key, layer), (layer, lin.name) in found
             if have and not wanted:
                 raise UserError(f"{weights_path}: has LoRA weights for {key}, which adapter_config.json does not target")
             if wanted and not have:
                 raise UserError(f"{weights_path}: no LoRA weights for {key}, which adapter_config.json targets")
             if not have:
                 continue
-            pair = found[(layer, target)]
+            pair = found[(layer, lin.name)]
             if set(pair) != {"A", "B"}:
                 raise UserError(f"{weights_path}: {key} has lora_{''.join(pair)} but not both lora_A and lora_B")
             r = _pattern_value(rank_pattern, key, r_default)
             alpha = _pattern_value(alpha_pattern, key, alpha_default)
-            out_f, in_f = args.linear_shape(target)
+            out_f, in_f = lin.out_features, lin.in_features
             a, b = pair["A"].to(torch.float32), pair["B"].to(torch.float32)
             if tuple(a.shape) != (r, in_f) or tuple(b.shape) != (out_f, r):
                 raise UserError(
@@ -182,7 +189,9 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
                     f"(expected [{r}, {in_f}] and [{out_f}, {r}] for rank {r}): was this adapter trained on another model?"
                 )
             scale = alpha / math.sqrt(r) if rslora else alpha / r
-            weights[(layer, target)] = (a.contiguous(), (b * scale).contiguous())
+            a, b = a.contiguous(), b * scale
+            for target, start, end in lin.parts:  # one part, or the linears a fused one holds
+                weights[(layer, target)] = (a, b[start:end].contiguous())
     if not weights:
         raise UserError(f"{weights_path}: no LoRA weights found")
     targets = sorted({t for _, t in weights}, key=LORA_TARGETS.index)

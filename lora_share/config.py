@@ -19,6 +19,7 @@ from typing import Any, Optional
 import yaml
 
 from .errors import ConfigErrors, UserError
+from .families import FAMILIES
 from .model import LORA_TARGETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -71,7 +72,8 @@ class FoundationConfig:
     """The shared base model: a Hugging Face checkpoint or synthetic weights."""
 
     checkpoint: Optional[Path] = _f(
-        "Hugging Face llama folder: config.json + model.safetensors (or shards + index json)", None, path=True
+        f"Hugging Face model folder ({', '.join(FAMILIES)}): config.json + model.safetensors (or shards + "
+        "index json)", None, path=True
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
     max_seq_len: int = _f("the context: KV cache length, the longest prompt + generation the program accepts",
@@ -227,7 +229,7 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
         if (fnd.checkpoint is None) == (fnd.synthetic is None):
             L.problem("foundation", "give exactly one of 'checkpoint' or 'synthetic'")
         if fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
-            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face llama folder)")
+            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face model folder)")
         s = fnd.synthetic
         if s is not None and None not in (s.dim, s.n_heads, s.n_kv_heads):
             if s.n_heads and s.dim % s.n_heads:

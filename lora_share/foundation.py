@@ -1,6 +1,7 @@
-"""The foundation model's weights: a Hugging Face llama checkpoint or synthetic demo weights.
+"""The foundation model's weights: a Hugging Face checkpoint or synthetic demo weights.
 
-Tensors keep Hugging Face's names (``model.layers.0.mlp.up_proj.weight``) and are
+Tensors keep Hugging Face's llama names (``model.layers.0.mlp.up_proj.weight``), whatever
+the family (families.py maps each onto them: Phi-3's fused projections are split) and are
 converted to float32. With tied embeddings there is no ``lm_head.weight``.
 """
 
@@ -15,6 +16,7 @@ import torch
 
 from .config import FoundationConfig, QuantizeConfig, SyntheticFoundation
 from .errors import UserError
+from .families import model_args, to_decoder_names
 from .files import sha256_file
 from .model import LlamaLoRA, ModelArgs
 
@@ -85,41 +87,9 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def hf_model_args(config_path: Path, max_seq_len: int) -> ModelArgs:
-    """ModelArgs from a Hugging Face ``config.json``; refuses what changes the math and isn't supported."""
-    c = _read_json(config_path, "the Hugging Face model config")
-
-    def bad(key, msg):
-        raise UserError(f"{config_path}: {key}: {msg}")
-
-    if c.get("model_type", "llama") != "llama":
-        bad("model_type", f"{c.get('model_type')!r} is not supported; lora-share exports llama-family models")
-    if c.get("hidden_act", "silu") != "silu":
-        bad("hidden_act", f"{c['hidden_act']!r} is not supported (llama uses silu)")
-    for flag in ("attention_bias", "mlp_bias"):
-        if c.get(flag):
-            bad(flag, "biases are not supported; llama has none")
-    scaling = c.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind not in ("default", "llama3"):
-            bad("rope_scaling", f"type {kind!r} is not supported (supported: llama3)")
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
-        if not isinstance(c.get(key), int) or c[key] < 1:
-            bad(key, "missing or not a positive integer")
-    return ModelArgs(
-        dim=c["hidden_size"],
-        n_layers=c["num_hidden_layers"],
-        n_heads=c["num_attention_heads"],
-        n_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
-        hidden_dim=c["intermediate_size"],
-        vocab_size=c["vocab_size"],
-        head_dim=c.get("head_dim"),
-        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(c.get("rope_theta", 10000.0)),
-        rope_scaling=scaling if scaling else None,
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        max_seq_len=max_seq_len,
-    )
+    """ModelArgs from a Hugging Face ``config.json``, with its family's switches (families.py); refuses
+    what changes the math and isn't supported, naming the file, the field and its value."""
+    return model_args(_read_json(config_path, "the Hugging Face model config"), config_path, max_seq_len)
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -151,13 +121,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_checkpoint(folder: Path, max_seq_len: int) -> Foundation:
-    """Load a Hugging Face llama folder and check every tensor's name and shape."""
+    """Load a Hugging Face model folder (any family of families.py) and check every tensor's name and shape."""
     folder = Path(folder)
     args = hf_model_args(folder / "config.json", max_seq_len)
     raw: dict[str, torch.Tensor] = {}
     files = _weight_files(folder)
     for f in files:
         raw.update(read_safetensors(f))
+    raw = to_decoder_names(raw, args, folder)
     expected = expected_shapes(args)
     tensors = {}
     for name, shape in expected.items():
@@ -173,6 +144,6 @@ def load_hf_checkpoint(folder: Path, max_seq_len: int) -> Foundation:
         raw.pop("lm_head.weight", None)  # some exporters save the tied copy too
     extra = [k for k in raw if not k.endswith(_IGNORED_SUFFIXES)]
     if extra:
-        raise UserError(f"{folder}: unexpected tensors for a llama model: {', '.join(sorted(extra)[:5])}")
+        raise UserError(f"{folder}: unexpected tensors for a {args.model_type} model: {', '.join(sorted(extra)[:5])}")
     hashes = {f.name: sha256_file(f) for f in files}
     return Foundation(args, tensors, {"kind": "checkpoint", "path": str(folder), "sha256": hashes})

@@ -1,5 +1,9 @@
 """A llama-family decoder with a KV cache and LoRA, written for export.
 
+One decoder serves every supported model family: ``ModelArgs`` carries the switches
+a family turns on (biases, q/k norms, Gemma's norm offset, embedding scale and
+activation); families.py maps each Hugging Face ``model_type`` onto them.
+
 The module tree mirrors Hugging Face's ``LlamaForCausalLM`` so that foundation
 parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``)
 and LoRA parameters sit beside them (``...q_proj.lora_a.weight``). Only standard
@@ -29,6 +33,21 @@ import torch.nn.functional as F
 from torch import nn
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_GELU_BETA = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation (Hugging Face's ``gelu_pytorch_tanh``), written out as ATen's CPU kernel
+    computes it. Not ``F.gelu(x, approximate="tanh")``: ExecuTorch's XNNPACK lowering runs every
+    ``gelu`` as the exact (erf) GELU whatever its ``approximate`` says (2.5e-4 off in the logits of
+    the tiny Gemma test); tanh, mul and add it runs as they are."""
+    return 0.5 * x * (1.0 + torch.tanh(_GELU_BETA * (x + 0.044715 * (x * x * x))))
+
+
+# The MLP's activation by Hugging Face's name for it (``hidden_act``).
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
+
+
 def lora_param_name(layer: int, target: str, which: str) -> str:
     """The dotted name of LoRA matrix ``which`` ('a' or 'b') of ``target`` in decoder layer ``layer``."""
     block = "self_attn" if LORA_TARGETS.index(target) < 4 else "mlp"
@@ -37,7 +56,10 @@ def lora_param_name(layer: int, target: str, which: str) -> str:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """Shape of the foundation model (Hugging Face llama config, flattened)."""
+    """Shape of the foundation model (Hugging Face config, flattened) and its family's switches.
+
+    The switches default to llama's, so a llama model is built exactly as without them.
+    """
 
     dim: int
     n_layers: int
@@ -52,6 +74,14 @@ class ModelArgs:
     tie_embeddings: bool = False
     max_seq_len: int = 128
     prefill_chunk: int | None = None  # most tokens one forward call takes (None: max_seq_len)
+    model_type: str = "llama"  # the Hugging Face family (families.py), which sets the switches below
+    qkv_bias: bool = False  # q_proj, k_proj, v_proj have a bias (Qwen2; attention_bias)
+    o_bias: bool = False  # o_proj has a bias (attention_bias)
+    mlp_bias: bool = False  # gate_proj, up_proj, down_proj have a bias (llama's mlp_bias)
+    qk_norm: bool = False  # RMSNorm over head_dim on queries and keys, before RoPE (Qwen3)
+    norm_offset: float = 0.0  # every RMSNorm weight is applied as norm_offset + weight (Gemma: 1)
+    embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(dim) in float32)
+    activation: str = "silu"  # the MLP's activation, a key of ACTIVATIONS (Gemma: gelu_pytorch_tanh)
 
     @property
     def chunk(self) -> int:
@@ -74,6 +104,13 @@ class ModelArgs:
             "up_proj": (self.hidden_dim, self.dim),
             "down_proj": (self.dim, self.hidden_dim),
         }[target]
+
+    def has_bias(self, target: str) -> bool:
+        """Whether the linear named ``target`` has a bias."""
+        if target in ("q_proj", "k_proj", "v_proj"):
+            return self.qkv_bias
+        return self.o_bias if target == "o_proj" else self.mlp_bias
+
 
 @dataclass(frozen=True)
 class LoraSpec:
@@ -106,29 +143,33 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 class RMSNorm(nn.Module):
     """``weight * x / sqrt(mean(x^2) + eps)``. The mean is a linear against a row of ``1 / dim``:
     XNNPACK takes that (its mean takes only 4-D tensors), so the norm stays inside the delegate
-    with the linears around it instead of splitting it in two."""
+    with the linears around it instead of splitting it in two. With an ``offset`` (Gemma: 1)
+    the weight is applied as ``offset + weight``, as the checkpoint stores it."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.eps = eps
+        self.offset = offset
         self.weight = nn.Parameter(torch.ones(dim))
         self.register_buffer("mean_row", torch.full((1, dim), 1.0 / dim), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         var = F.linear(x * x, self.mean_row)
-        return self.weight * (x * torch.rsqrt(var + self.eps))
+        weight = self.weight + self.offset if self.offset else self.weight
+        return weight * (x * torch.rsqrt(var + self.eps))
 
 
 class Linear(nn.Linear):
-    """A bias-free linear with optional LoRA: ``x W^T + (x A^T) B^T`` (scale folded into B).
+    """A linear with optional LoRA: ``x W^T (+ bias) + (x A^T) B^T`` (scale folded into B).
 
     An ``nn.Linear`` (weight named ``weight``, as Hugging Face names it) so that
     torchao's ``quantize_`` can replace the foundation weight with a quantized
-    tensor; ``lora_a``/``lora_b`` are child linears that stay float.
+    tensor; ``lora_a``/``lora_b`` are child linears that stay float. Bias-free
+    unless ``bias`` (Qwen2's q/k/v, ``attention_bias``, ``mlp_bias``).
     """
 
-    def __init__(self, in_f: int, out_f: int, rank: int = 0):
-        super().__init__(in_f, out_f, bias=False)
+    def __init__(self, in_f: int, out_f: int, rank: int = 0, bias: bool = False):
+        super().__init__(in_f, out_f, bias=bias)
         if rank:
             self.lora_a = nn.Linear(in_f, rank, bias=False)
             self.lora_b = nn.Linear(rank, out_f, bias=False)
@@ -138,7 +179,7 @@ class Linear(nn.Linear):
         """No random init: every foundation weight is copied in from the checkpoint."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = F.linear(x, self.weight, self.bias)
         if self.rank:
             y = y + self.lora_b(self.lora_a(x))
         return y
@@ -174,7 +215,11 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.hd = args.n_heads, args.n_kv_heads, args.hd
         for t in ("q_proj", "k_proj", "v_proj", "o_proj"):
             out_f, in_f = args.linear_shape(t)
-            setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0)))
+            setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0), args.has_bias(t)))
+        self.qk_norm = args.qk_norm
+        if args.qk_norm:  # Qwen3: each head's query and key RMS-normalised over head_dim before RoPE
+            self.q_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
+            self.k_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
         slots = args.max_seq_len + 1
         self.register_buffer("k_cache", torch.zeros(1, self.n_kv, self.hd, slots), persistent=False)
         self.register_buffer("v_cache", torch.zeros(1, self.n_kv, slots, self.hd), persistent=False)
@@ -189,8 +234,10 @@ class Attention(nn.Module):
         _, t, _ = x.shape
         n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [t, 1, hd]: one rotation per position
-        q = self.rope(self.q_proj(x).view(1, t, self.n_heads, hd), cos, sin) * (1.0 / math.sqrt(hd))
-        k = self.rope(self.k_proj(x).view(1, t, n_kv, hd), cos, sin)
+        q = self.q_proj(x).view(1, t, self.n_heads, hd)
+        q = self.rope(self.q_norm(q) if self.qk_norm else q, cos, sin) * (1.0 / math.sqrt(hd))
+        k = self.k_proj(x).view(1, t, n_kv, hd)
+        k = self.rope(self.k_norm(k) if self.qk_norm else k, cos, sin)
         v = self.v_proj(x).view(1, t, n_kv, hd)
         self.k_cache.index_copy_(3, positions, k.permute(0, 2, 3, 1))
         self.v_cache.index_copy_(2, positions, v.transpose(1, 2))
@@ -208,18 +255,19 @@ class MLP(nn.Module):
         super().__init__()
         for t in ("gate_proj", "up_proj", "down_proj"):
             out_f, in_f = args.linear_shape(t)
-            setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0)))
+            setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0), args.has_bias(t)))
+        self.act = ACTIVATIONS[args.activation]
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, lora: LoraSpec):
         super().__init__()
-        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.self_attn = Attention(args, layer, lora)
-        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.mlp = MLP(args, layer, lora)
 
     def forward(self, x, cos, sin, positions, bias, length):
@@ -232,7 +280,7 @@ class Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(DecoderLayer(args, i, lora) for i in range(args.n_layers))
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
 
 
 def forward_inputs(tokens, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,6 +316,8 @@ class LlamaLoRA(nn.Module):
         rep = self.args.n_heads // self.args.n_kv_heads
         bias = torch.zeros(mask.shape).masked_fill(mask, float("-inf")).repeat(rep, 1).unsqueeze(0)
         h = self.model.embed_tokens(tokens)
+        if self.args.embed_scale != 1.0:  # Gemma: sqrt(dim), rounded to float32 as Hugging Face does
+            h = h * self.args.embed_scale
         for layer in self.model.layers:
             h = layer(h, cos, sin, positions, bias, length)
         h = self.model.norm(h[:, -1, :])

@@ -49,6 +49,7 @@ def _fails(config: Path, *expected: str):
 
 @pytest.mark.parametrize("field,value", [
     ("use_dora", True), ("modules_to_save", ["lm_head"]), ("bias", "all"), ("fan_in_fan_out", True),
+    ("kasa_config", {}), ("monteclora_config", {}), ("use_bdlora", {"nblocks": 2}),
 ])
 def test_unsupported_peft_feature(hf_root, field, value):
     write_peft_lora(hf_root / field, hf_config(tied=False), r=2, alpha=4, targets=["q_proj"], **{field: value})

@@ -111,7 +111,7 @@ def test_config_errors_have_key_paths(tmp_path):
 
 
 def test_examples_include_a_quantized_config():
-    configs = [lora_share.validate(p) for p in sorted(REPO.glob("examples/**/*.yaml"))]
+    configs = [lora_share.validate(p) for p in sorted(REPO.glob("examples/*.yaml"))]  # families/: test_families.py
     assert any(c.foundation.quantize is not None and c.foundation.quantize.scheme == "8da4w" for c in configs)
 
 
