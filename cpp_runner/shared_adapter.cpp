@@ -11,13 +11,10 @@
 namespace lora_share {
 namespace {
 
-using executorch::extension::MallocMemoryAllocator;
 using executorch::extension::MmapDataLoader;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
-using executorch::runtime::HierarchicalAllocator;
 using executorch::runtime::LoadBackendOptionsMap;
-using executorch::runtime::MemoryManager;
 using executorch::runtime::Method;
 using executorch::runtime::Program;
 using executorch::runtime::Result;
