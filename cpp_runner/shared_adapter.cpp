@@ -76,13 +76,13 @@ Status SharedAdapter::open(const std::string& pte) {
   if (!max_seq_len.ok()) return max_seq_len.status();
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
-  // Exports from before prefill chunks took a whole context per call.
-  prefill_chunk_ = max_seq_len_;
-  if (program_->method_meta("get_prefill_chunk").ok()) {
-    auto chunk = run_constant_method("get_prefill_chunk");
-    if (!chunk.ok()) return chunk.status();
-    prefill_chunk_ = chunk.value();
-  }
+  if (!program_->method_meta("get_prefill_chunk").ok())
+    return Status::failure(pte +
+                           ": built by an older lora-share (its forward takes input_pos, not "
+                           "cache_positions): rebuild it with this version");
+  auto chunk = run_constant_method("get_prefill_chunk");
+  if (!chunk.ok()) return chunk.status();
+  prefill_chunk_ = chunk.value();
   auto sizes = planned_buffer_sizes(*program_, "forward");
   if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
   planned_sizes_ = std::move(sizes.value());

@@ -69,14 +69,14 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd,
   if (!max_seq_len.ok()) return max_seq_len.status();
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
-  // Exports from before prefill chunks took a whole context per call.
-  prefill_chunk_ = max_seq_len_;
   auto methods = module_->method_names();
-  if (methods.ok() && methods->count("get_prefill_chunk")) {
-    auto chunk = run_constant_method("get_prefill_chunk");
-    if (!chunk.ok()) return chunk.status();
-    prefill_chunk_ = chunk.value();
-  }
+  if (!methods.ok() || !methods->count("get_prefill_chunk"))
+    return Status::failure(pte +
+                           ": built by an older lora-share (its forward takes input_pos, not "
+                           "cache_positions): rebuild it with this version");
+  auto chunk = run_constant_method("get_prefill_chunk");
+  if (!chunk.ok()) return chunk.status();
+  prefill_chunk_ = chunk.value();
   load_ms_ = std::chrono::duration<double, std::milli>(
                  std::chrono::steady_clock::now() - t0)
                  .count();

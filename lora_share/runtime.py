@@ -79,9 +79,10 @@ class LoadedAdapter:
                 self.forward = program.load_method("forward")
                 self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
                 self.vocab_size = int(program.load_method("get_vocab_size").execute([])[0])
-                # Exports before prefill chunks took a whole context in one call.
-                self.prefill_chunk = (int(program.load_method("get_prefill_chunk").execute([])[0])
-                                      if "get_prefill_chunk" in program.method_names else self.max_seq_len)
+                if "get_prefill_chunk" not in program.method_names:
+                    raise UserError(f"{self.pte}: built by an older lora-share (its forward takes input_pos, "
+                                    "not cache_positions): rebuild it with this version")
+                self.prefill_chunk = int(program.load_method("get_prefill_chunk").execute([])[0])
                 failure = None
             except RuntimeError as e:
                 failure = e

@@ -167,3 +167,27 @@ def test_serve_refuses_a_request_past_the_context_and_goes_on(runner_bin, tiny_b
     assert first == {"error": f"{CONTEXT} prompt tokens + 2 new tokens need {CONTEXT + 1} positions, but the "
                               f"program's context (max_seq_len) is {CONTEXT}: shorten the request"}
     assert second["adapter"] == "tiny_a" and len(second["tokens"]) == 2  # the context's last slot is used
+
+
+def test_a_program_from_before_prefill_chunks_is_refused(runner_bin, tmp_path):
+    """An export of the old contract (forward(tokens, input_pos [1]), no get_prefill_chunk) cannot be
+    fed cache_positions: both loading paths refuse it with the fix, not a failed forward later."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    class OldContract(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8)
+
+        def forward(self, tokens, input_pos):
+            return self.head(self.embed(tokens)[:, -1, :]) + input_pos
+
+    ep = torch.export.export(OldContract(), (torch.tensor([[1, 2]]), torch.tensor([0])))
+    old = tmp_path / "old.pte"
+    old.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()], constant_methods={
+        "get_max_seq_len": 16, "get_vocab_size": 8}).to_executorch().buffer)
+    for mode in ([], ["--stock"]):
+        proc = run_runner(runner_bin, "--pte", old, "--tokens", "1,2", *mode)
+        assert_clean_error(proc, 1)
+        assert "built by an older lora-share" in proc.stderr and "rebuild it" in proc.stderr
