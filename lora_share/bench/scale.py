@@ -126,27 +126,23 @@ def kv_cache_bytes(args: dict) -> int:
     return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * 4
 
 
-def _serve_all(server: processes.Server, names: list[str], prompt: list[int]) -> list[dict]:
-    return [server.ask(name, prompt)[0] for name in names]
-
-
 def memory_rows(runner: Path, d: Deployment, counts: list[int], prompt: list[int], new_tokens: int) -> list[dict]:
     """PSS (kB) after load and after every adapter served ``prompt``, for each N and set-up."""
     rows = []
     for n in counts:
-        ptes, names = d.ptes[:n], [p.stem for p in d.ptes[:n]]
+        ptes = d.ptes[:n]
         row = {"adapters": n}
         for mode, extra in (("shared", []), ("private", ["--private-arenas"])):
             with processes.Server(runner, ptes, d.ptd, extra, max_new_tokens=new_tokens) as server:
                 loaded = server.memory()
-                _serve_all(server, names, prompt)
+                server.warm(prompt)  # every program serves one request
                 row[mode] = {"after_load": loaded, "served": server.memory()}
         with ExitStack() as stack:
             servers = [stack.enter_context(processes.Server(runner, [p], d.ptd, max_new_tokens=new_tokens))
                        for p in ptes]
             loaded = processes.sum_memory([s.memory() for s in servers])
-            for server, name in zip(servers, names):
-                server.ask(name, prompt)
+            for server in servers:
+                server.warm(prompt)
             row["processes"] = {"after_load": loaded, "served": processes.sum_memory([s.memory() for s in servers])}
         rows.append(row)
     return rows
