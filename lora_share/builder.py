@@ -20,6 +20,10 @@ have are written once to adapters_shared.ptd (shared_data.py) and left out of
 their .pte files; which slots an adapter reads from there is part of its
 signature. ``lora-share add`` never rewrites a shipped file: a new adapter
 reads from adapters_shared.ptd exactly the tensors already in it.
+
+The checkpoint's tokenizer files (tokenizer_files.py) are copied beside
+foundation.ptd and listed in the manifest's ``tokenizer`` section; ``add``
+hard-links them and keeps that section as it was.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Callable
 import yaml
 
 from .adapters import Adapter, load_adapter, load_peft
-from .config import config_to_dict, foundation_from_dict, hoists_shared_tensors, load_config
+from .config import config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors, load_config
 from .errors import UserError
 from .export import EXPORTER_REVISION, FOUNDATION_TAG, eager_model, export_program
 from .fastpath import NotSubstitutable, signature, slot_param_name, slot_tensors, substitute, tensor_keys
@@ -51,6 +55,7 @@ from .dedup import byte_report, report_lines
 from .formats.seal import seal_pte
 from .records import adapter_meta, export_named_data
 from .shared_data import SHARED_PTD, encode_shared_ptd, plan_hoisting
+from .tokenizer_files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "lora-share-manifest"
@@ -221,10 +226,13 @@ def _shared_entry(path: Path) -> dict:
 def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], previous: dict | None,
                    get_foundation: Callable[[], Foundation], fingerprint: str, settings: dict,
                    foundation_entry: dict, resolved_config: dict, quiet: bool, t_start: float,
-                   sharing: _Sharing | None = None) -> dict:
+                   sharing: _Sharing | None = None, tokenizer: Callable[[Path], dict] | None = None) -> dict:
+    """Write every output into a staging folder that replaces ``out_dir`` at the end; ``tokenizer``
+    puts the tokenizer files into the staging folder and returns the manifest's tokenizer section."""
     entries = []
     with staged_dir(out_dir) as stage:
         shared = _write_shared(stage, out_dir, sharing, previous) if sharing else None
+        tokenizer_section = tokenizer(stage) if tokenizer else None
         producer = _Producer(out_dir, previous, get_foundation, fingerprint, settings, stage / ".work", shared)
         if previous:
             os.link(out_dir / PTD_NAME, stage / PTD_NAME)
@@ -272,6 +280,7 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
             "exporter": EXPORTER_REVISION,
             "foundation": {"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
                            "fingerprint": fingerprint, **foundation_entry},
+            **({"tokenizer": tokenizer_section} if tokenizer_section else {}),
             **({"shared": _shared_entry(shared)} if shared else {}),
             "adapters": entries,
             "bytes": byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
@@ -285,8 +294,9 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     total = sum(e["size"] for e in entries)
     shared_note = f", {SHARED_PTD} {_mb(manifest['shared']['size'])}" if shared else ""
+    tokenizer_note = f"tokenizer ({len(tokenizer_section['files'])} files)" if tokenizer_section else "no tokenizer"
     _log(f"  wrote {out_dir}: foundation.ptd {_mb(manifest['foundation']['size'])}{shared_note}, "
-         f"{len(entries)} adapter .pte {_mb(total)} in all, {manifest['build_s']:.1f} s", quiet)
+         f"{len(entries)} adapter .pte {_mb(total)} in all, {tokenizer_note}, {manifest['build_s']:.1f} s", quiet)
     return manifest
 
 
@@ -311,7 +321,9 @@ def build(config_path, quiet: bool = False) -> dict:
             adapters.append(load_adapter(acfg, foundation.args))
         except UserError as e:
             raise UserError(f"{cfg.source}: adapters[{i}] ({acfg.name}): {e}") from None
-    settings = config_to_dict(cfg.foundation)
+    tokenizer = find_tokenizer(cfg.foundation, foundation.args.vocab_size)
+    _log(_tokenizer_line(tokenizer, cfg.foundation.checkpoint), quiet)
+    settings = export_settings(cfg.foundation)
     fingerprint = foundation_fingerprint(foundation)
     previous = _previous_outputs(cfg.output_dir, fingerprint, settings)
     if previous:
@@ -321,8 +333,22 @@ def build(config_path, quiet: bool = False) -> dict:
         entry["quantize"] = config_to_dict(cfg.foundation.quantize)
     resolved = {"source": str(cfg.source), **config_to_dict(cfg)}
     sharing = _plan_sharing(adapters, fingerprint) if hoists_shared_tensors(cfg) else None
+
+    def copy_tokenizer(stage: Path) -> dict:
+        return manifest_section(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
+
     return _write_outputs(cfg.output_dir, adapters, [], previous, lambda: foundation, fingerprint, settings,
-                          entry, resolved, quiet, t_start, sharing)
+                          entry, resolved, quiet, t_start, sharing, copy_tokenizer if tokenizer else None)
+
+
+def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) -> str:
+    if tokenizer is None:
+        where = f"no tokenizer.json in {checkpoint}" if checkpoint else "a synthetic foundation"
+        return f"  tokenizer: none ({where}; set foundation.tokenizer to ship one): run takes token ids only"
+    eos = ",".join(map(str, tokenizer.eos_token_ids)) or "none"
+    chat = ", chat template" if tokenizer.chat_template else ""
+    return (f"  tokenizer: {', '.join(tokenizer.files)} from {tokenizer.folder} "
+            f"(eos ids {eos}, bos id {tokenizer.bos_token_id}{chat})")
 
 
 def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict:
@@ -360,9 +386,16 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
                                                            for n, f in peft_dirs]
     resolved["source"] = previous.get("config")
     entry = {k: v for k, v in fnd.items() if k not in ("file", "size", "sha256", "fingerprint")}
+    tokenizer_files = shipped_files(out_dir, previous)
+
+    def keep_tokenizer(stage: Path) -> dict:  # hard-linked as they are; the section kept word for word
+        stage_files(stage, tokenizer_files, link=True)
+        return previous["tokenizer"]
+
     return _write_outputs(out_dir, adapters, previous["adapters"], previous, get_foundation, fnd["fingerprint"],
                           previous["export_settings"], entry, resolved, quiet, t_start,
-                          _existing_sharing(out_dir, previous, adapters))
+                          _existing_sharing(out_dir, previous, adapters),
+                          keep_tokenizer if "tokenizer" in previous else None)
 
 
 def _existing_sharing(out_dir: Path, previous: dict, adapters: list[Adapter]) -> _Sharing | None:

@@ -82,6 +82,11 @@ class FoundationConfig:
                             "planned activation memory scales with chunk x context, not context squared "
                             "(capped at max_seq_len)", 128, minimum=2)
     quantize: Optional[QuantizeConfig] = _f("quantize the foundation (default: float32)", None)
+    tokenizer: Optional[Path] = _f(
+        "folder with the model's tokenizer.json (+ tokenizer_config.json, generation_config.json, ...), copied "
+        "beside foundation.ptd so `run --prompt` can encode text (default: the checkpoint folder's, if it has "
+        "one; none for a synthetic foundation)", None, path=True
+    )
 
 
 @dataclass
@@ -238,6 +243,12 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
                 L.problem("foundation.synthetic.n_kv_heads", f"n_heads {s.n_heads} is not a multiple of {s.n_kv_heads}")
             elif s.n_heads and (s.dim // s.n_heads) % 2:
                 L.problem("foundation.synthetic.dim", "head size dim / n_heads must be even for RoPE")
+        if fnd.tokenizer is not None:
+            if not fnd.tokenizer.is_dir():
+                L.problem("foundation.tokenizer", f"{fnd.tokenizer}: no such folder (a Hugging Face tokenizer folder)")
+            elif not (fnd.tokenizer / "tokenizer.json").is_file():
+                L.problem("foundation.tokenizer", f"{fnd.tokenizer}: no tokenizer.json in this folder (a Hugging "
+                          "Face tokenizer folder: tokenizer.json, tokenizer_config.json, ...)")
         q = fnd.quantize
         if q is not None and isinstance(q.group_size, int) and q.group_size >= QUANT_GROUP_MULTIPLE:
             if q.group_size % QUANT_GROUP_MULTIPLE:
@@ -297,6 +308,12 @@ def load_config(path) -> BuildConfig:
     if cfg.output_dir is None:
         cfg.output_dir = (Path.cwd() / "out" / path.stem).resolve()
     return cfg
+
+
+def export_settings(fnd: FoundationConfig) -> dict:
+    """What of the foundation config shapes the exported files: everything but the tokenizer, so a
+    changed tokenizer alone never re-exports (or changes the fast-path signature of) an adapter."""
+    return {k: v for k, v in config_to_dict(fnd).items() if k != "tokenizer"}
 
 
 def foundation_from_dict(data: dict, where: str) -> FoundationConfig:

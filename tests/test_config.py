@@ -130,3 +130,24 @@ def test_invalid_yaml_names_the_line(tmp_path):
     r = run_cli("validate", p)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert str(p) in r.stderr and "line" in r.stderr
+
+
+def test_foundation_tokenizer_key(tmp_path):
+    """foundation.tokenizer: a folder with tokenizer.json; anything else is an error naming the key and the folder."""
+    adapters = [{"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}]
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    p = _write(tmp_path, {"foundation": {**GOOD_FOUNDATION, "tokenizer": "tok"}, "adapters": adapters}, "good.yaml")
+    assert lora_share.validate(p).foundation.tokenizer == (tmp_path / "tok").resolve()
+    for value, expected in [
+        ("empty", f"foundation.tokenizer: {(tmp_path / 'empty').resolve()}: no tokenizer.json in this folder"),
+        ("nowhere", f"foundation.tokenizer: {(tmp_path / 'nowhere').resolve()}: no such folder"),
+        (3, "foundation.tokenizer: expected a path, got 3"),
+    ]:
+        p = _write(tmp_path, {"foundation": {**GOOD_FOUNDATION, "tokenizer": value}, "adapters": adapters})
+        with pytest.raises(lora_share.ConfigErrors) as e:
+            lora_share.validate(p)
+        assert len(e.value.problems) == 1 and e.value.problems[0].startswith(expected), e.value.problems
+    r = run_cli("validate", p)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "foundation.tokenizer" in r.stderr
