@@ -61,22 +61,45 @@ def _cmd_add(ns) -> int:
 def _cmd_run(ns) -> int:
     import numpy as np
 
-    from .generate import parse_tokens
     from .runtime import run
 
-    tokens = parse_tokens(ns.tokens)
+    if ns.tokens is not None:
+        from .generate import parse_tokens
+
+        if ns.tokenizer is not None:
+            raise UserError("--tokenizer is read only with --prompt or --chat, not with --tokens")
+        tokens, stop_ids, stream = parse_tokens(ns.tokens), (), None
+    else:
+        from .text import TextStream, chat_prompt, encode_prompt
+        from .tokenizer_files import bind_tokenizer
+
+        bound = bind_tokenizer(ns.ptd, ns.tokenizer)
+        tokens = chat_prompt(bound, ns.chat) if ns.chat is not None else encode_prompt(bound, ns.prompt)
+        stop_ids = bound.eos_token_ids
+        stream = TextStream(bound.tokenizer, None if ns.json else _write_stdout, stop_ids)
     gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed, verify=not ns.no_verify,
-              shared_ptd=ns.shared_ptd)
+              shared_ptd=ns.shared_ptd, stop_ids=stop_ids, on_token=stream and stream.push)
+    text = stream.finish() if stream else None
     if ns.dump_logits:
         _save_npy(Path(ns.dump_logits), gen.logits, np)
     if ns.json:
-        print(json.dumps({"tokens": gen.tokens, "prompt": tokens, "timings": gen.timings}))
+        print(json.dumps({"tokens": gen.tokens, "prompt": tokens, **({"text": text} if stream else {}),
+                          "timings": gen.timings}))
     else:
-        print(",".join(map(str, gen.tokens)))
+        if stream:
+            _write_stdout("\n")
+        else:
+            print(",".join(map(str, gen.tokens)))
         t = gen.timings
         print(f"load {t['load_s'] * 1e3:.1f} ms, prefill {t['prefill_s'] * 1e3:.1f} ms, "
               f"decode {t['decode_s'] * 1e3:.1f} ms", file=sys.stderr)
     return 0
+
+
+def _write_stdout(text: str) -> None:
+    """Text as it is generated: UTF-8 whatever the locale, flushed so a reader sees it at once."""
+    sys.stdout.buffer.write(text.encode())
+    sys.stdout.buffer.flush()
 
 
 def _save_npy(path: Path, array, np) -> None:
@@ -164,19 +187,30 @@ def parser() -> argparse.ArgumentParser:
     a.set_defaults(func=_cmd_add)
 
     r = sub.add_parser("run", help="generate with an adapter .pte over a foundation .ptd (Python runtime)",
-                       epilog="example:\n  lora-share run --pte out/llama_adapters/adapter_a.pte "
-                              "--ptd out/llama_adapters/foundation.ptd --tokens 1,17,42 --max-new-tokens 8",
+                       epilog="examples:\n  lora-share run --pte out/llama_adapters/adapter_a.pte "
+                              "--ptd out/llama_adapters/foundation.ptd --tokens 1,17,42 --max-new-tokens 8\n"
+                              "  lora-share run --pte out/my_model/bot.pte --ptd out/my_model/foundation.ptd "
+                              "--prompt 'The capital of France is'",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--pte", required=True, help="adapter program")
     r.add_argument("--ptd", required=True, help="foundation data file")
     r.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
-    r.add_argument("--tokens", required=True, help="comma-separated prompt token ids, e.g. 1,17,42")
-    r.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    prompt = r.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--tokens", help="comma-separated prompt token ids, e.g. 1,17,42; prints the generated ids")
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the build's tokenizer (BOS "
+                                                         "added where the model's tokenizer adds it); streams the "
+                                                         "generated text, stopping at an end-of-sequence token")
+    prompt.add_argument("--chat", metavar="TEXT", help="like --prompt, with TEXT as one user message in the "
+                                                       "checkpoint's chat template (needs transformers)")
+    r.add_argument("--tokenizer", metavar="DIR", help="for --prompt/--chat: the build folder with manifest.json and "
+                                                      "the tokenizer files (default: the --ptd's folder)")
+    r.add_argument("--max-new-tokens", type=int, default=16, help="most tokens to generate (default 16)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     r.add_argument("--dump-logits", metavar="PATH", help=".npy float32 [steps, vocab]: row 0 at the last prompt "
                                                          "position, row i after feeding generated token i")
-    r.add_argument("--json", action="store_true", help='print {"tokens": [...], "timings": {...}}')
+    r.add_argument("--json", action="store_true", help='print {"tokens": [...], "prompt": [...], "timings": {...}}, '
+                                                       'plus "text" with --prompt/--chat')
     r.add_argument("--no-verify", action="store_true",
                    help="skip the check that the .pte was built for this .ptd (foundation fingerprint, keys)")
     r.set_defaults(func=_cmd_run)

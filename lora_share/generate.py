@@ -7,12 +7,14 @@ row 0 of the logits is taken at the last prompt position; row i (i >= 1) after
 feeding generated token i. ``max_new_tokens`` tokens come out, so the logits
 have ``max_new_tokens`` rows and the last position used is
 ``len(prompt) + max_new_tokens - 2``.
+Generation stops early after a token in ``stop_ids`` (an end-of-sequence id), which is
+the last token returned, as transformers' ``generate`` returns it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
 
@@ -78,8 +80,14 @@ def generate(
     temperature: float = 0.0,
     seed: int = 0,
     chunk: int | None = None,
+    stop_ids: Collection[int] = (),
+    on_token: Optional[Callable[[int], None]] = None,
 ) -> Generation:
-    """Run prefill (in calls of at most ``chunk`` tokens) then decode with ``step``; collect tokens and logits."""
+    """Run prefill (in calls of at most ``chunk`` tokens) then decode with ``step``; collect tokens and logits.
+
+    Stops after ``max_new_tokens`` tokens or after a token in ``stop_ids``; ``on_token`` is called
+    with each token as soon as it is picked (to stream text while the next one is computed).
+    """
     import time
 
     rng = np.random.default_rng(seed)
@@ -91,11 +99,15 @@ def generate(
     for i in range(max_new_tokens):
         rows.append(logits)
         out.append(pick(logits, temperature, rng))
+        if on_token is not None:
+            on_token(out[-1])
+        if out[-1] in stop_ids:
+            break
         if i + 1 < max_new_tokens:
             logits = step([out[-1]], pos)
             pos += 1
     t2 = time.perf_counter()
-    decode_steps = max_new_tokens - 1
+    decode_steps = len(out) - 1
     timings = {
         "prefill_s": t1 - t0,
         "decode_s": t2 - t1,

@@ -101,8 +101,10 @@ class LoadedAdapter:
 
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
-        verify: bool = True, shared_ptd=None) -> Generation:
+        verify: bool = True, shared_ptd=None, stop_ids=(), on_token=None) -> Generation:
     """Generate ``max_new_tokens`` ids after ``tokens``; returns tokens, logits rows and timings.
+
+    Generation stops early after a token in ``stop_ids``; ``on_token`` sees each token as it comes.
 
     The files are checked with the defensive readers first (and refused if damaged);
     ``verify`` also requires that the .pte was built for this .ptd (same foundation
@@ -120,6 +122,6 @@ def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, se
         raise UserError(f"could not load {pte} with {ptd}: {e}") from None
     adapter = LoadedAdapter(Path(pte), Path(ptd), Path(shared_ptd) if shared_ptd is not None else None)
     check_request(tokens, max_new_tokens, adapter.vocab_size, adapter.max_seq_len)
-    gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed, adapter.prefill_chunk)
+    gen = generate(adapter.step, tokens, max_new_tokens, temperature, seed, adapter.prefill_chunk, stop_ids, on_token)
     gen.timings["load_s"] = adapter.load_s
     return gen

@@ -104,3 +104,48 @@ def run_cli(*args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
     """The real `lora-share` command, as a user types it."""
     exe = Path(sys.executable).parent / "lora-share"
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+@dataclass
+class TextBuild:
+    """A build whose checkpoint ships a tokenizer: see the ``text_build`` fixture."""
+
+    build: Build
+    checkpoint: Path  # the Hugging Face llama folder, tokenizer files included
+    peft: Path  # the PEFT LoRA folder built as TEXT_ADAPTER
+
+    @property
+    def pte(self) -> Path:
+        return self.build.ptes[TEXT_ADAPTER]
+
+
+TEXT_ADAPTER = "chat"
+
+
+@pytest.fixture(scope="session")
+def text_build(tmp_path_factory) -> TextBuild:
+    """A tiny Hugging Face llama checkpoint WITH a tokenizer, plus one PEFT adapter, built once.
+
+    The checkpoint folder (``.checkpoint``) holds config.json + model.safetensors (hf_files.hf_config
+    with vocab_size 400, tied embeddings) and the byte-level BPE tokenizer of
+    tokenizer_files.byte_level_bpe (vocab 400: tokenizer.json, tokenizer_config.json with a chat
+    template, generation_config.json with eos ids [1, 2], BOS 0 prepended), so transformers'
+    AutoTokenizer / LlamaForCausalLM and peft's PeftModel load ``.checkpoint`` and ``.peft`` as they are.
+    The build (``.build``, output folder ``.build.out_dir``) takes the tokenizer from the checkpoint
+    folder by default: tokenizer files beside foundation.ptd, manifest.json's ``tokenizer`` section.
+    One adapter, TEXT_ADAPTER ("chat", ``.pte``): LoRA r=4 on q/v/o/down_proj. max_seq_len 64,
+    prefill_chunk 16 (text prompts longer than 16 tokens are fed in chunks). Do not modify the files:
+    copy the output folder first.
+    """
+    from hf_files import hf_config, write_hf_llama, write_peft_lora
+    from tokenizer_files import byte_level_bpe
+
+    root = tmp_path_factory.mktemp("text")
+    base_cfg = hf_config(vocab=400)
+    checkpoint = write_hf_llama(root / "llama", base_cfg, seed=5)
+    byte_level_bpe(checkpoint, vocab_size=400)
+    peft = write_peft_lora(root / "peft", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "o_proj", "down_proj"],
+                           seed=6)
+    cfg = write_config(root, {"checkpoint": "llama", "max_seq_len": 64, "prefill_chunk": 16},
+                       [{"name": TEXT_ADAPTER, "peft": "peft"}])
+    return TextBuild(build_config(cfg), checkpoint, peft)
