@@ -8,12 +8,17 @@
 
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 namespace lora_share {
 namespace {
 
 bool g_verbose = false;
-std::string g_last_error;
+// Per thread: runtimes of the library may run on several threads at once,
+// and each quotes the error its own call logged.
+thread_local std::string g_last_error;
+bool g_crash_guard = false;  // init_platform installed the crash handlers
+std::once_flag g_runtime_once;
 
 // The crash guard's message lives in a fixed buffer: a signal handler may only
 // call async-signal-safe functions, so it cannot format or allocate.
@@ -48,15 +53,26 @@ void on_crash(int) {
   _exit(1);
 }
 
+// Registers the PAL and initialises the runtime, once; `abort_hook` only
+// takes effect on the first call.
+void init_runtime_once(void (*abort_hook)()) {
+  std::call_once(g_runtime_once, [abort_hook] {
+    executorch::runtime::register_pal(executorch::runtime::PalImpl::create(
+        /*init=*/nullptr, /*abort=*/abort_hook, /*current_ticks=*/nullptr,
+        /*ticks_to_ns_multiplier=*/nullptr, /*emit_log_message=*/emit_log,
+        /*allocate=*/nullptr, /*free=*/nullptr, __FILE__));
+    executorch::runtime::runtime_init();
+  });
+}
+
 }  // namespace
+
+void init_platform_for_library() { init_runtime_once(/*abort_hook=*/nullptr); }
 
 void init_platform(bool verbose) {
   g_verbose = verbose;
-  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(
-      /*init=*/nullptr, /*abort=*/on_abort, /*current_ticks=*/nullptr,
-      /*ticks_to_ns_multiplier=*/nullptr, /*emit_log_message=*/emit_log,
-      /*allocate=*/nullptr, /*free=*/nullptr, __FILE__));
-  executorch::runtime::runtime_init();
+  init_runtime_once(on_abort);
+  g_crash_guard = true;
 
   // A foundation whose tensors have the right names but the wrong shapes can
   // make a delegate read past a mapped tensor. Report that as a run error
@@ -73,6 +89,7 @@ void init_platform(bool verbose) {
 }
 
 void set_phase(const std::string& phase) {
+  if (!g_crash_guard) return;  // the library: no handler reads the message
   std::string text = "error: the runner crashed while " + phase + "\n";
   size_t n = std::min(text.size(), sizeof(g_crash_message) - 1);
   // Blocking the signals while the buffer changes keeps the handler from

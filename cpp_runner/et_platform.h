@@ -15,6 +15,12 @@ namespace lora_share {
 // ExecuTorch runtime. Call once, first thing in main.
 void init_platform(bool verbose);
 
+// For the library (lora_share.h): routes ExecuTorch's log into the buffer
+// and initialises the runtime, once per process, unless init_platform already
+// did. It installs no signal handlers and no exit-on-abort: those belong to
+// the application that embeds the library.
+void init_platform_for_library();
+
 // Describes the current phase ("loading a.pte with foundation.ptd") for the
 // crash guard's message.
 void set_phase(const std::string& phase);

@@ -55,8 +55,9 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
   }
   if (max_new_tokens < 1)
     return Status::usage("--max-new-tokens must be at least 1");
-  int64_t needed = static_cast<int64_t>(prompt.size()) + max_new_tokens - 1;
-  if (needed > max_seq_len)
+  // Unsigned: a huge max_new_tokens must not overflow into a small count.
+  uint64_t needed = prompt.size() + static_cast<uint64_t>(max_new_tokens) - 1;
+  if (needed > static_cast<uint64_t>(max_seq_len))
     return Status::usage(
         std::to_string(prompt.size()) + " prompt tokens + " +
         std::to_string(max_new_tokens) + " new tokens need " +
@@ -68,7 +69,8 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, double temperature,
-                              uint64_t seed, bool keep_logits) {
+                              uint64_t seed, bool keep_logits,
+                              const TokenCallback& on_token) {
   using clock = std::chrono::steady_clock;
   std::mt19937_64 rng(seed);
   Generation g;
@@ -83,6 +85,7 @@ StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prom
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     if (keep_logits) g.logits.insert(g.logits.end(), logits.begin(), logits.end());
     g.tokens.push_back(pick(logits, temperature, rng));
+    if (on_token && !on_token(g.tokens.back())) break;
     if (i + 1 < max_new_tokens) {
       s = adapter.step({g.tokens.back()}, pos, &logits);
       if (!s.ok()) return s;
@@ -90,14 +93,14 @@ StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prom
     }
   }
   auto t2 = clock::now();
-  g.rows = keep_logits ? max_new_tokens : 0;
+  g.rows = keep_logits ? static_cast<int64_t>(g.tokens.size()) : 0;
 
   auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   double prefill_s = seconds(t1 - t0), decode_s = seconds(t2 - t1);
   g.prefill_ms = prefill_s * 1e3;
   g.decode_ms = decode_s * 1e3;
   if (prefill_s > 0) g.prefill_tokens_per_s = prompt.size() / prefill_s;
-  int64_t decode_steps = max_new_tokens - 1;
+  int64_t decode_steps = static_cast<int64_t>(g.tokens.size()) - 1;
   if (decode_steps > 0 && decode_s > 0) g.decode_tokens_per_s = decode_steps / decode_s;
   return g;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,8 +37,12 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 // as numpy). Above 0 it samples from softmax(logits / temperature) with a
 // generator seeded by `seed`; the C++ and numpy random streams differ, so
 // sampled ids match Python only in distribution.
+// `on_token`, if given, sees each token as soon as it is picked; returning
+// false stops generation there (the tokens so far are the result).
+using TokenCallback = std::function<bool(int64_t token)>;
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, double temperature,
-                              uint64_t seed, bool keep_logits);
+                              uint64_t seed, bool keep_logits,
+                              const TokenCallback& on_token = nullptr);
 
 }  // namespace lora_share

@@ -5,7 +5,7 @@
 
 #include "et_platform.h"
 #include "file_check.h"
-#include "flags.h"
+#include "file_stem.h"
 #include "forward_io.h"
 
 namespace lora_share {
@@ -49,7 +49,7 @@ MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
 
 Status SharedAdapter::open(const std::string& pte) {
   auto t0 = std::chrono::steady_clock::now();
-  name_ = adapter_name_of(pte);
+  name_ = file_stem(pte);
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;

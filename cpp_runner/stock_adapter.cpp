@@ -10,7 +10,7 @@
 #include "adapter.h"
 #include "forward_io.h"
 #include "et_platform.h"
-#include "flags.h"
+#include "file_stem.h"
 
 namespace lora_share {
 namespace {
@@ -35,7 +35,7 @@ class StockAdapter final : public Adapter {
 Status StockAdapter::load(const std::string& pte, const std::string& ptd,
                           const std::string& shared_ptd) {
   auto t0 = std::chrono::steady_clock::now();
-  name_ = adapter_name_of(pte);
+  name_ = file_stem(pte);
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;

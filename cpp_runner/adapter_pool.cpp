@@ -1,0 +1,260 @@
+#include "adapter_pool.h"
+
+#include <malloc.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "file_stem.h"
+#include "manifest.h"
+
+namespace lora_share {
+namespace {
+
+uint64_t file_size(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+std::string mib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
+uint64_t total(const std::vector<size_t>& sizes) {
+  uint64_t sum = 0;
+  for (size_t s : sizes) sum += s;
+  return sum;
+}
+
+}  // namespace
+
+uint64_t adapter_cost_bytes(uint64_t pte_bytes) {
+  // 1.2 x the file + 4 MiB bounds what the README's and bench-budget's PSS
+  // measurements show one more loaded adapter costs.
+  return pte_bytes + pte_bytes / 5 + (uint64_t{4} << 20);
+}
+
+Status AdapterPool::open_foundation() {
+  // The library runs one method at a time per runtime: one XNNPACK workspace
+  // for the process and the weight cache, so every adapter shares one packed
+  // foundation.
+  Status s = xnnpack_.configure(/*weight_cache=*/true, /*share_workspace=*/true);
+  if (!s.ok()) return s;
+  auto files = check_data_files(options_.ptd, options_.shared_ptd);
+  if (!files.ok()) return files.status();
+  files_ = std::move(files.value());
+  auto foundation = Foundation::open(options_.ptd, options_.shared_ptd);
+  if (!foundation.ok()) return foundation.status();
+  foundation_ = std::move(foundation.value());
+  foundation_bytes_ = file_size(options_.ptd) +
+                      (options_.shared_ptd.empty() ? 0 : file_size(options_.shared_ptd));
+  return Status();
+}
+
+StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open(const PoolOptions& options) {
+  auto pool = std::unique_ptr<AdapterPool>(new AdapterPool());
+  pool->options_ = options;
+  Status s = pool->open_foundation();
+  if (!s.ok()) return s;
+  if (options.budget_bytes != 0 && pool->foundation_bytes_ > options.budget_bytes)
+    return Status::usage("the memory budget (" + mib(options.budget_bytes) +
+                         ") is below the foundation alone (" +
+                         mib(pool->foundation_bytes_) + " for " + options.ptd + ")");
+  return pool;
+}
+
+StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& dir,
+                                                             PoolOptions options) {
+  auto manifest = read_manifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  options.ptd = dir + "/" + manifest->foundation_file;
+  options.shared_ptd =
+      manifest->shared_file.empty() ? "" : dir + "/" + manifest->shared_file;
+  auto pool = std::unique_ptr<AdapterPool>(new AdapterPool());
+  pool->options_ = options;
+  Status s = pool->open_foundation();
+  if (!s.ok()) return s;
+  std::vector<std::vector<size_t>> sizes;
+  for (const ManifestAdapter& a : manifest->adapters) {
+    if (pool->find(a.name) >= 0)
+      return Status::failure(dir + "/manifest.json lists the adapter '" + a.name +
+                             "' twice: rebuild the folder with lora-share build");
+    auto entry = pool->inspect(a.name, dir + "/" + a.file);
+    if (!entry.ok()) return entry.status();
+    sizes.push_back(entry->planned_sizes);
+    pool->entries_.push_back(std::move(entry.value()));
+  }
+  auto arena = PlannedArena::allocate(PlannedArena::largest(sizes));
+  if (!arena.ok()) return arena.status();
+  pool->arena_ = std::move(arena.value());
+  for (const Entry& e : pool->entries_) {
+    s = pool->check_budget_holds(e);
+    if (!s.ok()) return s;
+  }
+  return pool;
+}
+
+StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
+                                                  const std::string& pte) {
+  auto info = check_pte(pte, "adapter");
+  if (!info.ok()) return info.status();
+  Status s = check_pair(pte, info.value(), files_, options_.verify);
+  if (!s.ok()) return s;
+  SharedAdapter program;
+  s = program.open(pte);
+  if (!s.ok()) return s;
+  Entry entry;
+  entry.name = name;
+  entry.pte = pte;
+  entry.cost = adapter_cost_bytes(file_size(pte));
+  entry.planned_sizes = program.planned_sizes();
+  entry.vocab_size = program.vocab_size();
+  entry.max_seq_len = program.max_seq_len();
+  return entry;
+}
+
+Status AdapterPool::check_budget_holds(const Entry& entry) const {
+  if (options_.budget_bytes == 0) return Status();
+  // The arena this adapter would run in: the current one, grown if needed.
+  uint64_t arena = total(PlannedArena::largest({arena_sizes(), entry.planned_sizes}));
+  uint64_t needed = foundation_bytes_ + arena + entry.cost;
+  if (needed <= options_.budget_bytes) return Status();
+  return Status::usage(
+      "the memory budget (" + mib(options_.budget_bytes) + ") cannot hold adapter '" +
+      entry.name + "': the foundation (" + mib(foundation_bytes_) +
+      ") + the planned-memory arena (" + mib(arena) + ") + the adapter (" +
+      mib(entry.cost) + ") need " + mib(needed) + " (" + std::to_string(needed) +
+      " bytes): raise the budget");
+}
+
+StatusOr<size_t> AdapterPool::add(const std::string& pte) {
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].pte == pte) return i;
+  std::string name = file_stem(pte);
+  if (find(name) >= 0)
+    return Status::usage("an adapter named '" + name +
+                         "' is already loaded (the name is the file stem): rename " + pte);
+  auto entry = inspect(name, pte);
+  if (!entry.ok()) return entry.status();
+  Status s = check_budget_holds(entry.value());
+  if (!s.ok()) return s;
+  entries_.push_back(std::move(entry.value()));
+  return entries_.size() - 1;
+}
+
+int64_t AdapterPool::find(const std::string& name) const {
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+std::vector<size_t> AdapterPool::arena_sizes() const {
+  std::vector<size_t> sizes;
+  if (!arena_) return sizes;
+  auto spans = arena_->spans(arena_->size());
+  for (size_t i = 0; i < spans.size(); ++i) sizes.push_back(spans[i].size());
+  return sizes;
+}
+
+uint64_t AdapterPool::accounted_bytes() const {
+  uint64_t sum = foundation_bytes_ + (arena_ ? arena_->total_bytes() : 0);
+  for (const Entry& e : entries_)
+    if (e.program) sum += e.cost;
+  return sum;
+}
+
+void AdapterPool::evict(size_t index) {
+  entries_[index].program.reset();
+  counters_.evictions++;
+  // Hand the freed heap pages (packed LoRA weights, method state) back to
+  // the kernel now, so that the process's PSS follows the accounting.
+  malloc_trim(0);
+}
+
+void AdapterPool::make_room(uint64_t incoming, size_t keep) {
+  if (options_.budget_bytes == 0) return;
+  while (accounted_bytes() + incoming > options_.budget_bytes) {
+    int64_t lru = -1;
+    for (size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].program && i != keep &&
+          (lru < 0 || entries_[i].last_used < entries_[lru].last_used))
+        lru = static_cast<int64_t>(i);
+    if (lru < 0) return;  // nothing left to evict; check_budget_holds ran on add
+    evict(static_cast<size_t>(lru));
+  }
+}
+
+Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].program) evict(i);
+  std::vector<size_t> want = PlannedArena::largest({arena_sizes(), sizes});
+  arena_.reset();
+  auto arena = PlannedArena::allocate(want);
+  if (!arena.ok()) return arena.status();
+  arena_ = std::move(arena.value());
+  return Status();
+}
+
+StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
+  Entry& entry = entries_[index];
+  entry.last_used = ++clock_;
+  if (entry.program) {
+    counters_.hits++;
+    return static_cast<Adapter*>(entry.program.get());
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  if (!arena_ || !arena_->holds(entry.planned_sizes)) {
+    Status s = grow_arena(entry.planned_sizes);
+    if (!s.ok()) return s;
+  }
+  make_room(entry.cost, index);
+  auto program = std::make_unique<SharedAdapter>();
+  Status s = program->open(entry.pte);
+  if (!s.ok()) return s;
+  s = program->load_forward(*arena_, *foundation_, xnnpack_.load_options());
+  if (!s.ok()) return s;
+  entry.program = std::move(program);
+  double ms = std::chrono::duration<double, std::milli>(
+                  std::chrono::steady_clock::now() - t0)
+                  .count();
+  counters_.loads++;
+  counters_.last_load_ms = ms;
+  counters_.total_load_ms += ms;
+  return static_cast<Adapter*>(entry.program.get());
+}
+
+StatusOr<Generation> AdapterPool::generate(size_t index,
+                                           const std::vector<int64_t>& prompt,
+                                           int64_t max_new_tokens, double temperature,
+                                           uint64_t seed, const TokenCallback& on_token) {
+  // Checked before loading: a bad request must not evict anything.
+  const Entry& entry = entries_[index];
+  Status s = check_request(prompt, max_new_tokens, entry.vocab_size, entry.max_seq_len,
+                           "prompt");
+  if (!s.ok()) return s;
+  auto adapter = acquire(index);
+  if (!adapter.ok()) return adapter.status();
+  return lora_share::generate(*adapter.value(), prompt, max_new_tokens, temperature, seed,
+                              /*keep_logits=*/false, on_token);
+}
+
+PoolStats AdapterPool::stats() const {
+  PoolStats s = counters_;
+  s.known = static_cast<uint32_t>(entries_.size());
+  s.budget_bytes = options_.budget_bytes;
+  s.foundation_bytes = foundation_bytes_;
+  s.arena_bytes = arena_ ? arena_->total_bytes() : 0;
+  for (const Entry& e : entries_) {
+    if (e.program) {
+      s.resident++;
+      s.resident_adapter_bytes += e.cost;
+    }
+    s.largest_adapter_bytes = std::max(s.largest_adapter_bytes, e.cost);
+  }
+  return s;
+}
+
+}  // namespace lora_share

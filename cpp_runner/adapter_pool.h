@@ -1,0 +1,117 @@
+// The library's runtime: one foundation, mapped and packed once, and the
+// adapters it knows, of which those that fit a memory budget are resident.
+//
+// Adapters are registered (from a deployment folder's manifest.json, or one
+// by one) and checked against the foundation when registered; a request
+// loads its adapter on first use and, when the budget is full, first evicts
+// the least recently used resident adapters. Every program runs in one
+// planned-memory arena sized to the largest (planned_arena.h says why that is
+// correct: requests run one at a time, each from position 0).
+//
+// Budget accounting (lora_share.h, MEMORY BUDGET, is the contract):
+// foundation = its file sizes, arena = its allocated bytes, an adapter =
+// 1.2 x its .pte size + 4 MiB. Eviction happens before a load, so the
+// accounted total never exceeds the budget.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "file_check.h"
+#include "foundation.h"
+#include "generate.h"
+#include "planned_arena.h"
+#include "shared_adapter.h"
+#include "status.h"
+#include "xnnpack_options.h"
+
+namespace lora_share {
+
+struct PoolOptions {
+  std::string ptd;
+  std::string shared_ptd;  // "" = none
+  bool verify = true;      // refuse adapters built for another foundation
+  uint64_t budget_bytes = 0;  // 0 = no budget
+};
+
+struct PoolStats {
+  uint32_t known = 0, resident = 0;
+  uint64_t loads = 0, evictions = 0, hits = 0;
+  double last_load_ms = 0, total_load_ms = 0;
+  uint64_t budget_bytes = 0, foundation_bytes = 0, arena_bytes = 0;
+  uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
+};
+
+// The accounted resident cost of an adapter whose .pte is `pte_bytes` long.
+uint64_t adapter_cost_bytes(uint64_t pte_bytes);
+
+class AdapterPool {
+ public:
+  // The foundation alone; adapters come with add().
+  static StatusOr<std::unique_ptr<AdapterPool>> open(const PoolOptions& options);
+  // A deployment folder: registers (and checks) every adapter manifest.json
+  // lists and sizes the arena to the largest of them. Loads none.
+  static StatusOr<std::unique_ptr<AdapterPool>> open_dir(
+      const std::string& dir, PoolOptions options);
+
+  // Registers `pte` (checking it against the foundation) if it is new, and
+  // returns its index; a path already registered returns the known index.
+  StatusOr<size_t> add(const std::string& pte);
+  // The index of the adapter called `name`, or -1.
+  int64_t find(const std::string& name) const;
+  const std::string& name(size_t index) const { return entries_[index].name; }
+  bool resident(size_t index) const { return entries_[index].program != nullptr; }
+  size_t size() const { return entries_.size(); }
+
+  // Makes adapter `index` resident (loading it, evicting others if the
+  // budget needs it) and marks it most recently used.
+  StatusOr<Adapter*> acquire(size_t index);
+
+  // check_request, then generate, for adapter `index`. Usage errors are
+  // the request's; failures are loading's or running's.
+  StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt,
+                                int64_t max_new_tokens, double temperature,
+                                uint64_t seed, const TokenCallback& on_token);
+
+  PoolStats stats() const;
+
+ private:
+  struct Entry {
+    std::string name, pte;
+    uint64_t cost = 0;                 // accounted bytes when resident
+    std::vector<size_t> planned_sizes;  // forward's planned buffers
+    int64_t vocab_size = 0, max_seq_len = 0;
+    std::unique_ptr<SharedAdapter> program;  // null = not resident
+    uint64_t last_used = 0;
+  };
+
+  AdapterPool() = default;
+  Status open_foundation();
+  // check_pte + check_pair, then opens the program once to read its planned
+  // sizes and closes it again.
+  StatusOr<Entry> inspect(const std::string& name, const std::string& pte);
+  Status check_budget_holds(const Entry& entry) const;
+  // Evicts LRU adapters until `incoming` more bytes fit.
+  void make_room(uint64_t incoming, size_t keep);
+  void evict(size_t index);
+  // A larger arena for `sizes`: every resident adapter is evicted first.
+  Status grow_arena(const std::vector<size_t>& sizes);
+  uint64_t accounted_bytes() const;
+  std::vector<size_t> arena_sizes() const;  // empty without an arena
+
+  // Declaration order is destruction order in reverse: adapters (in
+  // entries_) go before the arena and the foundation they use.
+  PoolOptions options_;
+  XnnpackSettings xnnpack_;
+  DataFiles files_;
+  uint64_t foundation_bytes_ = 0;
+  std::unique_ptr<Foundation> foundation_;
+  std::unique_ptr<PlannedArena> arena_;
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
+  PoolStats counters_;
+};
+
+}  // namespace lora_share

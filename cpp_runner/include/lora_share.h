@@ -1,0 +1,180 @@
+/* lora_share.h: the lora-share runtime as a C library.
+ *
+ * One runtime maps and packs a foundation (foundation.ptd) once and serves
+ * any number of LoRA adapter programs (.pte) built against it:
+ *
+ *   ls_error err;
+ *   ls_options opts;
+ *   ls_options_init(&opts);
+ *   ls_runtime* rt = ls_open("out/x/foundation.ptd", &opts, &err);
+ *   ls_adapter* a = ls_load_adapter(rt, "out/x/support_bot.pte", &err);
+ *   ls_generate_options g;
+ *   ls_generate_options_init(&g);
+ *   ls_generate(rt, a, prompt_ids, n, &g, on_token, user_data, &err);
+ *   ls_close(rt);
+ *
+ * or, for a deployment folder written by `lora-share build` and a memory
+ * budget, ls_open_dir(): every adapter its manifest.json lists is known, the
+ * ones requests use are loaded on demand, and the least recently used are
+ * evicted so the resident ones fit the budget.
+ *
+ * ERRORS. Every function that can fail takes an `ls_error*` the caller owns
+ * (it may be NULL when the caller does not want the details) and returns an
+ * ls_status (or NULL for handles). Nothing aborts or throws on bad input, a
+ * bad file or a failed run: each is a code and a one-line message.
+ *
+ * THREADS. Different runtimes may be used from different threads at once.
+ * Calls on one runtime (and its adapters) are serialised by a lock inside the
+ * runtime: requests run one at a time, because every program of a runtime
+ * runs in one shared planned-memory arena. A callback (on_token) must not call
+ * back into the runtime it was called from: that returns LS_ERR_BUSY.
+ * The XNNPACK settings the runtime needs (weight cache on, one workspace) are
+ * process-wide, as are ExecuTorch's operator registrations.
+ *
+ * MEMORY BUDGET (ls_options.budget_bytes, 0 = unlimited). The budget covers
+ * the memory the runtime controls, accounted as:
+ *   foundation   the size of foundation.ptd (plus adapters_shared.ptd): its
+ *                weights, packed by XNNPACK once, or mapped;
+ *   arena        the planned memory (KV cache and activations) every program
+ *                shares, sized to the largest program: its allocated bytes;
+ *   adapters     per resident adapter, 1.2 x its .pte size + 4 MiB: an upper
+ *                bound of the process PSS one more loaded adapter costs
+ *                (mapped program, packed LoRA weights, method and delegate
+ *                state), measured by `lora-share bench-budget`.
+ * It does not cover the process's code, libraries or the caller's memory.
+ * Before an adapter is loaded, the least recently used resident adapters are
+ * evicted until its cost fits. A budget below foundation + arena + the
+ * largest adapter is refused (LS_ERR_BUDGET) when the runtime opens, or when
+ * ls_load_adapter registers such an adapter. With room for a single adapter
+ * every switch also repacks the foundation (XNNPACK frees packed weights no
+ * loaded program uses), so give the budget room for two or more.
+ */
+#ifndef LORA_SHARE_H
+#define LORA_SHARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define LS_API
+#else
+#define LS_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  LS_OK = 0,
+  LS_ERR_ARGUMENT = 1,  /* a NULL pointer, a bad option value */
+  LS_ERR_NOT_FOUND = 2, /* no adapter by that name */
+  LS_ERR_LOAD = 3,      /* a file is missing, damaged, of the wrong kind, or
+                           built for another foundation */
+  LS_ERR_REQUEST = 4,   /* the request does not fit the program: token ids
+                           outside the vocabulary, max_new_tokens < 1, prompt
+                           + new tokens longer than the context */
+  LS_ERR_RUN = 5,       /* the program failed while running */
+  LS_ERR_BUDGET = 6,    /* the memory budget cannot hold what is asked */
+  LS_ERR_BUSY = 7       /* called from inside this runtime's own callback */
+} ls_status;
+
+/* Filled by every failing call; untouched fields are undefined on success. */
+typedef struct {
+  ls_status code;
+  char message[1024]; /* one line, NUL-terminated, truncated if longer */
+} ls_error;
+
+typedef struct ls_runtime ls_runtime; /* one foundation, its adapters */
+typedef struct ls_adapter ls_adapter; /* an adapter the runtime knows: valid
+                                         until ls_close, resident or not */
+
+typedef struct {
+  const char* shared_ptd; /* adapters_shared.ptd for ls_open, or NULL;
+                             ls_open_dir reads it from manifest.json */
+  int verify;             /* nonzero (default): refuse an adapter whose
+                             record names another foundation */
+  uint64_t budget_bytes;  /* 0 (default): no budget, nothing is evicted */
+} ls_options;
+
+typedef struct {
+  int64_t max_new_tokens; /* default 16; at least 1 */
+  double temperature;     /* default 0: greedy (argmax) */
+  uint64_t seed;          /* sampling seed when temperature > 0 */
+} ls_generate_options;
+
+/* Called with each generated token id, in order. Return 0 to go on, nonzero
+ * to stop generating (ls_generate then returns LS_OK). */
+typedef int (*ls_token_callback)(int64_t token, void* user_data);
+
+typedef struct {
+  uint32_t adapters_known;    /* registered: the manifest's, plus loaded ones */
+  uint32_t adapters_resident; /* loaded now */
+  uint64_t loads;             /* adapter loads (first use or after eviction) */
+  uint64_t evictions;         /* adapters unloaded to fit the budget */
+  uint64_t hits;              /* requests whose adapter was resident */
+  double last_load_ms;        /* the most recent load (open + forward) */
+  double total_load_ms;
+  uint64_t budget_bytes;      /* 0 = none */
+  uint64_t foundation_bytes;  /* accounted, see MEMORY BUDGET */
+  uint64_t arena_bytes;
+  uint64_t resident_adapter_bytes; /* accounted cost of the resident adapters */
+  uint64_t largest_adapter_bytes;  /* accounted cost of the largest known one */
+  int64_t process_pss_bytes;  /* the whole process's PSS now; -1 if unreadable */
+} ls_runtime_stats;
+
+/* Defaults: no shared file, verify on, no budget. */
+LS_API void ls_options_init(ls_options* options);
+/* Defaults: 16 new tokens, greedy, seed 0. */
+LS_API void ls_generate_options_init(ls_generate_options* options);
+/* "LS_OK", "LS_ERR_LOAD", ...; "unknown" for any other value. */
+LS_API const char* ls_status_name(ls_status code);
+
+/* Maps `ptd` (and options->shared_ptd). Adapters come with ls_load_adapter.
+ * `options` may be NULL (defaults). */
+LS_API ls_runtime* ls_open(const char* ptd, const ls_options* options,
+                           ls_error* error);
+/* A deployment folder: checks manifest.json, the foundation and every adapter
+ * it lists, sizes the arena to the largest program and loads none yet. */
+LS_API ls_runtime* ls_open_dir(const char* dir, const ls_options* options,
+                               ls_error* error);
+/* Unloads everything. NULL is ignored. Handles of `runtime` become invalid. */
+LS_API void ls_close(ls_runtime* runtime);
+
+/* Checks `pte` against the foundation and loads it now (evicting others if
+ * the budget needs it). Loading a path already known returns its handle. Its
+ * name is the file stem and must be new. */
+LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte,
+                                   ls_error* error);
+/* The adapter called `name` (manifest name or file stem), loaded or not. */
+LS_API ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name,
+                                      ls_error* error);
+/* The adapter's name, valid until ls_close; "" for NULL. */
+LS_API const char* ls_adapter_name(const ls_adapter* adapter);
+/* Nonzero when `adapter` is loaded now. */
+LS_API int ls_adapter_resident(const ls_adapter* adapter);
+
+/* Prefill `prompt` (n ids), then generate up to options->max_new_tokens,
+ * calling on_token (may be NULL) with each. Loads the adapter first if it is
+ * not resident. `options` may be NULL (defaults). */
+LS_API ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter,
+                             const int64_t* prompt, size_t n,
+                             const ls_generate_options* options,
+                             ls_token_callback on_token, void* user_data,
+                             ls_error* error);
+/* ls_generate for the adapter called `name`. */
+LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name,
+                                   const int64_t* prompt, size_t n,
+                                   const ls_generate_options* options,
+                                   ls_token_callback on_token, void* user_data,
+                                   ls_error* error);
+
+/* The runtime's counters and accounted memory. */
+LS_API ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats,
+                           ls_error* error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LORA_SHARE_H */

@@ -1,0 +1,199 @@
+"""A thin ctypes binding over the C library (cpp_runner/include/lora_share.h).
+
+It adds nothing to the C API's behaviour: every call goes straight to liblora_share.so, so tests and
+benchmarks drive the same code an application links. A failing call raises ``NativeError`` carrying
+the library's status name and message.
+
+    with native.open_dir("out/x", budget_bytes=...) as rt:
+        tokens = rt.generate("support_bot", [1, 17, 42], max_new_tokens=8)
+        print(rt.stats()["loads"])
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LIBRARY = REPO / "build" / "liblora_share.so"
+
+STATUS_NAMES = ["LS_OK", "LS_ERR_ARGUMENT", "LS_ERR_NOT_FOUND", "LS_ERR_LOAD", "LS_ERR_REQUEST", "LS_ERR_RUN",
+                "LS_ERR_BUDGET", "LS_ERR_BUSY"]
+
+
+class NativeError(Exception):
+    """A failed library call: ``status`` is its ls_status name (``LS_ERR_LOAD``...), ``message`` its text."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+class _Error(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 1024)]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("shared_ptd", ctypes.c_char_p), ("verify", ctypes.c_int), ("budget_bytes", ctypes.c_uint64)]
+
+
+class _GenerateOptions(ctypes.Structure):
+    _fields_ = [("max_new_tokens", ctypes.c_int64), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("adapters_known", ctypes.c_uint32), ("adapters_resident", ctypes.c_uint32),
+                ("loads", ctypes.c_uint64), ("evictions", ctypes.c_uint64), ("hits", ctypes.c_uint64),
+                ("last_load_ms", ctypes.c_double), ("total_load_ms", ctypes.c_double),
+                ("budget_bytes", ctypes.c_uint64), ("foundation_bytes", ctypes.c_uint64),
+                ("arena_bytes", ctypes.c_uint64), ("resident_adapter_bytes", ctypes.c_uint64),
+                ("largest_adapter_bytes", ctypes.c_uint64), ("process_pss_bytes", ctypes.c_int64)]
+
+
+TOKEN_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_void_p)
+_P = ctypes.c_void_p
+_ERR = ctypes.POINTER(_Error)
+
+
+def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
+    """liblora_share.so from ``path``, $LORA_SHARE_LIB or build/, with every function's signature declared."""
+    path = Path(path or os.environ.get("LORA_SHARE_LIB") or DEFAULT_LIBRARY)
+    if not path.exists():
+        raise NativeError("LS_ERR_LOAD", f"{path} does not exist: build it with `make runner`")
+    lib = ctypes.CDLL(str(path))
+    signatures = {
+        "ls_options_init": (None, [ctypes.POINTER(_Options)]),
+        "ls_generate_options_init": (None, [ctypes.POINTER(_GenerateOptions)]),
+        "ls_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "ls_open": (_P, [ctypes.c_char_p, ctypes.POINTER(_Options), _ERR]),
+        "ls_open_dir": (_P, [ctypes.c_char_p, ctypes.POINTER(_Options), _ERR]),
+        "ls_close": (None, [_P]),
+        "ls_load_adapter": (_P, [_P, ctypes.c_char_p, _ERR]),
+        "ls_adapter_by_name": (_P, [_P, ctypes.c_char_p, _ERR]),
+        "ls_adapter_name": (ctypes.c_char_p, [_P]),
+        "ls_adapter_resident": (ctypes.c_int, [_P]),
+        "ls_generate": (ctypes.c_int, [_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                       ctypes.POINTER(_GenerateOptions), TOKEN_CALLBACK, ctypes.c_void_p, _ERR]),
+        "ls_generate_named": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                             ctypes.POINTER(_GenerateOptions), TOKEN_CALLBACK, ctypes.c_void_p,
+                                             _ERR]),
+        "ls_stats": (ctypes.c_int, [_P, ctypes.POINTER(_Stats), _ERR]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def _raise(lib, err: _Error) -> None:
+    raise NativeError(lib.ls_status_name(err.code).decode(), err.message.decode("utf-8", "replace"))
+
+
+def _path(p) -> bytes | None:
+    return None if p is None else os.fsencode(p)
+
+
+class Adapter:
+    """A handle the runtime returned: valid while the runtime is open."""
+
+    def __init__(self, runtime: "Runtime", handle: int):
+        self.runtime, self.handle = runtime, handle
+
+    @property
+    def name(self) -> str:
+        return self.runtime.lib.ls_adapter_name(self.handle).decode()
+
+    @property
+    def resident(self) -> bool:
+        return bool(self.runtime.lib.ls_adapter_resident(self.handle))
+
+
+class Runtime:
+    """An open ls_runtime. Use ``open``/``open_dir``; close it (or use ``with``)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int):
+        self.lib, self.handle = lib, handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.ls_close(self.handle)
+            self.handle = None
+
+    def load_adapter(self, pte) -> Adapter:
+        err = _Error()
+        h = self.lib.ls_load_adapter(self.handle, _path(pte), ctypes.byref(err))
+        if not h:
+            _raise(self.lib, err)
+        return Adapter(self, h)
+
+    def adapter(self, name: str) -> Adapter:
+        err = _Error()
+        h = self.lib.ls_adapter_by_name(self.handle, name.encode(), ctypes.byref(err))
+        if not h:
+            _raise(self.lib, err)
+        return Adapter(self, h)
+
+    def generate(self, adapter: Adapter | str, prompt: list[int], max_new_tokens: int = 16,
+                 temperature: float = 0.0, seed: int = 0, stop_after: int | None = None) -> list[int]:
+        """The generated ids. ``adapter`` a handle or a name (ls_generate_named); ``stop_after`` makes the
+        callback return nonzero after that many tokens."""
+        out: list[int] = []
+
+        def on_token(token, _user):
+            out.append(token)
+            return 1 if stop_after is not None and len(out) >= stop_after else 0
+
+        callback = TOKEN_CALLBACK(on_token)
+        ids = (ctypes.c_int64 * len(prompt))(*prompt)
+        opts = _GenerateOptions(max_new_tokens, temperature, seed)
+        err = _Error()
+        if isinstance(adapter, str):
+            status = self.lib.ls_generate_named(self.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts),
+                                                callback, None, ctypes.byref(err))
+        else:
+            status = self.lib.ls_generate(self.handle, adapter.handle, ids, len(prompt), ctypes.byref(opts),
+                                          callback, None, ctypes.byref(err))
+        if status != 0:
+            _raise(self.lib, err)
+        return out
+
+    def stats(self) -> dict:
+        """ls_stats as a dict of its fields."""
+        stats, err = _Stats(), _Error()
+        if self.lib.ls_stats(self.handle, ctypes.byref(stats), ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        return {name: getattr(stats, name) for name, _ in _Stats._fields_}
+
+
+def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0) -> _Options:
+    opts = _Options()
+    lib.ls_options_init(ctypes.byref(opts))
+    opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes
+    return opts
+
+
+def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, library=None) -> Runtime:  # noqa: A001
+    """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``."""
+    lib = load_library(library)
+    err = _Error()
+    h = lib.ls_open(_path(ptd), ctypes.byref(_options(lib, shared_ptd, verify, budget_bytes)), ctypes.byref(err))
+    if not h:
+        _raise(lib, err)
+    return Runtime(lib, h)
+
+
+def open_dir(folder, budget_bytes: int = 0, verify: bool = True, library=None) -> Runtime:
+    """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``."""
+    lib = load_library(library)
+    err = _Error()
+    h = lib.ls_open_dir(_path(folder), ctypes.byref(_options(lib, None, verify, budget_bytes)), ctypes.byref(err))
+    if not h:
+        _raise(lib, err)
+    return Runtime(lib, h)

@@ -1,0 +1,260 @@
+"""The C library (cpp_runner/include/lora_share.h) driven directly: from Python through ctypes
+(lora_share/native.py) and from C (examples/c_app, built with CMake against the installed package).
+
+The reference is build/runner, an independent client of the same runtime over the command line: greedy
+and seeded tokens must be equal. Every error path must come back as its ls_status and a message, with
+the process alive and the runtime still serving.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from budget_build import budget_build
+from conftest import REPO, TINY_FOUNDATION
+from lora_share import native
+
+PROMPT = [1, 17, 42]
+LONG_PROMPT = list(range(1, 13))  # longer than the tiny build's prefill chunk (8): fed in two calls
+NEW = 8
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def library(runner_bin) -> Path:
+    """build/liblora_share.so and its installed package, built by `make runner` when missing."""
+    lib = REPO / "build" / "liblora_share.so"
+    if not lib.exists() or not (REPO / "build/install/lib/cmake/lora_share/lora_shareConfig.cmake").exists():
+        subprocess.run(["make", "-C", str(REPO), "runner"], check=True, capture_output=True)
+    return lib
+
+
+def runner_tokens(runner_bin, build, name, prompt, new=NEW, extra=()) -> list[int]:
+    args = [str(runner_bin), "--ptd", str(build.ptd)]
+    for pte in build.ptes.values():
+        args += ["--pte", str(pte)]
+    args += ["--adapter", name, "--tokens", ",".join(map(str, prompt)), "--max-new-tokens", str(new), *extra]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    return [int(t) for t in proc.stdout.split()]
+
+
+@pytest.fixture(scope="module")
+def runtime(library, tiny_build):
+    """ls_open on the tiny foundation with every tiny adapter loaded."""
+    rt = native.open(tiny_build.ptd, library=library)
+    for pte in tiny_build.ptes.values():
+        rt.load_adapter(pte)
+    yield rt
+    rt.close()
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["short", "chunked"])
+def test_tokens_equal_the_runners(runtime, runner_bin, tiny_build, prompt):
+    for name in tiny_build.ptes:
+        assert runtime.generate(name, prompt, NEW) == runner_tokens(runner_bin, tiny_build, name, prompt), name
+
+
+def test_sampled_tokens_equal_the_runners(runtime, runner_bin, tiny_build):
+    name = next(iter(tiny_build.ptes))
+    expected = runner_tokens(runner_bin, tiny_build, name, PROMPT, extra=["--temperature", "0.8", "--seed", "5"])
+    assert runtime.generate(name, PROMPT, NEW, temperature=0.8, seed=5) == expected
+
+
+def test_open_dir_serves_every_adapter_of_the_manifest(library, runner_bin, tiny_build):
+    with native.open_dir(tiny_build.out_dir, library=library) as rt:
+        assert rt.stats()["adapters_known"] == len(tiny_build.ptes)
+        assert rt.stats()["adapters_resident"] == 0  # nothing is loaded before its first request
+        for name in tiny_build.ptes:
+            handle = rt.adapter(name)
+            assert handle.name == name and not handle.resident
+            assert rt.generate(handle, PROMPT, NEW) == runner_tokens(runner_bin, tiny_build, name, PROMPT)
+            assert handle.resident
+        assert rt.stats()["loads"] == len(tiny_build.ptes)
+
+
+def test_callback_stops_generation(runtime, tiny_build):
+    name = next(iter(tiny_build.ptes))
+    full = runtime.generate(name, PROMPT, NEW)
+    assert runtime.generate(name, PROMPT, NEW, stop_after=3) == full[:3]
+
+
+def test_loading_a_known_path_again_returns_its_handle(runtime, tiny_build):
+    pte = next(iter(tiny_build.ptes.values()))
+    assert runtime.load_adapter(pte).handle == runtime.load_adapter(pte).handle
+
+
+# --- errors: each a status and a message; the runtime keeps serving --------------------------------
+
+
+def expect(status: str, fn, *args, contains: str = "", **kwargs) -> str:
+    with pytest.raises(native.NativeError) as info:
+        fn(*args, **kwargs)
+    assert info.value.status == status, info.value
+    assert contains in info.value.message, info.value.message
+    assert info.value.message and "\n" not in info.value.message
+    return info.value.message
+
+
+def test_request_errors(runtime, tiny_build):
+    vocab, max_len = TINY_FOUNDATION["vocab_size"], 32  # tiny_build's vocabulary and context
+    name = next(iter(tiny_build.ptes))
+    expect("LS_ERR_REQUEST", runtime.generate, name, PROMPT, 0, contains="at least 1")
+    expect("LS_ERR_REQUEST", runtime.generate, name, PROMPT, 2**62, contains="context (max_seq_len)")
+    expect("LS_ERR_REQUEST", runtime.generate, name, list(range(1, max_len + 2)), 1,
+           contains="context (max_seq_len)")
+    expect("LS_ERR_REQUEST", runtime.generate, name, [1, vocab], 1, contains="outside the vocabulary")
+    expect("LS_ERR_REQUEST", runtime.generate, name, [-1], 1, contains="outside the vocabulary")
+    expect("LS_ERR_REQUEST", runtime.generate, name, [], 1, contains="empty")
+    expect("LS_ERR_ARGUMENT", runtime.generate, name, PROMPT, 1, temperature=-1.0)
+    expect("LS_ERR_NOT_FOUND", runtime.generate, "no_such_adapter", PROMPT, 1, contains="tiny_a")
+    expect("LS_ERR_NOT_FOUND", runtime.adapter, "no_such_adapter")
+    # The longest request that fits still runs: the bound above is exact.
+    assert len(runtime.generate(name, [1, 2, 3], max_len - 2)) == max_len - 2
+
+
+def test_null_arguments(library, runtime):
+    lib, err = runtime.lib, native._Error()
+    e = ctypes.byref(err)
+    assert lib.ls_open(None, None, e) is None and native.STATUS_NAMES[err.code] == "LS_ERR_ARGUMENT"
+    assert "ptd" in err.message.decode()
+    assert lib.ls_open_dir(None, None, e) is None and err.code == 1
+    assert lib.ls_load_adapter(None, b"x.pte", e) is None and err.code == 1
+    assert lib.ls_load_adapter(runtime.handle, None, e) is None and err.code == 1
+    assert lib.ls_adapter_by_name(runtime.handle, None, e) is None and err.code == 1
+    ids = (ctypes.c_int64 * 1)(1)
+    cb = native.TOKEN_CALLBACK(lambda t, u: 0)
+    assert lib.ls_generate(runtime.handle, None, ids, 1, None, cb, None, e) == 1
+    assert lib.ls_generate(None, None, ids, 1, None, cb, None, e) == 1
+    adapter = runtime.adapter("tiny_a")
+    assert lib.ls_generate(runtime.handle, adapter.handle, None, 3, None, cb, None, e) == 1
+    assert lib.ls_generate_named(runtime.handle, None, ids, 1, None, cb, None, e) == 1
+    assert lib.ls_stats(runtime.handle, None, e) == 1 and lib.ls_stats(None, None, e) == 1
+    # A NULL error pointer is allowed: the status alone comes back.
+    assert lib.ls_open(None, None, None) is None
+    assert lib.ls_generate(runtime.handle, None, ids, 1, None, cb, None, None) == 1
+    # NULL options and a NULL callback mean defaults and "don't tell me each token".
+    assert lib.ls_generate(runtime.handle, adapter.handle, ids, 1, None, native.TOKEN_CALLBACK(), None, e) == 0
+    lib.ls_close(None)
+    assert lib.ls_adapter_name(None) == b""
+
+
+def test_calling_the_runtime_from_its_own_callback_is_refused(runtime):
+    lib = runtime.lib
+    seen = []
+
+    def reenter(token, _user):
+        stats, err = native._Stats(), native._Error()
+        seen.append((lib.ls_stats(runtime.handle, ctypes.byref(stats), ctypes.byref(err)), err.message.decode()))
+        return 1
+
+    err = native._Error()
+    ids = (ctypes.c_int64 * 3)(*PROMPT)
+    assert lib.ls_generate_named(runtime.handle, b"tiny_a", ids, 3, None, native.TOKEN_CALLBACK(reenter), None,
+                                 ctypes.byref(err)) == 0
+    assert seen and seen[0][0] == native.STATUS_NAMES.index("LS_ERR_BUSY") and "callback" in seen[0][1]
+
+
+def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
+    with native.open(tiny_build.ptd, library=library) as other:
+        handle = other.load_adapter(tiny_build.ptes["tiny_a"])
+        expect("LS_ERR_ARGUMENT", runtime.generate, handle, PROMPT, 1, contains="another runtime")
+
+
+@pytest.mark.parametrize("case", ["missing-pte", "ptd-as-pte", "truncated-pte", "garbage-pte", "other-foundation",
+                                  "same-stem"])
+def test_adapter_load_errors(runtime, tiny_build, tmp_path_factory, tmp_path, case):
+    pte = tiny_build.ptes["tiny_a"]
+    contains = ""
+    if case == "missing-pte":
+        path, contains = tmp_path / "nope.pte", "nope.pte"
+    elif case == "ptd-as-pte":
+        path = tmp_path / "f.pte"
+        path.write_bytes(tiny_build.ptd.read_bytes())
+    elif case == "truncated-pte":
+        path = tmp_path / "t.pte"
+        path.write_bytes(pte.read_bytes()[: pte.stat().st_size // 2])
+    elif case == "garbage-pte":
+        path = tmp_path / "g.pte"
+        path.write_bytes(b"\x00not a program" * 100)
+    elif case == "other-foundation":
+        path, contains = budget_build(tmp_path_factory).ptes["b0"], "was built for foundation"
+    else:  # a different file whose stem is taken
+        path = tmp_path / "tiny_a.pte"
+        path.write_bytes(pte.read_bytes())
+        contains = "already loaded"
+    expect("LS_ERR_LOAD", runtime.load_adapter, path, contains=contains)
+    assert runtime.generate("tiny_a", PROMPT, 2)  # still serving
+
+
+@pytest.mark.parametrize("case", ["missing-ptd", "pte-as-ptd", "truncated-ptd", "no-manifest", "bad-manifest",
+                                  "manifest-without-adapters"])
+def test_open_errors(library, tiny_build, tmp_path, case):
+    if case.startswith(("missing", "pte-as", "truncated")):
+        ptd = {"missing-ptd": tmp_path / "nope.ptd", "pte-as-ptd": tiny_build.ptes["tiny_a"]}.get(case)
+        if case == "truncated-ptd":
+            ptd = tmp_path / "f.ptd"
+            ptd.write_bytes(tiny_build.ptd.read_bytes()[:4096])
+        expect("LS_ERR_LOAD", native.open, ptd, library=library, contains=str(ptd))
+        return
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "foundation.ptd").write_bytes(tiny_build.ptd.read_bytes())
+    if case == "bad-manifest":
+        (folder / "manifest.json").write_text('{"foundation": {"file": "foundation.ptd"}, "adapters": [')
+    elif case == "manifest-without-adapters":
+        (folder / "manifest.json").write_text('{"foundation": {"file": "foundation.ptd"}, "adapters": []}')
+    msg = expect("LS_ERR_LOAD", native.open_dir, folder, library=library)
+    assert "manifest.json" in msg
+
+
+def test_budget_below_one_adapter_is_refused(library, tiny_build):
+    with native.open_dir(tiny_build.out_dir, library=library) as rt:
+        s = rt.stats()
+    too_small = s["foundation_bytes"] + s["arena_bytes"] + s["largest_adapter_bytes"] - 1
+    expect("LS_ERR_BUDGET", native.open_dir, tiny_build.out_dir, budget_bytes=too_small, library=library,
+           contains="raise the budget")
+    with native.open(tiny_build.ptd, budget_bytes=s["foundation_bytes"] + 1, library=library) as rt:
+        expect("LS_ERR_BUDGET", rt.load_adapter, tiny_build.ptes["tiny_a"], contains="raise the budget")
+
+
+# --- the example application, from C ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def c_app(library, tmp_path_factory) -> Path:
+    """examples/c_app configured with find_package(lora_share) against build/install and built."""
+    build = tmp_path_factory.mktemp("c_app")
+    for cmd in (["cmake", "-S", str(REPO / "examples/c_app"), "-B", str(build),
+                 f"-DCMAKE_PREFIX_PATH={REPO / 'build/install'}"],
+                ["cmake", "--build", str(build)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return build / "c_app"
+
+
+def test_c_app_tokens_equal_the_runners(c_app, runner_bin, tiny_build):
+    for name, pte in tiny_build.ptes.items():
+        proc = subprocess.run([str(c_app), str(tiny_build.ptd), str(pte), "1,17,42", str(NEW)],
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stderr
+        assert [int(t) for t in proc.stdout.split()] == runner_tokens(runner_bin, tiny_build, name, PROMPT)
+    # The folder form: the manifest's adapter by name.
+    proc = subprocess.run([str(c_app), "--dir", str(tiny_build.out_dir), "tiny_b", "1,17,42", str(NEW)],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert [int(t) for t in proc.stdout.split()] == runner_tokens(runner_bin, tiny_build, "tiny_b", PROMPT)
+
+
+def test_c_app_reports_errors_with_their_status(c_app, tiny_build, tmp_path):
+    cases = [([str(tiny_build.ptd), str(tmp_path / "nope.pte"), "1", "2"], "LS_ERR_LOAD"),
+             ([str(tiny_build.ptd), str(tiny_build.ptes["tiny_a"]), "1", "0"], "LS_ERR_REQUEST"),
+             (["--dir", str(tiny_build.out_dir), "nobody", "1", "2"], "LS_ERR_NOT_FOUND")]
+    for args, status in cases:
+        proc = subprocess.run([str(c_app), *args], capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith(f"error: {status}: "), proc.stderr
