@@ -1,0 +1,269 @@
+"""build/tokenize (the C++ tokenizer the runner uses) against the `tokenizers` library, id for id.
+
+Every tokenizer.json here is encoded and decoded by both: thousands of seeded strings covering
+scripts, digits, emoji, whitespace runs, contractions, punctuation and special tokens mid-text;
+their ids decoded with and without skip_special_tokens; and random id sequences, byte-fallback
+bytes that form invalid UTF-8 included. One build/tokenize process per tokenizer, all lines
+batched through its stdin. Besides the two styles of tests/tokenizer_files.py, variants rewire
+the same trained vocab through the other components real checkpoints use (GPT-2 ByteLevel with
+its own regex and prefix space, Digits, Metaspace with prepend_scheme "first", NFC, added tokens
+with lstrip / rstrip / single_word / normalized), with the library again as the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import unicodedata
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from tokenizer_files import byte_level_bpe, sentencepiece_bpe
+
+N_STRINGS = 1200
+N_RANDOM_IDS = 400
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Hello", "WORLD", "token", "tokenizer",
+         "running", "generation", "LoRA", "adapter", "a", "I", "x", "foundation", "deTokenize", "HTTPServer"]
+CONTRACTIONS = ["we're", "they'll", "it's", "I'd", "you've", "don't", "I'M", "WE'LL", "'s", "'t", "O'Neil", "'re'"]
+UNICODE_WORDS = ["café", "naïve", "Ελληνικά", "αλεπού", "собака", "Русский", "中文文本", "日本語のテキスト", "한국어",
+                 "العربية", "الكلب", "עברית", "हिन्दी", "ไทย", "Ça", "ßtraße", "e\u0301", "ﬁne", "Ǆ"]
+DIGITS = ["0", "7", "42", "123", "2026", "3.14159", "1,000,000", "٣٤٥", "१२३", "①②", "½", "Ⅻ", "１２３", "۱۲"]
+EMOJI = ["😀", "👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "❤️", "🎉🎉", "👩🏿‍💻", "🇫🇷", "©", "™"]
+SPACES = [" ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", " \n ", "\u00a0", "\u3000", "\u2028", "\u0085", "\x0b",
+          "\x0c", " \t\n", "\r", "    \n"]
+PUNCT = [".", ",", "!", "?", ";", ":", "-", "—", "(", ")", "[", "]", "{", "}", '"', "'", "`", "...", "…", "“",
+         "”", "@", "#", "$%", "^&*", "_", "+=", "<", ">", "/", "\\", "|", "~", "</", "<0x41>", "▁"]
+
+
+def _random_digits(rng: random.Random) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 14)))
+
+
+def _random_char(rng: random.Random) -> str:
+    """A random character assigned in Unicode 14 (this Python's unicodedata, and the tables of the
+    PCRE2 10.42 build/tokenize links): characters assigned later are letters or digits to the
+    library's Oniguruma but not to PCRE2 10.42, a known gap this test does not hide by accident."""
+    while True:
+        cp = rng.choice([rng.randint(0x20, 0x7E), rng.randint(0xA0, 0x2FFF), rng.randint(0x3000, 0xD7FF),
+                         rng.randint(0xE000, 0xFFFD), rng.randint(0x10000, 0x1FAFF)])
+        if unicodedata.category(chr(cp)) not in ("Cn", "Cs"):
+            return chr(cp)
+
+
+def make_strings(specials: list[str], seed: int, n: int = N_STRINGS) -> list[str]:
+    """n deterministic test strings, the empty string and a few fixed edge cases first."""
+    rng = random.Random(seed)
+    pools = [WORDS, WORDS, CONTRACTIONS, UNICODE_WORDS, DIGITS, EMOJI, SPACES, SPACES, PUNCT, specials]
+    fixed = ["", " ", "  ", "\n", "hello", " hello", "hello ", "   leading and trailing   ", "\r\n\r\n",
+             "a\u00a0b", specials[0], specials[0] + specials[-1], f" {specials[-1]} ", "12345678901234567890"]
+    out = list(fixed)
+    while len(out) < n:
+        parts = []
+        for _ in range(rng.randint(1, 14)):
+            kind = rng.random()
+            if kind < 0.06:
+                parts.append(_random_digits(rng))
+            elif kind < 0.12:
+                parts.append(_random_char(rng))
+            else:
+                parts.append(rng.choice(rng.choice(pools)))
+            if rng.random() < 0.5:
+                parts.append(" ")
+        out.append("".join(parts))
+    return out
+
+
+def random_id_sequences(vocab_size: int, byte_ids: list[int], seed: int, n: int = N_RANDOM_IDS) -> list[list[int]]:
+    """Random ids (a few unknown ones past the vocab), many runs of byte-fallback ids among them."""
+    rng = random.Random(seed)
+    out = [[], [vocab_size + 7]]
+    while len(out) < n:
+        seq = []
+        for _ in range(rng.randint(1, 20)):
+            r = rng.random()
+            if byte_ids and r < 0.4:
+                seq.extend(rng.choice(byte_ids) for _ in range(rng.randint(1, 4)))
+            elif r < 0.43:
+                seq.append(vocab_size + rng.randint(0, 50))
+            else:
+                seq.append(rng.randrange(vocab_size))
+        out.append(seq)
+    return out
+
+
+def run_tokenize(binary: Path, tokenizer_json: Path, requests: list[dict]) -> list[dict]:
+    """All requests through one build/tokenize process; one reply per request."""
+    stdin = "".join(json.dumps(r) + "\n" for r in requests)
+    proc = subprocess.run([str(binary), "--tokenizer", str(tokenizer_json)], input=stdin, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(replies) == len(requests)
+    return replies
+
+
+@pytest.fixture(scope="module")
+def tokenize_bin(runner_bin) -> Path:
+    """build/tokenize, which `make runner` builds with the runner."""
+    binary = runner_bin.parent / "tokenize"
+    if not binary.exists():
+        subprocess.run(["make", "-C", str(runner_bin.parents[1]), "runner"], check=True, capture_output=True)
+    return binary
+
+
+def _edit(src: Path, dst_dir: Path, edit) -> Path:
+    """A copy of src/tokenizer.json with `edit(spec)` applied; the library must load it."""
+    spec = json.loads((src / "tokenizer.json").read_text())
+    edit(spec)
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(spec, ensure_ascii=False)
+    Tokenizer.from_str(text)
+    (dst_dir / "tokenizer.json").write_text(text)
+    return dst_dir
+
+
+def _added(content: str, id_: int, special: bool, **flags) -> dict:
+    return {"id": id_, "content": content, "single_word": flags.get("single_word", False),
+            "lstrip": flags.get("lstrip", False), "rstrip": flags.get("rstrip", False),
+            "normalized": flags.get("normalized", not special), "special": special}
+
+
+def _gpt2_variant(spec: dict) -> None:
+    """GPT-2 / RoBERTa style: ByteLevel with its own regex and a prefix space, digits split first,
+    merges without ignore_merges, and added tokens with the strip / single-word flags."""
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    spec["model"]["ignore_merges"] = False
+    spec["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in spec["model"]["merges"]]
+    n = max(spec["model"]["vocab"].values()) + 1
+    spec["added_tokens"] += [_added("<mask>", n, True, lstrip=True), _added("<sep>", n + 1, True, rstrip=True),
+                             _added("fox", n + 2, False, single_word=True), _added("DOG", n + 3, False)]
+
+
+def _metaspace_variant(spec: dict) -> None:
+    """Mistral v3 / Gemma style: no normalizer but NFC, Metaspace (prepend "first") as the
+    pre-tokenizer and decoder, digits split one by one, and a non-special added token."""
+    spec["normalizer"] = {"type": "NFC"}
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}]}
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    n = max(spec["model"]["vocab"].values()) + 1
+    spec["added_tokens"] += [_added("[INST]", n, True), _added("café", n + 1, False, lstrip=True, rstrip=True)]
+
+
+@pytest.fixture(scope="module")
+def tokenizers_dir(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tokenizers")
+    llama3 = byte_level_bpe(root / "llama3", vocab_size=1000)
+    llama2 = sentencepiece_bpe(root / "llama2", vocab_size=1000)
+    return {
+        "llama3": llama3,
+        "llama2": llama2,
+        "gpt2": _edit(llama3, root / "gpt2", _gpt2_variant),
+        "metaspace": _edit(llama2, root / "metaspace", _metaspace_variant),
+    }
+
+
+@pytest.mark.parametrize("style", ["llama3", "llama2", "gpt2", "metaspace"])
+def test_encode_decode_parity(tokenize_bin, tokenizers_dir, style):
+    folder = tokenizers_dir[style]
+    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = lib.get_vocab(with_added_tokens=True)
+    assert len(lib.get_vocab(with_added_tokens=False)) > 600, "the vocab must have real merges"
+    specials = [t.content for t in lib.get_added_tokens_decoder().values()]
+    strings = make_strings(specials, seed=sum(map(ord, style)))
+    # Round one: encode both ways, then decode the library's ids both ways.
+    requests, expected = [], []
+    for s in strings:
+        for add in (True, False):
+            requests.append({"encode": s, "add_special_tokens": add})
+            expected.append({"ids": lib.encode(s, add_special_tokens=add).ids})
+    for s in strings:
+        ids = lib.encode(s).ids
+        for skip in (True, False):
+            requests.append({"decode": ids, "skip_special_tokens": skip})
+            expected.append({"text": lib.decode(ids, skip_special_tokens=skip)})
+    byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+    for seq in random_id_sequences(len(vocab), byte_ids, seed=7):
+        for skip in (True, False):
+            requests.append({"decode": seq, "skip_special_tokens": skip})
+            expected.append({"text": lib.decode(seq, skip_special_tokens=skip)})
+    got = run_tokenize(tokenize_bin, folder / "tokenizer.json", requests)
+    bad = [(r, e, g) for r, e, g in zip(requests, expected, got) if e != g]
+    assert not bad, f"{len(bad)} of {len(requests)} differ; first ones:\n" + "\n".join(
+        f"{json.dumps(r, ensure_ascii=False)}\n  tokenizers: {e}\n  build/tokenize: {g}" for r, e, g in bad[:5])
+
+
+def test_bad_lines_get_an_error_and_serving_goes_on(tokenize_bin, tokenizers_dir):
+    lines = ["not json", "[1, 2]", '{"encode": 5}', '{"decode": "x"}', '{"encode": "a", "decode": [1]}', "{}",
+             '{"encode": "hello"}']
+    proc = subprocess.run([str(tokenize_bin), "--tokenizer", str(tokenizers_dir["llama3"] / "tokenizer.json")],
+                          input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert all("error" in r for r in replies[:-1]), replies
+    lib = Tokenizer.from_file(str(tokenizers_dir["llama3"] / "tokenizer.json"))
+    assert replies[-1] == {"ids": lib.encode("hello").ids}
+
+
+def _refused(tokenize_bin, path: Path) -> str:
+    proc = subprocess.run([str(tokenize_bin), "--tokenizer", str(path)], input="", capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("normalizer", {"type": "Precompiled", "precompiled_charsmap": None},
+     "normalizer type 'Precompiled' is not supported"),
+    ("pre_tokenizer", {"type": "Sequence", "pretokenizers": [{"type": "BertPreTokenizer"}]},
+     "pre_tokenizer.pretokenizers[0] type 'BertPreTokenizer' is not supported"),
+    ("decoder", {"type": "WordPiece", "prefix": "##", "cleanup": True}, "decoder type 'WordPiece' is not supported"),
+    ("post_processor", {"type": "BertProcessing", "sep": ["</s>", 2], "cls": ["<s>", 1]},
+     "post_processor type 'BertProcessing' is not supported"),
+])
+def test_unsupported_component_is_refused_naming_file_and_key(tokenize_bin, tokenizers_dir, tmp_path, key, value,
+                                                              message):
+    spec = json.loads((tokenizers_dir["llama2"] / "tokenizer.json").read_text())
+    spec[key] = value
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    err = _refused(tokenize_bin, path)
+    assert f"{path}: {message}" in err, err
+
+
+def test_unigram_model_is_refused(tokenize_bin, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
+                                "post_processor": None, "decoder": None,
+                                "model": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]]}}))
+    Tokenizer.from_file(str(path))  # a file the library takes: refusing it is this runtime's choice
+    assert f"{path}: model type 'Unigram' is not supported" in _refused(tokenize_bin, path)
+
+
+def test_truncated_and_missing_files_are_refused(tokenize_bin, tokenizers_dir, tmp_path):
+    text = (tokenizers_dir["llama3"] / "tokenizer.json").read_text()
+    path = tmp_path / "tokenizer.json"
+    path.write_text(text[: len(text) // 2])
+    assert f"{path}: not a valid tokenizer.json" in _refused(tokenize_bin, path)
+    missing = tmp_path / "nowhere" / "tokenizer.json"
+    assert f"{missing}: cannot open" in _refused(tokenize_bin, missing)
+
+
+def test_merge_outside_the_vocab_is_refused(tokenize_bin, tokenizers_dir, tmp_path):
+    spec = json.loads((tokenizers_dir["llama3"] / "tokenizer.json").read_text())
+    spec["model"]["merges"].insert(3, "Ġzzzq Ġzzzr")
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    assert f"{path}: model.merges[3]: merge 'Ġzzzq Ġzzzr' uses a token missing from the vocab" in _refused(
+        tokenize_bin, path)
