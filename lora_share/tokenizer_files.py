@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .chat_format import resolve_chat_format
 from .config import FoundationConfig
 from .errors import UserError
 from .files import sha256_file
@@ -147,8 +148,13 @@ def stage_files(stage: Path, files: dict[str, Path], link: bool) -> dict[str, di
 
 def manifest_section(source: TokenizerSource, entries: dict[str, dict], fingerprint: str) -> dict:
     """manifest.json's ``tokenizer`` object for a build."""
-    return {"files": entries, "foundation_fingerprint": fingerprint, "eos_token_ids": source.eos_token_ids,
-            "bos_token_id": source.bos_token_id, "chat_template": source.chat_template}
+    section = {"files": entries, "foundation_fingerprint": fingerprint, "eos_token_ids": source.eos_token_ids,
+               "bos_token_id": source.bos_token_id, "chat_template": source.chat_template}
+    # The template as plain text pieces, for runtimes without Jinja (the C++ server), when it can be.
+    chat_format = resolve_chat_format(source.folder) if source.chat_template else None
+    if chat_format is not None:
+        section["chat_format"] = chat_format
+    return section
 
 
 def shipped_files(out_dir: Path, manifest: dict) -> dict[str, Path]:
