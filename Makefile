@@ -8,7 +8,7 @@ RUNNER := build/runner
 CONFIG ?= configs/llama_adapters.yaml
 OUT ?= out/llama_adapters
 
-.PHONY: all setup runner demo test bench bench-scale clean system-deps
+.PHONY: all setup runner demo test bench bench-scale bench-budget clean system-deps
 
 all: setup runner
 
@@ -32,11 +32,14 @@ $(SETUP_STAMP): pyproject.toml Makefile
 
 setup: $(SETUP_STAMP)
 
-# The C++ runner, built against the runtime shipped in the executorch wheel (never from source).
-$(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/*) | system-deps
+# The C++ runner and the library it links (build/liblora_share.so; installed with its header and
+# CMake package into build/install for applications), built against the runtime shipped in the
+# executorch wheel (never from source).
+$(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps
 	cmake -S cpp_runner -B build/cmake -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import importlib.util as u; print(u.find_spec("executorch").submodule_search_locations[0])')" >/dev/null
 	cmake --build build/cmake -j2
+	cmake --install build/cmake --prefix build/install >/dev/null
 
 runner: $(RUNNER)
 
@@ -63,6 +66,12 @@ bench: setup runner
 # The builds are kept in out/bench_scale and reused while nothing changed.
 bench-scale: setup runner
 	$(VENV)/bin/lora-share bench-scale
+
+# 32 adapters served under a memory budget that holds 4: PSS against the budget, a request whose
+# adapter is resident vs one that must be loaded (p50, p99), requests/s of a mixed stream, against
+# all 32 loaded. The build is kept in out/bench_budget and reused while nothing changed.
+bench-budget: setup runner
+	$(VENV)/bin/lora-share bench-budget $(CONFIG)
 
 clean:
 	rm -rf build out .pytest_cache

@@ -31,10 +31,10 @@ uint64_t total(const std::vector<size_t>& sizes) {
 
 }  // namespace
 
-uint64_t adapter_cost_bytes(uint64_t pte_bytes) {
-  // 1.2 x the file + 4 MiB bounds what the README's and bench-budget's PSS
-  // measurements show one more loaded adapter costs.
-  return pte_bytes + pte_bytes / 5 + (uint64_t{4} << 20);
+uint64_t adapter_cost_bytes(uint64_t pte_bytes, uint64_t overhead_bytes) {
+  // With the default 4 MiB overhead this bounds what the README's and
+  // bench-budget's PSS measurements show one more loaded adapter costs.
+  return pte_bytes + pte_bytes / 5 + overhead_bytes;
 }
 
 Status AdapterPool::open_foundation() {
@@ -109,7 +109,7 @@ StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
   Entry entry;
   entry.name = name;
   entry.pte = pte;
-  entry.cost = adapter_cost_bytes(file_size(pte));
+  entry.cost = adapter_cost_bytes(file_size(pte), options_.adapter_overhead_bytes);
   entry.planned_sizes = program.planned_sizes();
   entry.vocab_size = program.vocab_size();
   entry.max_seq_len = program.max_seq_len();

@@ -10,8 +10,8 @@
 //
 // Budget accounting (lora_share.h, MEMORY BUDGET, is the contract):
 // foundation = its file sizes, arena = its allocated bytes, an adapter =
-// 1.2 x its .pte size + 4 MiB. Eviction happens before a load, so the
-// accounted total never exceeds the budget.
+// 1.2 x its .pte size + an overhead (4 MiB unless set). Eviction happens
+// before a load, so the accounted total never exceeds the budget.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,7 @@ struct PoolOptions {
   std::string shared_ptd;  // "" = none
   bool verify = true;      // refuse adapters built for another foundation
   uint64_t budget_bytes = 0;  // 0 = no budget
+  uint64_t adapter_overhead_bytes = uint64_t{4} << 20;  // see adapter_cost_bytes
 };
 
 struct PoolStats {
@@ -44,8 +45,9 @@ struct PoolStats {
   uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
 };
 
-// The accounted resident cost of an adapter whose .pte is `pte_bytes` long.
-uint64_t adapter_cost_bytes(uint64_t pte_bytes);
+// The accounted resident cost of an adapter whose .pte is `pte_bytes` long:
+// 1.2 x the file + `overhead_bytes`.
+uint64_t adapter_cost_bytes(uint64_t pte_bytes, uint64_t overhead_bytes);
 
 class AdapterPool {
  public:

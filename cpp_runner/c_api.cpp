@@ -119,6 +119,7 @@ lora_share::PoolOptions pool_options(const ls_options* options) {
   p.shared_ptd = o.shared_ptd ? o.shared_ptd : "";
   p.verify = o.verify != 0;
   p.budget_bytes = o.budget_bytes;
+  if (o.adapter_overhead_bytes != 0) p.adapter_overhead_bytes = o.adapter_overhead_bytes;
   return p;
 }
 
@@ -160,6 +161,7 @@ void ls_options_init(ls_options* options) {
   options->shared_ptd = nullptr;
   options->verify = 1;
   options->budget_bytes = 0;
+  options->adapter_overhead_bytes = 0;
 }
 
 void ls_generate_options_init(ls_generate_options* options) {

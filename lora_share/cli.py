@@ -148,6 +148,22 @@ def _cmd_bench_scale(ns) -> int:
     return run_from_args(ns, "lora-share bench-scale " + " ".join(sys.argv[2:]))
 
 
+def _cmd_bench_budget(ns) -> int:
+    from .bench.budget import BudgetBenchError, run
+    from .native import NativeError
+
+    if ns.deployment is None and not Path(ns.config).is_file():
+        raise UserError(f"{ns.config}: no such config file")
+    try:
+        _, ok = run(Path(ns.config), Path(ns.work), ns.adapters, ns.resident, ns.requests,
+                    None if ns.out == "-" else Path(ns.out), quiet=not ns.verbose,
+                    folder=None if ns.deployment is None else Path(ns.deployment))
+    except (BudgetBenchError, NativeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
+
+
 def _cmd_schema(ns) -> int:
     from .config import config_json_schema
 
@@ -257,6 +273,25 @@ def parser() -> argparse.ArgumentParser:
 
     add_scale_arguments(bs)
     bs.set_defaults(func=_cmd_bench_scale)
+
+    bb = sub.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C library): "
+                                             "PSS against the budget, resident vs cold request latency, requests/s",
+                        epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of the "
+                               "default config, a budget for 4\n"
+                               "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 --requests 30",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    bb.add_argument("config", nargs="?", default="configs/llama_adapters.yaml",
+                    help="config whose foundation the adapters share (default configs/llama_adapters.yaml)")
+    bb.add_argument("--adapters", type=int, default=32, help="adapters in the deployment (default 32)")
+    bb.add_argument("--resident", type=int, default=4, help="adapters the budget holds (default 4)")
+    bb.add_argument("--requests", type=int, default=200, help="mixed requests after one per adapter (default 200)")
+    bb.add_argument("--work", default="out/bench_budget", help="where the deployment is built and kept "
+                                                               "(default out/bench_budget)")
+    bb.add_argument("--deployment", metavar="DIR", help="measure this build folder as it is instead of building "
+                                                        "one (CONFIG and --adapters are then unused)")
+    bb.add_argument("--out", default="benchmarks/results/bench_budget.json", help="results JSON ('-': none)")
+    bb.add_argument("--verbose", action="store_true", help="show the build's progress")
+    bb.set_defaults(func=_cmd_bench_budget)
 
     s = sub.add_parser("schema", help="print the config's JSON Schema")
     s.set_defaults(func=_cmd_schema)

@@ -35,7 +35,8 @@ class _Error(ctypes.Structure):
 
 
 class _Options(ctypes.Structure):
-    _fields_ = [("shared_ptd", ctypes.c_char_p), ("verify", ctypes.c_int), ("budget_bytes", ctypes.c_uint64)]
+    _fields_ = [("shared_ptd", ctypes.c_char_p), ("verify", ctypes.c_int), ("budget_bytes", ctypes.c_uint64),
+                ("adapter_overhead_bytes", ctypes.c_uint64)]
 
 
 class _GenerateOptions(ctypes.Structure):
@@ -172,28 +173,35 @@ class Runtime:
         return {name: getattr(stats, name) for name, _ in _Stats._fields_}
 
 
-def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0) -> _Options:
+def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0,
+             adapter_overhead_bytes: int = 0) -> _Options:
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
     opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes
+    opts.adapter_overhead_bytes = adapter_overhead_bytes
     return opts
 
 
-def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, library=None) -> Runtime:  # noqa: A001
+def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapter_overhead_bytes: int = 0,  # noqa: A001
+         library=None) -> Runtime:
     """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``."""
     lib = load_library(library)
     err = _Error()
-    h = lib.ls_open(_path(ptd), ctypes.byref(_options(lib, shared_ptd, verify, budget_bytes)), ctypes.byref(err))
+    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes)
+    h = lib.ls_open(_path(ptd), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)
     return Runtime(lib, h)
 
 
-def open_dir(folder, budget_bytes: int = 0, verify: bool = True, library=None) -> Runtime:
-    """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``."""
+def open_dir(folder, budget_bytes: int = 0, verify: bool = True, adapter_overhead_bytes: int = 0,
+             library=None) -> Runtime:
+    """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``
+    (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default)."""
     lib = load_library(library)
     err = _Error()
-    h = lib.ls_open_dir(_path(folder), ctypes.byref(_options(lib, None, verify, budget_bytes)), ctypes.byref(err))
+    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes)
+    h = lib.ls_open_dir(_path(folder), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)
     return Runtime(lib, h)

@@ -37,10 +37,15 @@
  *                weights, packed by XNNPACK once, or mapped;
  *   arena        the planned memory (KV cache and activations) every program
  *                shares, sized to the largest program: its allocated bytes;
- *   adapters     per resident adapter, 1.2 x its .pte size + 4 MiB: an upper
- *                bound of the process PSS one more loaded adapter costs
- *                (mapped program, packed LoRA weights, method and delegate
- *                state), measured by `lora-share bench-budget`.
+ *   adapters     per resident adapter, 1.2 x its .pte size + an overhead
+ *                (adapter_overhead_bytes, default 4 MiB): an upper bound of
+ *                the process PSS one more loaded adapter costs (its mapped
+ *                program, packed LoRA weights, method and delegate state).
+ *                Measured PSS per further adapter, .pte 0.6 MB: 1.6-1.7 MiB at
+ *                the default config's shape (8 layers), 6.0 MiB for a 2.3 MB
+ *                .pte at SmolLM-135M's (30 layers); `lora-share bench-budget`
+ *                measures a deployment, and a smaller overhead can be set
+ *                from what it reports.
  * It does not cover the process's code, libraries or the caller's memory.
  * Before an adapter is loaded, the least recently used resident adapters are
  * evicted until its cost fits. A budget below foundation + arena + the
@@ -95,6 +100,8 @@ typedef struct {
   int verify;             /* nonzero (default): refuse an adapter whose
                              record names another foundation */
   uint64_t budget_bytes;  /* 0 (default): no budget, nothing is evicted */
+  uint64_t adapter_overhead_bytes; /* the per-adapter constant of the budget's
+                             accounting (MEMORY BUDGET); 0 (default): 4 MiB */
 } ls_options;
 
 typedef struct {

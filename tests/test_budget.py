@@ -1,0 +1,142 @@
+"""On-demand adapters under a memory budget (ls_open_dir), through the C library.
+
+Six same-recipe adapters (tests/budget_build.py), equal in size, served with a budget for exactly two:
+every adapter answers with build/runner's tokens, resident adapters never exceed two, and the loads,
+evictions and hits are the ones an independent LRU model of the request sequence predicts. Then the
+benchmark (`lora-share bench-budget`) runs end to end on the same deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import OrderedDict
+
+import pytest
+
+from budget_build import BUDGET_ADAPTERS, budget_build
+from conftest import run_cli
+from lora_share import native
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # longer than the prefill chunk: two forward calls
+NEW = 6
+# Sampled hot, with a seed: the tiny adapters' greedy answers coincide (they repeat the last token),
+# their samples do not, and the library and the runner draw from one generator, so sampled ids are
+# exact too.
+SAMPLING = {"temperature": 10.0, "seed": 3}
+# Hits and misses mixed, returns to evicted adapters, every adapter at least once.
+SEQUENCE = ["b0", "b1", "b0", "b2", "b1", "b3", "b3", "b4", "b5", "b0", "b5", "b2", "b4", "b1"]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    return budget_build(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def runner_answers(runner_bin, deployment) -> dict[str, list[int]]:
+    """build/runner with all six loaded, asked for each adapter."""
+    out = {}
+    ptes = [arg for pte in deployment.ptes.values() for arg in ("--pte", str(pte))]
+    for name in BUDGET_ADAPTERS:
+        proc = subprocess.run([str(runner_bin), "--ptd", str(deployment.ptd), *ptes, "--adapter", name,
+                               "--tokens", ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW),
+                               "--temperature", str(SAMPLING["temperature"]), "--seed", str(SAMPLING["seed"])],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out[name] = [int(t) for t in proc.stdout.split()]
+    assert len({tuple(v) for v in out.values()}) > 1, "the adapters should not all answer alike"
+    return out
+
+
+def lru_model(sequence: list[str], capacity: int) -> list[tuple[int, int, int, tuple[str, ...]]]:
+    """(loads, evictions, hits, resident set) after each request, for an LRU cache of ``capacity``."""
+    cache: OrderedDict[str, None] = OrderedDict()
+    loads = evictions = hits = 0
+    states = []
+    for name in sequence:
+        if name in cache:
+            hits += 1
+            cache.move_to_end(name)
+        else:
+            if len(cache) == capacity:
+                cache.popitem(last=False)
+                evictions += 1
+            cache[name] = None
+            loads += 1
+        states.append((loads, evictions, hits, tuple(sorted(cache))))
+    return states
+
+
+def budget_for(folder, adapters: int, library) -> int:
+    with native.open_dir(folder, library=library) as probe:
+        s = probe.stats()
+    assert s["adapters_known"] == len(BUDGET_ADAPTERS) and s["adapters_resident"] == 0
+    return s["foundation_bytes"] + s["arena_bytes"] + adapters * s["largest_adapter_bytes"]
+
+
+def test_budget_for_two_serves_all_six_in_lru_order(deployment, runner_answers, runner_bin):
+    library = runner_bin.parent / "liblora_share.so"
+    budget = budget_for(deployment.out_dir, 2, library)
+    expected = lru_model(SEQUENCE, 2)
+    with native.open_dir(deployment.out_dir, budget_bytes=budget, library=library) as rt:
+        handles = {name: rt.adapter(name) for name in BUDGET_ADAPTERS}
+        for name, (loads, evictions, hits, resident) in zip(SEQUENCE, expected):
+            assert rt.generate(name, PROMPT, NEW, **SAMPLING) == runner_answers[name], name
+            s = rt.stats()
+            assert (s["loads"], s["evictions"], s["hits"]) == (loads, evictions, hits), name
+            assert s["adapters_resident"] == len(resident) <= 2
+            assert tuple(sorted(n for n, h in handles.items() if h.resident)) == resident
+            assert s["resident_adapter_bytes"] + s["foundation_bytes"] + s["arena_bytes"] <= budget
+            assert s["last_load_ms"] > 0
+        assert set(SEQUENCE) == set(BUDGET_ADAPTERS)
+
+
+def test_accounted_adapter_cost_is_the_documented_rule(deployment, runner_bin):
+    """lora_share.h: 1.2 x the .pte's size + the overhead (4 MiB unless set)."""
+    library = runner_bin.parent / "liblora_share.so"
+    size = max(p.stat().st_size for p in deployment.ptes.values())
+    ptd = deployment.ptd.stat().st_size
+    for overhead, expected in ((0, 4 << 20), (1 << 20, 1 << 20)):
+        with native.open_dir(deployment.out_dir, adapter_overhead_bytes=overhead, library=library) as rt:
+            s = rt.stats()
+        assert s["largest_adapter_bytes"] == size + size // 5 + expected
+        assert s["foundation_bytes"] == ptd and s["arena_bytes"] > 0
+
+
+def test_a_budget_one_byte_short_holds_one_fewer(deployment, runner_bin):
+    library = runner_bin.parent / "liblora_share.so"
+    budget = budget_for(deployment.out_dir, 3, library) - 1
+    with native.open_dir(deployment.out_dir, budget_bytes=budget, library=library) as rt:
+        for name in SEQUENCE:
+            rt.generate(name, PROMPT, 1)
+            assert rt.stats()["adapters_resident"] <= 2
+        assert rt.stats()["evictions"] == lru_model(SEQUENCE, 2)[-1][1]
+
+
+def test_without_a_budget_nothing_is_evicted(deployment, runner_bin):
+    with native.open_dir(deployment.out_dir, library=runner_bin.parent / "liblora_share.so") as rt:
+        for name in SEQUENCE:
+            rt.generate(name, PROMPT, 1)
+        s = rt.stats()
+    assert (s["adapters_resident"], s["loads"], s["evictions"]) == (6, 6, 0)
+
+
+def test_bench_budget_runs_end_to_end(deployment, runner_bin, tmp_path):
+    out = tmp_path / "bench_budget.json"
+    proc = run_cli("bench-budget", "--deployment", deployment.out_dir, "--resident", "2", "--requests", "12",
+                   "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PSS within the budget: yes" in proc.stdout and "p50 / p99" in proc.stdout
+    result = json.loads(out.read_text())
+    b, a = result["budget"], result["all"]
+    assert result["answers_equal"] and result["pss_within_budget"]
+    assert b["max_resident"] <= 2 and b["evictions"] > 0 and a["max_resident"] == 6 and a["evictions"] == 0
+    assert 0 < b["max_pss_growth"] <= b["budget_bytes"]
+    assert b["requests"] == 6 + 12 and b["load_ms"]["p50"] > 0
+
+
+def test_bench_budget_refuses_a_folder_without_manifest(tmp_path):
+    proc = run_cli("bench-budget", "--deployment", tmp_path, "--out", "-")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "manifest.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
