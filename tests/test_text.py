@@ -13,13 +13,14 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-import lora_share
 from conftest import TEXT_ADAPTER, build_config, run_cli, write_config
 from hf_files import hf_config, write_hf_llama, write_peft_lora
 from lora_share.errors import UserError
@@ -233,14 +234,13 @@ def test_prompt_ids_are_autotokenizer_ids(tokenizer_dir):
 
 
 @pytest.fixture(scope="module")
-def plain_build(tmp_path_factory):
-    """A synthetic foundation (no tokenizer), built with the real `lora-share build` command."""
+def plain_build(tiny_build, tmp_path_factory):
+    """tiny_build (a synthetic foundation: no tokenizer) built again with the real `lora-share build`
+    command into a copy of its output folder, so every file is reused and nothing is exported."""
     root = tmp_path_factory.mktemp("plain")
-    foundation = {"synthetic": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "hidden_dim": 64,
-                                "vocab_size": 64}, "max_seq_len": 16}
-    cfg = write_config(root, foundation, [{"name": "a", "synthetic": {"rank": 2, "alpha": 4,
-                                                                      "target_modules": ["q_proj"]}}])
-    r = run_cli("build", cfg)
+    shutil.copytree(tiny_build.out_dir, root / "out")
+    shutil.copy(tiny_build.config, root / "deploy.yaml")  # output_dir: out, next to the config
+    r = run_cli("build", root / "deploy.yaml")
     assert r.returncode == 0, r.stderr
     return r, root / "out"
 
@@ -252,7 +252,7 @@ def test_a_build_without_tokenizer_says_so(plain_build):
     assert "tokenizer" not in json.loads((out / "manifest.json").read_text())
     assert not (out / "tokenizer.json").exists()
     for flag in ("--prompt", "--chat"):
-        r = run_cli("run", "--pte", out / "a.pte", "--ptd", out / "foundation.ptd", flag, "hello")
+        r = run_cli("run", "--pte", out / "tiny_a.pte", "--ptd", out / "foundation.ptd", flag, "hello")
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert r.stderr == f"error: {out} {NO_TOKENIZER}\n"
 
@@ -327,3 +327,36 @@ def test_add_leaves_the_tokenizer_untouched(text_build, tmp_path):
         assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before[n].st_ino, before[n].st_mtime_ns,
                                                                     before[n].st_size)
     assert _json_run("--pte", out / "more.pte", "--ptd", out / "foundation.ptd", "--prompt", "hi")["text"] is not None
+
+
+# ---------------------------------------------------------------------------
+# transformers is needed by --chat only
+
+
+def test_only_chat_needs_transformers(text_build, tmp_path):
+    """With `import transformers` failing, --prompt still runs and --chat says what to install."""
+    shim = tmp_path / "shim" / "transformers"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('transformers is not installed (test shim)')\n")
+    env = {**os.environ, "PYTHONPATH": str(shim.parent)}
+    exe = Path(sys.executable).parent / "lora-share"
+
+    def run(*args):
+        return subprocess.run([str(exe), "run", *map(str, _run_args(text_build, *args))], capture_output=True,
+                              text=True, env=env, timeout=600)
+
+    r = run("--prompt", PROMPT)
+    assert r.returncode == 0, r.stderr
+    r = run("--chat", "hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--chat renders the model's chat template with transformers, which is not installed: " \
+           "pip install 'lora-share[chat]'" in r.stderr
+
+
+def test_chat_without_a_template_is_refused(text_build):
+    from lora_share.text import chat_prompt
+
+    folder = text_build.build.out_dir
+    bound = BoundTokenizer(folder, load_tokenizer(folder / "tokenizer.json"), [1], 0, chat_template=False)
+    with pytest.raises(UserError, match=re.escape(f"{folder / 'tokenizer_config.json'}: has no chat_template")):
+        chat_prompt(bound, "hi")
