@@ -66,13 +66,29 @@ const FlagSpec kFlags[] = {
        o.shared_ptd = v;
        return Status();
      }},
-    {"tokens", "IDS", "(required unless --serve)",
+    {"tokens", "IDS", "(this or --prompt, unless --serve)",
      "prompt token ids, comma-separated, e.g. 1,17,42",
      [](Options& o, const std::string& v) {
        auto ids = parse_token_list(v, "--tokens");
        if (!ids.ok()) return ids.status();
        o.tokens = std::move(ids.value());
        o.tokens_given = true;
+       return Status();
+     }},
+    {"prompt", "TEXT", "(this or --tokens, unless --serve)",
+     "prompt text, encoded with the build's tokenizer (BOS added where the "
+     "model has one); the reply is printed as text while it is generated "
+     "and stops at the model's end-of-sequence token",
+     [](Options& o, const std::string& v) {
+       o.prompt = v;
+       o.prompt_given = true;
+       return Status();
+     }},
+    {"tokenizer", "DIR", "(the --ptd's folder)",
+     "folder with the build's manifest.json and tokenizer.json, checked to "
+     "belong to the --ptd; for --prompt and --serve",
+     [](Options& o, const std::string& v) {
+       o.tokenizer_dir = v;
        return Status();
      }},
     {"max-new-tokens", "N", "16", "number of tokens to generate (>= 1)",
@@ -112,8 +128,11 @@ const FlagSpec kFlags[] = {
        return Status();
      }},
     {"serve", nullptr, "off",
-     "read requests 'adapter<TAB>ids' from stdin, one per line; answer one "
-     "JSON line each; EOF ends. Requests run one at a time and each starts "
+     "read requests from stdin, one per line, either 'adapter<TAB>ids' or "
+     "JSON {\"adapter\": ..., \"prompt\": text | \"tokens\": [ids], "
+     "\"max_new_tokens\", \"temperature\", \"seed\" (optional)}; answer one "
+     "JSON line each (with \"text\" when the build has a tokenizer); EOF "
+     "ends. Requests run one at a time and each starts "
      "at position 0: nothing of an earlier request (KV cache included) is "
      "kept or read",
      [](Options& o, const std::string&) {
@@ -194,18 +213,28 @@ Status check_combinations(const Options& o) {
   if (o.ptes.empty())
     return Status::usage("--pte: give at least one adapter program (.pte)");
   if (o.serve) {
-    if (o.tokens_given)
-      return Status::usage("--tokens is not used with --serve: each request "
-                           "line carries its own token ids");
+    if (o.tokens_given || o.prompt_given)
+      return Status::usage(std::string(o.tokens_given ? "--tokens" : "--prompt") +
+                           " is not used with --serve: each request line "
+                           "carries its own prompt");
     if (!o.adapter.empty())
       return Status::usage("--adapter is not used with --serve: each request "
                            "line names its adapter");
     if (!o.dump_logits.empty())
       return Status::usage("--dump-logits is not supported with --serve");
-  } else if (!o.tokens_given) {
-    return Status::usage("--tokens: give the prompt token ids, e.g. "
-                         "--tokens 1,17,42 (or use --serve)");
+  } else if (o.tokens_given == o.prompt_given) {
+    return Status::usage(o.tokens_given
+                             ? "--tokens and --prompt are mutually exclusive: "
+                               "give the prompt one way"
+                             : "give the prompt as --tokens IDS (e.g. 1,17,42) "
+                               "or --prompt TEXT (or use --serve)");
   }
+  if (!o.tokenizer_dir.empty() && o.tokens_given)
+    return Status::usage("--tokenizer is read only with --prompt or --serve, "
+                         "not with --tokens");
+  if (o.prompt_given && o.ptd.empty())
+    return Status::usage("--prompt needs the build's foundation.ptd (--ptd): "
+                         "its tokenizer is checked against it");
   // Adapters are picked by file stem, so two files with one stem would make
   // one unreachable. Checked here so a typo fails before minutes of loading.
   std::set<std::string> names;
@@ -302,7 +331,8 @@ std::string usage_text(const char* program_name) {
   std::ostringstream out;
   out << "usage: " << program_name
       << " --pte A.pte [--pte B.pte ...] [--ptd foundation.ptd "
-         "[--shared-ptd adapters_shared.ptd]] (--tokens IDS | --serve) "
+         "[--shared-ptd adapters_shared.ptd]] (--tokens IDS | --prompt TEXT | "
+         "--serve) "
          "[flags]\n\n"
          "Loads every adapter program against one shared, memory-mapped "
          "foundation and generates tokens.\nRequests run one at a time and "

@@ -16,6 +16,9 @@ struct Options {
   std::string shared_ptd;             // --shared-ptd
   std::vector<int64_t> tokens;        // --tokens
   bool tokens_given = false;
+  std::string prompt;                 // --prompt (text, encoded with the build's tokenizer)
+  bool prompt_given = false;
+  std::string tokenizer_dir;          // --tokenizer (default: the --ptd's folder)
   int64_t max_new_tokens = 16;        // --max-new-tokens
   double temperature = 0.0;           // --temperature (0 = greedy)
   uint64_t seed = 0;                  // --seed

@@ -52,7 +52,20 @@ JsonWriter& JsonWriter::key(const std::string& name) {
 JsonWriter& JsonWriter::value(const std::string& s) {
   separate();
   out_ += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    // U+0085, U+2028 and U+2029 are line breaks to some line splitters
+    // (Python's str.splitlines): escaped, an answer stays one line.
+    if (s.compare(i, 2, "\xC2\x85") == 0) {
+      out_ += "\\u0085";
+      i += 1;
+      continue;
+    }
+    if (s.compare(i, 3, "\xE2\x80\xA8") == 0 || s.compare(i, 3, "\xE2\x80\xA9") == 0) {
+      out_ += s[i + 2] == '\xA8' ? "\\u2028" : "\\u2029";
+      i += 2;
+      continue;
+    }
     switch (c) {
       case '"': out_ += "\\\""; break;
       case '\\': out_ += "\\\\"; break;

@@ -1,7 +1,9 @@
 // lora-share runner: loads any number of adapter programs (.pte) against ONE
-// shared foundation (.ptd) in one process and generates tokens.
+// shared foundation (.ptd) in one process and generates tokens (and text,
+// with the build's tokenizer).
 //
-//   parse flags -> load (foundation once, then every adapter) -> run -> report
+//   parse flags -> bind the tokenizer -> load (foundation once, then every
+//   adapter) -> run -> report
 //
 // Every failure ends in one "error: ..." line on stderr: exit 2 for usage
 // errors (flags, request), 1 for load/run errors.
@@ -17,6 +19,7 @@
 #include "report.h"
 #include "serve.h"
 #include "session.h"
+#include "text.h"
 
 using namespace lora_share;
 
@@ -27,21 +30,48 @@ int fail(const Status& status) {
   return static_cast<int>(status.code());
 }
 
+void write_stdout(const std::string& piece) {
+  std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::fflush(stdout);  // a reader sees the text as it is generated
+}
+
+// The prompt ids: --tokens as given, or --prompt encoded with the tokenizer.
+StatusOr<std::vector<int64_t>> prompt_ids(const Options& options,
+                                          const std::optional<tok::BoundTokenizer>& tokenizer) {
+  if (!options.prompt_given) return options.tokens;
+  return encode_prompt(*tokenizer, options.prompt, "--prompt");
+}
+
 // A single request from the command line.
-Status run_once(const Session& session, const Options& options) {
+Status run_once(const Session& session, const Options& options,
+                const std::optional<tok::BoundTokenizer>& tokenizer) {
   std::string name = options.adapter.empty() ? session.adapters.front()->name()
                                              : options.adapter;
   Adapter* adapter = session.find(name);
   if (adapter == nullptr)
     return Status::usage("--adapter '" + name + "': no such adapter (loaded: " +
                          session.names() + ")");
-  Status s = check_request(options.tokens, options.max_new_tokens,
-                           adapter->vocab_size(), adapter->max_seq_len());
+  auto prompt = prompt_ids(options, tokenizer);
+  if (!prompt.ok()) return prompt.status();
+  Status s = check_request(prompt.value(), options.max_new_tokens,
+                           adapter->vocab_size(), adapter->max_seq_len(),
+                           options.prompt_given ? "--prompt" : "--tokens");
   if (!s.ok()) return s;
 
   bool keep_logits = !options.dump_logits.empty();
-  auto g = generate(*adapter, options.tokens, options.max_new_tokens,
-                    options.temperature, options.seed, keep_logits);
+  std::optional<std::string> text;
+  StatusOr<Generation> g = Status::failure("not generated");
+  if (options.prompt_given) {
+    auto t = generate_text(*adapter, *tokenizer, prompt.value(), options.max_new_tokens,
+                           options.temperature, options.seed, keep_logits,
+                           options.json ? TextWriter() : TextWriter(write_stdout));
+    if (!t.ok()) return t.status();
+    text = std::move(t->text);
+    g = std::move(t->generation);
+  } else {
+    g = generate(*adapter, prompt.value(), options.max_new_tokens,
+                 options.temperature, options.seed, keep_logits);
+  }
   if (!g.ok()) return g.status();
   MemoryStats end = read_memory_stats();
 
@@ -50,14 +80,29 @@ Status run_once(const Session& session, const Options& options) {
     if (!s.ok()) return s;
   }
   if (options.json) {
-    std::printf("%s\n", run_json(session, *adapter, options.tokens, g.value(), end).c_str());
+    std::printf("%s\n", run_json(session, *adapter, prompt.value(), g.value(), end, text).c_str());
   } else {
     std::string ids;
     for (int64_t t : g->tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
-    std::printf("%s\n", ids.c_str());
-    print_summary(stderr, session, *adapter, options.tokens, g.value(), end);
+    // With --prompt the text went out as it came: end its line; the ids are
+    // in the summary's company on stderr.
+    if (text) std::printf("\n");
+    else std::printf("%s\n", ids.c_str());
+    if (text) std::fprintf(stderr, "tokens: %s\n", ids.c_str());
+    print_summary(stderr, session, *adapter, prompt.value(), g.value(), end);
   }
   return Status();
+}
+
+// The build's tokenizer, bound before anything heavy is loaded: for --prompt
+// (required) and --serve (optional: JSON requests with a prompt need it).
+StatusOr<std::optional<tok::BoundTokenizer>> bind_for(const Options& options) {
+  if (!options.prompt_given && !options.serve) return std::optional<tok::BoundTokenizer>();
+  auto tokenizer = load_text_tokenizer(options);
+  if (!tokenizer.ok()) return tokenizer.status();
+  bool required = options.prompt_given || !options.tokenizer_dir.empty();
+  if (required && !tokenizer.value()) return Status::usage(tok::no_tokenizer_message(tokenizer_folder(options)));
+  return tokenizer;
 }
 
 }  // namespace
@@ -71,12 +116,15 @@ int main(int argc, char** argv) {
   }
   init_platform(options->verbose);
 
+  auto tokenizer = bind_for(options.value());
+  if (!tokenizer.ok()) return fail(tokenizer.status());
   auto session = load_session(options.value());
   if (!session.ok()) return fail(session.status());
 
+  const tok::BoundTokenizer* bound = tokenizer.value() ? &*tokenizer.value() : nullptr;
   Status s = options->serve
-                 ? serve(*session.value(), options.value(), std::cin, std::cout)
-                 : run_once(*session.value(), options.value());
+                 ? serve(*session.value(), options.value(), bound, std::cin, std::cout)
+                 : run_once(*session.value(), options.value(), tokenizer.value());
   if (!s.ok()) return fail(s);
   return std::fflush(stdout) == 0 ? 0 : fail(Status::failure("could not write to stdout"));
 }

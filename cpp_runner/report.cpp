@@ -26,10 +26,11 @@ void write_memory(JsonWriter& j, const MemoryStats& m) {
 }
 
 void write_generation(JsonWriter& j, const Adapter& adapter,
-                      const std::vector<int64_t>& prompt, const Generation& g) {
-  j.key("adapter").value(adapter.name())
-      .key("tokens").value(g.tokens)
-      .key("prompt_tokens").value(static_cast<int64_t>(prompt.size()))
+                      const std::vector<int64_t>& prompt, const Generation& g,
+                      const std::optional<std::string>& text) {
+  j.key("adapter").value(adapter.name()).key("tokens").value(g.tokens);
+  if (text) j.key("text").value(*text);
+  j.key("prompt_tokens").value(static_cast<int64_t>(prompt.size()))
       .key("prefill_ms").value(g.prefill_ms)
       .key("decode_ms").value(g.decode_ms)
       .key("prefill_tokens_per_s").value(g.prefill_tokens_per_s)
@@ -51,10 +52,10 @@ std::string rate(const std::optional<double>& per_s) {
 
 std::string run_json(const Session& session, const Adapter& adapter,
                      const std::vector<int64_t>& prompt, const Generation& g,
-                     const MemoryStats& end) {
+                     const MemoryStats& end, const std::optional<std::string>& text) {
   JsonWriter j;
   j.begin_object();
-  write_generation(j, adapter, prompt, g);
+  write_generation(j, adapter, prompt, g, text);
   j.key("load_ms").value(session.load_ms);
   j.key("vocab_size").value(adapter.vocab_size());
   j.key("max_seq_len").value(adapter.max_seq_len());
@@ -94,10 +95,11 @@ std::string run_json(const Session& session, const Adapter& adapter,
 
 std::string serve_answer_json(const Adapter& adapter,
                               const std::vector<int64_t>& prompt,
-                              const Generation& g) {
+                              const Generation& g,
+                              const std::optional<std::string>& text) {
   JsonWriter j;
   j.begin_object();
-  write_generation(j, adapter, prompt, g);
+  write_generation(j, adapter, prompt, g, text);
   j.end_object();
   return j.str();
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,15 +13,18 @@
 
 namespace lora_share {
 
-// The one object --json prints for a single run.
+// The one object --json prints for a single run. `text`: the decoded
+// reply, present when there is a tokenizer.
 std::string run_json(const Session& session, const Adapter& adapter,
                      const std::vector<int64_t>& prompt, const Generation& g,
-                     const MemoryStats& end);
+                     const MemoryStats& end,
+                     const std::optional<std::string>& text = std::nullopt);
 
 // One --serve answer line.
 std::string serve_answer_json(const Adapter& adapter,
                               const std::vector<int64_t>& prompt,
-                              const Generation& g);
+                              const Generation& g,
+                              const std::optional<std::string>& text = std::nullopt);
 
 // One --serve error line: {"error": "..."}.
 std::string error_json(const std::string& message);

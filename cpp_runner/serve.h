@@ -1,6 +1,10 @@
-// --serve: one request per input line, "adapter<TAB>comma-separated ids";
-// one JSON line per request on output. A bad request gets {"error": ...} and
-// serving goes on; end of input ends it.
+// --serve: one request per input line, one JSON line per request on output.
+// A line is either "adapter<TAB>comma-separated ids" or a JSON object
+//   {"adapter": "a", "prompt": "text" | "tokens": [ids],
+//    "max_new_tokens": 32, "temperature": 0, "seed": 0}   (the last three
+// optional, defaulting to the flags). Answers carry "tokens", and "text" when
+// the build has a tokenizer; a prompt's generation stops at an EOS id. A bad
+// request gets {"error": ...} and serving goes on; end of input ends it.
 #pragma once
 
 #include <istream>
@@ -9,10 +13,13 @@
 #include "flags.h"
 #include "session.h"
 #include "status.h"
+#include "tokenizer/binding.h"
 
 namespace lora_share {
 
-Status serve(const Session& session, const Options& options, std::istream& in,
+// `tokenizer`: the build's, or null when it has none.
+Status serve(const Session& session, const Options& options,
+             const tok::BoundTokenizer* tokenizer, std::istream& in,
              std::ostream& out);
 
 }  // namespace lora_share

@@ -202,6 +202,36 @@ def test_encode_decode_parity(tokenize_bin, tokenizers_dir, style):
         f"{json.dumps(r, ensure_ascii=False)}\n  tokenizers: {e}\n  build/tokenize: {g}" for r, e, g in bad[:5])
 
 
+@pytest.mark.parametrize("style", ["llama3", "llama2", "metaspace"])
+def test_stream_decoder_pieces_add_up_to_decode(tokenize_bin, tokenizers_dir, style):
+    """StreamDecoder (what the runner prints as tokens arrive): the pieces joined are the library's
+    decode, and no piece but the last ends inside a character (a trailing U+FFFD)."""
+    folder = tokenizers_dir[style]
+    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = lib.get_vocab(with_added_tokens=True)
+    specials = [t.content for t in lib.get_added_tokens_decoder().values()]
+    sequences = [lib.encode(s).ids for s in make_strings(specials, seed=99, n=300)]
+    byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+    sequences += random_id_sequences(len(vocab), byte_ids, seed=11, n=200)
+    requests = [{"stream": ids, "skip_special_tokens": True} for ids in sequences]
+    replies = run_tokenize(tokenize_bin, folder / "tokenizer.json", requests)
+    held_back = checked = 0
+    for ids, reply in zip(sequences, replies):
+        pieces, text = reply["pieces"], lib.decode(ids, skip_special_tokens=True)
+        # Text once printed stays printed: exact whenever the library's own decodes of the prefixes
+        # (those not ending inside a character) extend one another, as they do for real text. Random
+        # invalid bytes can break that (ByteFallback renders a whole invalid run as U+FFFDs).
+        prefixes = (lib.decode(ids[:k], skip_special_tokens=True) for k in range(1, len(ids)))
+        if not all(text.startswith(p) for p in prefixes if not p.endswith("\ufffd")):
+            continue
+        checked += 1
+        assert "".join(pieces) == text, ids
+        if "\ufffd" not in text:
+            assert not any(p.endswith("\ufffd") for p in pieces[:-1]), ids
+            held_back += sum(p == "" for p in pieces[:-1])
+    assert checked >= 300 and held_back > 0  # every real text, and some ids did end inside a character
+
+
 def test_bad_lines_get_an_error_and_serving_goes_on(tokenize_bin, tokenizers_dir):
     lines = ["not json", "[1, 2]", '{"encode": 5}', '{"decode": "x"}', '{"encode": "a", "decode": [1]}', "{}",
              '{"encode": "hello"}']

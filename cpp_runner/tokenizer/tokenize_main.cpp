@@ -2,6 +2,8 @@
 // lines from stdin, one JSON line out per line in, for tests and scripts:
 //   {"encode": "text", "add_special_tokens": true}      -> {"ids": [...]}
 //   {"decode": [ids], "skip_special_tokens": true}      -> {"text": "..."}
+//   {"stream": [ids], "skip_special_tokens": true}      -> {"pieces": [...]}
+//     (what StreamDecoder hands out id by id, the finish() piece last)
 // A bad line gets {"error": "..."} and serving goes on.
 #include <cstring>
 #include <iostream>
@@ -22,8 +24,17 @@ json answer(const Tokenizer& tokenizer, const std::string& line) {
   json request = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (request.is_discarded() || !request.is_object()) return error("not a JSON object: " + line);
   try {
-    if (request.contains("encode") == request.contains("decode")) {
-      return error("give exactly one of \"encode\" (a string) or \"decode\" (a list of ids)");
+    int kinds = request.contains("encode") + request.contains("decode") + request.contains("stream");
+    if (kinds != 1) {
+      return error("give exactly one of \"encode\" (a string), \"decode\" or \"stream\" (a list of ids)");
+    }
+    if (request.contains("stream")) {
+      auto ids = request.at("stream").get<std::vector<int64_t>>();
+      lora_share::tok::StreamDecoder stream(tokenizer, request.value("skip_special_tokens", false));
+      json pieces = json::array();
+      for (int64_t id : ids) pieces.push_back(stream.push(id));
+      pieces.push_back(stream.finish());
+      return json{{"pieces", pieces}};
     }
     if (request.contains("encode")) {
       auto ids = tokenizer.encode(request.at("encode").get<std::string>(), request.value("add_special_tokens", true));
