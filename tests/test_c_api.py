@@ -159,6 +159,22 @@ def test_calling_the_runtime_from_its_own_callback_is_refused(runtime):
     assert seen and seen[0][0] == native.STATUS_NAMES.index("LS_ERR_BUSY") and "callback" in seen[0][1]
 
 
+def test_threads_share_a_runtime_and_run_runtimes_side_by_side(library, runtime, tiny_build):
+    """lora_share.h, THREADS: one runtime's calls are serialised by its lock (ctypes releases the GIL, so
+    these calls really overlap), and two runtimes run at once; every answer is the sequential one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = list(tiny_build.ptes)
+    expected = {name: runtime.generate(name, LONG_PROMPT, NEW) for name in names}
+    with native.open(tiny_build.ptd, library=library) as second:
+        for pte in tiny_build.ptes.values():
+            second.load_adapter(pte)
+        jobs = [(rt, name) for rt in (runtime, second) for name in names] * 3
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = list(pool.map(lambda job: job[0].generate(job[1], LONG_PROMPT, NEW), jobs))
+    assert answers == [expected[name] for _, name in jobs]
+
+
 def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
     with native.open(tiny_build.ptd, library=library) as other:
         handle = other.load_adapter(tiny_build.ptes["tiny_a"])
