@@ -45,11 +45,15 @@ AddedTokenMatcher::AddedTokenMatcher()
 
 void AddedTokenMatcher::add(const AddedToken& token, const std::string& pattern) {
   if (pattern.empty()) return;
-  auto& bucket = by_first_byte_[static_cast<unsigned char>(pattern[0])];
-  bucket.push_back({pattern, token});
-  std::stable_sort(bucket.begin(), bucket.end(),
-                   [](const Entry& a, const Entry& b) { return a.pattern.size() > b.pattern.size(); });
+  by_first_byte_[static_cast<unsigned char>(pattern[0])].push_back({pattern, token});
   ++count_;
+}
+
+void AddedTokenMatcher::finish() {
+  for (auto& bucket : by_first_byte_) {
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [](const Entry& a, const Entry& b) { return a.pattern.size() > b.pattern.size(); });
+  }
 }
 
 std::optional<size_t> AddedTokenMatcher::longest_at(const std::string& text, size_t pos) const {

@@ -39,6 +39,8 @@ class AddedTokenMatcher {
   AddedTokenMatcher();
   // `pattern`: what is searched for (the content, or its normalized form).
   void add(const AddedToken& token, const std::string& pattern);
+  // After the last add(): orders each bucket longest pattern first.
+  void finish();
   bool empty() const { return count_ == 0; }
   // Cuts `text` into added tokens and the text between them (empty text dropped).
   std::vector<Segment> split(const std::string& text, bool at_start) const;

@@ -54,8 +54,9 @@ Status Tokenizer::load_added_tokens(const json& list, const Where& where) {
     } else {
       raw_matcher_->add(a, a.content);
     }
-    added_.push_back(std::move(a));
   }
+  raw_matcher_->finish();
+  normalized_matcher_->finish();
   return Status();
 }
 

@@ -40,7 +40,6 @@ class Tokenizer {
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<Decoder> decoder_;
   std::unique_ptr<Bpe> model_;
-  std::vector<AddedToken> added_;
   std::unordered_map<int64_t, std::string> added_by_id_;
   std::unordered_set<std::string> special_contents_;
   std::unique_ptr<AddedTokenMatcher> raw_matcher_, normalized_matcher_;
