@@ -228,6 +228,20 @@ def test_open_errors(library, tiny_build, tmp_path, case):
     assert "manifest.json" in msg
 
 
+@pytest.mark.parametrize("case", ["other-shapes", "without-named-weights", "without-xnnpack-weights", "empty"])
+def test_a_damaged_foundation_is_a_load_error(library, tiny_build, tmp_path, case):
+    """Foundations that pass ls_open's file checks and cannot serve the adapter (test_cpp_runner's variants):
+    ls_load_adapter says why, the process lives on."""
+    from test_cpp_runner import is_content_hash, rewrite_ptd
+
+    keep = {"other-shapes": lambda k: True, "empty": lambda k: False,
+            "without-named-weights": lambda k: is_content_hash(k) or k == "lora_share.foundation",
+            "without-xnnpack-weights": lambda k: not is_content_hash(k)}[case]
+    ptd = rewrite_ptd(tiny_build.ptd, tmp_path / "f.ptd", keep=keep, shrink=case == "other-shapes")
+    with native.open(ptd, library=library) as rt:
+        expect("LS_ERR_LOAD", rt.load_adapter, tiny_build.ptes["tiny_a"], contains=str(ptd))
+
+
 def test_budget_below_one_adapter_is_refused(library, tiny_build):
     with native.open_dir(tiny_build.out_dir, library=library) as rt:
         s = rt.stats()
