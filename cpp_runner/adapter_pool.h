@@ -9,7 +9,8 @@
 // correct: requests run one at a time, each from position 0).
 //
 // Budget accounting (lora_share.h, MEMORY BUDGET, is the contract):
-// foundation = its file sizes, arena = its allocated bytes, an adapter =
+// foundation = its file sizes + 8 MiB of runtime state, arena = its
+// allocated bytes, an adapter =
 // 1.2 x its .pte size + an overhead (4 MiB unless set). Eviction happens
 // before a load, so the accounted total never exceeds the budget.
 #pragma once

@@ -34,7 +34,9 @@
  * MEMORY BUDGET (ls_options.budget_bytes, 0 = unlimited). The budget covers
  * the memory the runtime controls, accounted as:
  *   foundation   the size of foundation.ptd (plus adapters_shared.ptd): its
- *                weights, packed by XNNPACK once, or mapped;
+ *                weights, packed by XNNPACK once, or mapped; plus 8 MiB for
+ *                the runtime's own state (ExecuTorch and XNNPACK allocations,
+ *                the shared workspace);
  *   arena        the planned memory (KV cache and activations) every program
  *                shares, sized to the largest program: its allocated bytes;
  *   adapters     per resident adapter, 1.2 x its .pte size + an overhead
