@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "adapter_pool.h"
 #include "et_platform.h"
@@ -35,10 +36,28 @@ struct ls_runtime {
 
 namespace {
 
+// The checks the runner and the library share name the runner's flags; an
+// application knows the library's parameters instead.
+std::string library_wording(std::string text) {
+  static const std::pair<const char*, const char*> kRenames[] = {
+      {"; --no-verify skips this check", "; ls_options.verify = 0 skips this check"},
+      {"--max-new-tokens", "max_new_tokens"},
+      {"--shared-ptd", "shared_ptd"},
+      {"--ptd ", "ptd "},
+      {"--pte ", "adapter "},
+  };
+  for (const auto& [from, to] : kRenames) {
+    const std::string f(from), t(to);
+    for (size_t at = text.find(f); at != std::string::npos; at = text.find(f, at + t.size()))
+      text.replace(at, f.size(), t);
+  }
+  return text;
+}
+
 void set_error(ls_error* error, ls_status code, const std::string& message) {
   if (error == nullptr) return;
   error->code = code;
-  std::string line = lora_share::printable(message);
+  std::string line = lora_share::printable(library_wording(message));
   size_t n = std::min(line.size(), sizeof(error->message) - 1);
   std::memcpy(error->message, line.data(), n);
   error->message[n] = '\0';
