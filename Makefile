@@ -12,15 +12,16 @@ OUT ?= out/llama_adapters
 
 all: setup runner
 
-# Compilers, CMake and the tokenizer's libraries for the C++ runner (installed from Debian when missing).
+# Compilers, CMake, the tokenizer's libraries and the server's HTTP library (cpp-httplib) for the C++
+# runtime (installed from Debian when missing).
 system-deps:
 	@command -v cmake >/dev/null && command -v g++ >/dev/null || { \
 	  echo "installing cmake and g++ from Debian"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make; }
-	@dpkg -s nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev pkg-config >/dev/null 2>&1 || { \
-	  echo "installing the tokenizer's libraries (JSON, PCRE2, utf8proc, OpenSSL) from Debian"; \
+	@dpkg -s nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev libcpp-httplib-dev pkg-config >/dev/null 2>&1 || { \
+	  echo "installing the tokenizer's and the server's libraries (JSON, PCRE2, utf8proc, OpenSSL, cpp-httplib) from Debian"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev pkg-config; }
+	    nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev libcpp-httplib-dev pkg-config; }
 
 # The venv: torch pinned to 2.13.0 (the CPU build), executorch 1.5.1, this package editable, the test
 # tools and the benchmark's plotting library (so the plot test runs too).

@@ -236,14 +236,18 @@ StatusOr<Generation> AdapterPool::generate(size_t index,
                                            int64_t max_new_tokens, double temperature,
                                            uint64_t seed, const TokenCallback& on_token) {
   // Checked before loading: a bad request must not evict anything.
-  const Entry& entry = entries_[index];
-  Status s = check_request(prompt, max_new_tokens, entry.vocab_size, entry.max_seq_len,
-                           "prompt");
+  Status s = check(index, prompt, max_new_tokens);
   if (!s.ok()) return s;
   auto adapter = acquire(index);
   if (!adapter.ok()) return adapter.status();
   return lora_share::generate(*adapter.value(), prompt, max_new_tokens, temperature, seed,
                               /*keep_logits=*/false, on_token);
+}
+
+Status AdapterPool::check(size_t index, const std::vector<int64_t>& prompt,
+                          int64_t max_new_tokens) const {
+  const Entry& entry = entries_[index];
+  return check_request(prompt, max_new_tokens, entry.vocab_size, entry.max_seq_len, "prompt");
 }
 
 PoolStats AdapterPool::stats() const {

@@ -72,6 +72,10 @@ class AdapterPool {
   // budget needs it) and marks it most recently used.
   StatusOr<Adapter*> acquire(size_t index);
 
+  // check_request for adapter `index`, without loading it: the request's
+  // ids against its vocabulary, prompt + new tokens against its context.
+  Status check(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
+
   // check_request, then generate, for adapter `index`. Usage errors are
   // the request's; failures are loading's or running's.
   StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt,

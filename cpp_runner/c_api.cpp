@@ -328,6 +328,29 @@ ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t
   return ls_generate(runtime, adapter, prompt, n, options, on_token, user_data, error);
 }
 
+ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt,
+                           size_t n, int64_t max_new_tokens, ls_error* error) {
+  ls_adapter* adapter = ls_adapter_by_name(runtime, name, error);
+  if (adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
+  if (prompt == nullptr && n > 0) return missing(error, "prompt");
+  if (n == 0) {
+    set_error(error, LS_ERR_REQUEST, "the prompt is empty: give at least one token id");
+    return LS_ERR_REQUEST;
+  }
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    Status s = runtime->pool->check(adapter->index, std::vector<int64_t>(prompt, prompt + n),
+                                    max_new_tokens);
+    if (!s.ok()) return report(error, s, LS_ERR_REQUEST, LS_ERR_REQUEST);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_check_request: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
+}
+
 ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (stats == nullptr) return missing(error, "stats");

@@ -178,6 +178,15 @@ LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name,
                                    ls_token_callback on_token, void* user_data,
                                    ls_error* error);
 
+/* Whether ls_generate_named would accept this request, without loading the
+ * adapter or generating: LS_ERR_NOT_FOUND for an unknown name, LS_ERR_REQUEST
+ * (with ls_generate's message) for ids outside the vocabulary, an empty
+ * prompt, max_new_tokens < 1 or a request longer than the context. A server
+ * asks this before it answers, so a bad request gets an error, not a stream. */
+LS_API ls_status ls_check_request(ls_runtime* runtime, const char* name,
+                                  const int64_t* prompt, size_t n,
+                                  int64_t max_new_tokens, ls_error* error);
+
 /* The runtime's counters and accounted memory. */
 LS_API ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats,
                            ls_error* error);

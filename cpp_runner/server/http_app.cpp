@@ -1,0 +1,225 @@
+#include "http_app.h"
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <functional>
+#include <iostream>
+#include <optional>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace lora_share::server {
+namespace {
+
+constexpr char kJson[] = "application/json";
+
+// HTTP status for a library error: the caller's fault (4xx) or ours (5xx).
+int http_status(ls_status code) {
+  switch (code) {
+    case LS_ERR_ARGUMENT:
+    case LS_ERR_REQUEST: return 400;
+    case LS_ERR_NOT_FOUND: return 404;
+    case LS_ERR_BUDGET: return 507;  // the budget cannot hold the adapter
+    default: return 500;
+  }
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message) {
+  const std::string type = status < 500 ? "invalid_request_error" : "server_error";
+  res.status = status;
+  res.set_content(error_json(message, type, status), kJson);
+}
+
+std::string next_id(bool chat) {
+  static std::atomic<uint64_t> counter{0};
+  return std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++counter);
+}
+
+// One generation: collects ids until EOS or max_tokens, decodes text as the
+// ids arrive, and hands each piece to `on_piece` (streaming), which returns
+// false when the client is gone, so generation stops there.
+struct Run {
+  const Deployment* deployment = nullptr;
+  std::optional<tok::StreamDecoder> decoder;
+  Answer answer;
+  std::function<bool(const std::string& piece, int64_t id)> on_piece;
+  bool client_gone = false;
+
+  static int on_token(int64_t id, void* self) {
+    auto* run = static_cast<Run*>(self);
+    const auto& eos = run->deployment->eos_ids;
+    if (std::find(eos.begin(), eos.end(), id) != eos.end()) {
+      run->answer.finish_reason = "stop";
+      return 1;
+    }
+    run->answer.tokens.push_back(id);
+    const std::string piece = run->decoder ? run->decoder->push(id) : std::string();
+    run->answer.text += piece;
+    if (run->on_piece && !run->on_piece(piece, id)) {
+      run->client_gone = true;
+      return 1;
+    }
+    return 0;
+  }
+
+  // The text still held back (an incomplete UTF-8 tail), once generation ends.
+  std::string finish() {
+    std::string tail = decoder ? decoder->finish() : std::string();
+    answer.text += tail;
+    return tail;
+  }
+};
+
+// Everything a request needs after parsing: its ids and a place in the queue.
+struct Prepared {
+  CompletionRequest request;
+  std::vector<int64_t> ids;
+  std::string id;
+  int64_t created = 0;
+};
+
+ls_generate_options generate_options(const CompletionRequest& request) {
+  ls_generate_options g;
+  ls_generate_options_init(&g);
+  g.max_new_tokens = request.max_tokens;
+  g.temperature = request.temperature;
+  g.seed = request.seed;
+  return g;
+}
+
+// One stderr line per request: what the memory budget did for it.
+void log_request(ls_runtime* runtime, const CompletionRequest& request, const Answer& answer, const char* how) {
+  ls_runtime_stats s;
+  ls_error err;
+  if (ls_stats(runtime, &s, &err) != LS_OK) return;
+  std::cerr << "served " << request.model << " (" << how << "): " << answer.prompt_tokens << " prompt + "
+            << answer.tokens.size() << " new tokens, " << answer.finish_reason << "; resident "
+            << s.adapters_resident << "/" << s.adapters_known << ", loads " << s.loads << ", evictions "
+            << s.evictions << ", last load " << s.last_load_ms << " ms" << std::endl;
+}
+
+}  // namespace
+
+App::App(ls_runtime* runtime, Deployment deployment)
+    : runtime_(runtime), deployment_(std::move(deployment)) {}
+
+App::~App() { ls_close(runtime_); }
+
+void App::install(httplib::Server& http) {
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\": \"ok\"}", kJson);
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(models_json(deployment_.adapters), kJson);
+  });
+  http.Get("/v1/stats", [this](const httplib::Request&, httplib::Response& res) { stats(res); });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completions(req, res, /*chat=*/false);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completions(req, res, /*chat=*/true);
+  });
+}
+
+void App::stats(httplib::Response& res) {
+  ls_runtime_stats s;
+  ls_error err;
+  FifoGate::Ticket ticket(gate_);  // counters change while a request runs
+  ticket.wait();
+  if (ls_stats(runtime_, &s, &err) != LS_OK) return send_error(res, 500, err.message);
+  nlohmann::json out = {
+      {"adapters_known", s.adapters_known}, {"adapters_resident", s.adapters_resident},
+      {"loads", s.loads}, {"evictions", s.evictions}, {"hits", s.hits},
+      {"last_load_ms", s.last_load_ms}, {"total_load_ms", s.total_load_ms},
+      {"budget_bytes", s.budget_bytes}, {"foundation_bytes", s.foundation_bytes},
+      {"arena_bytes", s.arena_bytes}, {"resident_adapter_bytes", s.resident_adapter_bytes},
+      {"process_pss_bytes", s.process_pss_bytes}};
+  res.set_content(out.dump(), kJson);
+}
+
+void App::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  auto parsed = parse_request(req.body, chat);
+  if (!parsed.ok()) return send_error(res, 400, parsed.status().message());
+  auto prepared = std::make_shared<Prepared>();
+  prepared->request = std::move(parsed.value());
+  const CompletionRequest& request = prepared->request;
+  if (!deployment_.knows(request.model)) {
+    return send_error(res, 404, "no adapter called '" + request.model +
+                                    "' in this deployment: GET /v1/models lists them");
+  }
+  auto ids = deployment_.prompt_ids(request);
+  if (!ids.ok()) return send_error(res, 400, ids.status().message());
+  prepared->ids = std::move(ids.value());
+  prepared->id = next_id(chat);
+  prepared->created = static_cast<int64_t>(std::time(nullptr));
+
+  ls_error err;
+  // Refused before any byte is sent, so a streamed request gets a plain 400 too.
+  if (ls_check_request(runtime_, request.model.c_str(), prepared->ids.data(), prepared->ids.size(),
+                       request.max_tokens, &err) != LS_OK) {
+    return send_error(res, http_status(err.code), err.message);
+  }
+  const ls_generate_options options = generate_options(request);
+
+  if (!request.stream) {
+    FifoGate::Ticket ticket(gate_);
+    ticket.wait();
+    Run run;
+    run.deployment = &deployment_;
+    if (deployment_.tokenizer) run.decoder.emplace(*deployment_.tokenizer, true);
+    run.answer.finish_reason = "length";
+    run.answer.prompt_tokens = static_cast<int64_t>(prepared->ids.size());
+    if (ls_generate_named(runtime_, request.model.c_str(), prepared->ids.data(),
+                          prepared->ids.size(), &options, &Run::on_token, &run, &err) != LS_OK) {
+      return send_error(res, http_status(err.code), err.message);
+    }
+    run.finish();
+    log_request(runtime_, request, run.answer, "whole");
+    res.set_content(response_json(request, prepared->id, prepared->created, run.answer), kJson);
+    return;
+  }
+
+  // Streamed: the provider runs after this handler returns, on the same
+  // connection's thread; the ticket is taken now (arrival order) and released
+  // when the response is done with, whether it finished or the client left.
+  auto ticket = std::make_shared<FifoGate::Ticket>(gate_);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, prepared, ticket, options](size_t, httplib::DataSink& sink) {
+        ticket->wait();
+        const CompletionRequest& rq = prepared->request;
+        auto send = [&sink](const std::string& event) {
+          return sink.is_writable() && sink.write(event.data(), event.size());
+        };
+        Run run;
+        run.deployment = &deployment_;
+        if (deployment_.tokenizer) run.decoder.emplace(*deployment_.tokenizer, true);
+        run.answer.finish_reason = "length";
+        run.answer.prompt_tokens = static_cast<int64_t>(prepared->ids.size());
+        run.on_piece = [&](const std::string& piece, int64_t id) {
+          return send(stream_event(rq, prepared->id, prepared->created, piece, {id}, std::nullopt));
+        };
+        ls_error e;
+        const ls_status status =
+            ls_generate_named(runtime_, rq.model.c_str(), prepared->ids.data(), prepared->ids.size(),
+                              &options, &Run::on_token, &run, &e);
+        if (run.client_gone) return false;  // nothing more to say to nobody
+        if (status != LS_OK) {
+          send("data: " + error_json(e.message, "server_error", http_status(e.code)) + "\n\n");
+        } else {
+          const std::string tail = run.finish();
+          if (!tail.empty()) send(stream_event(rq, prepared->id, prepared->created, tail, {}, std::nullopt));
+          send(stream_event(rq, prepared->id, prepared->created, "", {}, run.answer.finish_reason));
+          log_request(runtime_, rq, run.answer, "streamed");
+        }
+        send(kStreamDone);
+        sink.done();
+        return true;
+      },
+      [ticket](bool) mutable { ticket.reset(); });
+}
+
+}  // namespace lora_share::server

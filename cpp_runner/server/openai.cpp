@@ -1,0 +1,188 @@
+#include "openai.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace lora_share::server {
+namespace {
+
+using nlohmann::json;
+
+// Reads an optional integer field into `out`, within [lo, hi].
+Status read_int(const json& body, const char* key, int64_t lo, int64_t hi, int64_t* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return {};
+  if (!it->is_number_integer() && !it->is_number_unsigned()) {
+    return Status::usage(std::string(key) + " must be an integer, got " + it->dump());
+  }
+  // Unsigned values above int64's range would wrap: take them as too large.
+  const bool too_big = it->is_number_unsigned() &&
+                       it->get<uint64_t>() > static_cast<uint64_t>(hi);
+  const int64_t value = too_big ? hi : it->get<int64_t>();
+  if (too_big || value < lo || value > hi) {
+    return Status::usage(std::string(key) + " must be between " + std::to_string(lo) + " and " +
+                         std::to_string(hi) + ", got " + it->dump());
+  }
+  *out = value;
+  return {};
+}
+
+Status read_prompt(const json& body, CompletionRequest* request) {
+  auto it = body.find("prompt");
+  if (it == body.end()) return Status::usage("prompt is missing: give a string or an array of token ids");
+  if (it->is_string()) {
+    request->prompt = it->get<std::string>();
+    return {};
+  }
+  // A one-element batch of prompts is one prompt; larger batches are not served.
+  const json* p = &*it;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    request->prompt = p->get<std::string>();
+    return {};
+  }
+  if (!p->is_array() || p->empty()) {
+    return Status::usage("prompt must be a string or a non-empty array of token ids");
+  }
+  for (const json& id : *p) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+      return Status::usage("prompt must be a string or an array of token ids (integers >= 0); "
+                           "several prompts in one request are not served");
+    }
+    request->prompt_ids.push_back(id.get<int64_t>());
+  }
+  request->prompt_is_ids = true;
+  return {};
+}
+
+Status read_messages(const json& body, CompletionRequest* request) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) {
+    return Status::usage("messages must be a non-empty array of {\"role\", \"content\"}");
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return Status::usage(where + " needs a string \"role\"");
+    }
+    if (!m.contains("content") || !m["content"].is_string()) {
+      return Status::usage(where + ".content must be a string");
+    }
+    request->messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return {};
+}
+
+Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
+  if (!body.is_object()) return Status::usage("the request body must be a JSON object");
+  request->chat = chat;
+  auto model = body.find("model");
+  if (model == body.end() || !model->is_string() || model->get<std::string>().empty()) {
+    return Status::usage("model is missing: name one of the adapters GET /v1/models lists");
+  }
+  request->model = model->get<std::string>();
+  Status s = chat ? read_messages(body, request) : read_prompt(body, request);
+  if (!s.ok()) return s;
+  // max_completion_tokens is the newer chat name for max_tokens.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    s = read_int(body, key, 1, std::numeric_limits<int32_t>::max(), &request->max_tokens);
+    if (!s.ok()) return s;
+  }
+  int64_t n = 1;
+  s = read_int(body, "n", 1, 1, &n);
+  if (!s.ok()) return Status::usage("n must be 1: one answer per request is served");
+  int64_t seed = 0;
+  s = read_int(body, "seed", 0, std::numeric_limits<int64_t>::max(), &seed);
+  if (!s.ok()) return s;
+  request->seed = static_cast<uint64_t>(seed);
+  if (auto t = body.find("temperature"); t != body.end() && !t->is_null()) {
+    if (!t->is_number() || !std::isfinite(t->get<double>()) || t->get<double>() < 0 ||
+        t->get<double>() > 2) {
+      return Status::usage("temperature must be a number between 0 and 2, got " + t->dump());
+    }
+    request->temperature = t->get<double>();
+  }
+  if (auto st = body.find("stream"); st != body.end() && !st->is_null()) {
+    if (!st->is_boolean()) return Status::usage("stream must be true or false, got " + st->dump());
+    request->stream = st->get<bool>();
+  }
+  return {};
+}
+
+json usage_json(const Answer& answer) {
+  const auto completion = static_cast<int64_t>(answer.tokens.size());
+  return {{"prompt_tokens", answer.prompt_tokens},
+          {"completion_tokens", completion},
+          {"total_tokens", answer.prompt_tokens + completion}};
+}
+
+}  // namespace
+
+StatusOr<CompletionRequest> parse_request(const std::string& body, bool chat) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return Status::usage("the request body is not valid JSON");
+  CompletionRequest request;
+  try {
+    Status s = parse_fields(parsed, chat, &request);
+    if (!s.ok()) return s;
+  } catch (const json::exception& e) {  // a type the checks above missed: still a bad request
+    return Status::usage(std::string("bad request: ") + e.what());
+  }
+  return request;
+}
+
+std::string response_json(const CompletionRequest& request, const std::string& id,
+                          int64_t created, const Answer& answer) {
+  json choice = {{"index", 0}, {"finish_reason", answer.finish_reason},
+                 {"tokens", answer.tokens}, {"logprobs", nullptr}};
+  if (request.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", answer.text}};
+  } else {
+    choice["text"] = answer.text;
+  }
+  json out = {{"id", id},
+              {"object", request.chat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", request.model},
+              {"choices", json::array({choice})},
+              {"usage", usage_json(answer)}};
+  // Invalid UTF-8 cannot come from the tokenizer's decode; replace, never throw.
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string stream_event(const CompletionRequest& request, const std::string& id,
+                         int64_t created, const std::string& text,
+                         const std::vector<int64_t>& tokens,
+                         const std::optional<std::string>& finish_reason) {
+  json choice = {{"index", 0}, {"tokens", tokens},
+                 {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}};
+  if (request.chat) {
+    choice["delta"] = finish_reason ? json::object() : json{{"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  json out = {{"id", id},
+              {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", request.model},
+              {"choices", json::array({choice})}};
+  return "data: " + out.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string error_json(const std::string& message, const std::string& type, int http_status) {
+  json out = {{"error", {{"message", message}, {"type", type}, {"code", http_status}}}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string models_json(const std::vector<std::string>& names) {
+  json data = json::array();
+  for (const std::string& name : names) {
+    data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "lora-share"}});
+  }
+  return json{{"object", "list"}, {"data", data}}.dump();
+}
+
+}  // namespace lora_share::server

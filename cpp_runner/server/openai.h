@@ -1,0 +1,66 @@
+// The OpenAI request and response shapes the server speaks: completions and
+// chat completions, whole or streamed as server-sent events. Pure functions
+// over JSON text, so every rule here is testable without a socket.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../status.h"
+
+namespace lora_share::server {
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+struct CompletionRequest {
+  bool chat = false;        // /v1/chat/completions
+  std::string model;        // the adapter's name
+  std::string prompt;       // completions: a text prompt
+  std::vector<int64_t> prompt_ids;  // completions: a prompt of token ids
+  bool prompt_is_ids = false;
+  std::vector<ChatMessage> messages;  // chat
+  int64_t max_tokens = 16;  // OpenAI's default for completions
+  double temperature = 0;   // greedy unless asked: answers are reproducible
+  uint64_t seed = 0;
+  bool stream = false;
+};
+
+// Parses and checks a request body. Every problem is a usage Status naming
+// the field ("max_tokens must be an integer >= 1, got -3").
+StatusOr<CompletionRequest> parse_request(const std::string& body, bool chat);
+
+// One finished answer: what generation produced.
+struct Answer {
+  std::string text;             // decoded text ("" without a tokenizer)
+  std::vector<int64_t> tokens;  // generated ids (an EOS that stopped it excluded)
+  std::string finish_reason;    // "stop" (EOS) or "length"
+  int64_t prompt_tokens = 0;
+};
+
+// The response object of a non-streamed request.
+std::string response_json(const CompletionRequest& request, const std::string& id,
+                          int64_t created, const Answer& answer);
+
+// One server-sent event of a streamed request: a piece of text and the ids it
+// came from, or (finish_reason set) the last chunk.
+std::string stream_event(const CompletionRequest& request, const std::string& id,
+                         int64_t created, const std::string& text,
+                         const std::vector<int64_t>& tokens,
+                         const std::optional<std::string>& finish_reason);
+
+// The event that ends a stream.
+constexpr char kStreamDone[] = "data: [DONE]\n\n";
+
+// {"error": {"message", "type", "code"}}, OpenAI's error shape.
+std::string error_json(const std::string& message, const std::string& type, int http_status);
+
+// /v1/models: the deployment's adapters.
+std::string models_json(const std::vector<std::string>& names);
+
+}  // namespace lora_share::server

@@ -1,0 +1,126 @@
+#include "server_flags.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+namespace lora_share::server {
+namespace {
+
+struct Flag {
+  const char* name;
+  const char* value;  // nullptr: a switch
+  const char* help;
+  std::function<Status(ServerOptions&, const std::string&)> set;
+};
+
+Status parse_port(const std::string& text, int* port) {
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 0 || value > 65535) {
+    return Status::usage("--port must be a number from 0 to 65535, got '" + text + "'");
+  }
+  *port = static_cast<int>(value);
+  return {};
+}
+
+const std::vector<Flag>& flags() {
+  static const std::vector<Flag> table = {
+      {"--dir", "DIR", "a lora-share build's output folder (manifest.json, foundation.ptd, *.pte); required",
+       [](ServerOptions& o, const std::string& v) { o.dir = v; return Status(); }},
+      {"--host", "ADDR", "address to listen on (default 127.0.0.1: this machine only)",
+       [](ServerOptions& o, const std::string& v) { o.host = v; return Status(); }},
+      {"--port", "N", "port to listen on (default 8080; 0 = any free port, printed at start)",
+       [](ServerOptions& o, const std::string& v) { return parse_port(v, &o.port); }},
+      {"--memory-budget", "SIZE",
+       "keep only the adapters that fit SIZE (e.g. 600MiB) loaded, evicting the least recently used "
+       "(default: no budget)",
+       [](ServerOptions& o, const std::string& v) {
+         auto bytes = parse_size(v, "--memory-budget");
+         if (!bytes.ok()) return bytes.status();
+         o.memory_budget = bytes.value();
+         return Status();
+       }},
+      {"--max-body", "SIZE", "largest request body accepted (default 8MiB)",
+       [](ServerOptions& o, const std::string& v) {
+         auto bytes = parse_size(v, "--max-body");
+         if (!bytes.ok()) return bytes.status();
+         o.max_body = bytes.value();
+         return Status();
+       }},
+      {"--help", nullptr, "print this help",
+       [](ServerOptions& o, const std::string&) { o.help = true; return Status(); }},
+  };
+  return table;
+}
+
+}  // namespace
+
+StatusOr<uint64_t> parse_size(const std::string& text, const std::string& flag) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024}, {"KiB", 1024.0},
+      {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}, {"", 1}};
+  for (const auto& [suffix, scale] : units) {
+    if (text.size() < suffix.size() || text.compare(text.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string number = text.substr(0, text.size() - suffix.size());
+    char* end = nullptr;
+    const double value = std::strtod(number.c_str(), &end);
+    if (number.empty() || *end != '\0' || !std::isfinite(value) || value < 0 || value * scale > 1.8e19) {
+      break;
+    }
+    return static_cast<uint64_t>(value * scale);
+  }
+  return Status::usage(flag + " must be a size such as 600MiB, 1.5GiB or 800000000, got '" + text + "'");
+}
+
+StatusOr<ServerOptions> parse_server_flags(int argc, char** argv) {
+  ServerOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags()) {
+      if (arg == f.name) flag = &f;
+    }
+    if (flag == nullptr) return Status::usage("unknown flag '" + arg + "' (see --help)");
+    std::string value;
+    if (flag->value != nullptr) {
+      if (i + 1 >= argc) return Status::usage(arg + " needs a value: " + flag->value);
+      value = argv[++i];
+    }
+    Status s = flag->set(options, value);
+    if (!s.ok()) return s;
+  }
+  if (!options.help && options.dir.empty()) {
+    return Status::usage("--dir is required: the output folder of `lora-share build`");
+  }
+  return options;
+}
+
+std::string server_usage(const char* program) {
+  std::ostringstream out;
+  out << "usage: " << program << " --dir OUT_DIR [--host 127.0.0.1] [--port 8080] [--memory-budget SIZE]\n\n"
+      << "A local OpenAI-compatible server over one lora-share deployment: the request's \"model\"\n"
+      << "names the adapter. Requests are served one at a time, in arrival order.\n\n"
+      << "  POST /v1/completions       {\"model\": \"a\", \"prompt\": \"...\" | [ids], \"max_tokens\": 16, \"stream\": false}\n"
+      << "  POST /v1/chat/completions  {\"model\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}\n"
+      << "  GET  /v1/models            the deployment's adapters\n"
+      << "  GET  /v1/stats             resident adapters, loads, evictions, load time, memory\n"
+      << "  GET  /health\n\n"
+      << "Temperature defaults to 0 (greedy), so answers are reproducible. Text prompts need a build\n"
+      << "with a tokenizer; without one, give \"prompt\" as token ids.\n\n"
+      << "example:\n"
+      << "  " << program << " --dir out/llama_adapters --port 8080 --memory-budget 600MiB\n"
+      << "  curl 127.0.0.1:8080/v1/completions -d '{\"model\": \"adapter_a\", \"prompt\": \"1 2 3\", \"stream\": true}'\n\n"
+      << "flags:\n";
+  for (const Flag& f : flags()) {
+    std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");
+    out << left << std::string(left.size() < 24 ? 24 - left.size() : 1, ' ') << f.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace lora_share::server

@@ -1,0 +1,27 @@
+// build/lora-share-server's command line: one table (server_flags.cpp) holds
+// every flag's name, default and help, so --help and the parser agree.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../status.h"
+
+namespace lora_share::server {
+
+struct ServerOptions {
+  std::string dir;                    // --dir: a lora-share build's output folder
+  std::string host = "127.0.0.1";     // --host: loopback unless asked otherwise
+  int port = 8080;                    // --port (0: any free port, printed)
+  uint64_t memory_budget = 0;         // --memory-budget (0: every adapter may stay loaded)
+  uint64_t max_body = 8ull << 20;     // --max-body: larger request bodies get 413
+  bool help = false;
+};
+
+StatusOr<ServerOptions> parse_server_flags(int argc, char** argv);
+std::string server_usage(const char* program);
+
+// "600MiB", "1.5GiB", "800MB", "123456" -> bytes; a usage error otherwise.
+StatusOr<uint64_t> parse_size(const std::string& text, const std::string& flag);
+
+}  // namespace lora_share::server

@@ -1,0 +1,86 @@
+// build/lora-share-server: parse flags -> open the deployment -> listen ->
+// serve until SIGINT/SIGTERM.
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include <httplib.h>
+
+#include "deployment.h"
+#include "http_app.h"
+#include "server_flags.h"
+
+namespace ls = lora_share;
+namespace srv = lora_share::server;
+
+namespace {
+
+int fail(const ls::Status& status) {
+  std::cerr << "error: " << status.message() << "\n";
+  return static_cast<int>(status.code());
+}
+
+// The runtime for the deployment folder, under the budget.
+ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
+  ls_options opts;
+  ls_options_init(&opts);
+  opts.budget_bytes = options.memory_budget;
+  ls_error err;
+  ls_runtime* runtime = ls_open_dir(options.dir.c_str(), &opts, &err);
+  if (runtime == nullptr) {
+    return err.code == LS_ERR_ARGUMENT || err.code == LS_ERR_BUDGET ? ls::Status::usage(err.message)
+                                                                     : ls::Status::failure(err.message);
+  }
+  return runtime;
+}
+
+// Signals are taken by one thread with sigwait, which may then stop the
+// server safely (a signal handler may not).
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto options = srv::parse_server_flags(argc, argv);
+  if (!options.ok()) return fail(options.status());
+  if (options->help) {
+    std::cout << srv::server_usage(argv[0]);
+    return 0;
+  }
+  // Before any thread starts, so every thread inherits the mask.
+  const sigset_t signals = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that left is a failed write, not a dead server
+
+  auto deployment = srv::open_deployment(options->dir);
+  if (!deployment.ok()) return fail(deployment.status());
+  auto runtime = open_runtime(*options);
+  if (!runtime.ok()) return fail(runtime.status());
+  srv::App app(runtime.value(), std::move(deployment.value()));
+
+  httplib::Server http;
+  http.set_payload_max_length(options->max_body);
+  app.install(http);
+  const int port = options->port == 0 ? http.bind_to_any_port(options->host)
+                                      : (http.bind_to_port(options->host, options->port) ? options->port : -1);
+  if (port < 0) {
+    return fail(ls::Status::failure("cannot listen on " + options->host + ":" + std::to_string(options->port) +
+                                    " (in use, or not an address of this machine): pick another --port"));
+  }
+  std::thread([&http, signals] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    http.stop();
+  }).detach();
+  std::cerr << "listening on http://" << options->host << ":" << port << " (" << options->dir << ")"
+            << std::endl;
+  http.listen_after_bind();
+  return 0;
+}
