@@ -1,5 +1,7 @@
 // Pre-tokenizers: Sequence, Split, ByteLevel, Digits, Metaspace. Others are
 // refused at load.
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "components.h"

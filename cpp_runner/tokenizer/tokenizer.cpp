@@ -1,5 +1,6 @@
 #include "tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 

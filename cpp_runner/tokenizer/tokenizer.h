@@ -48,7 +48,11 @@ class Tokenizer {
 
 // Turns ids into text as they arrive: push() returns the text the new id
 // completes (nothing while the output ends in an incomplete UTF-8 sequence),
-// finish() what is left. The pieces joined equal decode(all ids).
+// finish() what is left. The pieces joined equal decode(all ids) whenever the
+// decodes of the prefixes extend one another, as they do for real text (a
+// run of invalid byte-fallback bytes can rewrite earlier output; printed text
+// is never taken back, so printing resumes where the decode diverged). Each
+// push decodes every id so far: fine for replies of thousands of tokens.
 class StreamDecoder {
  public:
   StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)

@@ -1,5 +1,6 @@
 #include "utf8.h"
 
+#include <algorithm>
 #include <array>
 
 namespace lora_share::tok {
