@@ -232,6 +232,27 @@ def test_stream_decoder_pieces_add_up_to_decode(tokenize_bin, tokenizers_dir, st
     assert checked >= 300 and held_back > 0  # every real text, and some ids did end inside a character
 
 
+def test_split_regex_white_space_is_onigurumas(tokenize_bin, tokenizers_dir, tmp_path):
+    """\\s in tokenizer.json patterns is Oniguruma's: U+180E (MONGOLIAN VOWEL SEPARATOR) is not in
+    it, though PCRE2's \\s has it. With merges that join "!" and U+180E's bytes, splitting "!\\u180e"
+    apart or not changes the ids."""
+    from tokenizers import pre_tokenizers
+
+    chars = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str("!\u180e")[0][0]
+
+    def add_merges(spec):
+        vocab, n = spec["model"]["vocab"], max(spec["model"]["vocab"].values()) + 1
+        for i in range(1, len(chars)):
+            vocab.setdefault(chars[:i + 1], n + i)
+            spec["model"]["merges"].append([chars[:i], chars[i]])
+    folder = _edit(tokenizers_dir["llama3"], tmp_path / "mvs", add_merges)
+    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert lib.token_to_id(chars) in lib.encode("!\u180e").ids  # one piece to the library
+    strings = ["!\u180e", "a!\u180eb", "!\u180e\u180e x", "!\x85", "!\u00a0", "!\x0b", "!\x1c", "!\u3000", "!\u2028"]
+    replies = run_tokenize(tokenize_bin, folder / "tokenizer.json", [{"encode": t} for t in strings])
+    assert [r["ids"] for r in replies] == [lib.encode(t).ids for t in strings]
+
+
 def test_bad_lines_get_an_error_and_serving_goes_on(tokenize_bin, tokenizers_dir):
     lines = ["not json", "[1, 2]", '{"encode": 5}', '{"decode": "x"}', '{"encode": "a", "decode": [1]}', "{}",
              '{"encode": "hello"}']

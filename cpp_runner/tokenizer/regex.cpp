@@ -13,9 +13,10 @@ namespace {
 
 pcre2_code* code_of(const std::shared_ptr<void>& p) { return static_cast<pcre2_code*>(p.get()); }
 
-// Oniguruma's \s (what tokenizer.json patterns are written for) also matches
-// U+0085, which PCRE2's \s does not: spell the class out for both engines'
-// agreement. Inside a class the items are inlined; outside they get brackets.
+// tokenizer.json patterns are written for Oniguruma, whose \s is \t-\r,
+// space, U+0085 and the Z categories; PCRE2's \s (UCP) also takes U+180E, so
+// the class is spelled out. Inside a class the items are inlined; outside
+// they get brackets. (\S inside a class is left to PCRE2.)
 std::string onig_compatible(const std::string& pattern) {
   static const std::string kSpace = "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\p{Z}";
   std::string out;
