@@ -1,8 +1,7 @@
 // The parts of a build's manifest.json the library reads: which adapters the
 // deployment folder holds (name and .pte file, in build order) and whether it
-// has adapters_shared.ptd. manifest.json is written by lora_share/builder.py;
-// this reader needs no JSON library, and refuses a malformed file with the
-// byte offset where it stopped.
+// has adapters_shared.ptd. manifest.json is written by lora_share/builder.py
+// and read with nlohmann-json; a malformed file is refused naming the file.
 #pragma once
 
 #include <string>
