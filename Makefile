@@ -44,16 +44,19 @@ $(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps
 
 runner: $(RUNNER)
 
+# The default config: four adapters trained on toy tasks (examples/demo/train_adapters.py, committed,
+# never retrained here) over one synthetic foundation, each answering the same prompt in its own way.
+DEMO_PROMPT ?= 1 2 3
+DEMO_PTES := $(foreach a,counter countdown doubler speller,--pte $(OUT)/$(a).pte)
+
 demo: setup runner
 	$(VENV)/bin/lora-share build $(CONFIG)
-	@echo "--- lora-share run (Python runtime), adapter_a:"
-	$(VENV)/bin/lora-share run --pte $(OUT)/adapter_a.pte --ptd $(OUT)/foundation.ptd --tokens 1,17,42 --max-new-tokens 8
-	@echo "--- build/runner (C++): adapter_a and adapter_b served in turn by one process over one foundation.ptd:"
-	printf 'adapter_a\t1,17,42\nadapter_b\t1,17,42\n' | $(RUNNER) --ptd $(OUT)/foundation.ptd \
-	  --pte $(OUT)/adapter_a.pte --pte $(OUT)/adapter_b.pte --max-new-tokens 8 --serve
-	@echo "--- build/runner (C++): both loaded, adapter_b answers; memory after load and at the end:"
-	$(RUNNER) --ptd $(OUT)/foundation.ptd --pte $(OUT)/adapter_a.pte --pte $(OUT)/adapter_b.pte \
-	  --adapter adapter_b --tokens 1,17,42 --max-new-tokens 8
+	@echo "--- build/runner --serve (C++): one process, one foundation.ptd, every adapter asked '$(DEMO_PROMPT)':"
+	$(PY) examples/demo/show.py $(OUT) --prompt '$(DEMO_PROMPT)' --runner $(RUNNER)
+	@echo "--- lora-share run (Python runtime), counter:"
+	$(VENV)/bin/lora-share run --pte $(OUT)/counter.pte --ptd $(OUT)/foundation.ptd --prompt '$(DEMO_PROMPT)'
+	@echo "--- build/runner (C++): all four loaded, speller answers; memory after load and at the end:"
+	$(RUNNER) --ptd $(OUT)/foundation.ptd $(DEMO_PTES) --adapter speller --prompt '$(DEMO_PROMPT)'
 
 test: setup runner
 	$(PY) -m pytest -q
