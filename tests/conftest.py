@@ -149,3 +149,17 @@ def text_build(tmp_path_factory) -> TextBuild:
     cfg = write_config(root, {"checkpoint": "llama", "max_seq_len": 64, "prefill_chunk": 16},
                        [{"name": TEXT_ADAPTER, "peft": "peft"}])
     return TextBuild(build_config(cfg), checkpoint, peft)
+
+
+@pytest.fixture(scope="session")
+def text_hf(text_build):
+    """The independent reference for text_build: transformers' tokenizer of its checkpoint and the
+    PEFT-wrapped LlamaForCausalLM of its checkpoint + adapter (eager attention, float32)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
+    model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
+                                             attn_implementation="eager")
+    return tokenizer, PeftModel.from_pretrained(model, str(text_build.peft)).eval()

@@ -104,3 +104,15 @@ def hf_peft_logits(base: Path, adapter: Path | None, tokens: list[int]) -> torch
     model.eval()
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0]
+
+
+def hf_generate(model, ids: list[int], new: int, eos: list[int] | None = None) -> list[int]:
+    """Greedy transformers (+ peft) generation of ``new`` tokens after ``ids``; stops at the
+    checkpoint's generation_config eos ids, or at ``eos`` when given ([] = never)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=new, pad_token_id=0,
+                             **({"eos_token_id": eos} if eos is not None else {}))
+    return out[0, len(ids):].tolist()

@@ -16,10 +16,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import TEXT_ADAPTER, run_cli
 from lora_share.files import sha256_file
+from hf_files import hf_generate
 from tokenizer_files import sentencepiece_bpe
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,32 +44,11 @@ def json_lines(stdout: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def hf(text_build):
-    """transformers' tokenizer and the PEFT-wrapped llama of the built checkpoint + adapter."""
-    from peft import PeftModel
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
-    model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
-                                             attn_implementation="eager")
-    return tokenizer, PeftModel.from_pretrained(model, str(text_build.peft)).eval()
-
-
-def hf_generate(model, ids: list[int], eos=None) -> list[int]:
-    """Greedy transformers + peft generation; stops at generation_config's eos ids (or ``eos``)."""
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             do_sample=False, max_new_tokens=NEW, pad_token_id=0,
-                             **({"eos_token_id": eos} if eos is not None else {}))
-    return out[0, len(ids):].tolist()
-
-
-@pytest.fixture(scope="module")
-def reference(text_build, hf) -> dict:
+def reference(text_build, text_hf) -> dict:
     """What transformers + peft say for PROMPT: prompt ids, generated ids, decoded text."""
-    tokenizer, model = hf
+    tokenizer, model = text_hf
     ids = tokenizer(PROMPT)["input_ids"]
-    tokens = hf_generate(model, ids)
+    tokens = hf_generate(model, ids, NEW)
     return {"prompt": ids, "tokens": tokens, "text": tokenizer.decode(tokens, skip_special_tokens=True)}
 
 
@@ -97,7 +76,7 @@ def test_prompt_matches_transformers_peft_and_python(runner_bin, text_build, ref
     assert r.stdout == got["text"] + "\n"
 
 
-def test_generation_stops_at_the_manifest_eos(runner_bin, text_build, reference, hf, tmp_path):
+def test_generation_stops_at_the_manifest_eos(runner_bin, text_build, reference, text_hf, tmp_path):
     """EOS ids come from manifest.json's tokenizer section: one that greedy decoding reaches (a plain
     word piece) stops generation there; the token is returned but is not text."""
     greedy = reference["tokens"]
@@ -109,18 +88,18 @@ def test_generation_stops_at_the_manifest_eos(runner_bin, text_build, reference,
     r = runner(runner_bin, *base_args(out, "--prompt", PROMPT, "--json"))
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    tokenizer, model = hf
-    want = hf_generate(model, reference["prompt"], eos=[eos])
+    tokenizer, model = text_hf
+    want = hf_generate(model, reference["prompt"], NEW, eos=[eos])
     assert got["tokens"] == want == greedy[:greedy.index(eos) + 1] and len(want) < NEW
     assert got["text"] == tokenizer.decode(want[:-1], skip_special_tokens=True)
     r = runner(runner_bin, *base_args(out, "--prompt", PROMPT))
     assert r.returncode == 0 and r.stdout == got["text"] + "\n"
 
 
-def test_serve_json_lines(runner_bin, text_build, reference, hf):
-    tokenizer, model = hf
+def test_serve_json_lines(runner_bin, text_build, reference, text_hf):
+    tokenizer, model = text_hf
     ids = reference["prompt"]
-    no_stop = hf_generate(model, ids, eos=[])[:4]  # tokens in, tokens out: no EOS stop
+    no_stop = hf_generate(model, ids, NEW, eos=[])[:4]  # tokens in, tokens out: no EOS stop
     requests = [
         {"adapter": TEXT_ADAPTER, "prompt": PROMPT},
         {"adapter": TEXT_ADAPTER, "tokens": ids, "max_new_tokens": 4},
@@ -145,7 +124,7 @@ def test_serve_json_lines(runner_bin, text_build, reference, hf):
     first, by_ids, *bad, tab, last = answers
     assert (first["tokens"], first["text"]) == (reference["tokens"], reference["text"])
     assert (by_ids["tokens"], by_ids["text"]) == (no_stop, tokenizer.decode(no_stop, skip_special_tokens=True))
-    assert tab["tokens"] == hf_generate(model, ids, eos=[]) and "text" not in tab
+    assert tab["tokens"] == hf_generate(model, ids, NEW, eos=[]) and "text" not in tab
     assert last == {**first, **{k: last[k] for k in last if k.endswith(("_ms", "_per_s"))}}
     assert [set(b) for b in bad] == [{"error"}] * len(bad)
     messages = [b["error"] for b in bad]

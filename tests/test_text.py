@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from conftest import TEXT_ADAPTER, build_config, run_cli, write_config
-from hf_files import hf_config, write_hf_llama, write_peft_lora
+from hf_files import hf_config, hf_generate, write_hf_llama, write_peft_lora
 from lora_share.errors import UserError
 from lora_share.files import sha256_file
 from lora_share.text import REPLACEMENT, TextStream, encode_prompt
@@ -49,27 +48,6 @@ def _json_run(*args) -> dict:
 
 def _run_args(text_build, *extra) -> list:
     return ["--pte", text_build.pte, "--ptd", text_build.build.ptd, "--max-new-tokens", NEW, *extra]
-
-
-@pytest.fixture(scope="module")
-def hf(text_build):
-    """transformers' tokenizer and the PEFT-wrapped llama of the built checkpoint + adapter."""
-    from peft import PeftModel
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
-    model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
-                                             attn_implementation="eager")
-    return tokenizer, PeftModel.from_pretrained(model, str(text_build.peft)).eval()
-
-
-def _hf_generate(model, ids: list[int], eos: list[int] | None = None) -> list[int]:
-    """Greedy transformers + peft generation; stops at the checkpoint's generation_config eos ids, or ``eos``."""
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             do_sample=False, max_new_tokens=NEW, pad_token_id=0,
-                             **({"eos_token_id": eos} if eos is not None else {}))
-    return out[0, len(ids):].tolist()
 
 
 def _copy_build(text_build, dest: Path) -> Path:
@@ -116,12 +94,12 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_a_build_error(text_build, tm
 # run --prompt / --chat against transformers + peft
 
 
-def test_prompt_matches_transformers_and_peft(text_build, hf):
-    tokenizer, model = hf
+def test_prompt_matches_transformers_and_peft(text_build, text_hf):
+    tokenizer, model = text_hf
     got = _json_run(*_run_args(text_build, "--prompt", PROMPT))
     ids = tokenizer(PROMPT)["input_ids"]
     assert len(ids) > 16 and got["prompt"] == ids
-    want = _hf_generate(model, ids)
+    want = hf_generate(model, ids, NEW)
     assert got["tokens"] == want
     assert got["text"] == tokenizer.decode(want, skip_special_tokens=True)
     assert set(got) >= {"tokens", "prompt", "text", "timings"}
@@ -131,23 +109,23 @@ def test_prompt_matches_transformers_and_peft(text_build, hf):
     assert r.stdout == got["text"] + "\n"
 
 
-def test_chat_matches_apply_chat_template(text_build, hf):
-    tokenizer, model = hf
+def test_chat_matches_apply_chat_template(text_build, text_hf):
+    tokenizer, model = text_hf
     message = "Hello, how are you today?"
     got = _json_run(*_run_args(text_build, "--chat", message))
     want_ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
                                              tokenize=True)
     want_ids = want_ids["input_ids"] if not isinstance(want_ids, list) else want_ids  # transformers 5: a BatchEncoding
     assert got["prompt"] == list(want_ids)
-    assert got["tokens"] == _hf_generate(model, got["prompt"])
+    assert got["tokens"] == hf_generate(model, got["prompt"], NEW)
 
 
 @pytest.fixture(scope="module")
-def eos_build(text_build, hf, tmp_path_factory):
+def eos_build(text_build, text_hf, tmp_path_factory):
     """The text build rebuilt with foundation.tokenizer: the same tokenizer, but generation_config.json's
     eos is the token greedy decoding of PROMPT reaches last for the first time (a plain word piece)."""
-    tokenizer, model = hf
-    greedy = _hf_generate(model, tokenizer(PROMPT)["input_ids"])
+    tokenizer, model = text_hf
+    greedy = hf_generate(model, tokenizer(PROMPT)["input_ids"], NEW)
     eos = max(set(greedy[:NEW - 1]), key=greedy.index)  # generation then stops before max_new_tokens
     root = tmp_path_factory.mktemp("eos")
     tok_dir = root / "tokenizer"
@@ -163,14 +141,14 @@ def eos_build(text_build, hf, tmp_path_factory):
     return eos, greedy, build_config(root / "deploy.yaml")
 
 
-def test_generation_stops_at_eos(eos_build, hf):
+def test_generation_stops_at_eos(eos_build, text_hf):
     eos, greedy, build = eos_build
-    tokenizer, model = hf
+    tokenizer, model = text_hf
     assert build.manifest["adapters"][0]["produced"] == "reused"
     eos_ids = build.manifest["tokenizer"]["eos_token_ids"]
     assert eos_ids == [eos, tokenizer.convert_tokens_to_ids("<|end_of_text|>")]
     got = _json_run("--pte", build.ptes[TEXT_ADAPTER], "--ptd", build.ptd, "--max-new-tokens", NEW, "--prompt", PROMPT)
-    want = _hf_generate(model, tokenizer(PROMPT)["input_ids"], eos=eos_ids)
+    want = hf_generate(model, tokenizer(PROMPT)["input_ids"], NEW, eos=eos_ids)
     assert got["tokens"] == want == greedy[:greedy.index(eos) + 1]
     assert len(want) < NEW and want[-1] == eos
     # The EOS token is not text, even when it is an ordinary word piece.
