@@ -5,7 +5,7 @@ Python API (the CLI calls the same functions)::
     import lora_share
     lora_share.validate("configs/llama_adapters.yaml")      # -> BuildConfig, or raises ConfigErrors
     manifest = lora_share.build("configs/llama_adapters.yaml")
-    gen = lora_share.run("out/llama_adapters/adapter_a.pte", "out/llama_adapters/foundation.ptd", [1, 17, 42])
+    gen = lora_share.run("out/llama_adapters/counter.pte", "out/llama_adapters/foundation.ptd", [1, 17, 42])
 """
 
 import logging

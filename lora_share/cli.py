@@ -14,9 +14,9 @@ EPILOG = """examples:
   lora-share validate configs/llama_adapters.yaml
   lora-share build configs/llama_adapters.yaml
   lora-share add --to out/llama_adapters path/to/peft_adapter_dir
-  lora-share run --pte out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd --tokens 1,17,42
-  lora-share inspect out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
-  lora-share verify --pte out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd
+  lora-share run --pte out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd --prompt '1 2 3'
+  lora-share inspect out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd
+  lora-share verify --pte out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd
   lora-share bench configs/llama_adapters.yaml
   lora-share bench-scale
 """
@@ -203,7 +203,7 @@ def parser() -> argparse.ArgumentParser:
     a.set_defaults(func=_cmd_add)
 
     r = sub.add_parser("run", help="generate with an adapter .pte over a foundation .ptd (Python runtime)",
-                       epilog="examples:\n  lora-share run --pte out/llama_adapters/adapter_a.pte "
+                       epilog="examples:\n  lora-share run --pte out/llama_adapters/counter.pte "
                               "--ptd out/llama_adapters/foundation.ptd --tokens 1,17,42 --max-new-tokens 8\n"
                               "  lora-share run --pte out/my_model/bot.pte --ptd out/my_model/foundation.ptd "
                               "--prompt 'The capital of France is'",
@@ -233,8 +233,8 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="show what a .ptd or .pte holds: keys, sizes, segments, fingerprints",
                        epilog="examples:\n  lora-share inspect out/llama_adapters/foundation.ptd\n"
-                              "  lora-share inspect out/llama_adapters/adapter_a.pte --ptd out/llama_adapters/foundation.ptd\n"
-                              "  lora-share inspect out/llama_adapters/adapter_a.pte --json | jq .needs",
+                              "  lora-share inspect out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd\n"
+                              "  lora-share inspect out/llama_adapters/counter.pte --json | jq .needs",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("file", metavar="FILE", help=".ptd or .pte (told apart by their magic bytes)")
     i.add_argument("--ptd", help="for a .pte: also check whether this .ptd has every key it needs")
@@ -243,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(func=_cmd_inspect)
 
     vf = sub.add_parser("verify", help="check that an adapter .pte fits a foundation .ptd (exit 0 yes, 1 no, 2 bad file)",
-                        epilog="example:\n  lora-share verify --pte out/llama_adapters/adapter_a.pte "
+                        epilog="example:\n  lora-share verify --pte out/llama_adapters/counter.pte "
                                "--ptd out/llama_adapters/foundation.ptd",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     vf.add_argument("--pte", required=True, help="adapter program")
