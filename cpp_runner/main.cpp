@@ -86,8 +86,10 @@ Status run_once(const Session& session, const Options& options,
     for (int64_t t : g->tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
     // With --prompt the text went out as it came: end its line; the ids are
     // in the summary's company on stderr.
+    // Flushed before stderr is written, so a terminal shows the line ended.
     if (text) std::printf("\n");
     else std::printf("%s\n", ids.c_str());
+    std::fflush(stdout);
     if (text) std::fprintf(stderr, "tokens: %s\n", ids.c_str());
     print_summary(stderr, session, *adapter, prompt.value(), g.value(), end);
   }

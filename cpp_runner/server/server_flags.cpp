@@ -114,7 +114,7 @@ std::string server_usage(const char* program) {
       << "with a tokenizer; without one, give \"prompt\" as token ids.\n\n"
       << "example:\n"
       << "  " << program << " --dir out/llama_adapters --port 8080 --memory-budget 600MiB\n"
-      << "  curl 127.0.0.1:8080/v1/completions -d '{\"model\": \"adapter_a\", \"prompt\": \"1 2 3\", \"stream\": true}'\n\n"
+      << "  curl 127.0.0.1:8080/v1/completions -d '{\"model\": \"counter\", \"prompt\": \"1 2 3\", \"stream\": true}'\n\n"
       << "flags:\n";
   for (const Flag& f : flags()) {
     std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");
