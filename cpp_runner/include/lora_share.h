@@ -147,7 +147,9 @@ LS_API ls_runtime* ls_open(const char* ptd, const ls_options* options,
  * it lists, sizes the arena to the largest program and loads none yet. */
 LS_API ls_runtime* ls_open_dir(const char* dir, const ls_options* options,
                                ls_error* error);
-/* Unloads everything. NULL is ignored. Handles of `runtime` become invalid. */
+/* Unloads everything. NULL is ignored. Handles of `runtime` become invalid.
+ * Called from inside this runtime's own on_token callback it does nothing
+ * (it cannot report that: it returns void); close after ls_generate returns. */
 LS_API void ls_close(ls_runtime* runtime);
 
 /* Checks `pte` against the foundation and loads it now (evicting others if
