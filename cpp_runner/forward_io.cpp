@@ -19,6 +19,12 @@ ForwardInputs::ForwardInputs(const std::vector<int64_t>& token_ids, int64_t pos)
       {static_cast<int32_t>(positions.size())}, positions.data(), ScalarType::Long);
 }
 
+Status pre_chunk_program(const std::string& pte) {
+  return Status::failure(pte +
+                         ": built by an older lora-share (its forward takes input_pos, not "
+                         "cache_positions): rebuild it with this version");
+}
+
 StatusOr<int64_t> int_from_output(const EValue& value,
                                   const std::string& what) {
   if (value.isInt()) return value.toInt();

@@ -77,9 +77,7 @@ Status SharedAdapter::open(const std::string& pte) {
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
   if (!program_->method_meta("get_prefill_chunk").ok())
-    return Status::failure(pte +
-                           ": built by an older lora-share (its forward takes input_pos, not "
-                           "cache_positions): rebuild it with this version");
+    return pre_chunk_program(pte);
   auto chunk = run_constant_method("get_prefill_chunk");
   if (!chunk.ok()) return chunk.status();
   prefill_chunk_ = chunk.value();

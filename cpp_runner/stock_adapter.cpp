@@ -71,9 +71,7 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd,
   max_seq_len_ = max_seq_len.value();
   auto methods = module_->method_names();
   if (!methods.ok() || !methods->count("get_prefill_chunk"))
-    return Status::failure(pte +
-                           ": built by an older lora-share (its forward takes input_pos, not "
-                           "cache_positions): rebuild it with this version");
+    return pre_chunk_program(pte);
   auto chunk = run_constant_method("get_prefill_chunk");
   if (!chunk.ok()) return chunk.status();
   prefill_chunk_ = chunk.value();
