@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../file_check.h"
+#include "../manifest.h"
 #include "../tokenizer/binding.h"
 
 namespace lora_share::server {
@@ -96,12 +97,11 @@ static StatusOr<Deployment> read_deployment(const std::string& dir) {
   if (!manifest.ok()) return manifest.status();
   Deployment d;
   d.dir = dir;
-  for (const json& a : manifest->value("adapters", json::array())) {
-    if (a.is_object() && a.contains("name") && a["name"].is_string()) d.adapters.push_back(a["name"]);
-  }
-  const json foundation = manifest->value("foundation", json::object());
-  const std::string ptd = dir + "/" + (foundation.is_object() ? foundation.value("file", "foundation.ptd")
-                                                               : std::string("foundation.ptd"));
+  // The adapters and the foundation's file as the library reads them (manifest.h).
+  auto files = read_manifest(dir);
+  if (!files.ok()) return files.status();
+  for (const ManifestAdapter& a : files->adapters) d.adapters.push_back(a.name);
+  const std::string ptd = dir + "/" + files->foundation_file;
   if (!manifest->contains("tokenizer")) {
     d.no_tokenizer_reason = "its build had no tokenizer files";
     return d;
