@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include "file_stem.h"
+
 namespace lora_share {
 namespace {
 
@@ -240,7 +242,7 @@ Status check_combinations(const Options& o) {
   std::set<std::string> names;
   std::string listed;
   for (const std::string& pte : o.ptes) {
-    std::string name = adapter_name_of(pte);
+    std::string name = file_stem(pte);
     if (!names.insert(name).second)
       return Status::usage("--pte: two adapters are named '" + name +
                            "' (the name is the file stem); rename one");
@@ -264,14 +266,6 @@ Status check_combinations(const Options& o) {
 }
 
 }  // namespace
-
-std::string adapter_name_of(const std::string& pte_path) {
-  size_t slash = pte_path.find_last_of('/');
-  std::string base =
-      slash == std::string::npos ? pte_path : pte_path.substr(slash + 1);
-  size_t dot = base.find_last_of('.');
-  return (dot == std::string::npos || dot == 0) ? base : base.substr(0, dot);
-}
 
 StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text,
                                                 const std::string& what) {

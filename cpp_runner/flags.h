@@ -46,7 +46,4 @@ std::string usage_text(const char* program_name);
 StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text,
                                                 const std::string& what);
 
-// The adapter name used by --adapter and --serve: the .pte file stem.
-std::string adapter_name_of(const std::string& pte_path);
-
 }  // namespace lora_share
