@@ -25,11 +25,11 @@ struct ForwardInputs {
   executorch::extension::TensorPtr tokens, cache_positions;
 };
 
-// A constant method's single int64 (get_max_seq_len, get_vocab_size).
 // The refusal for a program without get_prefill_chunk: exported before the
 // forward(tokens, cache_positions) contract, so no input this runner builds fits it.
 Status pre_chunk_program(const std::string& pte);
 
+// A constant method's single int64 (get_max_seq_len, get_vocab_size).
 StatusOr<int64_t> int_from_output(const executorch::runtime::EValue& value,
                                   const std::string& what);
 
