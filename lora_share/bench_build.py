@@ -72,10 +72,16 @@ def machine_info() -> dict:
 
 
 def resolve_foundation(config: Path) -> dict:
-    """The config's ``foundation`` section, with a checkpoint path made absolute."""
+    """The config's ``foundation`` section with every path in it (checkpoint, tokenizer) made absolute:
+    the benchmarks write it into configs of their own, in other folders."""
+    from dataclasses import fields
+
+    from .config import FoundationConfig
+
     foundation = yaml.safe_load(config.read_text())["foundation"]
-    if "checkpoint" in foundation:
-        foundation["checkpoint"] = str((config.resolve().parent / foundation["checkpoint"]).resolve())
+    for f in fields(FoundationConfig):
+        if f.metadata.get("path") and foundation.get(f.name) is not None:
+            foundation[f.name] = str((config.resolve().parent / foundation[f.name]).resolve())
     return foundation
 
 

@@ -107,3 +107,19 @@ def test_runner_without_ptd(bench, runner_bin):
 def test_bad_counts_is_a_usage_error(tmp_path):
     proc = run_cli("bench", REPO / "configs" / "tiny.yaml", "--counts", "2,1", "--out", tmp_path)
     assert proc.returncode != 0 and "--counts 2,1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_benchmark_configs_keep_the_foundations_paths(tmp_path):
+    """The benchmarks write the config's foundation into configs of their own, in other folders: its
+    relative paths (the default config's tokenizer, a checkpoint) must still name the same folders."""
+    from lora_share.bench_build import resolve_foundation
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "deploy.yaml"
+    config.write_text(yaml.safe_dump({"foundation": {"checkpoint": "../model", "tokenizer": "../tok",
+                                                     "max_seq_len": 16}, "adapters": []}))
+    foundation = resolve_foundation(config)
+    assert foundation["tokenizer"] == str(tmp_path / "tok")
+    assert foundation["checkpoint"] == str(tmp_path / "model")
+    assert foundation["max_seq_len"] == 16
