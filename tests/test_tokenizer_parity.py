@@ -232,6 +232,40 @@ def test_stream_decoder_pieces_add_up_to_decode(tokenize_bin, tokenizers_dir, st
     assert checked >= 300 and held_back > 0  # every real text, and some ids did end inside a character
 
 
+def expected_stream(lib, ids: list[int]) -> list[str]:
+    """StreamDecoder's contract in Python, one character at a time: each push hands out the decode of
+    the ids so far from where it diverges from what was handed out, nothing while the decode ends in a
+    U+FFFD (a character may still be incomplete), and finish() hands out the rest."""
+    emitted, pieces = "", []
+    for k in range(1, len(ids) + 2):
+        text = lib.decode(ids[:k], skip_special_tokens=True)
+        if k <= len(ids) and text.endswith("\ufffd"):
+            pieces.append("")
+            continue
+        common = 0
+        while common < min(len(emitted), len(text)) and emitted[common] == text[common]:
+            common += 1
+        pieces.append(text[common:])
+        emitted = text
+    return pieces
+
+
+def test_stream_decoder_never_splits_a_character(tokenize_bin, tokenizers_dir):
+    """Runs of random byte-fallback ids make the decode of a longer prefix change a character already
+    handed out, sometimes into another with the same lead byte. The piece must then restart at that
+    character, not at its differing continuation byte (which is not UTF-8 on its own and once ended
+    build/tokenize with an exception): every piece equals the contract computed in Python."""
+    folder = tokenizers_dir["llama2"]
+    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = lib.get_vocab(with_added_tokens=True)
+    byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+    sequences = [ids for seed in range(30) for ids in random_id_sequences(len(vocab), byte_ids, seed=seed, n=200)]
+    replies = run_tokenize(tokenize_bin, folder / "tokenizer.json",
+                           [{"stream": ids, "skip_special_tokens": True} for ids in sequences])
+    bad = [(ids, r["pieces"]) for ids, r in zip(sequences, replies) if r["pieces"] != expected_stream(lib, ids)]
+    assert not bad, f"{len(bad)} of {len(sequences)} differ; first: {bad[0]}"
+
+
 def test_split_regex_white_space_is_onigurumas(tokenize_bin, tokenizers_dir, tmp_path):
     """\\s in tokenizer.json patterns is Oniguruma's: U+180E (MONGOLIAN VOWEL SEPARATOR) is not in
     it, though PCRE2's \\s has it. With merges that join "!" and U+180E's bytes, splitting "!\\u180e"

@@ -63,8 +63,11 @@ int main(int argc, char** argv) {
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
-    // ASCII-only JSON: line splitters that honour U+2028 and friends see one line per reply.
-    std::cout << answer(tokenizer.value(), line).dump(-1, ' ', /*ensure_ascii=*/true) << "\n" << std::flush;
+    // ASCII-only JSON: line splitters that honour U+2028 and friends see one line per reply. Bytes
+    // that are not UTF-8 become U+FFFD instead of an exception that would end the process.
+    std::cout << answer(tokenizer.value(), line)
+                     .dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace)
+              << "\n" << std::flush;
   }
   return 0;
 }

@@ -180,6 +180,11 @@ std::string StreamDecoder::emit(bool final) {
   // Text already printed cannot be taken back: print from where it diverges.
   size_t common = 0;
   while (common < emitted_.size() && common < text.size() && emitted_[common] == text[common]) ++common;
+  // Diverging inside a character (two characters that share their lead byte) must not start the
+  // piece with a continuation byte: that piece alone would not be valid UTF-8.
+  while (common > 0 && common < text.size() &&
+         (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80)
+    --common;
   std::string fresh = text.substr(common);
   emitted_ = std::move(text);
   return fresh;
