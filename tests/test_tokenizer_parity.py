@@ -77,6 +77,11 @@ def make_strings(specials: list[str], seed: int, n: int = N_STRINGS) -> list[str
     return out
 
 
+def byte_fallback_ids(vocab: dict[str, int]) -> list[int]:
+    """The ids of a vocabulary's byte-fallback tokens (``<0x00>`` .. ``<0xFF>``)."""
+    return [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+
+
 def random_id_sequences(vocab_size: int, byte_ids: list[int], seed: int, n: int = N_RANDOM_IDS) -> list[list[int]]:
     """Random ids (a few unknown ones past the vocab), many runs of byte-fallback ids among them."""
     rng = random.Random(seed)
@@ -191,7 +196,7 @@ def test_encode_decode_parity(tokenize_bin, tokenizers_dir, style):
         for skip in (True, False):
             requests.append({"decode": ids, "skip_special_tokens": skip})
             expected.append({"text": lib.decode(ids, skip_special_tokens=skip)})
-    byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+    byte_ids = byte_fallback_ids(vocab)
     for seq in random_id_sequences(len(vocab), byte_ids, seed=7):
         for skip in (True, False):
             requests.append({"decode": seq, "skip_special_tokens": skip})
@@ -211,7 +216,7 @@ def test_stream_decoder_pieces_add_up_to_decode(tokenize_bin, tokenizers_dir, st
     vocab = lib.get_vocab(with_added_tokens=True)
     specials = [t.content for t in lib.get_added_tokens_decoder().values()]
     sequences = [lib.encode(s).ids for s in make_strings(specials, seed=99, n=300)]
-    byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+    byte_ids = byte_fallback_ids(vocab)
     sequences += random_id_sequences(len(vocab), byte_ids, seed=11, n=200)
     requests = [{"stream": ids, "skip_special_tokens": True} for ids in sequences]
     replies = run_tokenize(tokenize_bin, folder / "tokenizer.json", requests)
@@ -258,7 +263,7 @@ def test_stream_decoder_never_splits_a_character(tokenize_bin, tokenizers_dir):
     folder = tokenizers_dir["llama2"]
     lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
     vocab = lib.get_vocab(with_added_tokens=True)
-    byte_ids = [i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x")]
+    byte_ids = byte_fallback_ids(vocab)
     sequences = [ids for seed in range(30) for ids in random_id_sequences(len(vocab), byte_ids, seed=seed, n=200)]
     replies = run_tokenize(tokenize_bin, folder / "tokenizer.json",
                            [{"stream": ids, "skip_special_tokens": True} for ids in sequences])
