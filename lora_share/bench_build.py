@@ -79,9 +79,10 @@ def resolve_foundation(config: Path) -> dict:
     from .config import FoundationConfig
 
     foundation = yaml.safe_load(config.read_text())["foundation"]
+    base = config.resolve().parent
     for f in fields(FoundationConfig):
         if f.metadata.get("path") and foundation.get(f.name) is not None:
-            foundation[f.name] = str((config.resolve().parent / foundation[f.name]).resolve())
+            foundation[f.name] = str((base / foundation[f.name]).resolve())
     return foundation
 
 
