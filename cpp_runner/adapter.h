@@ -1,9 +1,11 @@
-// One loaded adapter: a program whose `forward(tokens, cache_positions)`
-// returns the logits at the last position (forward_io.h), with a KV cache.
+// One loaded adapter: a program whose forward takes tokens and the KV cache
+// rows written so far, and returns the logits at the last position and the
+// new rows (forward_io.h); the runtime owns the cache, not the program.
 // Two implementations: SharedAdapter (shared_adapter.h, the point of the
 // project: every adapter resolves its weights against one shared foundation
-// and runs in one planned-memory arena) and StockAdapter (one
-// executorch::extension::Module per adapter, for comparison).
+// and runs in one planned-memory arena, which holds the KV cache too) and
+// StockAdapter (one executorch::extension::Module per adapter, with its own
+// KV cache, for comparison).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +33,10 @@ class Adapter {
   int64_t prefill_chunk() const { return prefill_chunk_; }
   double load_ms() const { return load_ms_; }
 
-  // Feeds `tokens` (at most prefill_chunk of them) at positions pos.. and
-  // returns the logits after the last one in `logits` (vocab_size floats).
+  // Feeds `tokens` (at most prefill_chunk of them) at positions pos.., keeps
+  // their K/V rows in the cache for later positions, and returns the logits
+  // after the last one in `logits` (vocab_size floats). A request starts at
+  // position 0 and reads only rows it wrote itself.
   virtual Status step(const std::vector<int64_t>& tokens, int64_t pos,
                       std::vector<float>* logits) = 0;
 

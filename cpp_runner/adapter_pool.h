@@ -88,7 +88,7 @@ class AdapterPool {
   struct Entry {
     std::string name, pte;
     uint64_t cost = 0;                 // accounted bytes when resident
-    std::vector<size_t> planned_sizes;  // forward's planned buffers
+    std::vector<size_t> planned_sizes;  // its arena buffers: KV cache, then forward's planned buffers
     int64_t vocab_size = 0, max_seq_len = 0;
     std::unique_ptr<SharedAdapter> program;  // null = not resident
     uint64_t last_used = 0;

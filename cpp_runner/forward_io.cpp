@@ -1,22 +1,190 @@
-// What both adapter implementations share: forward's inputs, the program's outputs.
+// What both adapter implementations share: the KV cache's layout, forward's
+// inputs over it, and the program's outputs read back.
 #include "forward_io.h"
 
 #include <cstring>
-#include <numeric>
 
 namespace lora_share {
+namespace {
 
 using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::extension::make_tensor_ptr;
+using executorch::extension::TensorPtr;
 using executorch::runtime::EValue;
+using executorch::runtime::MethodMeta;
+using executorch::runtime::TensorInfo;
 
-ForwardInputs::ForwardInputs(const std::vector<int64_t>& token_ids, int64_t pos)
-    : positions(static_cast<size_t>(pos) + token_ids.size()),
-      tokens(executorch::extension::make_tensor_ptr(
-          {1, static_cast<int32_t>(token_ids.size())},
-          const_cast<int64_t*>(token_ids.data()), ScalarType::Long)) {
-  std::iota(positions.begin(), positions.end(), int64_t{0});
-  cache_positions = executorch::extension::make_tensor_ptr(
-      {static_cast<int32_t>(positions.size())}, positions.data(), ScalarType::Long);
+Status cache_positions_program(const std::string& pte) {
+  return Status::failure(pte +
+                         ": built by an older lora-share (its forward takes cache "
+                         "positions, not the runtime's KV cache): rebuild it with this "
+                         "version");
+}
+
+Status not_a_slab(const std::string& pte, size_t input) {
+  return Status::failure(pte + ": forward's input " + std::to_string(input) +
+                         " is not a KV slab like input 1 (float32 [rows, head_dim]), "
+                         "as the export contract requires");
+}
+
+bool is_slab(const TensorInfo& info) {
+  return info.scalar_type() == ScalarType::Float && info.sizes().size() == 2 &&
+         info.sizes()[1] > 0;
+}
+
+// forward's inputs for `tokens` at positions pos..: the ids, then rows
+// 0..pos of each slab of `cache`. The export leaves graph inputs out of
+// memory planning, so set_input points the method at this memory instead
+// of copying it: the cache is read in place, and this object must outlive
+// execute().
+class ForwardInputs {
+ public:
+  ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos, const KvCache& cache);
+  // The values point into this object: a copy would share its ids.
+  ForwardInputs(const ForwardInputs&) = delete;
+  ForwardInputs& operator=(const ForwardInputs&) = delete;
+
+  // In forward's input order.
+  const std::vector<EValue>& values() const { return values_; }
+
+ private:
+  std::vector<int64_t> ids_;
+  std::vector<TensorPtr> tensors_;
+  std::vector<EValue> values_;
+};
+
+ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
+                             const KvCache& cache)
+    : ids_(tokens) {
+  const KvLayout& kv = cache.layout;
+  tensors_.push_back(make_tensor_ptr({1, static_cast<SizesType>(ids_.size())},
+                                     ids_.data(), ScalarType::Long));
+  for (int64_t j = 0; j < kv.slabs; ++j)
+    tensors_.push_back(make_tensor_ptr(
+        {static_cast<SizesType>(pos + 1), static_cast<SizesType>(kv.head_dim)},
+        cache.data + j * kv.slab_floats(), ScalarType::Float));
+  for (const TensorPtr& t : tensors_) values_.emplace_back(*t);
+}
+
+// Whether positions pos.. of `count` tokens have rows in the cache: every
+// slab input and write-back stays inside its own slab.
+Status check_window(const KvLayout& kv, int64_t pos, size_t count,
+                    const std::string& what) {
+  if (count == 0) return Status::failure(what + ": no tokens to feed");
+  if (pos < 0 || pos + static_cast<int64_t>(count) > kv.max_seq_len)
+    return Status::failure(what + ": positions " + std::to_string(pos) + ".." +
+                           std::to_string(pos + static_cast<int64_t>(count) - 1) +
+                           " are outside its KV cache of " +
+                           std::to_string(kv.max_seq_len) + " (max_seq_len)");
+  return Status();
+}
+
+// forward's float32 [1, vocab] logits, copied into `out`.
+Status logits_from_output(const EValue& value, int64_t vocab_size,
+                          const std::string& what, std::vector<float>* out) {
+  if (!value.isTensor())
+    return Status::failure(what + " did not return a tensor");
+  const auto& t = value.toTensor();
+  if (t.scalar_type() != ScalarType::Float)
+    return Status::failure(what + " returned a non-float32 tensor");
+  if (t.numel() != vocab_size)
+    return Status::failure(what + " returned " + std::to_string(t.numel()) +
+                           " values; expected vocab_size " +
+                           std::to_string(vocab_size));
+  out->resize(static_cast<size_t>(vocab_size));
+  std::memcpy(out->data(), t.const_data_ptr<float>(),
+              out->size() * sizeof(float));
+  return Status();
+}
+
+// Output g + 1 holds the rows for positions pos..pos+count-1 of slabs
+// g * heads.. (g * heads + heads - 1), slab by slab; each slab's block goes to
+// its rows pos+1.., where the next call's slab input reads them.
+Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
+                      int64_t pos, size_t count, const std::string& what) {
+  const KvLayout& kv = cache.layout;
+  int64_t heads = kv.slabs_per_group();
+  size_t floats = count * static_cast<size_t>(kv.head_dim);
+  for (int64_t g = 0; g < kv.groups; ++g) {
+    const EValue& value = outputs[static_cast<size_t>(g) + 1];
+    if (!value.isTensor() || value.toTensor().scalar_type() != ScalarType::Float ||
+        static_cast<size_t>(value.toTensor().numel()) != floats * heads)
+      return Status::failure(what + ": output " + std::to_string(g + 1) + " is not " +
+                             std::to_string(heads) + " x " + std::to_string(count) +
+                             " x " + std::to_string(kv.head_dim) +
+                             " float32 values (the new rows of KV slabs " +
+                             std::to_string(g * heads) + ".." +
+                             std::to_string(g * heads + heads - 1) + ")");
+    const float* block = value.toTensor().const_data_ptr<float>();
+    for (int64_t h = 0; h < heads; ++h) {
+      float* rows = cache.data + (g * heads + h) * kv.slab_floats() + (pos + 1) * kv.head_dim;
+      std::memcpy(rows, block + h * floats, floats * sizeof(float));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+size_t KvLayout::slab_floats() const {
+  return static_cast<size_t>(max_seq_len + 1) * static_cast<size_t>(head_dim);
+}
+
+int64_t KvLayout::slabs_per_group() const { return groups > 0 ? slabs / groups : 0; }
+
+size_t KvLayout::floats() const { return static_cast<size_t>(slabs) * slab_floats(); }
+
+size_t KvLayout::bytes() const { return floats() * sizeof(float); }
+
+StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len,
+                                  const std::string& pte) {
+  size_t inputs = forward.num_inputs();
+  if (inputs < 2)
+    return Status::failure(pte + ": forward takes " + std::to_string(inputs) +
+                           " input(s); the export contract gives it the tokens "
+                           "and one KV slab per layer, K/V and KV head");
+  auto first = forward.input_tensor_meta(1);
+  if (first.ok() && first->scalar_type() == ScalarType::Long)
+    return cache_positions_program(pte);
+  if (!first.ok() || !is_slab(first.get())) return not_a_slab(pte, 1);
+  KvLayout layout{static_cast<int64_t>(inputs - 1), first->sizes()[1], max_seq_len};
+  for (size_t i = 2; i < inputs; ++i) {
+    auto info = forward.input_tensor_meta(i);
+    if (!info.ok() || !is_slab(info.get()) || info->sizes()[1] != layout.head_dim)
+      return not_a_slab(pte, i);
+  }
+  size_t groups = forward.num_outputs() > 1 ? forward.num_outputs() - 1 : 0;
+  if (groups == 0 || layout.slabs % static_cast<int64_t>(groups) != 0)
+    return Status::failure(pte + ": forward returns " +
+                           std::to_string(forward.num_outputs()) + " value(s) for " +
+                           std::to_string(layout.slabs) +
+                           " KV slabs; the export contract returns the logits and one "
+                           "tensor of new rows per layer and key or value");
+  layout.groups = static_cast<int64_t>(groups);
+  if (max_seq_len < 1)
+    return Status::failure(pte + ": get_max_seq_len() returned " +
+                           std::to_string(max_seq_len) + "; it must be at least 1");
+  return layout;
+}
+
+Status run_forward(const ForwardExecutor& execute, const KvCache& cache,
+                   const std::vector<int64_t>& tokens, int64_t pos,
+                   int64_t vocab_size, const std::string& what,
+                   std::vector<float>* logits) {
+  Status fits = check_window(cache.layout, pos, tokens.size(), what);
+  if (!fits.ok()) return fits;
+  ForwardInputs inputs(tokens, pos, cache);
+  auto outputs = execute(inputs.values());
+  if (!outputs.ok()) return outputs.status();
+  size_t expected = static_cast<size_t>(cache.layout.groups) + 1;
+  if (outputs->size() != expected)
+    return Status::failure(what + " returned " + std::to_string(outputs->size()) +
+                           " values; expected " + std::to_string(expected) +
+                           " (the logits and the new rows of each layer's keys and values)");
+  Status s = logits_from_output((*outputs)[0], vocab_size, what, logits);
+  if (!s.ok()) return s;
+  return store_new_rows(*outputs, cache, pos, tokens.size(), what);
 }
 
 Status pre_chunk_program(const std::string& pte) {
@@ -36,23 +204,6 @@ StatusOr<int64_t> int_from_output(const EValue& value,
       return static_cast<int64_t>(t.const_data_ptr<int32_t>()[0]);
   }
   return Status::failure(what + " did not return one integer");
-}
-
-Status logits_from_output(const EValue& value, int64_t vocab_size,
-                          const std::string& what, std::vector<float>* out) {
-  if (!value.isTensor())
-    return Status::failure(what + " did not return a tensor");
-  const auto& t = value.toTensor();
-  if (t.scalar_type() != ScalarType::Float)
-    return Status::failure(what + " returned a non-float32 tensor");
-  if (t.numel() != vocab_size)
-    return Status::failure(what + " returned " + std::to_string(t.numel()) +
-                           " values; expected vocab_size " +
-                           std::to_string(vocab_size));
-  out->resize(static_cast<size_t>(vocab_size));
-  std::memcpy(out->data(), t.const_data_ptr<float>(),
-              out->size() * sizeof(float));
-  return Status();
 }
 
 }  // namespace lora_share

@@ -1,13 +1,25 @@
-// forward's inputs from plain C++ values, and a method's outputs read back
-// into them, with a clear error when the program does not follow the export
-// contract: forward(tokens [1, T] int64, cache_positions [P + T] int64) ->
-// logits, feeding T tokens at positions P.. (lora_share/model.py).
+// One forward call, from plain C++ values to logits, over a KV cache the
+// runtime owns, with a clear error when the program does not follow the
+// export contract (lora_share/model.py):
+//
+//   forward(tokens [1, T] int64, slab_0 [P + 1, hd] f32, ..., slab_{N-1})
+//     -> (logits [1, vocab] f32, new_0 [H, T, hd] f32, ..., new_{G-1})
+//
+// feeds T tokens at positions P.. . There is one slab per layer, K or V, and
+// KV head, in that order (N = 2 * n_layers * n_kv_heads); slab j's input is
+// its cache rows 0..P. There is one new-rows output per layer and K or V
+// (G = 2 * n_layers, H = N / G): new_g holds the rows for positions
+// P..P+T-1 of slabs g * H.. g * H + H - 1, which the runtime writes back into
+// the cache before the next call (KvLayout).
 #pragma once
 
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/executor/method_meta.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,27 +27,53 @@
 
 namespace lora_share {
 
-// forward's two inputs for `tokens` at positions pos, pos + 1, ...:
-// the ids, and cache_positions = 0 .. pos + T - 1, whose length is the number
-// of cache slots attended. The ids are borrowed (they must outlive this); the
-// runtime copies both into its planned input buffers.
-struct ForwardInputs {
-  ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos);
-  std::vector<int64_t> positions;
-  executorch::extension::TensorPtr tokens, cache_positions;
+// The runtime's KV cache: one buffer of `slabs` slabs, each max_seq_len + 1
+// rows of head_dim floats. Position p lives at row p + 1. Row 0 of every slab
+// is a sink row that stays zero: the program masks it, and it exists only so
+// that a slab input is never empty (it is all there is at position 0).
+struct KvLayout {
+  int64_t slabs = 0, head_dim = 0, max_seq_len = 0;
+  int64_t groups = 0;  // new-rows outputs: one per layer and K or V
+  int64_t slabs_per_group() const;  // the KV heads
+  size_t slab_floats() const;  // (max_seq_len + 1) * head_dim
+  size_t floats() const;       // the whole cache
+  size_t bytes() const;
 };
 
-// The refusal for a program without get_prefill_chunk: exported before the
-// forward(tokens, cache_positions) contract, so no input this runner builds fits it.
+// forward's KV layout, read from its method meta (N = inputs - 1, hd = input
+// 1's second dimension); refuses a program whose inputs and outputs do not
+// follow the contract above, and names the fix for one built before it.
+StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward,
+                                  int64_t max_seq_len, const std::string& pte);
+
+// A KV cache: layout.floats() floats at `data`, zeroed when allocated and
+// owned by the caller.
+struct KvCache {
+  KvLayout layout;
+  float* data = nullptr;
+};
+
+// Sets forward's inputs, runs it and returns its outputs, however the
+// adapter holds its method.
+using ForwardExecutor =
+    std::function<StatusOr<std::vector<executorch::runtime::EValue>>(
+        const std::vector<executorch::runtime::EValue>& inputs)>;
+
+// Feeds `tokens` (1..prefill_chunk of them) at positions pos.. through
+// `execute` over `cache`, writes their K/V rows into the cache and returns
+// the logits after the last one (vocab_size floats) in `logits`. `what`
+// names the call in errors.
+Status run_forward(const ForwardExecutor& execute, const KvCache& cache,
+                   const std::vector<int64_t>& tokens, int64_t pos,
+                   int64_t vocab_size, const std::string& what,
+                   std::vector<float>* logits);
+
+// The refusal for a program without get_prefill_chunk: exported before
+// prefill chunks, so no input this runner builds fits it.
 Status pre_chunk_program(const std::string& pte);
 
 // A constant method's single int64 (get_max_seq_len, get_vocab_size).
 StatusOr<int64_t> int_from_output(const executorch::runtime::EValue& value,
                                   const std::string& what);
-
-// forward's float32 [1, vocab] logits, copied into `out`.
-Status logits_from_output(const executorch::runtime::EValue& value,
-                          int64_t vocab_size, const std::string& what,
-                          std::vector<float>* out);
 
 }  // namespace lora_share

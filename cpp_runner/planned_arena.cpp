@@ -35,8 +35,10 @@ std::vector<size_t> PlannedArena::largest(
   return out;
 }
 
-Span<Span<uint8_t>> PlannedArena::spans(size_t count) {
-  return Span<Span<uint8_t>>(spans_.data(), std::min(count, spans_.size()));
+Span<Span<uint8_t>> PlannedArena::spans(size_t count, size_t first) {
+  first = std::min(first, spans_.size());
+  return Span<Span<uint8_t>>(spans_.data() + first,
+                             std::min(count, spans_.size() - first));
 }
 
 bool PlannedArena::holds(const std::vector<size_t>& sizes) const {

@@ -1,15 +1,22 @@
 // Planned memory for loaded methods: the buffers ExecuTorch's memory planning
-// lays out a method's KV cache and activations in (one per memory id).
+// lays out a method's activations in (one per memory id), and the KV cache
+// the runtime keeps for the program (forward_io.h), one more buffer.
 //
 // The runner gives every loaded adapter program ONE arena, sized buffer by
 // buffer to the largest program, so a further adapter costs its own bytes
 // and not another KV cache and activation set. That is correct because the
 // runner serves one request at a time and every request starts at position
-// 0: a request writes every cache slot it reads (attention reads only the
-// prefix written so far), so programs sharing the arena never see each
-// other's state, and a program's own KV state does not survive to its next
-// request. Inputs are copied into planned memory by set_input and outputs
-// are copied out right after execute, before another method runs.
+// 0: a request writes every cache row it reads (a call at position P reads
+// rows 1..P, all written earlier in the same request, and the row 0 sink of
+// each slab, which stays zero because nothing writes row 0), so programs
+// sharing the arena never see each other's state, and a program's own KV
+// state does not survive to its next request. Inputs have no planned memory
+// (the export leaves them out): execute reads them, the KV cache included, in
+// place; outputs are copied out right after it, before another method runs.
+//
+// The KV cache is buffer 0 and a method's planned buffers follow it, so that
+// every program's cache lands in the same buffer whatever the number of its
+// planned buffers: no program's activations overwrite another's sink rows.
 #pragma once
 
 #include <executorch/runtime/core/span.h>
@@ -35,10 +42,12 @@ class PlannedArena {
   static std::vector<size_t> largest(
       const std::vector<std::vector<size_t>>& programs);
 
-  // Spans for the first `count` buffers (count <= size()), for a
-  // HierarchicalAllocator; they stay valid as long as the arena.
+  // Spans for `count` buffers from buffer `first` (at most up to size()),
+  // for a HierarchicalAllocator; they stay valid as long as the arena.
   executorch::runtime::Span<executorch::runtime::Span<uint8_t>> spans(
-      size_t count);
+      size_t count, size_t first = 0);
+  // Buffer i (i < size()).
+  executorch::runtime::Span<uint8_t> buffer(size_t i) const { return spans_[i]; }
 
   size_t size() const { return spans_.size(); }
   // Whether buffer i is at least sizes[i] bytes for every i.

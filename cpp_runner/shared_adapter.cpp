@@ -83,7 +83,11 @@ Status SharedAdapter::open(const std::string& pte) {
   prefill_chunk_ = chunk.value();
   auto sizes = planned_buffer_sizes(*program_, "forward");
   if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
-  planned_sizes_ = std::move(sizes.value());
+  auto layout = read_kv_layout(program_->method_meta("forward").get(), max_seq_len_, pte);
+  if (!layout.ok()) return layout.status();
+  kv_.layout = layout.value();
+  planned_sizes_ = {kv_.layout.bytes()};
+  planned_sizes_.insert(planned_sizes_.end(), sizes->begin(), sizes->end());
   load_ms_ += ms_since(t0);
   return Status();
 }
@@ -96,7 +100,9 @@ Status SharedAdapter::load_forward(PlannedArena& arena, const Foundation& founda
             " (do they come from the same export?)");
   if (!arena.holds(planned_sizes_))
     return Status::failure(pte_path_ + ": its planned memory does not fit the arena");
-  memory_ = std::make_unique<MethodMemory>(arena.spans(planned_sizes_.size()));
+  memory_ = std::make_unique<MethodMemory>(
+      arena.spans(planned_sizes_.size() - 1, /*first=*/1));
+  kv_.data = reinterpret_cast<float*>(arena.buffer(0).data());
   // No foundation (no --ptd): the program's own named data is all there is.
   if (foundation.data_map() != nullptr)
     data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
@@ -176,19 +182,26 @@ Status SharedAdapter::explain_load_failure(Error error,
 
 Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                            std::vector<float>* logits) {
-  ForwardInputs in(tokens, pos);
+  return run_forward(
+      [this](const std::vector<EValue>& inputs) { return execute_forward(inputs); },
+      kv_, tokens, pos, vocab_size_, pte_path_ + ": forward", logits);
+}
+
+StatusOr<std::vector<EValue>> SharedAdapter::execute_forward(
+    const std::vector<EValue>& inputs) {
   std::string what = pte_path_ + ": forward";
-  if (forward_->set_input(EValue(*in.tokens), 0) != Error::Ok ||
-      forward_->set_input(EValue(*in.cache_positions), 1) != Error::Ok)
+  if (forward_->set_inputs(executorch::aten::ArrayRef<EValue>(inputs.data(),
+                                                              inputs.size())) != Error::Ok)
     return Status::failure(what + " rejected its inputs (" + last_runtime_error() + ")");
   Error err = forward_->execute();
   if (err != Error::Ok)
     return Status::failure(what + " failed (" +
                            executorch::runtime::to_string(err) + ": " +
                            last_runtime_error() + ")");
-  if (forward_->outputs_size() < 1)
-    return Status::failure(what + " returned nothing");
-  return logits_from_output(forward_->get_output(0), vocab_size_, what, logits);
+  std::vector<EValue> outputs(forward_->outputs_size());
+  if (forward_->get_outputs(outputs.data(), outputs.size()) != Error::Ok)
+    return Status::failure(what + ": its outputs could not be read");
+  return outputs;
 }
 
 }  // namespace lora_share

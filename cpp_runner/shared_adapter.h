@@ -1,8 +1,9 @@
 // The shared loading path: each adapter program is loaded by hand (Program +
 // Method) so that all of them resolve their external weights against the ONE
 // foundation map (foundation.h) and run in planned memory the session owns
-// (planned_arena.h). Loading takes two steps so that the session can size one
-// arena for every program before any forward method is loaded.
+// (planned_arena.h), KV cache included. Loading takes two steps so that the
+// session can size one arena for every program before any forward method is
+// loaded.
 #pragma once
 
 #include <executorch/extension/data_loader/mmap_data_loader.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "adapter.h"
+#include "forward_io.h"
 #include "foundation.h"
 #include "planned_arena.h"
 
@@ -35,8 +37,10 @@ struct MethodMemory {
 class SharedAdapter final : public Adapter {
  public:
   // Step 1: maps and checks `pte`, runs its constant methods and reads the
-  // sizes of forward's planned buffers.
+  // sizes of forward's planned buffers and KV cache.
   Status open(const std::string& pte);
+  // The arena buffers forward needs: its KV cache's bytes, then its planned
+  // buffers in memory-id order (planned_arena.h says why in that order).
   const std::vector<size_t>& planned_sizes() const { return planned_sizes_; }
 
   // Step 2: loads forward against `foundation`, in `arena`'s buffers (which
@@ -49,6 +53,8 @@ class SharedAdapter final : public Adapter {
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);
+  StatusOr<std::vector<executorch::runtime::EValue>> execute_forward(
+      const std::vector<executorch::runtime::EValue>& inputs);
   Status explain_load_failure(executorch::runtime::Error error,
                               const Foundation& foundation);
 
@@ -58,6 +64,7 @@ class SharedAdapter final : public Adapter {
   std::unique_ptr<executorch::runtime::Program> program_;
   std::unique_ptr<KeyRecordingDataMap> data_map_;
   std::vector<size_t> planned_sizes_;
+  KvCache kv_;  // its data is arena buffer 0, set by load_forward
   std::unique_ptr<MethodMemory> memory_;
   std::unique_ptr<executorch::runtime::Method> forward_;
 };

@@ -2,7 +2,8 @@
 // executorch::extension::Module per adapter, each opening the foundation
 // itself, as ExecuTorch's LLM runner does. main() turns the XNNPACK weight
 // cache off for this path, so every adapter packs its own copy of the
-// foundation's delegated weights.
+// foundation's delegated weights. The KV cache is the adapter's own vector
+// (forward_io.h); the Module keeps forward's planned memory to itself.
 #include <executorch/extension/module/module.h>
 
 #include <chrono>
@@ -29,7 +30,12 @@ class StockAdapter final : public Adapter {
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);
+  Status allocate_kv_cache();
+  StatusOr<std::vector<EValue>> execute_forward(const std::vector<EValue>& inputs);
+
   std::unique_ptr<Module> module_;
+  std::vector<float> kv_storage_;
+  KvCache kv_;  // over kv_storage_
 };
 
 Status StockAdapter::load(const std::string& pte, const std::string& ptd,
@@ -75,6 +81,8 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd,
   auto chunk = run_constant_method("get_prefill_chunk");
   if (!chunk.ok()) return chunk.status();
   prefill_chunk_ = chunk.value();
+  Status kv = allocate_kv_cache();
+  if (!kv.ok()) return kv;
   load_ms_ = std::chrono::duration<double, std::milli>(
                  std::chrono::steady_clock::now() - t0)
                  .count();
@@ -91,18 +99,33 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
   return int_from_output(out.get()[0], what);
 }
 
+// A zeroed cache laid out as forward's meta declares.
+Status StockAdapter::allocate_kv_cache() {
+  auto meta = module_->method_meta("forward");
+  if (!meta.ok()) return Status::failure(pte_path_ + ": the program has no method 'forward'");
+  auto layout = read_kv_layout(meta.get(), max_seq_len_, pte_path_);
+  if (!layout.ok()) return layout.status();
+  kv_.layout = layout.value();
+  kv_storage_.assign(kv_.layout.floats(), 0.0f);
+  kv_.data = kv_storage_.data();
+  return Status();
+}
+
 Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                           std::vector<float>* logits) {
-  ForwardInputs in(tokens, pos);
-  std::string what = pte_path_ + ": forward";
-  auto out = module_->execute(
-      "forward", std::vector<EValue>{EValue(*in.tokens), EValue(*in.cache_positions)});
+  return run_forward(
+      [this](const std::vector<EValue>& inputs) { return execute_forward(inputs); },
+      kv_, tokens, pos, vocab_size_, pte_path_ + ": forward", logits);
+}
+
+StatusOr<std::vector<EValue>> StockAdapter::execute_forward(
+    const std::vector<EValue>& inputs) {
+  auto out = module_->execute("forward", inputs);
   if (!out.ok())
-    return Status::failure(what + " failed (" +
+    return Status::failure(pte_path_ + ": forward failed (" +
                            executorch::runtime::to_string(out.error()) + ": " +
                            last_runtime_error() + ")");
-  if (out->empty()) return Status::failure(what + " returned nothing");
-  return logits_from_output(out.get()[0], vocab_size_, what, logits);
+  return std::move(out.get());
 }
 
 }  // namespace

@@ -284,6 +284,7 @@ def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], pre
             **({"shared": _shared_entry(shared)} if shared else {}),
             "adapters": entries,
             "bytes": byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
+                                 {e["name"]: set(e["tensor_keys"].values()) for e in entries},
                                  shared.name if shared else None),
             "build_s": round(time.perf_counter() - t_start, 2),
         }

@@ -2,7 +2,8 @@
 
 Read back from the written files (not from what the exporter was asked to do):
 
-- inside each file, named data entries that point at one segment are stored
+- inside each file, tensors (named data, and the program's constant buffers,
+  where LoRA weights live) that point at one segment or buffer are stored
   once (ExecuTorch's named-data store merges equal bytes: a tied embedding is
   one segment under its plain name and under XNNPACK's sha256 key);
 - across adapters, a tensor with the same bytes in several .pte files is
@@ -42,9 +43,12 @@ def _hoisted(shared, ptes: dict) -> dict:
             "readers": {k: n for k, n in sorted(readers.items())}}
 
 
-def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_name: str | None = None) -> dict:
-    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name;
-    ``shared_name`` is its adapters_shared.ptd, if it has one."""
+def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], lora: dict[str, set[str]],
+                shared_name: str | None = None) -> dict:
+    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name, ``lora``
+    adapter name -> the sha256 of each of its LoRA tensors (a program's other constants, scalars its
+    graph needs, are the same in every adapter and not reported as shared); ``shared_name`` is its
+    adapters_shared.ptd, if it has one."""
     ptd = read_ptd(Path(out_dir) / ptd_name)
     report = {"foundation": {"file": ptd_name, **_file_summary(
         ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries]))}}
@@ -54,17 +58,19 @@ def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_n
     for name, file in adapters.items():
         pte = read_pte(Path(out_dir) / file)
         seen_here = set()
-        for e in pte.named_data:
-            digest = hashlib.sha256(pte.blob[e.start:e.end]).hexdigest()
+        for _, storage, start, size in pte.stored_tensors():
+            digest = hashlib.sha256(pte.blob[start:start + size]).hexdigest()
+            if storage < 0 and digest not in lora[name]:
+                continue
             if digest not in seen_here:
                 seen_here.add(digest)
                 holders.setdefault(digest, []).append(name)
-                sizes[digest] = e.size
+                sizes[digest] = size
         per_adapter[name] = (pte, seen_here)
     shared = {d: names for d, names in holders.items() if len(names) > 1}
     report["adapters"] = {}
     for name, (pte, digests) in per_adapter.items():
-        summary = _file_summary(pte.size, dedup_summary([(e.key, e.segment_index, e.size) for e in pte.named_data]))
+        summary = _file_summary(pte.size, dedup_summary([(k, seg, size) for k, seg, _, size in pte.stored_tensors()]))
         summary["shared_with_other_adapters"] = sum(sizes[d] for d in digests if d in shared)
         summary["unique"] = summary["stored"] - summary["shared"] - summary["shared_with_other_adapters"]
         report["adapters"][name] = {"file": adapters[name], **summary}
@@ -91,7 +97,7 @@ def report_lines(report: dict) -> list[str]:
     lines = [f"  bytes: {_kb(report['total'])} in all; {f['file']} {_kb(f['total'])}: {_kb(f['shared'])} stored once "
              f"for several keys, {_kb(f['duplicate_avoided'])} of duplicates avoided"]
     for name, a in report["adapters"].items():
-        lines.append(f"    {a['file']}: {_kb(a['total'])}, {_kb(a['unique'])} unique named data, "
+        lines.append(f"    {a['file']}: {_kb(a['total'])}, {_kb(a['unique'])} unique tensor data, "
                      f"{_kb(a['shared_with_other_adapters'])} also in other adapters")
     if "shared" in report:
         sh = report["shared"]

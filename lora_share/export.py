@@ -20,7 +20,7 @@ import torch
 
 from .adapters import Adapter
 from .foundation import Foundation
-from .model import LlamaLoRA, forward_inputs
+from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, n_slabs
 from .shared_data import SHARED_PTD, SHARED_TAG
 
 FOUNDATION_TAG = "foundation"  # -> foundation.ptd
@@ -28,13 +28,15 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # keeps an earlier build's files: raise it whenever the model or the export passes change what
 # a program computes or how, so that a rebuild exports again instead of reusing stale programs.
 # 2: attention over the written prefix, prefill chunks, the KV cache updated in place.
-EXPORTER_REVISION = 2
+# 3: the KV cache belongs to the runtime and is handed to forward in place, one slab per layer, K/V
+#    and key/value head; past keys and LoRA weights are the delegate's inputs (model.py, _partitioner).
+EXPORTER_REVISION = 3
 
 
-def example_inputs(chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """forward's example inputs for torch.export: a few tokens after two earlier positions (so that
-    the two dynamic sizes, tokens and cache positions, differ and are not taken to be one)."""
-    return forward_inputs(range(1, min(3, chunk) + 1), 2)
+def example_inputs(args: ModelArgs) -> tuple[torch.Tensor, ...]:
+    """forward's example inputs for torch.export: a few tokens after four earlier positions (so that
+    the two dynamic sizes, tokens and cache prefix, differ and are not taken to be one)."""
+    return forward_inputs(range(1, min(3, args.chunk) + 1), 4, KVCache.for_model(args))
 
 
 def is_adapter_tensor(name: str) -> bool:
@@ -117,6 +119,29 @@ class Exported:
     shared_ptd: bytes = b""  # the hoisted LoRA tensors this program reads (empty if none)
 
 
+def _partitioner(hoisted: frozenset[str]):
+    """XNNPACK's partitioner, where a linear whose weight is a graph input (attention's past keys) or
+    a LoRA parameter is taken with that weight as the delegate's input: XNNPACK packs it on every
+    call into its shared workspace instead of once into a copy every loaded adapter keeps (a rank-8
+    A packs to twice its bytes: the kernels' tile is 16 rows). ``hoisted`` LoRA parameters (read from
+    adapters_shared.ptd) stay the delegate's weights, named by their sha256 like the foundation's."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    class InputWeightLinearConfig(LinearConfig):
+        def _get_weight_deps(self, node, ep, precision):
+            weight = node.args[1]
+            param = ep.graph_signature.inputs_to_parameters.get(weight.name, "")
+            if weight.op == "placeholder" and (weight.name in ep.graph_signature.user_inputs or (
+                    is_adapter_tensor(param) and param not in hoisted)):
+                return True, []
+            return super()._get_weight_deps(node, ep, precision)
+
+    configs = [InputWeightLinearConfig if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS]
+    return XnnpackPartitioner(configs=configs)
+
+
 def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[bytes, str | None]] | None = None,
                    external: bool = True, shared: frozenset[str] = frozenset()) -> Exported:
     """torch.export → XNNPACK → ExecuTorch; returns the .pte bytes and the foundation .ptd bytes.
@@ -127,8 +152,8 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
     ``external=False`` tags nothing: a stand-alone .pte with every weight inside (``ptd`` is
     empty; the benchmark's baseline). Give it no FOUNDATION_TAG blobs and no ``shared``.
     """
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
     from torch.export import Dim
 
@@ -138,9 +163,11 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
     args = model.args
     # One forward call takes at most a prefill chunk of tokens: activations are planned for
     # chunk x context, not context x context (the runners feed longer prompts chunk by chunk).
-    # The attended cache slots are a dynamic size of their own, up to the whole context.
-    dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, {0: Dim("cache", min=1, max=args.max_seq_len)})
-    example = example_inputs(args.chunk)
+    # The cache prefix (the sink row and the positions before this call) is a dynamic size of its
+    # own, up to the whole context.
+    past = Dim("past", min=1, max=args.max_seq_len)
+    dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, tuple({0: past} for _ in range(n_slabs(args))))
+    example = example_inputs(args)
     # Float exports take exactly the float path. An int8 embedding is torchao's dequantize +
     # embedding; ExecuTorch's quant fusion turns that into its quantized embedding_byte kernel.
     quantized = any(is_quantized(p) for p in model.parameters())
@@ -152,21 +179,24 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
         tagger = _tagger(frozenset(shared)) if external else None
         if external:
             delegate_external_constants_pass_unlifted(unlifted, tagger)
-        ep = torch.export.export(unlifted, example, dynamic_shapes=dynamic, strict=False)
+        # The unlifted module's forward takes the slabs one by one, not as *slabs.
+        flat = (dynamic[0], *dynamic[1])
+        ep = torch.export.export(unlifted, example, dynamic_shapes=flat, strict=False)
         edge = to_edge_transform_and_lower(
             ep,
             transform_passes=[_tag_quantized_weights] if quantized and external else None,
-            partitioner=[XnnpackPartitioner()],
+            partitioner=[_partitioner(frozenset(shared))],
             constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size,
                               "get_prefill_chunk": args.chunk},
         )
         for key, (data, tag) in (named_data or {}).items():
             edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=tag)
         program = edge.to_executorch(
-            # run_reinplace_pass: the KV cache update becomes an in-place index_put_; without it
-            # every layer copies its whole cache (context x heads x head_dim) on every call.
+            # alloc_graph_input=False: inputs get no planned memory, so the runtime hands forward
+            # its KV cache where it lies instead of copying every slab's prefix in on every call.
             ExecutorchBackendConfig(external_constants=tagger if external else False,
-                                    do_quant_fusion_and_const_prop=fuse_quant, run_reinplace_pass=True))
+                                    do_quant_fusion_and_const_prop=fuse_quant,
+                                    memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
         workdir.mkdir(parents=True, exist_ok=True)
         program.write_tensor_data_to_file(str(workdir))
         pte = program.buffer

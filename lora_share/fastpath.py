@@ -1,30 +1,32 @@
 """The fast path: a new adapter's .pte from an exported one with the same graph signature.
 
 Adapters with the same ranks on the same (layer, target) slots lower to the same
-program; only the LoRA tensors differ. XNNPACK stores each of them as PTE named
-data keyed by the sha256 of its bytes, and its delegate payload refers to them
-by that key. So a template .pte becomes another adapter's .pte by:
+program; only the LoRA tensors differ. They are constant tensors of the program,
+stored in its constant segment and handed to the XNNPACK delegate as inputs
+(export.py), so a template .pte becomes another adapter's .pte by:
 
-1. writing the new tensor bytes over the template's, in the named-data segment
-   the template's key points at (same size: same shape and dtype);
-2. replacing the template's key with the new key (both are 64 hex characters, so
-   no offset moves) in the named-data table and in every delegate payload;
-3. writing the adapter's metadata record over the template's (records are padded
+1. writing the new tensor bytes over the template's, in every constant buffer
+   whose bytes are the template slot's (same size: same shape and dtype);
+2. writing the adapter's metadata record over the template's (records are padded
    to a fixed size, so it fits unless it grew past a padding step).
 
-A slot hoisted into adapters_shared.ptd (shared_data.py) has no named data in
-the .pte: only step 2 applies to it, in the delegate payloads. Which slots are
-hoisted is part of the signature, so template and adapter agree on it.
+A slot hoisted into adapters_shared.ptd (shared_data.py) stays an XNNPACK weight,
+named in the delegate payload by the sha256 of its bytes, with no data in the
+.pte: only its key changes, in the delegate payloads (both keys are 64 hex
+characters, so no offset moves). Which slots are hoisted is part of the
+signature, so template and adapter agree on it. A LoRA tensor that XNNPACK
+keeps as its own weight (one no linear reads) is the program's named data under
+such a key: both its bytes and its key are substituted.
 
-Slots whose tensors have equal bytes share one key: the exporter stores them
-once. Phi-3's fused LoRA does this by design (one A under q_proj, k_proj and
-v_proj, adapters.py). The substitution then renames each template key once,
-which is exact when the adapter groups its slots as the template does (same
-bytes in the same slots); otherwise the programs differ and it is refused.
+Slots whose tensors have equal bytes may share storage (Phi-3's fused LoRA does
+this by design: one A under q_proj, k_proj and v_proj, adapters.py). Each
+template tensor then becomes one new tensor, which is exact when the adapter
+groups its slots as the template does (same bytes in the same slots);
+otherwise the programs differ and it is refused.
 
 ``formats.read_pte`` (the defensive flatbuffers reader) gives the exact byte
-ranges: each named-data entry and its key, and every key an XNNPACK payload
-names; afterwards no trace of a template key may remain. Anything the
+ranges: each constant buffer, each named-data entry and its key, and every key
+an XNNPACK payload names; afterwards no trace of a template key may remain. Anything the
 substitution cannot express exactly is refused, and the caller exports instead.
 """
 
@@ -116,6 +118,10 @@ def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adap
     for d in layout.delegates:
         for c in d.constants:
             spans.setdefault(c.key, []).append(c.key_span)
+    constant_starts: dict[str, set[tuple[int, int]]] = {}  # sha256 -> (start, length) of each buffer
+    for c in layout.constants:
+        data = bytes(out[c.start:c.end])
+        constant_starts.setdefault(hashlib.sha256(data).hexdigest(), set()).add((c.start, len(data)))
     if any(k in layout for k in set(new_keys.values()) - set(template_keys.values())):
         raise NotSubstitutable("a new tensor's key is already in the template")
     external = set(hoisted)
@@ -126,9 +132,14 @@ def substitute(template_pte: bytes, template_keys: dict[str, str], adapter: Adap
         if slot in external:
             if old in layout or not spans.get(old):
                 raise NotSubstitutable(f"template does not read {slot} from a data file")
+        elif old not in layout:  # a constant of the program, handed to its delegate as an input
+            starts = constant_starts.get(old, set())
+            if not starts or any(length != len(tensors[slot]) for _, length in starts):
+                raise NotSubstitutable(f"template has no data for {slot}")
+            for start, length in starts:
+                out[start:start + length] = tensors[slot]
+            continue  # a constant has no key to rename
         else:
-            if old not in layout:
-                raise NotSubstitutable(f"template has no named data for {slot}")
             entry, data = layout.entry(old), tensors[slot]
             if entry.size != len(data) or hashlib.sha256(out[entry.start:entry.end]).hexdigest() != old:
                 raise NotSubstitutable(f"template data for {slot} is not where its key says")

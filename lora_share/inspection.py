@@ -73,6 +73,8 @@ def pte_report(pte: Pte, ptd_path=None, shared_path=None) -> dict:
                        "named_keys": [c.key for c in d.constants]} for d in pte.delegates],
         "external_tensors": [{"plan": t.plan, "key": t.key, "dtype": t.layout.dtype, "shape": list(t.layout.sizes)}
                              for t in pte.external_tensors],
+        "constant_tensors": [{"buffer": -seg, "sha256": k, "start": start, "size": size}
+                             for k, seg, start, size in pte.stored_tensors() if seg < 0],
         "needs": pte.external_keys(),
         "dedup": dedup_summary([(e.key, e.segment_index, e.size) for e in pte.named_data]),
     }
@@ -141,6 +143,9 @@ def render(r: dict) -> str:
         shape = f"{e['dtype']} {e['shape']}" if "dtype" in e else "-"
         out.append(f"  {_short(e['key']):<48} {e['size']:>10,} {e['segment']:>4} {e['start']:>10}  {shape}")
     if r["kind"] == "pte":
+        c = r["constant_tensors"]
+        out.append(f"  constant tensors (LoRA weights among them): {len(c)} buffers, "
+                   f"{sum(t['size'] for t in c):,} bytes")
         out.append(f"  needs from a .ptd: {len(r['needs'])} keys ({len(r['external_tensors'])} tensors, "
                    f"{len(r['needs']) - len({t['key'] for t in r['external_tensors']})} delegate constants)")
         if "ptd" in r:

@@ -7,19 +7,21 @@ activation); families.py maps each Hugging Face ``model_type`` onto them.
 The module tree mirrors Hugging Face's ``LlamaForCausalLM`` so that foundation
 parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``)
 and LoRA parameters sit beside them (``...q_proj.lora_a.weight``). Only standard
-ATen ops are used, so the exported program runs on the stand-alone ExecuTorch
-runtime: the KV cache is a mutable buffer updated in place (``index_copy_``), and
-attention reads the written prefix of the cache only, so a decoded token costs
-what its position needs, not the whole context.
+ATen ops are used, so the exported program runs on the stand-alone ExecuTorch runtime.
 
-``forward(tokens [1, T] int64, cache_positions [P + T] int64) -> logits [1, vocab]``
-feeds T tokens at positions P .. P+T-1 and returns the logits at the last one.
-``cache_positions`` is ``0, 1, ..., P+T-1`` (``forward_inputs`` builds both): the
-cache slots this call attends, its own tokens' positions last. Its *length* bounds
-attention as a dynamic input dimension, which XNNPACK plans for and runs (a length
-computed inside the graph, from a position value, would be an unbacked size that
-XNNPACK refuses, leaving attention to slow single-threaded kernels).
-``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer prompts are fed in chunks.
+The KV cache belongs to the caller (the runner, ``lora-share run``, ``KVCache`` here), not to
+the program: one float buffer of ``n_slabs`` slabs, one per (layer, key or value, key/value head)
+in that order (layer 0's keys of heads 0, 1, .., then its values, then layer 1's ...), each
+``[max_seq_len + 1, head_dim]``. Row 0 of a slab is a sink that stays zero and is masked (it
+keeps an input from being empty at position 0); position p lives at row p + 1.
+
+``forward(tokens [1, T] int64, *slabs) -> (logits [1, vocab], *new_rows)`` feeds T tokens at
+positions P .. P+T-1 and returns the logits at the last one. Slab input j is slab j's first P + 1
+rows, ``[P + 1, head_dim]``: the export leaves inputs out of planned memory, so the runtime hands
+the program its cache in place, without a copy, and attention reads exactly the written prefix.
+``new_rows`` has one ``[n_kv_heads, T, head_dim]`` tensor per (layer, key or value): this call's
+keys or values for that group's slabs, head by head, which the caller writes at rows P + 1 .. P + T. ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
+prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement the caller's side.
 """
 
 from __future__ import annotations
@@ -143,8 +145,9 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 class RMSNorm(nn.Module):
     """``weight * x / sqrt(mean(x^2) + eps)``. The mean is a linear against a row of ``1 / dim``:
     XNNPACK takes that (its mean takes only 4-D tensors), so the norm stays inside the delegate
-    with the linears around it instead of splitting it in two. With an ``offset`` (Gemma: 1)
-    the weight is applied as ``offset + weight``, as the checkpoint stores it."""
+    with the linears around it instead of splitting it in two; ``eps`` is that linear's bias (one
+    graph node fewer: every node costs memory in every loaded adapter). With an ``offset``
+    (Gemma: 1) the weight is applied as ``offset + weight``, as the checkpoint stores it."""
 
     def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
@@ -152,11 +155,12 @@ class RMSNorm(nn.Module):
         self.offset = offset
         self.weight = nn.Parameter(torch.ones(dim))
         self.register_buffer("mean_row", torch.full((1, dim), 1.0 / dim), persistent=False)
+        self.register_buffer("eps_bias", torch.full((1,), eps), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = F.linear(x * x, self.mean_row)
+        var_eps = F.linear(x * x, self.mean_row, self.eps_bias)
         weight = self.weight + self.offset if self.offset else self.weight
-        return weight * (x * torch.rsqrt(var + self.eps))
+        return weight * (x * torch.rsqrt(var_eps))
 
 
 class Linear(nn.Linear):
@@ -198,16 +202,18 @@ def rotate_half_matrix(hd: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention over the written prefix of a KV cache (batch 1).
+    """Grouped-query attention over the caller's KV cache (batch 1).
 
-    Keys are cached transposed, ``[1, n_kv, head_dim, S + 1]``, so the keys of the first
-    ``length`` slots are one prefix slice already laid out as the second operand of
-    ``scores = q @ K^T``; values are ``[1, n_kv, S + 1, head_dim]`` (S = max_seq_len; the
-    spare slot keeps a prefix of S slots from being the whole buffer, a case torch.export
-    specialises). The ``rep`` query heads that read one key/value head are ``rep * T`` rows
-    of one product: no copy of the cache per query head. Of the layouts measured at
-    SmolLM-135M's shape (this one; keys first in the product, which XNNPACK does not
-    repack; both), this one decoded fastest at every position (README, "Measured").
+    Each key/value head has its own slabs (module docstring), so its written prefix is one
+    contiguous input that the products read where it lies; a cache laid out per layer would put
+    the heads side by side and need a copy to separate them. Each head's past keys are the weight
+    of a linear (``q K^T``): XNNPACK packs a weight that is an input with its fast row-wise packer,
+    and the product is as wide as the past. The ``rep`` query heads that read one key/value head
+    are ``rep * T`` rows of that product: no copy of the cache per query head. The heads' past
+    scores and this call's own scores go under one softmax per layer, so a layer has one softmax
+    and one pair of probability slices, not one per head (every graph node costs memory in every
+    loaded adapter). Of the layouts measured at SmolLM-135M's shape, this one slows least with
+    position (README, "Measured").
     """
 
     def __init__(self, args: ModelArgs, layer: int, lora: LoraSpec):
@@ -220,34 +226,38 @@ class Attention(nn.Module):
         if args.qk_norm:  # Qwen3: each head's query and key RMS-normalised over head_dim before RoPE
             self.q_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
             self.k_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
-        slots = args.max_seq_len + 1
-        self.register_buffer("k_cache", torch.zeros(1, self.n_kv, self.hd, slots), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(1, self.n_kv, slots, self.hd), persistent=False)
         self.register_buffer("rotate_half", rotate_half_matrix(self.hd), persistent=False)
 
     def rope(self, x, cos, sin):
         return x * cos + F.linear(x, self.rotate_half) * sin
 
-    def forward(self, x, cos, sin, positions, bias, length):
-        """``length`` (a symbolic int) cache slots are attended: every slot written so far.
-        ``bias`` ``[1, rep * T, length]`` is 0 where a query row may see a slot, -inf where not."""
+    def forward(self, x, rope_q, rope_k, bias, keys, values):
+        """``rope_q``, ``rope_k``: (cos, sin) ``[T, 1, head_dim]`` for queries (already scaled by
+        ``1 / sqrt(head_dim)``) and keys. ``keys``, ``values``: each key/value head's slab input,
+        ``[P + 1, head_dim]``. ``bias`` ``[1, rep * T, P + 1 + T]`` is 0 where a query row may see a
+        slot, -inf where not. Returns the output and this call's keys and values,
+        ``[n_kv, T, head_dim]`` each."""
         _, t, _ = x.shape
         n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [t, 1, hd]: one rotation per position
+        past, rows = keys[0].shape[0], rep * t
+        # permute_copy, not permute + reshape: the result is contiguous, so no extra copy node.
+        permute = torch.ops.aten.permute_copy.default
         q = self.q_proj(x).view(1, t, self.n_heads, hd)
-        q = self.rope(self.q_norm(q) if self.qk_norm else q, cos, sin) * (1.0 / math.sqrt(hd))
+        q = self.rope(self.q_norm(q) if self.qk_norm else q, *rope_q)
         k = self.k_proj(x).view(1, t, n_kv, hd)
-        k = self.rope(self.k_norm(k) if self.qk_norm else k, cos, sin)
-        v = self.v_proj(x).view(1, t, n_kv, hd)
-        self.k_cache.index_copy_(3, positions, k.permute(0, 2, 3, 1))
-        self.v_cache.index_copy_(2, positions, v.transpose(1, 2))
-        keys_t = self.k_cache.narrow(3, 0, length).view(n_kv, hd, length)
-        values = self.v_cache.narrow(2, 0, length).view(n_kv, length, hd)
-        # Rows ordered (query head within its group, position), as the rows of ``bias``.
-        q = q.view(1, t, n_kv, rep, hd).permute(0, 2, 3, 1, 4).reshape(n_kv, rep * t, hd)
-        probs = torch.softmax(torch.bmm(q, keys_t) + bias, dim=-1)
-        out = torch.bmm(probs, values).view(n_kv, rep, t, hd).permute(2, 0, 1, 3)
-        return self.o_proj(out.reshape(1, t, self.n_heads * hd))
+        k = permute(self.rope(self.k_norm(k) if self.qk_norm else k, *rope_k).view(t, n_kv, hd), [1, 0, 2])
+        v = permute(self.v_proj(x).view(t, n_kv, hd), [1, 0, 2])
+        # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
+        # rows of ``bias``.
+        q_rows = permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd)
+        past_s = torch.cat([F.linear(q_rows[h:h + 1], keys[h]) for h in range(n_kv)], dim=0)
+        new_s = torch.bmm(q_rows, permute(k, [0, 2, 1]))  # [n_kv, rows, T]
+        probs = torch.softmax(torch.cat([past_s, new_s], dim=2) + bias, dim=-1)
+        p_past, p_new = probs[:, :, :past], probs[:, :, past:]
+        out = torch.bmm(p_new, v) + torch.cat(
+            [torch.bmm(p_past[h:h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0)
+        out = permute(out.view(n_kv, rep, t, hd), [2, 0, 1, 3]).view(1, t, self.n_heads * hd)
+        return self.o_proj(out), k, v
 
 
 class MLP(nn.Module):
@@ -270,9 +280,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.mlp = MLP(args, layer, lora)
 
-    def forward(self, x, cos, sin, positions, bias, length):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, bias, length)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, x, rope_q, rope_k, bias, keys, values):
+        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values)
+        h = x + a
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
 class Backbone(nn.Module):
@@ -283,14 +294,44 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
 
 
-def forward_inputs(tokens, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+def n_slabs(args: ModelArgs) -> int:
+    """KV cache slabs of a model: one per (layer, key or value, key/value head)."""
+    return 2 * args.n_layers * args.n_kv_heads
+
+
+class KVCache:
+    """The caller's KV cache (module docstring): ``n_slabs`` slabs of ``[max_seq_len + 1, head_dim]``."""
+
+    def __init__(self, slabs: int, max_seq_len: int, head_dim: int):
+        self.rows = torch.zeros(slabs, max_seq_len + 1, head_dim)
+
+    @classmethod
+    def for_model(cls, args: ModelArgs) -> "KVCache":
+        return cls(n_slabs(args), args.max_seq_len, args.hd)
+
+    def prefixes(self, pos: int) -> list[torch.Tensor]:
+        """forward's slab inputs for a call at position ``pos``: each slab's first ``pos + 1`` rows."""
+        return [slab[:pos + 1] for slab in self.rows]
+
+    def write(self, pos: int, new_rows) -> None:
+        """Store forward's new rows (one ``[n_kv_heads, T, head_dim]`` per layer and key or value, the
+        slabs in order) at positions ``pos`` .. ``pos + T - 1``."""
+        heads = self.rows.shape[0] // len(new_rows)
+        for g, rows in enumerate(new_rows):
+            rows = torch.as_tensor(rows)
+            self.rows[g * heads:(g + 1) * heads, pos + 1:pos + 1 + rows.shape[1]] = rows
+
+    def clear(self) -> None:
+        self.rows.zero_()
+
+
+def forward_inputs(tokens, pos: int, cache: KVCache) -> tuple[torch.Tensor, ...]:
     """``forward``'s inputs for ``tokens`` (ids) fed at positions ``pos``, ``pos + 1``, ..."""
-    return (torch.tensor([list(tokens)], dtype=torch.int64),
-            torch.arange(pos + len(tokens), dtype=torch.int64))
+    return (torch.tensor([list(tokens)], dtype=torch.int64), *cache.prefixes(pos))
 
 
 class LlamaLoRA(nn.Module):
-    """Llama decoder with KV cache; LoRA where ``lora`` says. See module docstring."""
+    """Llama decoder; LoRA where ``lora`` says. See module docstring."""
 
     def __init__(self, args: ModelArgs, lora: LoraSpec | None = None):
         super().__init__()
@@ -303,27 +344,43 @@ class LlamaLoRA(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("rope_cos", emb.cos(), persistent=False)
         self.register_buffer("rope_sin", emb.sin(), persistent=False)
+        self._cache: KVCache | None = None
 
-    def forward(self, tokens: torch.Tensor, cache_positions: torch.Tensor) -> torch.Tensor:
-        t, length = tokens.shape[1], cache_positions.shape[0]
-        torch._check(length >= t)
-        positions = cache_positions.narrow(0, length - t, t)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        # -inf where a query position must not see a slot (a later one in this chunk), once per
-        # call for every layer, and already repeated for the query heads that share a key/value
-        # head, so each layer adds it with a broadcast over its leading dimension only.
-        mask = cache_positions.unsqueeze(0) > positions.unsqueeze(1)
+    def forward(self, tokens: torch.Tensor, *slabs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t, past = tokens.shape[1], slabs[0].shape[0]
+        positions = torch.arange(t) + (past - 1)
+        # [t, 1, hd]: one rotation per position, for every head; the queries' tables carry the
+        # attention scale 1 / sqrt(head_dim), so no layer scales its queries on its own.
+        cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        scale = 1.0 / math.sqrt(self.args.hd)
+        rope_q, rope_k = (cos * scale, sin * scale), (cos, sin)
+        # -inf where a query position must not see a slot (the sink, or a later one in this chunk),
+        # once per call for every layer, and already repeated for the query heads that share a
+        # key/value head, so each layer adds it with a broadcast over its leading dimension only.
+        slots = torch.arange(past + t)
+        mask = (slots.unsqueeze(0) > positions.unsqueeze(1) + 1) | (slots == 0).unsqueeze(0)
         rep = self.args.n_heads // self.args.n_kv_heads
         bias = torch.zeros(mask.shape).masked_fill(mask, float("-inf")).repeat(rep, 1).unsqueeze(0)
         h = self.model.embed_tokens(tokens)
         if self.args.embed_scale != 1.0:  # Gemma: sqrt(dim), rounded to float32 as Hugging Face does
             h = h * self.args.embed_scale
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, positions, bias, length)
+        n_kv, new_rows = self.args.n_kv_heads, []
+        for i, layer in enumerate(self.model.layers):
+            mine = slabs[2 * n_kv * i:2 * n_kv * (i + 1)]
+            h, k, v = layer(h, rope_q, rope_k, bias, mine[:n_kv], mine[n_kv:])
+            new_rows += [k, v]
         h = self.model.norm(h[:, -1, :])
-        return self.lm_head(h)
+        return (self.lm_head(h), *new_rows)
+
+    def step(self, tokens, pos: int) -> torch.Tensor:
+        """Eager: feed ``tokens`` (ids) at positions ``pos``.. through the model's own KV cache
+        (the export contract, run in PyTorch); the logits ``[vocab]`` after the last one."""
+        if self._cache is None:
+            self._cache = KVCache.for_model(self.args)
+        out = self(*forward_inputs(tokens, pos, self._cache))
+        self._cache.write(pos, out[1:])
+        return out[0].reshape(-1)
 
     def reset_cache(self) -> None:
-        for layer in self.model.layers:
-            layer.self_attn.k_cache.zero_()
-            layer.self_attn.v_cache.zero_()
+        if self._cache is not None:
+            self._cache.clear()

@@ -39,7 +39,6 @@ import torch
 from torch import nn
 
 from .errors import UserError
-from .model import forward_inputs
 
 # The fixed synthetic prompt set: ACCURACY_PROMPTS prompts of up to ACCURACY_LEN
 # uniform random token ids (seeded), fed one token at a time, so every position
@@ -134,7 +133,7 @@ class single_threaded:
 def eager_step(model: nn.Module):
     def step(tokens, pos):
         with torch.no_grad():
-            return model(*forward_inputs(tokens, pos)).numpy()
+            return model.step(tokens, pos).numpy()
 
     return step
 

@@ -83,6 +83,7 @@ class LoadedAdapter:
                     raise UserError(f"{self.pte}: built by an older lora-share (its forward takes input_pos, "
                                     "not cache_positions): rebuild it with this version")
                 self.prefill_chunk = int(program.load_method("get_prefill_chunk").execute([])[0])
+                self.cache = _runtime_cache(program.metadata("forward"), self.max_seq_len, self.pte)
                 failure = None
             except RuntimeError as e:
                 failure = e
@@ -96,8 +97,24 @@ class LoadedAdapter:
     def step(self, tokens: list[int], pos: int) -> np.ndarray:
         from .model import forward_inputs
 
-        out = self.forward.execute(list(forward_inputs(tokens, pos)))
+        out = self.forward.execute(list(forward_inputs(tokens, pos, self.cache)))
+        self.cache.write(pos, out[1:])
         return out[0].reshape(-1).numpy().astype(np.float32)
+
+
+_ET_FLOAT = 6  # ExecuTorch's ScalarType::Float, as a method's tensor metadata reports dtypes
+
+
+def _runtime_cache(meta, max_seq_len: int, pte: Path):
+    """The KV cache forward reads in place (model.py): one slab per input after the tokens."""
+    from .model import KVCache
+
+    slabs = meta.num_inputs() - 1
+    first = meta.input_tensor_meta(1) if slabs > 0 else None
+    if first is None or first.dtype() != _ET_FLOAT or len(first.sizes()) != 2:
+        raise UserError(f"{pte}: built by an older lora-share (its forward takes cache positions, not the "
+                        "runtime's KV cache): rebuild it with this version")
+    return KVCache(slabs, max_seq_len, first.sizes()[1])
 
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,

@@ -38,7 +38,8 @@ def test_results_are_written_and_printed(scale_run):
         assert v["speed"]["prefill_tokens_per_s"] > 0 and v["speed"]["decode_far_tokens_per_s"] > 0
         assert v["export_s"] > 0
         args = result["shape"]
-        assert v["kv_cache_bytes"] == 2 * 2 * 2 * 16 * args["context"] * 4  # layers, kv heads, head dim
+        # K and V, layers, kv heads, head dim, and every position plus each slab's sink row
+        assert v["kv_cache_bytes"] == 2 * 2 * 2 * 16 * (args["context"] + 1) * 4
     assert result["short_context"]["speed"]["decode_near_tokens_per_s"] > 0
 
 

@@ -11,7 +11,6 @@ from lora_share.adapters import load_adapter
 from lora_share.export import eager_model
 from lora_share.foundation import load_foundation
 from lora_share.generate import generate
-from lora_share.model import forward_inputs
 
 PROMPT = [1, 17, 42, 7, 99]
 NEW = 10
@@ -22,7 +21,7 @@ def eager_generation(model, prompt, n):
 
     def step(tokens, pos):
         with torch.no_grad():
-            return model(*forward_inputs(tokens, pos)).reshape(-1).numpy()
+            return model.step(tokens, pos).numpy()
 
     return generate(step, prompt, n)
 

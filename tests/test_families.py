@@ -322,7 +322,6 @@ def test_llama_biases(tmp_path):
     from lora_share.config import FoundationConfig
     from lora_share.export import eager_model
     from lora_share.foundation import load_foundation
-    from lora_share.model import forward_inputs
 
     spec = replace(SPECS["llama"], config={**SPECS["llama"].config, "attention_bias": True, "mlp_bias": True})
     inputs = write_checkpoint(spec, tmp_path)
@@ -334,7 +333,7 @@ def test_llama_biases(tmp_path):
     rows, pos, feed = [], 0, PROMPT
     with torch.no_grad():
         for token in ref.tokens:
-            rows.append(model(*forward_inputs(feed, pos))[0].numpy())
+            rows.append(model.step(feed, pos).numpy())
             pos, feed = pos + len(feed), [token]
     assert [int(r.argmax()) for r in rows] == ref.tokens
     assert np.abs(np.stack(rows) - ref.logits).max() <= TOL

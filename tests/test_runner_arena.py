@@ -19,7 +19,6 @@ from conftest import TINY_CHUNK
 from lora_share.adapters import load_adapter
 from lora_share.export import eager_model
 from lora_share.foundation import load_foundation
-from lora_share.model import forward_inputs
 from test_cpp_runner import assert_clean_error, ids, run_runner
 
 CONTEXT = 32
@@ -44,7 +43,7 @@ def eager_last_logits(model, tokens: list[int]) -> np.ndarray:
     """The eager model given all of `tokens` in one call from position 0 (no chunks)."""
     model.reset_cache()
     with torch.no_grad():
-        return model(*forward_inputs(tokens, 0)).reshape(-1).numpy()
+        return model.step(tokens, 0).numpy()
 
 
 def runner(runner_bin, tiny_build, names, *flags, input=None):
@@ -169,25 +168,44 @@ def test_serve_refuses_a_request_past_the_context_and_goes_on(runner_bin, tiny_b
     assert second["adapter"] == "tiny_a" and len(second["tokens"]) == 2  # the context's last slot is used
 
 
-def test_a_program_from_before_prefill_chunks_is_refused(runner_bin, tmp_path):
-    """An export of the old contract (forward(tokens, input_pos [1]), no get_prefill_chunk) cannot be
-    fed cache_positions: both loading paths refuse it with the fix, not a failed forward later."""
+class _InputPosContract(torch.nn.Module):
+    """forward(tokens, input_pos [1]) -> logits, with no get_prefill_chunk: before prefill chunks."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8)
+
+    def forward(self, tokens, input_pos):
+        return self.head(self.embed(tokens)[:, -1, :]) + input_pos
+
+
+class _CachePositionsContract(_InputPosContract):
+    """forward(tokens, cache_positions [P + T]) -> logits, the KV cache inside the program: before
+    the runtime owned it (EXPORTER_REVISION 2)."""
+
+    def forward(self, tokens, cache_positions):
+        return self.head(self.embed(tokens)[:, -1, :]) + cache_positions.sum()
+
+
+@pytest.mark.parametrize("contract,second,methods", [
+    (_InputPosContract, [0], {}), (_CachePositionsContract, [0, 1], {"get_prefill_chunk": 2})],
+    ids=["input_pos", "cache_positions"])
+def test_a_program_of_an_earlier_contract_is_refused(runner_bin, tiny_build, tmp_path, contract, second, methods):
+    """A program exported for an earlier forward contract cannot be fed the runtime's KV cache: both
+    loading paths of the runner and `lora-share run` refuse it with the fix, not a failed forward later."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    class OldContract(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.head = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8)
-
-        def forward(self, tokens, input_pos):
-            return self.head(self.embed(tokens)[:, -1, :]) + input_pos
-
-    ep = torch.export.export(OldContract(), (torch.tensor([[1, 2]]), torch.tensor([0])))
+    ep = torch.export.export(contract(), (torch.tensor([[1, 2]]), torch.tensor(second)))
     old = tmp_path / "old.pte"
     old.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()], constant_methods={
-        "get_max_seq_len": 16, "get_vocab_size": 8}).to_executorch().buffer)
+        "get_max_seq_len": 16, "get_vocab_size": 8, **methods}).to_executorch().buffer)
     for mode in ([], ["--stock"]):
         proc = run_runner(runner_bin, "--pte", old, "--tokens", "1,2", *mode)
         assert_clean_error(proc, 1)
         assert "built by an older lora-share" in proc.stderr and "rebuild it" in proc.stderr
+    from lora_share.errors import UserError
+    from lora_share.runtime import LoadedAdapter
+
+    with pytest.raises(UserError, match="built by an older lora-share.*rebuild it"):
+        LoadedAdapter(old, tiny_build.ptd)  # any data file: the program is refused for its inputs

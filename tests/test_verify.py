@@ -170,10 +170,10 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         assert (a["name"], a["rank"], a["alpha"], a["targets"], a["layers"], a["lora_bytes"]) == (
             entry["name"], entry["rank"], entry["alpha"], entry["targets"], entry["layers"], entry["lora_bytes"])
         assert a["foundation_fingerprint"] == manifest["foundation"]["fingerprint"]
-        own = {e["key"] for e in pte["named_data"]}
-        assert own - {ADAPTER_KEY} == set(pte["delegate_keys_in_file"])
-        if "tensor_keys" in entry:
-            assert set(entry["tensor_keys"].values()) == own - {ADAPTER_KEY}
+        # LoRA weights are the program's constants (handed to XNNPACK as inputs), not named data: the
+        # .pte's own named data is its record, and every LoRA tensor is a constant buffer of its bytes.
+        assert {e["key"] for e in pte["named_data"]} == {ADAPTER_KEY} and pte["delegate_keys_in_file"] == []
+        assert set(entry["tensor_keys"].values()) <= {c["sha256"] for c in pte["constant_tensors"]}
         assert pte["ptd"] == {"file": str(tiny_build.ptd), "shared_file": None, "has_all_keys": True, "missing": [],
                               "compatible": True, "problems": []}
         assert FOUNDATION_KEY not in pte["needs"] and len(pte["needs"]) > len(pte["external_tensors"])
@@ -219,7 +219,7 @@ def test_flipped_lora_weight_is_refused(tiny_build, runner_bin, tmp_path):
 
     src = tiny_build.ptes["tiny_a"]
     data = bytearray(src.read_bytes())
-    weight = next(e for e in read_pte(src).named_data if e.key != ADAPTER_KEY)
+    weight = max(read_pte(src).constants, key=lambda c: c.layout.nbytes)  # a LoRA weight
     data[weight.start + 3] ^= 0x10
     bad = tmp_path / "tiny_a.pte"
     bad.write_bytes(bytes(data))

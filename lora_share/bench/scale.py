@@ -122,8 +122,9 @@ def build_variant(folder: Path, name: str, foundation: dict, adapters: int, quie
 
 
 def kv_cache_bytes(args: dict) -> int:
-    """Bytes of one program's fp32 KV cache: keys and values of every layer for every context slot."""
-    return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * 4
+    """Bytes of the runtime's fp32 KV cache for one program (model.py): keys and values of every layer
+    and key/value head for every context position, plus each slab's sink row."""
+    return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * (args["max_seq_len"] + 1) * 4
 
 
 def memory_rows(runner: Path, d: Deployment, counts: list[int], prompt: list[int], new_tokens: int) -> list[dict]:

@@ -21,6 +21,7 @@ payload refers to, plus the tensors the program expects in an external .ptd.
 from __future__ import annotations
 
 import struct
+import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -42,7 +43,7 @@ _P_VERSION, _P_PLANS, _P_DELEGATE_DATA, _P_SEGMENTS, _P_CONSTANT_SEGMENT, _P_NAM
 _PLAN_NAME, _PLAN_VALUES, _PLAN_DELEGATES = 0, 2, 7
 _EVALUE_TYPE, _EVALUE_VAL = 0, 1
 _KERNEL_TYPE_TENSOR = 5
-_T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER, _T_EXTRA = 0, 2, 3, 9
+_T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER, _T_BUFFER, _T_EXTRA = 0, 2, 3, 5, 9
 _EXTRA_FQN, _EXTRA_LOCATION = 1, 2
 _LOCATION_EXTERNAL = 1
 _DEL_ID, _DEL_PROCESSED = 0, 1
@@ -105,6 +106,20 @@ class ExternalTensor:
     layout: TensorLayout
 
 
+@dataclass(frozen=True)
+class ConstantTensor:
+    """A tensor whose data is in the program's constant segment, at ``start`` .. ``start + nbytes``."""
+
+    plan: str
+    buffer: int
+    start: int
+    layout: TensorLayout
+
+    @property
+    def end(self) -> int:
+        return self.start + self.layout.nbytes
+
+
 @dataclass
 class Pte(KeyedEntries):
     """A parsed .pte."""
@@ -120,9 +135,23 @@ class Pte(KeyedEntries):
     external_tensors: list[ExternalTensor]
     constant_segment: Optional[int]
     blob: object = field(repr=False)
+    constants: list[ConstantTensor] = field(default_factory=list)
 
     def __post_init__(self):
         self._index(self.named_data)
+
+    def stored_tensors(self) -> list[tuple[str, object, int, int]]:
+        """(sha256 or key, storage, start, size) of every tensor stored in this file: named data under
+        its key (storage: its segment's index), and the constant segment's buffers under the sha256 of
+        their bytes (storage: minus the buffer's index, counted once however many tensors point at it)."""
+        out = [(e.key, e.segment_index, e.start, e.size) for e in self.named_data]
+        seen = set()
+        for c in self.constants:
+            if c.buffer not in seen:
+                seen.add(c.buffer)
+                digest = hashlib.sha256(bytes(self.blob[c.start:c.end])).hexdigest()
+                out.append((digest, -c.buffer, c.start, c.layout.nbytes))
+        return out
 
     def external_keys(self) -> list[str]:
         """Keys this program must find in an external .ptd: delegate constants it does not
@@ -213,21 +242,53 @@ def _delegates(root: Table, plan: Table, plan_name: str, segments, blob, what: s
     return out
 
 
+def _tensors(plan: Table):
+    for v in plan.tables(_PLAN_VALUES, "EValue"):
+        if v.u8(_EVALUE_TYPE) == _KERNEL_TYPE_TENSOR and (t := v.table(_EVALUE_VAL, "Tensor")) is not None:
+            yield t
+
+
+def _layout(t: Table) -> TensorLayout:
+    return TensorLayout(struct.unpack("<b", bytes([t.u8(_T_SCALAR_TYPE)]))[0],
+                        tuple(t.scalars(_T_SIZES, "i")), tuple(t.scalars(_T_DIM_ORDER, "B")))
+
+
+def _is_external(t: Table) -> bool:
+    extra = t.table(_T_EXTRA, "ExtraTensorInfo")
+    return extra is not None and extra.u8(_EXTRA_LOCATION) == _LOCATION_EXTERNAL
+
+
 def _external_tensors(plan: Table, plan_name: str, what: str) -> list[ExternalTensor]:
     out = []
-    for v in plan.tables(_PLAN_VALUES, "EValue"):
-        if v.u8(_EVALUE_TYPE) != _KERNEL_TYPE_TENSOR:
+    for t in _tensors(plan):
+        if not _is_external(t):
             continue
-        t = v.table(_EVALUE_VAL, "Tensor")
-        extra = t.table(_T_EXTRA, "ExtraTensorInfo") if t is not None else None
-        if extra is None or extra.u8(_EXTRA_LOCATION) != _LOCATION_EXTERNAL:
-            continue
-        key = extra.string(_EXTRA_FQN)
+        key = t.table(_T_EXTRA, "ExtraTensorInfo").string(_EXTRA_FQN)
         if not key:
             raise BadFlatbuffer(what, f"{plan_name}: an external tensor has no name")
-        layout = TensorLayout(struct.unpack("<b", bytes([t.u8(_T_SCALAR_TYPE)]))[0],
-                              tuple(t.scalars(_T_SIZES, "i")), tuple(t.scalars(_T_DIM_ORDER, "B")))
-        out.append(ExternalTensor(plan_name, key, layout))
+        out.append(ExternalTensor(plan_name, key, _layout(t)))
+    return out
+
+
+def _constant_tensors(plan: Table, plan_name: str, segment: Segment, offsets: list[int],
+                      what: str) -> list[ConstantTensor]:
+    """Tensors of ``plan`` with data in the constant segment (buffer 0 is the empty placeholder)."""
+    out = []
+    for t in _tensors(plan):
+        index = t.u32(_T_BUFFER)
+        if index == 0 or _is_external(t):
+            continue
+        if index >= len(offsets):
+            raise BadFlatbuffer(what, f"{plan_name}: a tensor points at constant buffer {index}, "
+                                      f"but there are {len(offsets)}")
+        layout = _layout(t)
+        if layout.problem():
+            raise BadFlatbuffer(what, f"{plan_name}: constant buffer {index}: {layout.problem()}")
+        c = ConstantTensor(plan_name, index, segment.start + offsets[index], layout)
+        if offsets[index] > segment.size or c.end > segment.end:
+            raise OffsetOutOfRange(what, f"{plan_name}: constant buffer {index} ends at byte {c.end}, past its "
+                                         f"segment's end ({segment.end}): the file may be truncated")
+        out.append(c)
     return out
 
 
@@ -257,4 +318,10 @@ def read_pte(source, what: str | None = None) -> Pte:
     const_index = const.u32(_SUB_SEGMENT) if const is not None and const.vector(_SUB_OFFSETS, 8) else None
     if const_index is not None and const_index >= len(segments):
         raise BadFlatbuffer(what, f"constant segment {const_index} does not exist ({len(segments)} segments)")
-    return Pte(what, len(blob), header, version, plans, segments, named, delegates, external, const_index, blob)
+    constants = []
+    if const_index is not None:
+        offsets = const.scalars(_SUB_OFFSETS, "Q")
+        constants = [c for p in root.tables(_P_PLANS, "ExecutionPlan")
+                     for c in _constant_tensors(p, p.string(_PLAN_NAME) or "", segments[const_index], offsets, what)]
+    return Pte(what, len(blob), header, version, plans, segments, named, delegates, external, const_index, blob,
+               constants)
