@@ -184,9 +184,9 @@ def test_build_seals_every_adapter(tiny_build):
         data = path.read_bytes()
         pte = read_pte(data)
         assert seal_status(pte) == "sealed" and seal_pte(data) == data  # sealing is idempotent
-        weight = next(e for e in pte.named_data if e.key != ADAPTER_KEY)
+        weight = max(pte.constants, key=lambda c: c.layout.nbytes)  # a LoRA weight
         in_weight, in_padding = bytearray(data), bytearray(data)
-        in_weight[weight.start + weight.size // 2] ^= 0x04
+        in_weight[weight.start + weight.layout.nbytes // 2] ^= 0x04
         in_padding[pte.header.segment_base_offset - 1] ^= 0x80  # between the program and the segments
         for damaged_copy in (bytes(in_weight), bytes(in_padding), data + b"\0"):
             with pytest.raises(Damaged, match="damaged"):
