@@ -208,4 +208,4 @@ def test_add_reads_existing_shared_tensors_and_touches_nothing(added, hoisted):
                               export_named_data(foundation, adapter, fp),
                               shared=frozenset(map(slot_param_name, entry["hoisted"])))
     assert seal_pte(exported.pte) == (out / "x.pte").read_bytes()
-    assert read_pte(out / "x.pte").named_data  # its own B matrices and record stay inside
+    assert read_pte(out / "x.pte").constants  # its own B matrices stay inside, as constant buffers
