@@ -26,8 +26,9 @@ otherwise the programs differ and it is refused.
 
 ``formats.read_pte`` (the defensive flatbuffers reader) gives the exact byte
 ranges: each constant buffer, each named-data entry and its key, and every key
-an XNNPACK payload names; afterwards no trace of a template key may remain. Anything the
-substitution cannot express exactly is refused, and the caller exports instead.
+an XNNPACK payload names; afterwards no trace of a template key may remain.
+Anything the substitution cannot express exactly is refused, and the caller
+exports instead.
 """
 
 from __future__ import annotations

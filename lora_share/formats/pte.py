@@ -20,8 +20,8 @@ payload refers to, plus the tensors the program expects in an external .ptd.
 
 from __future__ import annotations
 
-import struct
 import hashlib
+import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -140,7 +140,7 @@ class Pte(KeyedEntries):
     def __post_init__(self):
         self._index(self.named_data)
 
-    def stored_tensors(self) -> list[tuple[str, object, int, int]]:
+    def stored_tensors(self) -> list[tuple[str, int, int, int]]:
         """(sha256 or key, storage, start, size) of every tensor stored in this file: named data under
         its key (storage: its segment's index), and the constant segment's buffers under the sha256 of
         their bytes (storage: minus the buffer's index, counted once however many tensors point at it)."""
@@ -306,22 +306,20 @@ def read_pte(source, what: str | None = None) -> Pte:
         raise UnsupportedVersion(what, f"Program schema version {version}; this reader knows up to {MAX_VERSION}")
     segments = _segments(root, header, what)
     named = _named_data(root, segments, what)
-    plans, delegates, external = [], [], []
+    const = root.table(_P_CONSTANT_SEGMENT, "SubsegmentOffsets")
+    const_index = const.u32(_SUB_SEGMENT) if const is not None and const.vector(_SUB_OFFSETS, 8) else None
+    if const_index is not None and const_index >= len(segments):
+        raise BadFlatbuffer(what, f"constant segment {const_index} does not exist ({len(segments)} segments)")
+    offsets = const.scalars(_SUB_OFFSETS, "Q") if const_index is not None else []
+    plans, delegates, external, constants = [], [], [], []
     for p in root.tables(_P_PLANS, "ExecutionPlan"):
         name = p.string(_PLAN_NAME) or ""
         plans.append(name)
         delegates += _delegates(root, p, name, segments, blob, what)
         external += _external_tensors(p, name, what)
+        if const_index is not None:
+            constants += _constant_tensors(p, name, segments[const_index], offsets, what)
     if not plans:
         raise BadFlatbuffer(what, "the program has no methods")
-    const = root.table(_P_CONSTANT_SEGMENT, "SubsegmentOffsets")
-    const_index = const.u32(_SUB_SEGMENT) if const is not None and const.vector(_SUB_OFFSETS, 8) else None
-    if const_index is not None and const_index >= len(segments):
-        raise BadFlatbuffer(what, f"constant segment {const_index} does not exist ({len(segments)} segments)")
-    constants = []
-    if const_index is not None:
-        offsets = const.scalars(_SUB_OFFSETS, "Q")
-        constants = [c for p in root.tables(_P_PLANS, "ExecutionPlan")
-                     for c in _constant_tensors(p, p.string(_PLAN_NAME) or "", segments[const_index], offsets, what)]
     return Pte(what, len(blob), header, version, plans, segments, named, delegates, external, const_index, blob,
                constants)
