@@ -43,14 +43,15 @@ import yaml
 from .adapters import Adapter, load_adapter, load_peft
 from .config import config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors, load_config
 from .errors import UserError
-from .export import EXPORTER_REVISION, FOUNDATION_TAG, eager_model, export_program
+from .eager import eager_model
+from .export import EXPORTER_REVISION, FOUNDATION_TAG, export_program
 from .fastpath import NotSubstitutable, signature, slot_param_name, slot_tensors, substitute, tensor_keys
 from .files import sha256_file, staged_dir
 from .foundation import Foundation, load_foundation
 from .model import ModelArgs
 from .formats import read_ptd
 from .formats.meta import ADAPTER_KEY, SHARED_KEY, encode_adapter
-from .quantize import adapter_quantization_error, format_error
+from .quant_error import adapter_quantization_error, format_error
 from .dedup import byte_report, report_lines
 from .formats.seal import seal_pte
 from .records import adapter_meta, export_named_data

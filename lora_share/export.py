@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .adapters import Adapter
-from .foundation import Foundation
 from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, n_slabs
+from .quantize import is_quantized
 from .shared_data import SHARED_PTD, SHARED_TAG
 
 FOUNDATION_TAG = "foundation"  # -> foundation.ptd
@@ -61,29 +60,6 @@ def _tagger(shared: frozenset[str]):
     return tag
 
 
-def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True) -> LlamaLoRA:
-    """The PyTorch model with the adapter applied: the reference for every export.
-
-    A foundation with ``quantize`` set is quantized (LoRA stays float) unless
-    ``quantized=False``, which gives the float model it approximates.
-    """
-    model = LlamaLoRA(foundation.args, adapter.spec if adapter else None)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if is_adapter_tensor(name):
-                continue
-            p.copy_(foundation.tensors[name])
-        for (layer, target), (a, b) in (adapter.weights.items() if adapter else ()):
-            block = model.model.layers[layer]
-            lin = getattr(block.self_attn if hasattr(block.self_attn, target) else block.mlp, target)
-            lin.lora_a.weight.copy_(a)
-            lin.lora_b.weight.copy_(b)
-    model.requires_grad_(False)
-    if quantized and foundation.quantize is not None:
-        from .quantize import quantize_foundation_
-
-        quantize_foundation_(model, foundation.quantize)
-    return model.eval()
 
 
 def _tag_quantized_weights(gm: torch.fx.GraphModule):
@@ -156,8 +132,6 @@ def export_program(model: LlamaLoRA, workdir: Path, named_data: dict[str, tuple[
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
     from torch.export import Dim
-
-    from .quantize import is_quantized
 
     t0 = time.perf_counter()
     args = model.args

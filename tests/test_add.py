@@ -12,7 +12,7 @@ import lora_share
 from conftest import TINY_FOUNDATION, build_config, run_cli, write_config
 from hf_files import hf_config, write_peft_lora
 from lora_share.adapters import load_peft
-from lora_share.export import eager_model
+from lora_share.eager import eager_model
 from lora_share.files import sha256_file
 from lora_share.foundation import synthetic_foundation
 from lora_share.config import SyntheticFoundation

@@ -78,7 +78,8 @@ def test_markdown_and_plots(bench):
 def test_standalone_fast_path_is_byte_identical_to_a_full_export(bench, tmp_path):
     """The bench's second stand-alone program was substituted from the first: same bytes as exporting it."""
     from lora_share.bench.variants import load_models
-    from lora_share.export import eager_model, export_program
+    from lora_share.eager import eager_model
+    from lora_share.export import export_program
 
     folder, _, _ = bench
     foundation, adapters = load_models(folder / "work" / "builds" / "n2" / "deploy.yaml")
@@ -112,7 +113,7 @@ def test_bad_counts_is_a_usage_error(tmp_path):
 def test_benchmark_configs_keep_the_foundations_paths(tmp_path):
     """The benchmarks write the config's foundation into configs of their own, in other folders: its
     relative paths (the default config's tokenizer, a checkpoint) must still name the same folders."""
-    from lora_share.bench_build import resolve_foundation
+    from lora_share.bench.build_time import resolve_foundation
 
     (tmp_path / "tok").mkdir()
     (tmp_path / "configs").mkdir()

@@ -8,7 +8,7 @@ import torch
 
 import lora_share
 from lora_share.adapters import load_adapter
-from lora_share.export import eager_model
+from lora_share.eager import eager_model
 from lora_share.foundation import load_foundation
 from lora_share.generate import generate
 

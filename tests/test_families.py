@@ -284,9 +284,9 @@ def test_quantized_foundation(families, qwen2_8da4w):
 
     from lora_share.adapters import load_peft
     from lora_share.config import FoundationConfig, QuantizeConfig
-    from lora_share.export import eager_model
+    from lora_share.eager import eager_model
     from lora_share.foundation import load_foundation
-    from lora_share.quantize import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
+    from lora_share.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
     from lora_share.runtime import LoadedAdapter
 
     fb, build = families("qwen2"), qwen2_8da4w
@@ -322,7 +322,7 @@ def test_llama_biases(tmp_path):
     is checked against, match transformers + peft (the export of a biased linear: Qwen2, above)."""
     from lora_share.adapters import load_peft
     from lora_share.config import FoundationConfig
-    from lora_share.export import eager_model
+    from lora_share.eager import eager_model
     from lora_share.foundation import load_foundation
 
     spec = replace(SPECS["llama"], config={**SPECS["llama"].config, "attention_bias": True, "mlp_bias": True})

@@ -32,13 +32,13 @@ import torch
 import lora_share
 from conftest import REPO, build_config, write_config
 from lora_share.adapters import load_adapter
-from lora_share.bench_memory import PTE_FACTOR, SLACK_BYTES, measure
+from lora_share.bench.memory import PTE_FACTOR, SLACK_BYTES, measure
 from lora_share.builder import foundation_fingerprint
 from lora_share.config import QuantizeConfig
-from lora_share.export import eager_model
+from lora_share.eager import eager_model
 from lora_share.foundation import load_foundation
-from lora_share.quantize import (accuracy_prompts, compare_logits, eager_step, foundation_linears, is_quantized,
-                                 quantize_foundation_, single_threaded, teacher_forced_logits)
+from lora_share.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
+from lora_share.quantize import foundation_linears, is_quantized, quantize_foundation_
 from lora_share.runtime import LoadedAdapter
 
 Q_FOUNDATION = {

@@ -17,7 +17,7 @@ import torch
 import lora_share
 from conftest import TINY_CHUNK
 from lora_share.adapters import load_adapter
-from lora_share.export import eager_model
+from lora_share.eager import eager_model
 from lora_share.foundation import load_foundation
 from test_cpp_runner import assert_clean_error, ids, run_runner
 

@@ -21,7 +21,8 @@ from conftest import HOIST_ADAPTERS, TINY_FOUNDATION, build_config, run_cli, wri
 from hf_files import hf_config, write_peft_lora
 from lora_share.adapters import load_adapter, load_peft
 from lora_share.builder import foundation_fingerprint, read_manifest
-from lora_share.export import eager_model, export_program
+from lora_share.eager import eager_model
+from lora_share.export import export_program
 from lora_share.fastpath import slot_param_name, slot_tensors, tensor_keys
 from lora_share.files import sha256_file
 from lora_share.formats import read_ptd, read_pte

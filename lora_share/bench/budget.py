@@ -1,6 +1,6 @@
 """Adapters on demand under a memory budget: `lora-share bench-budget [CONFIG]`.
 
-Builds the config's foundation with N adapters of one recipe (bench_build.RECIPE, a seed each: one
+Builds the config's foundation with N adapters of one recipe (build_time.RECIPE, a seed each: one
 export, the rest substituted, so the build stays fast) into WORK/out, kept and reused while the
 config is unchanged. Then, each in a fresh process through the C library (lora_share/native.py):
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from ..bench_build import _git_commit, machine_info, resolve_foundation, write_config
+from .build_time import _git_commit, machine_info, resolve_foundation, write_config
 
 PROMPT = list(range(1, 17))
 NEW_TOKENS = 8

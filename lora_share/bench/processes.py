@@ -17,7 +17,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from ..bench_memory import BenchError, run_runner
+from .memory import BenchError, run_runner
 
 FIELDS = {"Rss": "rss_kb", "Pss": "pss_kb", "Pss_Anon": "anon_kb", "Pss_File": "file_kb"}
 

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..bench_build import RECIPE, machine_info, resolve_foundation, timed_build, write_config
-from ..bench_memory import BenchError, packed_cache_starts
+from .build_time import RECIPE, machine_info, resolve_foundation, timed_build, write_config
+from .memory import BenchError, packed_cache_starts
 from ..errors import UserError
 from . import processes, report, variants
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from ..bench_memory import PTE_FACTOR, SLACK_BYTES, BenchError
+from .memory import PTE_FACTOR, SLACK_BYTES, BenchError
 from ..errors import UserError
 from . import processes
 from .run import _Progress, _git, _machine, _prompt

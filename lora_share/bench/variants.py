@@ -1,6 +1,6 @@
 """The files the benchmark compares: a lora-share build, stand-alone programs, the bare foundation.
 
-- lora-share: ``bench_build.timed_build`` of N adapters (one recipe, seeds 100..),
+- lora-share: ``build_time.timed_build`` of N adapters (one recipe, seeds 100..),
   built from scratch for every N to time it; the largest build is kept and its
   first N adapters stand for the N-adapter deployment (the same seeds give the
   same bytes).
@@ -45,7 +45,8 @@ def base_record(fingerprint: str) -> bytes:
 def export_base(foundation, folder: Path) -> tuple[Path, str, float]:
     """The bare foundation's program in ``folder/base.pte``: (path, sha256 of the .ptd it exported, seconds)."""
     from ..builder import foundation_fingerprint
-    from ..export import FOUNDATION_TAG, eager_model, export_program
+    from ..eager import eager_model
+    from ..export import FOUNDATION_TAG, export_program
     from ..formats.meta import ADAPTER_KEY, FOUNDATION_KEY, encode_foundation
     from ..records import foundation_meta
 
@@ -65,7 +66,8 @@ def export_standalone(foundation, adapters: list, folder: Path) -> list[dict]:
 
     Rows: {"path", "bytes", "produced": "exported" | "substituted", "seconds"}.
     """
-    from ..export import eager_model, export_program
+    from ..eager import eager_model
+    from ..export import export_program
     from ..fastpath import NotSubstitutable, substitute, tensor_keys
 
     folder.mkdir(parents=True, exist_ok=True)

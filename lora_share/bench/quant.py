@@ -1,15 +1,15 @@
 """Disk and memory of a float32 and a quantized (8da4w) foundation, each with N adapters.
 
-    python -m lora_share.bench_quant --fp32 out/llama_adapters --quantized out/llama_8da4w \\
+    python -m lora_share.bench.quant --fp32 out/llama_adapters --quantized out/llama_8da4w \\
         [--adapters N] [--runner build/runner] [--json]
 
 Both folders are outputs of ``lora-share build`` (e.g. configs/llama_adapters.yaml
 and examples/llama_8da4w.yaml: the same synthetic weights, float32 and 8da4w).
 For each it reports the bytes on disk (foundation.ptd, the first N .pte), the
 export times and accuracy the manifest recorded, and the C++ runner's PSS right
-after loading 1..N adapters into one process (``bench_memory.measure``, shared
+after loading 1..N adapters into one process (``memory.measure``, shared
 path: one mmapped foundation.ptd, XNNPACK weight cache on), with the per-adapter
-bound of bench_memory (1.2 x size(pte) + 4 MiB).
+bound of bench.memory (1.2 x size(pte) + 4 MiB).
 
 ``compare_foundations`` returns the numbers as one dict (for a ``make bench``
 report); ``main`` prints them. Exit status: 0 if every increment is within its
@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from .bench_memory import MIB, BenchError, measure
+from .memory import MIB, BenchError, measure
 
 
 def foundation_report(out_dir, runner, adapters: int | None = None, mode: str = "shared") -> dict:
@@ -105,7 +105,7 @@ def format_report(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lora_share.bench_quant", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lora_share.bench.quant", description=__doc__.split("\n")[0])
     p.add_argument("--fp32", required=True, type=Path, help="build folder with a float32 foundation")
     p.add_argument("--quantized", required=True, type=Path, help="build folder with a quantized foundation")
     p.add_argument("--adapters", type=int, default=None, help="use the first N adapters of each [all]")

@@ -1,6 +1,6 @@
 """Build-time benchmark: 1, 4 and 16 adapters, and adding one adapter to an existing build.
 
-    python -m lora_share.bench_build [--config configs/llama_adapters.yaml] [--counts 1,4,16]
+    python -m lora_share.bench.build_time [--config configs/llama_adapters.yaml] [--counts 1,4,16]
                                      [--out benchmarks/results/build_time.json]
 
 Every build uses the config's foundation and adapters of one recipe (rank 8 on
@@ -44,7 +44,7 @@ def write_peft_folder(adapter, folder: Path) -> Path:
     """Save a loaded adapter as a PEFT folder (scale folded into B, so alpha = r)."""
     from safetensors.torch import save_file
 
-    from .adapters import module_key
+    from ..adapters import module_key
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors, targets = {}, sorted({t for _, t in adapter.weights})
@@ -76,7 +76,7 @@ def resolve_foundation(config: Path) -> dict:
     the benchmarks write it into configs of their own, in other folders."""
     from dataclasses import fields
 
-    from .config import FoundationConfig
+    from ..config import FoundationConfig
 
     foundation = yaml.safe_load(config.read_text())["foundation"]
     base = config.resolve().parent
@@ -89,7 +89,7 @@ def resolve_foundation(config: Path) -> dict:
 def warm_up(folder: Path) -> None:
     """The first export in a process pays one-off import and tracing costs; pay them
     on a tiny model first so the 1-adapter baseline is not inflated by them."""
-    from .builder import build
+    from ..builder import build
 
     folder.mkdir(parents=True, exist_ok=True)
     build(write_config(folder, {"synthetic": WARMUP_FOUNDATION, "max_seq_len": 8}, 1), quiet=True)
@@ -98,7 +98,7 @@ def warm_up(folder: Path) -> None:
 def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> tuple[dict, dict]:
     """Build ``n`` adapters of RECIPE from scratch in ``folder`` (outputs in ``folder/out``):
     (row for the table, manifest)."""
-    from .builder import build
+    from ..builder import build
 
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -111,9 +111,9 @@ def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> t
 
 def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
     """Run every build of the benchmark; returns the figures as a dict."""
-    from .adapters import synthetic_adapter
-    from .builder import add, build, manifest_model_args, read_manifest
-    from .config import SyntheticAdapter
+    from ..adapters import synthetic_adapter
+    from ..builder import add, build, manifest_model_args, read_manifest
+    from ..config import SyntheticAdapter
 
     foundation = resolve_foundation(config)
     rows, one_dir = [], None
@@ -178,7 +178,7 @@ def report(result: dict) -> tuple[str, bool]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lora_share.bench_build", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m lora_share.bench.build_time", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/llama_adapters.yaml", help="foundation to build on")
     p.add_argument("--counts", default="1,4,16", help="adapter counts, comma-separated (first is the baseline)")

@@ -1,6 +1,6 @@
 """Memory benchmark for the C++ runner: what does one more loaded adapter cost?
 
-    python -m lora_share.bench_memory --ptd foundation.ptd --pte a.pte --pte b.pte \\
+    python -m lora_share.bench.memory --ptd foundation.ptd --pte a.pte --pte b.pte \\
         --pte c.pte --pte d.pte [--runner build/runner] [--json]
 
 For k = 1..N it starts the runner with the first k adapters loaded (one process
@@ -152,7 +152,7 @@ def format_report(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lora_share.bench_memory", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lora_share.bench.memory", description=__doc__.split("\n")[0])
     parser.add_argument("--ptd", required=True, type=Path, help="the shared foundation.ptd")
     parser.add_argument("--pte", required=True, type=Path, action="append", help="adapter .pte (repeat, 1..N)")
     parser.add_argument("--runner", type=Path, default=Path("build/runner"), help="the C++ runner [build/runner]")
