@@ -22,7 +22,7 @@ from .errors import UserError
 from .families import ATTN, hf_linears
 from .files import sha256_file
 from .foundation import _read_json, read_safetensors
-from .model import LORA_TARGETS, LoraSpec, ModelArgs
+from .model import LORA_TARGETS, ModelArgs
 
 # PEFT LoraConfig fields that change the math and that lora-share does not implement,
 # with the value that means "off". Anything else set on them is refused, never ignored.
@@ -55,10 +55,6 @@ class Adapter:
     name: str
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (A, scale * B)
     meta: dict = field(default_factory=dict)
-
-    @property
-    def spec(self) -> LoraSpec:
-        return LoraSpec({k: a.shape[0] for k, (a, _) in self.weights.items()})
 
 
 def load_adapter(cfg: AdapterConfig, args: ModelArgs) -> Adapter:

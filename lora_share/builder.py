@@ -1,29 +1,14 @@
 """``lora-share build`` and ``lora-share add``: foundation.ptd + one .pte per adapter + manifest.json.
 
-Everything is read and checked before anything is exported, and all outputs are
-written into a staging folder that replaces the output folder only when the
-whole build succeeded, so a failed or interrupted build leaves the previous
-outputs as they were.
+Everything is read and checked before anything is written (outputs.py writes, all or nothing).
+The deployment's program is exported once per foundation and LoRA envelope (envelope.py); every
+adapter inside the envelope is data for it: its .pte is written in a fraction of a second, with no
+export. ``build`` reuses the previous outputs' program and foundation.ptd when the foundation,
+export settings and envelope are unchanged; ``add`` never exports: an adapter outside the
+deployment's envelope is refused, naming the ``lora_envelope`` key to widen.
 
-Each adapter's .pte comes the cheapest exact way:
-- reused: an earlier build of the same folder made it from the same tensors over
-  the same foundation (hard-linked, untouched);
-- substituted: another adapter with the same graph signature was exported, so its
-  .pte is rewritten with this adapter's tensors (``fastpath``), byte-identical to
-  a full export;
-- exported: torch.export + XNNPACK lowering, once per signature.
-When the foundation is unchanged, foundation.ptd is hard-linked from the
-previous outputs: neither rewritten nor touched.
-
-With ``dedup.shared_adapter_tensors: hoist`` the tensors two or more adapters
-have are written once to adapters_shared.ptd (shared_data.py) and left out of
-their .pte files; which slots an adapter reads from there is part of its
-signature. ``lora-share add`` never rewrites a shipped file: a new adapter
-reads from adapters_shared.ptd exactly the tensors already in it.
-
-The checkpoint's tokenizer files (tokenizer_files.py) are copied beside
-foundation.ptd and listed in the manifest's ``tokenizer`` section; ``add``
-hard-links them and keeps that section as it was.
+The checkpoint's tokenizer files (tokenizer_files.py) are copied beside foundation.ptd and listed
+in the manifest's ``tokenizer`` section; ``add`` hard-links them and keeps that section as it was.
 """
 
 from __future__ import annotations
@@ -31,37 +16,29 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
-from .adapters import Adapter, load_adapter, load_peft
+from .adapter_pte import Program
+from .adapters import load_adapter, load_peft
 from .config import config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors, load_config
-from .errors import UserError
 from .eager import eager_model
-from .export import EXPORTER_REVISION, FOUNDATION_TAG, export_program
-from .fastpath import NotSubstitutable, signature, slot_param_name, slot_tensors, substitute, tensor_keys
-from .files import sha256_file, staged_dir
+from .envelope import Envelope
+from .errors import UserError
+from .export import EXPORTER_REVISION, export_program
+from .files import sha256_file
+from .formats import read_ptd
+from .formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
 from .foundation import Foundation, load_foundation
 from .model import ModelArgs
-from .formats import read_ptd
-from .formats.meta import ADAPTER_KEY, SHARED_KEY, encode_adapter
-from .quant_error import adapter_quantization_error, format_error
-from .dedup import byte_report, report_lines
-from .formats.seal import seal_pte
-from .records import adapter_meta, export_named_data
-from .shared_data import SHARED_PTD, encode_shared_ptd, plan_hoisting
+from .outputs import (MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION, PTD_NAME, Deployment, ProgramSource, log,
+                      write_outputs)
+from .records import foundation_meta
+from .shared_data import SHARED_PTD
 from .tokenizer_files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
-
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "lora-share-manifest"
-MANIFEST_VERSION = 1
-PTD_NAME = f"{FOUNDATION_TAG}.ptd"
 
 
 def foundation_fingerprint(foundation: Foundation) -> str:
@@ -74,23 +51,14 @@ def foundation_fingerprint(foundation: Foundation) -> str:
     for name in sorted(foundation.tensors):
         t = foundation.tensors[name].contiguous()
         h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0".encode())
-        h.update(t.numpy().tobytes())
+        h.update(memoryview(t.numpy()).cast("B"))
     if foundation.quantize is not None:
         h.update(f"quantize\0{json.dumps(config_to_dict(foundation.quantize), sort_keys=True)}".encode())
     return h.hexdigest()
 
 
-def _log(msg: str, quiet: bool) -> None:
-    if not quiet:
-        print(msg, file=sys.stderr, flush=True)
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
-
-
 def read_manifest(out_dir: Path) -> dict:
-    """The manifest of an existing build, checked against the foundation.ptd beside it."""
+    """The manifest of an existing build."""
     path = Path(out_dir) / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -98,8 +66,11 @@ def read_manifest(out_dir: Path) -> dict:
         raise UserError(f"{path}: missing: is {out_dir} the output folder of a lora-share build?") from None
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable manifest ({e})") from None
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
-        raise UserError(f"{path}: not a lora-share manifest of version {MANIFEST_VERSION}")
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise UserError(f"{path}: not a lora-share manifest")
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise UserError(f"{path}: written by another lora-share version (manifest version {manifest.get('version')}, "
+                        f"this one reads {MANIFEST_VERSION}): rebuild the deployment with `lora-share build`")
     return manifest
 
 
@@ -119,187 +90,15 @@ def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict |
     return manifest
 
 
-@dataclass
-class _Sharing:
-    """What goes to adapters_shared.ptd (dedup.shared_adapter_tensors: hoist)."""
-
-    plan: dict[str, list[str]]  # adapter name -> its slots read from the shared file
-    file: bytes | None  # the file to write; None: keep the previous build's as it is
-
-
-def _plan_sharing(adapters: list[Adapter], fingerprint: str) -> _Sharing:
-    """Hoist every tensor that two or more of ``adapters`` have."""
-    keys = {a.name: tensor_keys(a) for a in adapters}
-    plan = plan_hoisting(keys)
-    tensors = {}
-    for adapter in adapters:
-        raw = slot_tensors(adapter)
-        tensors.update({keys[adapter.name][slot]: raw[slot] for slot in plan[adapter.name]})
-    return _Sharing(plan, encode_shared_ptd(tensors, fingerprint))
-
-
-def _check_exported_shared(name: str, exported_ptd: bytes, shared: bytes) -> None:
-    """The export's own adapters_shared.ptd must hold nothing the build's lacks or holds differently."""
-    ours = read_ptd(shared, SHARED_PTD)
-    for e in read_ptd(exported_ptd, f"{name}'s exported {SHARED_PTD}").entries:
-        if e.key not in ours or ours.data(e.key) != exported_ptd[e.start:e.end]:
-            raise RuntimeError(f"adapter {name}: its export reads shared tensor {e.key[:12]} that {SHARED_PTD} "
-                               "does not hold as exported")
-
-
-class _Producer:
-    """Makes adapter .pte bytes the cheapest exact way (see module docstring)."""
-
-    def __init__(self, out_dir: Path, previous: dict | None, get_foundation: Callable[[], Foundation],
-                 fingerprint: str, settings: dict, workdir: Path, shared_file: Path | None):
-        self.out_dir, self.get_foundation, self.workdir = out_dir, get_foundation, workdir
-        self.shared_file = shared_file
-        self.fingerprint, self.settings = fingerprint, settings
-        self.previous = {a["name"]: a for a in (previous or {}).get("adapters", [])}
-        self.templates: dict[str, tuple[Callable[[], bytes], dict]] = {}
-        for entry in self.previous.values():
-            path = out_dir / entry["file"]
-            self.templates.setdefault(entry["signature"], (lambda p=path: p.read_bytes(), entry["tensor_keys"]))
-        self.ptd: bytes | None = None  # set by the first export when there is no previous foundation.ptd
-        self.ptd_sha = (previous or {}).get("foundation", {}).get("sha256")
-
-    def produce(self, adapter: Adapter, hoisted: list[str], sig: str, keys: dict[str, str]
-                ) -> tuple[bytes | Path, str, float]:
-        """(.pte bytes or an existing file to keep, how, seconds); ``hoisted`` slots are read
-        from adapters_shared.ptd; ``sig`` and ``keys`` are the adapter's signature and tensor keys."""
-        t0 = time.perf_counter()
-        old = self.previous.get(adapter.name)
-        if old and old["signature"] == sig and old["tensor_keys"] == keys:
-            return self.out_dir / old["file"], "reused", time.perf_counter() - t0
-        if sig in self.templates:
-            template, template_keys = self.templates[sig]
-            try:
-                record = {ADAPTER_KEY: encode_adapter(adapter_meta(adapter, self.fingerprint))}
-                pte = substitute(template(), template_keys, adapter, record, hoisted)
-                return pte, "substituted", time.perf_counter() - t0
-            except NotSubstitutable:
-                pass
-        foundation = self.get_foundation()
-        exported = export_program(eager_model(foundation, adapter), self.workdir / adapter.name,
-                                  export_named_data(foundation, adapter, self.fingerprint),
-                                  shared=frozenset(map(slot_param_name, hoisted)))
-        if hoisted:
-            _check_exported_shared(adapter.name, exported.shared_ptd, self.shared_file.read_bytes())
-        sha = hashlib.sha256(exported.ptd).hexdigest()
-        if self.ptd_sha is None:
-            self.ptd, self.ptd_sha = exported.ptd, sha
-        elif sha != self.ptd_sha:
-            raise RuntimeError(
-                f"adapter {adapter.name}: its export produced different foundation bytes "
-                f"(sha256 {sha[:12]} vs {self.ptd_sha[:12]}); refusing to write a foundation.ptd it cannot share"
-            )
-        pte = exported.pte
-        self.templates.setdefault(sig, (lambda: pte, keys))
-        return pte, "exported", time.perf_counter() - t0
-
-
-def _link_or_write(dest: Path, content: bytes | Path) -> None:
-    if isinstance(content, Path):
-        os.link(content, dest)  # same file system: the staging folder is a sibling
-    else:
-        dest.write_bytes(seal_pte(content))  # size + CRC-32 into its record (formats/seal.py)
-
-
-def _write_shared(stage: Path, out_dir: Path, sharing: _Sharing, previous: dict | None) -> Path:
-    """adapters_shared.ptd in the staging folder: hard-linked when the previous one has the same bytes."""
-    dest, old = stage / SHARED_PTD, out_dir / SHARED_PTD
-    old_sha = ((previous or {}).get("shared") or {}).get("sha256")
-    if sharing.file is None or (old_sha == hashlib.sha256(sharing.file).hexdigest() and old.is_file()
-                                and sha256_file(old) == old_sha):
-        os.link(old, dest)
-    else:
-        dest.write_bytes(sharing.file)
-    return dest
-
-
-def _shared_entry(path: Path) -> dict:
-    ptd = read_ptd(path)
-    tensors = [e for e in ptd.entries if e.key != SHARED_KEY]
-    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
-            "tensors": len(tensors), "tensor_bytes": sum(e.size for e in tensors)}
-
-
-def _write_outputs(out_dir: Path, adapters: list[Adapter], keep: list[dict], previous: dict | None,
-                   get_foundation: Callable[[], Foundation], fingerprint: str, settings: dict,
-                   foundation_entry: dict, resolved_config: dict, quiet: bool, t_start: float,
-                   sharing: _Sharing | None = None, tokenizer: Callable[[Path], dict] | None = None) -> dict:
-    """Write every output into a staging folder that replaces ``out_dir`` at the end; ``tokenizer``
-    puts the tokenizer files into the staging folder and returns the manifest's tokenizer section."""
-    entries = []
-    with staged_dir(out_dir) as stage:
-        shared = _write_shared(stage, out_dir, sharing, previous) if sharing else None
-        tokenizer_section = tokenizer(stage) if tokenizer else None
-        producer = _Producer(out_dir, previous, get_foundation, fingerprint, settings, stage / ".work", shared)
-        if previous:
-            os.link(out_dir / PTD_NAME, stage / PTD_NAME)
-        for entry in keep:
-            os.link(out_dir / entry["file"], stage / entry["file"])
-            entries.append(entry)
-        for i, adapter in enumerate(adapters, 1):
-            meta = adapter.meta
-            _log(f"  [{i}/{len(adapters)}] {adapter.name}: rank {meta['rank']}, alpha {meta['alpha']}, "
-                 f"targets {','.join(meta['targets'])}", quiet)
-            hoisted = sharing.plan[adapter.name] if sharing else []
-            sig, keys = signature(adapter, fingerprint, settings, hoisted), tensor_keys(adapter)
-            content, how, seconds = producer.produce(adapter, hoisted, sig, keys)
-            if producer.ptd is not None and not (stage / PTD_NAME).exists():
-                (stage / PTD_NAME).write_bytes(producer.ptd)
-            pte_path = stage / f"{adapter.name}.pte"
-            _link_or_write(pte_path, content)
-            lora_bytes = sum(a.numel() * 4 + b.numel() * 4 for a, b in adapter.weights.values())
-            entries.append({
-                "name": adapter.name, "file": pte_path.name, "size": pte_path.stat().st_size,
-                "sha256": sha256_file(pte_path), "lora_bytes": lora_bytes, "produced": how,
-                "seconds": round(seconds, 3), "signature": sig,
-                **meta, "tensor_keys": keys, **({"hoisted": hoisted} if sharing else {}),
-            })
-            shared_note = f", {len(hoisted)} tensor(s) in {SHARED_PTD}" if hoisted else ""
-            _log(f"        {how} in {seconds:.2f} s: {pte_path.name} {_mb(pte_path.stat().st_size)}{shared_note}",
-                 quiet)
-            if settings.get("quantize"):  # how far the quantized foundation moves this adapter's logits
-                old = (previous or {}).get("adapters", [])
-                err = next((a.get("quantization_error") for a in old if how == "reused" and a["name"] == adapter.name),
-                           None) or adapter_quantization_error(
-                    get_foundation(), adapter, pte_path, stage / PTD_NAME, shared if hoisted else None)
-                entries[-1]["quantization_error"] = err
-                _log(f"        quantized foundation {format_error(err)}", quiet)
-        if (stage / ".work").exists():
-            import shutil
-
-            shutil.rmtree(stage / ".work")
-        ptd = stage / PTD_NAME
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "config": resolved_config.get("source"),
-            "export_settings": settings,
-            "exporter": EXPORTER_REVISION,
-            "foundation": {"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
-                           "fingerprint": fingerprint, **foundation_entry},
-            **({"tokenizer": tokenizer_section} if tokenizer_section else {}),
-            **({"shared": _shared_entry(shared)} if shared else {}),
-            "adapters": entries,
-            "bytes": byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
-                                 {e["name"]: set(e["tensor_keys"].values()) for e in entries},
-                                 shared.name if shared else None),
-            "build_s": round(time.perf_counter() - t_start, 2),
-        }
-        for line in report_lines(manifest["bytes"]):
-            _log(line, quiet)
-        config_out = {k: v for k, v in resolved_config.items() if k != "source"}
-        (stage / "config.resolved.yaml").write_text(yaml.safe_dump(config_out, sort_keys=False))
-        (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    total = sum(e["size"] for e in entries)
-    shared_note = f", {SHARED_PTD} {_mb(manifest['shared']['size'])}" if shared else ""
-    tokenizer_note = f"tokenizer ({len(tokenizer_section['files'])} files)" if tokenizer_section else "no tokenizer"
-    _log(f"  wrote {out_dir}: foundation.ptd {_mb(manifest['foundation']['size'])}{shared_note}, "
-         f"{len(entries)} adapter .pte {_mb(total)} in all, {tokenizer_note}, {manifest['build_s']:.1f} s", quiet)
-    return manifest
+def _exporter(dep: Deployment):
+    """Exports ``dep``'s program into a work folder: (the program, the foundation.ptd it wrote)."""
+    def export(workdir: Path) -> tuple[Program, Path]:
+        foundation = dep.get_foundation()
+        record = encode_foundation(foundation_meta(foundation, dep.fingerprint))
+        model = eager_model(foundation, envelope=dep.envelope)
+        exported = export_program(model, dep.envelope, workdir, {FOUNDATION_KEY: record})
+        return Program(exported.pte, "the exported program"), exported.ptd
+    return export
 
 
 def _args_dict(args: ModelArgs) -> dict:
@@ -312,35 +111,38 @@ def build(config_path, quiet: bool = False) -> dict:
     """Build every output of ``config_path``; returns the manifest (also written to disk)."""
     t_start = time.perf_counter()
     cfg = load_config(config_path)
-    _log(f"lora-share build {cfg.source} -> {cfg.output_dir}", quiet)
+    log(f"lora-share build {cfg.source} -> {cfg.output_dir}", quiet)
     foundation = load_foundation(cfg.foundation)
     n_params = sum(t.numel() for t in foundation.tensors.values())
-    _log(f"  foundation: {foundation.source['kind']}, {foundation.args.n_layers} layers, dim {foundation.args.dim}, "
-         f"{n_params / 1e6:.1f} M parameters", quiet)
+    log(f"  foundation: {foundation.source['kind']}, {foundation.args.n_layers} layers, dim {foundation.args.dim}, "
+        f"{n_params / 1e6:.1f} M parameters", quiet)
     adapters = []
     for i, acfg in enumerate(cfg.adapters):
         try:
             adapters.append(load_adapter(acfg, foundation.args))
         except UserError as e:
             raise UserError(f"{cfg.source}: adapters[{i}] ({acfg.name}): {e}") from None
+    envelope = Envelope.resolve(cfg.lora_envelope, adapters, foundation.args)
+    for adapter in adapters:
+        envelope.require_fits(adapter, str(cfg.source))
     tokenizer = find_tokenizer(cfg.foundation, foundation.args.vocab_size)
-    _log(_tokenizer_line(tokenizer, cfg.foundation.checkpoint), quiet)
+    log(_tokenizer_line(tokenizer, cfg.foundation.checkpoint), quiet)
     settings = export_settings(cfg.foundation)
     fingerprint = foundation_fingerprint(foundation)
     previous = _previous_outputs(cfg.output_dir, fingerprint, settings)
     if previous:
-        _log(f"  foundation unchanged since the last build: keeping {PTD_NAME}", quiet)
+        log(f"  foundation unchanged since the last build: keeping {PTD_NAME}", quiet)
     entry = {"parameters": n_params, "args": _args_dict(foundation.args), "source": foundation.source}
     if cfg.foundation.quantize is not None:
         entry["quantize"] = config_to_dict(cfg.foundation.quantize)
-    resolved = {"source": str(cfg.source), **config_to_dict(cfg)}
-    sharing = _plan_sharing(adapters, fingerprint) if hoists_shared_tensors(cfg) else None
 
     def copy_tokenizer(stage: Path) -> dict:
         return manifest_section(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
 
-    return _write_outputs(cfg.output_dir, adapters, [], previous, lambda: foundation, fingerprint, settings,
-                          entry, resolved, quiet, t_start, sharing, copy_tokenizer if tokenizer else None)
+    dep = Deployment(cfg.output_dir, fingerprint, settings, envelope, entry,
+                     {"source": str(cfg.source), **config_to_dict(cfg)}, lambda: foundation,
+                     copy_tokenizer if tokenizer else None, hoists_shared_tensors(cfg), previous=previous)
+    return write_outputs(dep, ProgramSource(dep, _exporter(dep), quiet), adapters, [], quiet, t_start)
 
 
 def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) -> str:
@@ -354,12 +156,9 @@ def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) 
 
 
 def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict:
-    """Add PEFT adapters to an existing build without touching its foundation.ptd.
-
-    Adapters whose graph signature matches one already built are substituted in
-    well under a second; others are exported against the foundation the manifest
-    describes (reloaded and checked against the recorded fingerprint).
-    """
+    """Add PEFT adapters to an existing build: each is written as data for the deployment's program
+    (no export; foundation.ptd and the shipped adapters are kept as they are). An adapter outside
+    the deployment's LoRA envelope is refused, naming the key to widen."""
     t_start = time.perf_counter()
     out_dir = Path(out_dir).resolve()
     previous = read_manifest(out_dir)
@@ -368,6 +167,8 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
     if not ptd.is_file() or ptd.stat().st_size != fnd["size"]:
         raise UserError(f"{ptd}: missing or not the file {out_dir / MANIFEST} describes")
     args = manifest_model_args(previous)
+    envelope = Envelope.from_dict(previous["program"]["envelope"])
+    config = previous.get("config") or str(out_dir / "config.resolved.yaml")
     existing = {a["name"] for a in previous["adapters"]}
     adapters = []
     for name, folder in peft_dirs:
@@ -375,13 +176,11 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
             raise UserError(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
         if not Path(folder).is_dir():
             raise UserError(f"{folder}: no such folder (a PEFT adapter folder)")
-        adapters.append(load_peft(name, Path(folder), args))
+        adapter = load_peft(name, Path(folder), args)
+        envelope.require_fits(adapter, config)
+        adapters.append(adapter)
         existing.add(name)
-    _log(f"lora-share add -> {out_dir}: {len(adapters)} adapter(s), keeping {PTD_NAME}", quiet)
-
-    @functools.cache
-    def get_foundation() -> Foundation:  # reloaded at most once, and only if an export needs it
-        return _reload_foundation(previous)
+    log(f"lora-share add -> {out_dir}: {len(adapters)} adapter(s), keeping {PTD_NAME} and the program", quiet)
 
     resolved = yaml.safe_load((out_dir / "config.resolved.yaml").read_text())
     resolved["adapters"] = resolved.get("adapters", []) + [{"name": n, "peft": str(Path(f).resolve())}
@@ -394,22 +193,27 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
         stage_files(stage, tokenizer_files, link=True)
         return previous["tokenizer"]
 
-    return _write_outputs(out_dir, adapters, previous["adapters"], previous, get_foundation, fnd["fingerprint"],
-                          previous["export_settings"], entry, resolved, quiet, t_start,
-                          _existing_sharing(out_dir, previous, adapters),
-                          keep_tokenizer if "tokenizer" in previous else None)
+    def no_export(workdir: Path):
+        raise UserError(f"{out_dir}: its adapter files do not carry the program {previous['program']['sha256'][:12]} "
+                        "the manifest names: rebuild the deployment with `lora-share build`")
+
+    dep = Deployment(out_dir, fnd["fingerprint"], previous["export_settings"], envelope, entry, resolved,
+                     functools.cache(lambda: _reload_foundation(previous)),
+                     keep_tokenizer if "tokenizer" in previous else None, "shared" in previous,
+                     measure_quantization=False, previous=previous)
+    return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet, t_start,
+                         _existing_shared_keys(out_dir, previous))
 
 
-def _existing_sharing(out_dir: Path, previous: dict, adapters: list[Adapter]) -> _Sharing | None:
-    """For ``add`` to a build with adapters_shared.ptd: new adapters read the tensors it already
-    holds from it, and it stays as it is (so do the shipped adapters that read from it)."""
+def _existing_shared_keys(out_dir: Path, previous: dict) -> set[str] | None:
+    """For ``add`` to a build with adapters_shared.ptd: the keys it holds (new adapters read those
+    from it, and it stays as it is)."""
     if "shared" not in previous:
         return None
     path = out_dir / SHARED_PTD
     if not path.is_file() or sha256_file(path) != previous["shared"]["sha256"]:
         raise UserError(f"{path}: missing or not the file {out_dir / MANIFEST} describes")
-    available = {e.key for e in read_ptd(path).entries} - {SHARED_KEY}
-    return _Sharing(plan_hoisting({a.name: tensor_keys(a) for a in adapters}, available), None)
+    return {e.key for e in read_ptd(path).entries} - {SHARED_KEY}
 
 
 def manifest_model_args(manifest: dict) -> ModelArgs:
@@ -424,6 +228,6 @@ def _reload_foundation(manifest: dict) -> Foundation:
     if foundation_fingerprint(foundation) != manifest["foundation"]["fingerprint"]:
         raise UserError(
             f"the foundation at {settings.get('checkpoint', 'synthetic')} no longer has the fingerprint recorded in "
-            f"the manifest; this adapter needs a full export against the original foundation: rebuild"
+            f"the manifest: rebuild"
         )
     return foundation

@@ -109,6 +109,20 @@ class AdapterConfig:
     synthetic: Optional[SyntheticAdapter] = _f("deterministic demo LoRA weights instead of a PEFT folder", None)
 
 
+@dataclass
+class EnvelopeConfig:
+    """The LoRA the deployment's one program accepts: every adapter inside it is added as data, with
+    no export (an adapter outside it is refused, naming the key to widen)."""
+
+    targets: Optional[list[str]] = _f("linears the program takes LoRA on, or 'all' (default: every linear "
+                                      "some adapter of this config adapts)", None, choices=list(LORA_TARGETS),
+                                      all_value=list(LORA_TARGETS))
+    max_rank: Optional[int] = _f("the largest LoRA rank it takes on each of them; any rank from 1 up fits "
+                                 "(default: the largest rank of this config's adapters)", None, minimum=1)
+    layers: Optional[list[int]] = _f("decoder layers it takes LoRA on, or 'all' (default: all)", None,
+                                     all_value=None)
+
+
 HOIST = "hoist"
 
 
@@ -128,6 +142,9 @@ class BuildConfig:
 
     foundation: FoundationConfig = _f("the shared base model")
     adapters: list[AdapterConfig] = _f("LoRA adapters, one .pte each")
+    lora_envelope: Optional[EnvelopeConfig] = _f(
+        "the LoRA targets, layers and largest rank the deployment's program accepts (default: what this "
+        "config's adapters need, on every layer)", None)
     dedup: Optional[DedupConfig] = _f("deduplication across adapters (default: report shared tensors)", None)
     output_dir: Optional[Path] = _f("where outputs go (default: out/<config file stem>)", None, path=True)
     source: Optional[Path] = field(default=None, metadata={"internal": True})
@@ -166,6 +183,8 @@ class _Loader:
         if dataclasses.is_dataclass(tp):
             return self.dataclass(tp, data, key)
         if origin is list:
+            if data == "all" and "all_value" in meta:
+                return meta["all_value"]
             if not isinstance(data, list):
                 self.problem(key, f"expected {_type_name(tp)}, got {data!r}")
                 return None
@@ -278,6 +297,17 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
                 L.problem(f"{key}.peft", f"{a.peft}: no such folder (a PEFT adapter folder)")
             if a.synthetic is not None and a.synthetic.target_modules == []:
                 L.problem(f"{key}.synthetic.target_modules", "list at least one module")
+    env = cfg.lora_envelope
+    if env is not None:
+        if env.targets == []:
+            L.problem("lora_envelope.targets", "list at least one linear, or 'all'")
+        if env.layers == []:
+            L.problem("lora_envelope.layers", "list at least one layer, or 'all'")
+        n_layers = getattr(getattr(fnd, "synthetic", None), "n_layers", None)
+        for layer in env.layers or []:
+            if isinstance(layer, int) and (layer < 0 or (isinstance(n_layers, int) and layer >= n_layers)):
+                L.problem("lora_envelope.layers", f"layer {layer} does not exist"
+                          + (f" (the foundation has {n_layers})" if isinstance(n_layers, int) else ""))
 
 
 def hoists_shared_tensors(cfg: BuildConfig) -> bool:
@@ -367,6 +397,8 @@ def _schema(tp, meta: dict) -> dict:
     if origin is list:
         item_meta = {k: v for k, v in meta.items() if k in ("choices", "minimum")}
         out = {"type": "array", "items": _schema(typing.get_args(tp)[0], item_meta)}
+        if "all_value" in meta:
+            out = {"anyOf": [out, {"const": "all"}]}
     else:
         out = {"type": {int: "integer", float: "number", bool: "boolean", str: "string", Path: "string"}[tp]}
         if "minimum" in meta:

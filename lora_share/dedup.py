@@ -2,24 +2,22 @@
 
 Read back from the written files (not from what the exporter was asked to do):
 
-- inside each file, tensors (named data, and the program's constant buffers,
-  where LoRA weights live) that point at one segment or buffer are stored
-  once (ExecuTorch's named-data store merges equal bytes: a tied embedding is
-  one segment under its plain name and under XNNPACK's sha256 key);
-- across adapters, a tensor with the same bytes in several .pte files is
-  reported with the adapters that carry it, and the bytes a shared file would
-  save;
-- with adapters_shared.ptd (dedup.shared_adapter_tensors: hoist), each tensor
-  in it is reported with the adapters whose programs read it from there, and
-  the copies that saved.
+- inside each file, named data that points at one segment is stored once (ExecuTorch's
+  named-data store merges equal bytes: a tied embedding is one segment under its plain name and
+  under XNNPACK's sha256 key; an adapter's LoRA tensors are keyed by the sha256 of their bytes,
+  so Phi-3's A shared by q, k and v is one entry);
+- across adapters, a LoRA tensor with the same bytes in several .pte files is reported with the
+  adapters that carry it, and the bytes a shared file would save;
+- with adapters_shared.ptd (dedup.shared_adapter_tensors: hoist), each tensor in it is reported
+  with the adapters whose records name it, and the copies that saved.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from .formats import read_ptd, read_pte
+from .formats.meta import ADAPTER_KEY, decode
 from .inspection import dedup_summary
 
 
@@ -29,11 +27,17 @@ def _file_summary(size: int, summary: dict) -> dict:
             "duplicate_avoided": summary["duplicate_avoided_bytes"]}
 
 
+def _lora_keys(pte) -> set[str]:
+    """Every LoRA tensor key an adapter's record names (stored in its .pte or not)."""
+    meta = decode(pte.data(ADAPTER_KEY), f"{pte.what}: {ADAPTER_KEY}").adapter
+    return {k for e in meta.lora for k in (e.a, e.b)}
+
+
 def _hoisted(shared, ptes: dict) -> dict:
     """What adapters_shared.ptd holds and which adapters read each of its tensors from it."""
     readers: dict[str, list[str]] = {}
     for name, pte in ptes.items():
-        for key in sorted({c.key for d in pte.delegates for c in d.constants if c.key not in pte}):
+        for key in sorted(k for k in _lora_keys(pte) if k not in pte):
             if key in shared:
                 readers.setdefault(key, []).append(name)
     stored = dedup_summary([(e.key, e.segment_index, e.size) for e in shared.entries])
@@ -43,12 +47,9 @@ def _hoisted(shared, ptes: dict) -> dict:
             "readers": {k: n for k, n in sorted(readers.items())}}
 
 
-def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], lora: dict[str, set[str]],
-                shared_name: str | None = None) -> dict:
-    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name, ``lora``
-    adapter name -> the sha256 of each of its LoRA tensors (a program's other constants, scalars its
-    graph needs, are the same in every adapter and not reported as shared); ``shared_name`` is its
-    adapters_shared.ptd, if it has one."""
+def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_name: str | None = None) -> dict:
+    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name; ``shared_name``
+    is its adapters_shared.ptd, if it has one."""
     ptd = read_ptd(Path(out_dir) / ptd_name)
     report = {"foundation": {"file": ptd_name, **_file_summary(
         ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries]))}}
@@ -57,21 +58,16 @@ def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], lora: di
     per_adapter = {}
     for name, file in adapters.items():
         pte = read_pte(Path(out_dir) / file)
-        seen_here = set()
-        for _, storage, start, size in pte.stored_tensors():
-            digest = hashlib.sha256(pte.blob[start:start + size]).hexdigest()
-            if storage < 0 and digest not in lora[name]:
-                continue
-            if digest not in seen_here:
-                seen_here.add(digest)
-                holders.setdefault(digest, []).append(name)
-                sizes[digest] = size
-        per_adapter[name] = (pte, seen_here)
+        stored = {e.key: e.size for e in pte.named_data if e.key != ADAPTER_KEY}
+        for key, size in stored.items():
+            holders.setdefault(key, []).append(name)
+            sizes[key] = size
+        per_adapter[name] = (pte, set(stored))
     shared = {d: names for d, names in holders.items() if len(names) > 1}
     report["adapters"] = {}
-    for name, (pte, digests) in per_adapter.items():
-        summary = _file_summary(pte.size, dedup_summary([(k, seg, size) for k, seg, _, size in pte.stored_tensors()]))
-        summary["shared_with_other_adapters"] = sum(sizes[d] for d in digests if d in shared)
+    for name, (pte, keys) in per_adapter.items():
+        summary = _file_summary(pte.size, dedup_summary([(e.key, e.segment_index, e.size) for e in pte.named_data]))
+        summary["shared_with_other_adapters"] = sum(sizes[d] for d in keys if d in shared)
         summary["unique"] = summary["stored"] - summary["shared"] - summary["shared_with_other_adapters"]
         report["adapters"][name] = {"file": adapters[name], **summary}
     report["across_adapters"] = {

@@ -1,34 +1,43 @@
-"""The eager PyTorch model of a foundation with an adapter applied: the reference every export is
-checked against, and the module torch.export traces."""
+"""The eager PyTorch model of a foundation: the module torch.export traces, and, with an adapter's
+LoRA inputs bound, the reference every export is checked against."""
 
 from __future__ import annotations
 
 import torch
 
 from .adapters import Adapter
-from .export import is_adapter_tensor
+from .envelope import Envelope
 from .foundation import Foundation
 from .model import LlamaLoRA
 from .quantize import quantize_foundation_
 
-def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True) -> LlamaLoRA:
-    """The PyTorch model with the adapter applied: the reference for every export.
 
-    A foundation with ``quantize`` set is quantized (LoRA stays float) unless
-    ``quantized=False``, which gives the float model it approximates.
+def adapter_envelope(adapter: Adapter) -> Envelope:
+    """The envelope of exactly ``adapter``'s recipe: its linears on its layers at its largest rank."""
+    return Envelope.make({t for _, t in adapter.weights}, {layer for layer, _ in adapter.weights},
+                         max(a.shape[0] for a, _ in adapter.weights.values()))
+
+
+def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True,
+                envelope: Envelope | None = None) -> LlamaLoRA:
+    """The PyTorch model taking LoRA on ``envelope`` (default: ``adapter``'s own recipe, or none), with
+    ``adapter``'s LoRA inputs bound for ``step``.
+
+    The model's parameters are the foundation's tensors themselves, not copies. A foundation with
+    ``quantize`` set is quantized (LoRA stays float) unless ``quantized=False``, which gives the
+    float model it approximates.
     """
-    model = LlamaLoRA(foundation.args, adapter.spec if adapter else None)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if is_adapter_tensor(name):
-                continue
-            p.copy_(foundation.tensors[name])
-        for (layer, target), (a, b) in (adapter.weights.items() if adapter else ()):
-            block = model.model.layers[layer]
-            lin = getattr(block.self_attn if hasattr(block.self_attn, target) else block.mlp, target)
-            lin.lora_a.weight.copy_(a)
-            lin.lora_b.weight.copy_(b)
+    if envelope is None:
+        envelope = adapter_envelope(adapter) if adapter is not None else Envelope((), 1)
+    model = LlamaLoRA(foundation.args, envelope.slots)
+    missing, unexpected = model.load_state_dict(foundation.tensors, strict=False, assign=True)
+    if foundation.args.tie_embeddings:  # assign replaced the embedding: tie the output projection to it again
+        model.lm_head.weight = model.model.embed_tokens.weight
+        missing = [n for n in missing if n != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"foundation tensors do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.requires_grad_(False)
+    model.bind(tuple(envelope.inputs(adapter, foundation.args)))
     if quantized and foundation.quantize is not None:
         quantize_foundation_(model, foundation.quantize)
     return model.eval()

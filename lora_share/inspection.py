@@ -124,6 +124,12 @@ def render(r: dict) -> str:
             f"needs foundation {a['foundation_fingerprint']}" if a else "none (not built by lora-share)"))
         if a and a["source_hashes"]:
             out += [f"    {name}: sha256 {sha}" for name, sha in a["source_hashes"].items()]
+        if a and a["program_sha256"]:
+            targets = sorted({t for _, t in a["envelope"]}, key=lambda t: [x for _, x in a["envelope"]].index(t))
+            layers = len({layer for layer, _ in a["envelope"]})
+            out.append(f"  program {a['program_sha256'][:16]}: LoRA envelope {', '.join(targets)} on {layers} layer(s), "
+                       f"ranks 1..{a['envelope_max_rank']} ({len(a['envelope'])} slots); this adapter has "
+                       f"{len(a['lora'])} of them")
         out.append(f"  seal: {r['seal']}" + (f" (size {a['content_bytes']:,}, CRC-32 {a['content_crc32']:08x})"
                                              if r["seal"] == "sealed" else ""))
         ids = sorted({d["id"] for d in r["delegates"]})
@@ -144,7 +150,7 @@ def render(r: dict) -> str:
         out.append(f"  {_short(e['key']):<48} {e['size']:>10,} {e['segment']:>4} {e['start']:>10}  {shape}")
     if r["kind"] == "pte":
         c = r["constant_tensors"]
-        out.append(f"  constant tensors (LoRA weights among them): {len(c)} buffers, "
+        out.append(f"  constant tensors: {len(c)} buffers, "
                    f"{sum(t['size'] for t in c):,} bytes")
         out.append(f"  needs from a .ptd: {len(r['needs'])} keys ({len(r['external_tensors'])} tensors, "
                    f"{len(r['needs']) - len({t['key'] for t in r['external_tensors']})} delegate constants)")

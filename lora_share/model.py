@@ -5,8 +5,8 @@ a family turns on (biases, q/k norms, Gemma's norm offset, embedding scale and
 activation); families.py maps each Hugging Face ``model_type`` onto them.
 
 The module tree mirrors Hugging Face's ``LlamaForCausalLM`` so that foundation
-parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``)
-and LoRA parameters sit beside them (``...q_proj.lora_a.weight``). Only standard
+parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``).
+LoRA weights are not parameters: they are forward's inputs (below). Only standard
 ATen ops are used, so the exported program runs on the stand-alone ExecuTorch runtime.
 
 The KV cache belongs to the caller (the runner, ``lora-share run``, ``KVCache`` here), not to
@@ -22,12 +22,17 @@ the program its cache in place, without a copy, and attention reads exactly the 
 ``new_rows`` has one ``[n_kv_heads, T, head_dim]`` tensor per (layer, key or value): this call's
 keys or values for that group's slabs, head by head, which the caller writes at rows P + 1 .. P + T. ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
 prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement the caller's side.
+
+LoRA weights are inputs too, so one program serves every adapter of its envelope (envelope.py):
+after the slabs come two inputs per envelope slot (layer, linear), in the envelope's order,
+``A [r, in]`` and ``B [out, r]`` (the LoRA scale folded into B) with ``1 <= r <= max_rank``.
+An adapter without LoRA on a slot passes a zero rank-1 pair there (exactly nothing added).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -48,12 +53,6 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 # The MLP's activation by Hugging Face's name for it (``hidden_act``).
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
-
-
-def lora_param_name(layer: int, target: str, which: str) -> str:
-    """The dotted name of LoRA matrix ``which`` ('a' or 'b') of ``target`` in decoder layer ``layer``."""
-    block = "self_attn" if LORA_TARGETS.index(target) < 4 else "mlp"
-    return f"model.layers.{layer}.{block}.{target}.lora_{which}.weight"
 
 
 @dataclass(frozen=True)
@@ -114,13 +113,6 @@ class ModelArgs:
         return self.o_bias if target == "o_proj" else self.mlp_bias
 
 
-@dataclass(frozen=True)
-class LoraSpec:
-    """Where LoRA goes: ``ranks[(layer, target)] = r``. Scale is folded into B."""
-
-    ranks: Mapping[tuple[int, str], int] = field(default_factory=dict)
-
-
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     """Inverse RoPE frequencies as Hugging Face computes them (incl. llama3 scaling)."""
     hd = args.hd
@@ -164,28 +156,21 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """A linear with optional LoRA: ``x W^T (+ bias) + (x A^T) B^T`` (scale folded into B).
+    """A foundation linear, with LoRA when the call passes it: ``x W^T (+ bias) + (x A^T) B^T``.
 
-    An ``nn.Linear`` (weight named ``weight``, as Hugging Face names it) so that
-    torchao's ``quantize_`` can replace the foundation weight with a quantized
-    tensor; ``lora_a``/``lora_b`` are child linears that stay float. Bias-free
+    An ``nn.Linear`` (weight named ``weight``, as Hugging Face names it) so that torchao's
+    ``quantize_`` can replace the weight with a quantized tensor. A and B are forward inputs
+    (module docstring), never parameters: they stay float, whatever the foundation is. Bias-free
     unless ``bias`` (Qwen2's q/k/v, ``attention_bias``, ``mlp_bias``).
     """
-
-    def __init__(self, in_f: int, out_f: int, rank: int = 0, bias: bool = False):
-        super().__init__(in_f, out_f, bias=bias)
-        if rank:
-            self.lora_a = nn.Linear(in_f, rank, bias=False)
-            self.lora_b = nn.Linear(rank, out_f, bias=False)
-        self.rank = rank
 
     def reset_parameters(self) -> None:
         """No random init: every foundation weight is copied in from the checkpoint."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if self.rank:
-            y = y + self.lora_b(self.lora_a(x))
+        if lora is not None:
+            y = y + F.linear(F.linear(x, lora[0]), lora[1])
         return y
 
 
@@ -216,12 +201,12 @@ class Attention(nn.Module):
     position (README, "Measured").
     """
 
-    def __init__(self, args: ModelArgs, layer: int, lora: LoraSpec):
+    def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv, self.hd = args.n_heads, args.n_kv_heads, args.hd
         for t in ("q_proj", "k_proj", "v_proj", "o_proj"):
             out_f, in_f = args.linear_shape(t)
-            setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0), args.has_bias(t)))
+            setattr(self, t, Linear(in_f, out_f, args.has_bias(t)))
         self.qk_norm = args.qk_norm
         if args.qk_norm:  # Qwen3: each head's query and key RMS-normalised over head_dim before RoPE
             self.q_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
@@ -231,22 +216,22 @@ class Attention(nn.Module):
     def rope(self, x, cos, sin):
         return x * cos + F.linear(x, self.rotate_half) * sin
 
-    def forward(self, x, rope_q, rope_k, bias, keys, values):
+    def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
         """``rope_q``, ``rope_k``: (cos, sin) ``[T, 1, head_dim]`` for queries (already scaled by
         ``1 / sqrt(head_dim)``) and keys. ``keys``, ``values``: each key/value head's slab input,
         ``[P + 1, head_dim]``. ``bias`` ``[1, rep * T, P + 1 + T]`` is 0 where a query row may see a
-        slot, -inf where not. Returns the output and this call's keys and values,
-        ``[n_kv, T, head_dim]`` each."""
+        slot, -inf where not. ``lora``: this layer's (A, B) by linear name, for the linears the
+        envelope has. Returns the output and this call's keys and values, ``[n_kv, T, head_dim]`` each."""
         _, t, _ = x.shape
         n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
         past, rows = keys[0].shape[0], rep * t
         # permute_copy, not permute + reshape: the result is contiguous, so no extra copy node.
         permute = torch.ops.aten.permute_copy.default
-        q = self.q_proj(x).view(1, t, self.n_heads, hd)
+        q = self.q_proj(x, lora.get("q_proj")).view(1, t, self.n_heads, hd)
         q = self.rope(self.q_norm(q) if self.qk_norm else q, *rope_q)
-        k = self.k_proj(x).view(1, t, n_kv, hd)
+        k = self.k_proj(x, lora.get("k_proj")).view(1, t, n_kv, hd)
         k = permute(self.rope(self.k_norm(k) if self.qk_norm else k, *rope_k).view(t, n_kv, hd), [1, 0, 2])
-        v = permute(self.v_proj(x).view(t, n_kv, hd), [1, 0, 2])
+        v = permute(self.v_proj(x, lora.get("v_proj")).view(t, n_kv, hd), [1, 0, 2])
         # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
         # rows of ``bias``.
         q_rows = permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd)
@@ -257,40 +242,49 @@ class Attention(nn.Module):
         out = torch.bmm(p_new, v) + torch.cat(
             [torch.bmm(p_past[h:h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0)
         out = permute(out.view(n_kv, rep, t, hd), [2, 0, 1, 3]).view(1, t, self.n_heads * hd)
-        return self.o_proj(out), k, v
+        return self.o_proj(out, lora.get("o_proj")), k, v
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int, lora: LoraSpec):
+    def __init__(self, args: ModelArgs):
         super().__init__()
         for t in ("gate_proj", "up_proj", "down_proj"):
             out_f, in_f = args.linear_shape(t)
-            setattr(self, t, Linear(in_f, out_f, lora.ranks.get((layer, t), 0), args.has_bias(t)))
+            setattr(self, t, Linear(in_f, out_f, args.has_bias(t)))
         self.act = ACTIVATIONS[args.activation]
 
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, lora):
+        gate, up = self.gate_proj(x, lora.get("gate_proj")), self.up_proj(x, lora.get("up_proj"))
+        return self.down_proj(self.act(gate) * up, lora.get("down_proj"))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int, lora: LoraSpec):
+    def __init__(self, args: ModelArgs):
         super().__init__()
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
-        self.self_attn = Attention(args, layer, lora)
+        self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
-        self.mlp = MLP(args, layer, lora)
+        self.mlp = MLP(args)
 
-    def forward(self, x, rope_q, rope_k, bias, keys, values):
-        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values)
+    def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
+        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values, lora)
         h = x + a
-        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+        return h + self.mlp(self.post_attention_layernorm(h), lora), k, v
+
+
+class Embedding(nn.Embedding):
+    """An ``nn.Embedding`` without random init: the table is the checkpoint's (eager.eager_model assigns
+    it), so the untouched allocation costs no memory until then."""
+
+    def reset_parameters(self) -> None:
+        """No random init."""
 
 
 class Backbone(nn.Module):
-    def __init__(self, args: ModelArgs, lora: LoraSpec):
+    def __init__(self, args: ModelArgs):
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(DecoderLayer(args, i, lora) for i in range(args.n_layers))
+        self.embed_tokens = Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
 
 
@@ -325,19 +319,22 @@ class KVCache:
         self.rows.zero_()
 
 
-def forward_inputs(tokens, pos: int, cache: KVCache) -> tuple[torch.Tensor, ...]:
-    """``forward``'s inputs for ``tokens`` (ids) fed at positions ``pos``, ``pos + 1``, ..."""
-    return (torch.tensor([list(tokens)], dtype=torch.int64), *cache.prefixes(pos))
+def forward_inputs(tokens, pos: int, cache: KVCache, lora=()) -> tuple[torch.Tensor, ...]:
+    """``forward``'s inputs for ``tokens`` (ids) fed at positions ``pos``, ``pos + 1``, ..., with the
+    LoRA inputs ``lora`` (``envelope.Envelope.inputs``: A, B per slot)."""
+    return (torch.tensor([list(tokens)], dtype=torch.int64), *cache.prefixes(pos), *lora)
 
 
 class LlamaLoRA(nn.Module):
-    """Llama decoder; LoRA where ``lora`` says. See module docstring."""
+    """Llama decoder whose forward takes LoRA on ``lora_slots`` ((layer, linear) pairs, in input
+    order) as inputs. See module docstring. ``step`` runs it eagerly with the inputs ``bind`` set."""
 
-    def __init__(self, args: ModelArgs, lora: LoraSpec | None = None):
+    def __init__(self, args: ModelArgs, lora_slots=()):
         super().__init__()
         self.args = args
-        self.model = Backbone(args, lora or LoraSpec())
-        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.lora_slots = tuple(lora_slots)
+        self.model = Backbone(args)
+        self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         freqs = torch.outer(torch.arange(args.max_seq_len).float(), rope_inv_freq(args))
@@ -345,8 +342,13 @@ class LlamaLoRA(nn.Module):
         self.register_buffer("rope_cos", emb.cos(), persistent=False)
         self.register_buffer("rope_sin", emb.sin(), persistent=False)
         self._cache: KVCache | None = None
+        self._lora: tuple[torch.Tensor, ...] = ()
 
-    def forward(self, tokens: torch.Tensor, *slabs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, tokens: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        slabs, lora = inputs[:n_slabs(self.args)], inputs[n_slabs(self.args):]
+        per_layer: list[dict] = [{} for _ in self.model.layers]
+        for i, (layer, target) in enumerate(self.lora_slots):
+            per_layer[layer][target] = (lora[2 * i], lora[2 * i + 1])
         t, past = tokens.shape[1], slabs[0].shape[0]
         positions = torch.arange(t) + (past - 1)
         # [t, 1, hd]: one rotation per position, for every head; the queries' tables carry the
@@ -367,17 +369,25 @@ class LlamaLoRA(nn.Module):
         n_kv, new_rows = self.args.n_kv_heads, []
         for i, layer in enumerate(self.model.layers):
             mine = slabs[2 * n_kv * i:2 * n_kv * (i + 1)]
-            h, k, v = layer(h, rope_q, rope_k, bias, mine[:n_kv], mine[n_kv:])
+            h, k, v = layer(h, rope_q, rope_k, bias, mine[:n_kv], mine[n_kv:], per_layer[i])
             new_rows += [k, v]
         h = self.model.norm(h[:, -1, :])
         return (self.lm_head(h), *new_rows)
 
+    def bind(self, lora: tuple[torch.Tensor, ...]) -> "LlamaLoRA":
+        """Use these LoRA inputs (two per slot, ``envelope.Envelope.inputs``) in ``step``."""
+        if len(lora) != 2 * len(self.lora_slots):
+            raise ValueError(f"{len(lora)} LoRA inputs for {len(self.lora_slots)} slots")
+        self._lora = tuple(lora)
+        return self
+
     def step(self, tokens, pos: int) -> torch.Tensor:
         """Eager: feed ``tokens`` (ids) at positions ``pos``.. through the model's own KV cache
-        (the export contract, run in PyTorch); the logits ``[vocab]`` after the last one."""
+        and the bound LoRA inputs (the export contract, run in PyTorch); the logits ``[vocab]``
+        after the last one."""
         if self._cache is None:
             self._cache = KVCache.for_model(self.args)
-        out = self(*forward_inputs(tokens, pos, self._cache))
+        out = self(*forward_inputs(tokens, pos, self._cache, self._lora))
         self._cache.write(pos, out[1:])
         return out[0].reshape(-1)
 

@@ -1,5 +1,9 @@
 """``lora-share run``: an adapter .pte against a foundation .ptd (and, for adapters built with
-shared tensors hoisted, adapters_shared.ptd) through ExecuTorch's Python runtime."""
+shared tensors hoisted, adapters_shared.ptd) through ExecuTorch's Python runtime.
+
+The program's external weights resolve against foundation.ptd; its LoRA inputs are the
+adapter's tensors, read from the .pte's named data (or adapters_shared.ptd) by the keys its
+record names, with a zero rank-1 pair for each envelope slot the adapter leaves alone."""
 
 from __future__ import annotations
 
@@ -65,17 +69,12 @@ class LoadedAdapter:
         import torch  # noqa: F401  (registers tensor types the runtime returns)
         from executorch.runtime import Runtime
 
-        from .shared_data import merged_ptd
-
         self.pte, self.ptd = _require_file(pte, "--pte"), _require_file(ptd, "--ptd")
-        files = f"{self.ptd}" + (f" and {shared_ptd}" if shared_ptd else "")
-        # ExecuTorch's Python runtime takes one data file: give it both files' entries in one
-        # (a temporary file, unlinked once loaded; the loaded program keeps what it needs).
-        data = merged_ptd([self.ptd, _require_file(shared_ptd, "--shared-ptd")]) if shared_ptd else self.ptd
+        shared = _require_file(shared_ptd, "--shared-ptd") if shared_ptd else None
         t0 = time.perf_counter()
         with _native_stderr() as log:
             try:
-                program = Runtime.get().load_program(str(self.pte), data_path=str(data))
+                program = Runtime.get().load_program(str(self.pte), data_path=str(self.ptd))
                 self.forward = program.load_method("forward")
                 self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
                 self.vocab_size = int(program.load_method("get_vocab_size").execute([])[0])
@@ -83,21 +82,20 @@ class LoadedAdapter:
                     raise UserError(f"{self.pte}: built by an older lora-share (its forward takes input_pos, "
                                     "not cache_positions): rebuild it with this version")
                 self.prefill_chunk = int(program.load_method("get_prefill_chunk").execute([])[0])
-                self.cache = _runtime_cache(program.metadata("forward"), self.max_seq_len, self.pte)
+                meta = program.metadata("forward")
                 failure = None
             except RuntimeError as e:
                 failure = e
-            finally:
-                if data != self.ptd:
-                    data.unlink()
         if failure is not None:
-            raise UserError(f"could not load {self.pte} with {files}: {_explain(failure, log.lines())}")
+            raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
+        self.lora = lora_inputs(self.pte, shared, meta)
+        self.cache = _runtime_cache(meta, len(self.lora), self.max_seq_len, self.pte)
         self.load_s = time.perf_counter() - t0
 
     def step(self, tokens: list[int], pos: int) -> np.ndarray:
         from .model import forward_inputs
 
-        out = self.forward.execute(list(forward_inputs(tokens, pos, self.cache)))
+        out = self.forward.execute(list(forward_inputs(tokens, pos, self.cache, self.lora)))
         self.cache.write(pos, out[1:])
         return out[0].reshape(-1).numpy().astype(np.float32)
 
@@ -105,11 +103,61 @@ class LoadedAdapter:
 _ET_FLOAT = 6  # ExecuTorch's ScalarType::Float, as a method's tensor metadata reports dtypes
 
 
-def _runtime_cache(meta, max_seq_len: int, pte: Path):
-    """The KV cache forward reads in place (model.py): one slab per input after the tokens."""
+def lora_inputs(pte: Path, shared_ptd: Path | None, meta) -> list:
+    """forward's LoRA inputs for the adapter in ``pte``: A, B per envelope slot of its record, read
+    from its named data (or ``shared_ptd``) by key; a zero rank-1 pair where it has no LoRA.
+    ``meta`` is forward's method metadata: the envelope's inputs are its last ones."""
+    import torch
+
+    from .adapter_pte import read_record
+    from .formats import read_ptd, read_pte
+
+    data = Path(pte).read_bytes()
+    record = read_record(data, str(pte))
+    if record.program_sha256 == "":
+        raise UserError(f"{pte}: built by an older lora-share (its LoRA weights are constants of the program, "
+                        "not its inputs): rebuild it with this version")
+    n, first = len(record.envelope), meta.num_inputs() - 2 * len(record.envelope)
+    if first < 2:
+        raise UserError(f"{pte}: its record names {n} LoRA slots, but forward takes {meta.num_inputs()} inputs")
+    own, files = read_pte(data, str(pte)), [read_ptd(shared_ptd)] if shared_ptd else []
+
+    def tensor(key: str, rows: int, cols: int, what: str):
+        holder = own if key in own else next((f for f in files if key in f), None)
+        if holder is None:
+            hint = "" if files else "; it reads tensors shared with other adapters: give the build's adapters_shared.ptd"
+            raise UserError(f"{pte}: no data for the {what} (key {key[:16]}...){hint}")
+        raw = holder.data(key)
+        if len(raw) != rows * cols * 4:
+            raise UserError(f"{holder.what}: {key[:16]}... is {len(raw)} bytes, but {pte}'s {what} is "
+                            f"[{rows}, {cols}] float32: the file is damaged")
+        return torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(rows, cols)
+
+    shapes = []
+    for i in range(n):
+        a, b = meta.input_tensor_meta(first + 2 * i).sizes(), meta.input_tensor_meta(first + 2 * i + 1).sizes()
+        shapes.append((b[0], a[1], a[0]))  # out, in, the program's largest rank
+    out = []
+    by_slot = {e.slot: e for e in record.lora}
+    for i, (out_f, in_f, max_rank) in enumerate(shapes):
+        e = by_slot.get(i)
+        if e is None:
+            out += [torch.zeros(1, in_f), torch.zeros(out_f, 1)]
+            continue
+        layer, target = record.envelope[i]
+        if not 1 <= e.rank <= max_rank:
+            raise UserError(f"{pte}: rank {e.rank} on {target} of layer {layer}, but its program takes 1..{max_rank}")
+        out += [tensor(e.a, e.rank, in_f, f"LoRA A of {target} in layer {layer}"),
+                tensor(e.b, out_f, e.rank, f"LoRA B of {target} in layer {layer}")]
+    return out
+
+
+def _runtime_cache(meta, n_lora: int, max_seq_len: int, pte: Path):
+    """The KV cache forward reads in place (model.py): one slab per input between the tokens and
+    the LoRA inputs."""
     from .model import KVCache
 
-    slabs = meta.num_inputs() - 1
+    slabs = meta.num_inputs() - 1 - n_lora
     first = meta.input_tensor_meta(1) if slabs > 0 else None
     if first is None or first.dtype() != _ET_FLOAT or len(first.sizes()) != 2:
         raise UserError(f"{pte}: built by an older lora-share (its forward takes cache positions, not the "

@@ -14,9 +14,11 @@ Both files are first read with the defensive readers (a malformed file is a
   program needs from a .ptd must be there, and external tensors must have the
   dtype and shape the program expects.
 
-An adapter built with shared tensors hoisted also reads keys from
-adapters_shared.ptd: given one, keys are looked up in both files, and its
-record must name the adapter's foundation too.
+The adapter's LoRA tensors are its program's inputs, named by its record
+(formats/meta.py): every key must be in the .pte's own named data or in
+adapters_shared.ptd, with the bytes its rank and its program's input sizes
+imply (fewer would be read past: unsafe), and the record's envelope must be
+the program's (its LoRA inputs, their number and largest sizes).
 """
 
 from __future__ import annotations
@@ -110,6 +112,11 @@ def check_pair(pte_path, ptd_path, shared_path=None) -> Pairing:
     if shared is not None:
         pairing.problems += _shared_problems(pairing.adapter, shared)
     pairing.missing = [k for k in pte.external_keys() if k not in data]
+    if a is not None:
+        lora_missing, lora_unsafe, lora_problems = _lora_problems(pte, a, shared)
+        pairing.missing += lora_missing
+        pairing.unsafe += lora_unsafe
+        pairing.problems += lora_unsafe + lora_problems
     if pairing.missing:
         shown = ", ".join(k[:16] + ("..." if len(k) > 16 else "") for k in pairing.missing[:3])
         more = f" and {len(pairing.missing) - 3} more" if len(pairing.missing) > 3 else ""
@@ -125,6 +132,34 @@ def check_pair(pte_path, ptd_path, shared_path=None) -> Pairing:
                 pairing.problems.append(f"{ptd.what} holds {t.key} as {_layout_text(have)}, but {pte.what} "
                                         f"expects {_layout_text(t.layout)}")
     return pairing
+
+
+def _lora_problems(pte: Pte, a: AdapterMeta, shared: Optional[Ptd]) -> tuple[list[str], list[str], list[str]]:
+    """(LoRA keys found nowhere, unsafe problems, other problems) of an adapter's LoRA inputs."""
+    if not a.program_sha256:
+        return [], [], [f"{pte.what} was built by an older lora-share (its LoRA weights are constants of its "
+                        "program, not inputs): rebuild it with this version"]
+    inputs = pte.inputs.get("forward", [])
+    n = len(a.envelope)
+    lora_inputs = inputs[len(inputs) - 2 * n:] if 0 < 2 * n < len(inputs) else []
+    if len(lora_inputs) != 2 * n or any(t is None or len(t.sizes) != 2 for t in lora_inputs):
+        return [], [f"{pte.what}: its record names {n} LoRA slots, which its program's {len(inputs)} inputs "
+                    "do not hold: the file is damaged"], []
+    missing, unsafe = [], []
+    for e in a.lora:
+        if e.slot >= n or not 1 <= e.rank <= a.envelope_max_rank:
+            unsafe.append(f"{pte.what}: its record has rank {e.rank} on envelope slot {e.slot} (of {n}, ranks "
+                          f"1..{a.envelope_max_rank}): the file is damaged")
+            continue
+        (_, in_f), (out_f, _) = lora_inputs[2 * e.slot].sizes, lora_inputs[2 * e.slot + 1].sizes
+        for key, size in ((e.a, e.rank * in_f * 4), (e.b, out_f * e.rank * 4)):
+            holder = pte if key in pte else (shared if shared is not None and key in shared else None)
+            if holder is None:
+                missing.append(key)
+            elif holder.entry(key).size < size:
+                unsafe.append(f"{holder.what} holds {holder.entry(key).size} bytes for LoRA tensor {key[:16]}..., but "
+                              f"{pte.what} reads {size}: the file is damaged")
+    return missing, unsafe, []
 
 
 def _shared_problems(adapter: Optional[AdapterMeta], shared: Ptd) -> list[str]:

@@ -4,10 +4,12 @@
 The foundation's record is stored in foundation.ptd under ``FOUNDATION_KEY``;
 an adapter's in its .pte under ``ADAPTER_KEY``; the shared adapter tensors'
 in adapters_shared.ptd under ``SHARED_KEY``. Encoded records are padded with
-zeros to a multiple of ``FOUNDATION_PAD`` / ``ADAPTER_PAD`` bytes, so an adapter
-record can be rewritten in place (e.g. by a tool that derives one adapter's .pte
-from another's) when the new one fits in the same size, as any record under
-1 KiB does.
+zeros to a multiple of ``FOUNDATION_PAD`` / ``ADAPTER_PAD`` / ``SHARED_PAD`` bytes.
+
+An adapter record also says which program its file carries (``program_sha256``), the
+program's LoRA envelope (its slots in input order and their largest rank) and, for each
+slot the adapter has, its rank and the keys of its A and B: the sha256 of their bytes, a
+named-data key of the .pte, or of adapters_shared.ptd for a tensor the build hoisted there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ FOUNDATION_KEY = "lora_share.foundation"
 ADAPTER_KEY = "lora_share.adapter"
 SHARED_KEY = "lora_share.shared"
 FILE_IDENTIFIER = b"LSM1"
-FORMAT_VERSION = 1
+# 2: adapter records carry the program's envelope and the adapter's LoRA tensor keys (adapters as data).
+FORMAT_VERSION = 2
 FOUNDATION_PAD = 256
 ADAPTER_PAD = 1024
 SHARED_PAD = 256
@@ -33,8 +36,10 @@ SHARED_PAD = 256
 _M_VERSION, _M_FOUNDATION, _M_ADAPTER, _M_SHARED = 0, 1, 2, 3
 _F_FINGERPRINT, _F_TENSORS, _F_PARAMS, _F_BYTES, _F_TIED = 0, 1, 2, 3, 4
 (_A_NAME, _A_FINGERPRINT, _A_RANK, _A_ALPHA, _A_TARGETS, _A_LAYERS, _A_RSLORA, _A_KIND, _A_SOURCE, _A_HASHES,
- _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC) = range(13)
+ _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC, _A_PROGRAM, _A_MAX_RANK, _A_ENVELOPE, _A_LORA) = range(17)
 _H_FILE, _H_SHA = 0, 1
+_E_LAYER, _E_TARGET = 0, 1
+_L_SLOT, _L_RANK, _L_A, _L_B = 0, 1, 2, 3
 _S_FINGERPRINT, _S_TENSORS, _S_BYTES = 0, 1, 2
 
 
@@ -47,6 +52,16 @@ class FoundationMeta:
     parameter_count: int
     tensor_bytes: int
     tied_embeddings: bool
+
+
+@dataclass
+class LoraTensors:
+    """One envelope slot of an adapter: its rank and the keys of A [rank, in] and B [out, rank]."""
+
+    slot: int
+    rank: int
+    a: str
+    b: str
 
 
 @dataclass
@@ -66,6 +81,10 @@ class AdapterMeta:
     lora_bytes: int = 0
     content_bytes: int = 0  # the seal (formats.seal): file size and CRC-32 of the rest of the file
     content_crc32: int = 0
+    program_sha256: str = ""  # the program this file carries (adapter_pte.Program.sha256)
+    envelope_max_rank: int = 0
+    envelope: list[tuple[int, str]] = field(default_factory=list)  # (layer, linear) per slot, in input order
+    lora: list[LoraTensors] = field(default_factory=list)  # the slots the adapter has, by envelope index
 
 
 @dataclass
@@ -131,13 +150,32 @@ def encode_adapter(m: AdapterMeta) -> bytes:
         b.PrependUOffsetTRelativeSlot(_H_SHA, s, 0)
         hashes.append(b.EndObject())
     hashes_vec = _strings(b, hashes)
+    envelope = []
+    for layer, target in m.envelope:
+        t = b.CreateString(target)
+        b.StartObject(2)
+        b.PrependUint32Slot(_E_LAYER, layer, 0)
+        b.PrependUOffsetTRelativeSlot(_E_TARGET, t, 0)
+        envelope.append(b.EndObject())
+    envelope_vec = _strings(b, envelope)
+    lora = []
+    for entry in m.lora:
+        a, b_key = b.CreateString(entry.a), b.CreateString(entry.b)
+        b.StartObject(4)
+        b.PrependUint32Slot(_L_SLOT, entry.slot, 0)
+        b.PrependUint32Slot(_L_RANK, entry.rank, 0)
+        b.PrependUOffsetTRelativeSlot(_L_A, a, 0)
+        b.PrependUOffsetTRelativeSlot(_L_B, b_key, 0)
+        lora.append(b.EndObject())
+    lora_vec = _strings(b, lora)
+    program = b.CreateString(m.program_sha256)
     targets = _strings(b, [b.CreateString(t) for t in m.targets])
     b.StartVector(4, len(m.layers), 4)
     for layer in reversed(m.layers):
         b.PrependUint32(layer)
     layers = b.EndVector()
     name, fp, kind, source = (b.CreateString(s) for s in (m.name, m.foundation_fingerprint, m.source_kind, m.source))
-    b.StartObject(13)
+    b.StartObject(17)
     b.PrependUOffsetTRelativeSlot(_A_NAME, name, 0)
     b.PrependUOffsetTRelativeSlot(_A_FINGERPRINT, fp, 0)
     b.PrependUint32Slot(_A_RANK, m.rank, 0)
@@ -151,6 +189,10 @@ def encode_adapter(m: AdapterMeta) -> bytes:
     b.PrependUint64Slot(_A_LORA_BYTES, m.lora_bytes, 0)
     b.PrependUint64Slot(_A_CONTENT_BYTES, m.content_bytes, 0)
     b.PrependUint32Slot(_A_CONTENT_CRC, m.content_crc32, 0)
+    b.PrependUOffsetTRelativeSlot(_A_PROGRAM, program, 0)
+    b.PrependUint32Slot(_A_MAX_RANK, m.envelope_max_rank, 0)
+    b.PrependUOffsetTRelativeSlot(_A_ENVELOPE, envelope_vec, 0)
+    b.PrependUOffsetTRelativeSlot(_A_LORA, lora_vec, 0)
     return _finish(b, _M_ADAPTER, b.EndObject(), ADAPTER_PAD)
 
 
@@ -185,7 +227,10 @@ def decode(data: bytes, what: str) -> Metadata:
         out.adapter = AdapterMeta(
             _text(a, _A_NAME), _text(a, _A_FINGERPRINT), a.u32(_A_RANK), a.f64(_A_ALPHA), a.strings(_A_TARGETS),
             a.scalars(_A_LAYERS, "I"), bool(a.u8(_A_RSLORA)), _text(a, _A_KIND), _text(a, _A_SOURCE), hashes,
-            a.u64(_A_LORA_BYTES), a.u64(_A_CONTENT_BYTES), a.u32(_A_CONTENT_CRC))
+            a.u64(_A_LORA_BYTES), a.u64(_A_CONTENT_BYTES), a.u32(_A_CONTENT_CRC), _text(a, _A_PROGRAM),
+            a.u32(_A_MAX_RANK), [(e.u32(_E_LAYER), _text(e, _E_TARGET)) for e in a.tables(_A_ENVELOPE, "EnvelopeSlot")],
+            [LoraTensors(t.u32(_L_SLOT), t.u32(_L_RANK), _text(t, _L_A), _text(t, _L_B))
+             for t in a.tables(_A_LORA, "LoraTensors")])
     s = root.table(_M_SHARED, "Shared")
     if s is not None:
         out.shared = SharedMeta(_text(s, _S_FINGERPRINT), s.u32(_S_TENSORS), s.u64(_S_BYTES))

@@ -40,7 +40,7 @@ XNNPACK_ID = "XnnpackBackend"
 
 # Slots (declaration order) in executorch/schema/program.fbs.
 _P_VERSION, _P_PLANS, _P_DELEGATE_DATA, _P_SEGMENTS, _P_CONSTANT_SEGMENT, _P_NAMED_DATA = 0, 1, 3, 4, 5, 7
-_PLAN_NAME, _PLAN_VALUES, _PLAN_DELEGATES = 0, 2, 7
+_PLAN_NAME, _PLAN_VALUES, _PLAN_INPUTS, _PLAN_DELEGATES = 0, 2, 3, 7
 _EVALUE_TYPE, _EVALUE_VAL = 0, 1
 _KERNEL_TYPE_TENSOR = 5
 _T_SCALAR_TYPE, _T_SIZES, _T_DIM_ORDER, _T_BUFFER, _T_EXTRA = 0, 2, 3, 5, 9
@@ -136,6 +136,7 @@ class Pte(KeyedEntries):
     constant_segment: Optional[int]
     blob: object = field(repr=False)
     constants: list[ConstantTensor] = field(default_factory=list)
+    inputs: dict[str, list[Optional[TensorLayout]]] = field(default_factory=dict)  # per method, None: not a tensor
 
     def __post_init__(self):
         self._index(self.named_data)
@@ -248,6 +249,19 @@ def _tensors(plan: Table):
             yield t
 
 
+def _inputs(plan: Table, plan_name: str, what: str) -> list[Optional[TensorLayout]]:
+    """The layout (upper-bound sizes) of each input of ``plan``; None for an input that is not a tensor."""
+    values = plan.tables(_PLAN_VALUES, "EValue")
+    out = []
+    for index in plan.scalars(_PLAN_INPUTS, "i"):
+        if not 0 <= index < len(values):
+            raise BadFlatbuffer(what, f"{plan_name}: an input points at value {index}, but there are {len(values)}")
+        v = values[index]
+        t = v.table(_EVALUE_VAL, "Tensor") if v.u8(_EVALUE_TYPE) == _KERNEL_TYPE_TENSOR else None
+        out.append(_layout(t) if t is not None else None)
+    return out
+
+
 def _layout(t: Table) -> TensorLayout:
     return TensorLayout(struct.unpack("<b", bytes([t.u8(_T_SCALAR_TYPE)]))[0],
                         tuple(t.scalars(_T_SIZES, "i")), tuple(t.scalars(_T_DIM_ORDER, "B")))
@@ -311,10 +325,11 @@ def read_pte(source, what: str | None = None) -> Pte:
     if const_index is not None and const_index >= len(segments):
         raise BadFlatbuffer(what, f"constant segment {const_index} does not exist ({len(segments)} segments)")
     offsets = const.scalars(_SUB_OFFSETS, "Q") if const_index is not None else []
-    plans, delegates, external, constants = [], [], [], []
+    plans, delegates, external, constants, inputs = [], [], [], [], {}
     for p in root.tables(_P_PLANS, "ExecutionPlan"):
         name = p.string(_PLAN_NAME) or ""
         plans.append(name)
+        inputs[name] = _inputs(p, name, what)
         delegates += _delegates(root, p, name, segments, blob, what)
         external += _external_tensors(p, name, what)
         if const_index is not None:
@@ -322,4 +337,4 @@ def read_pte(source, what: str | None = None) -> Pte:
     if not plans:
         raise BadFlatbuffer(what, "the program has no methods")
     return Pte(what, len(blob), header, version, plans, segments, named, delegates, external, const_index, blob,
-               constants)
+               constants, inputs)

@@ -1,0 +1,101 @@
+"""An adapter's .pte: the deployment's program plus the adapter's own LoRA tensors and record.
+
+The program is exported once per foundation and LoRA envelope (export.py, envelope.py); it
+holds no adapter's weights, because LoRA A and B are forward's inputs. An adapter's .pte is that
+program with the adapter's tensors as the program's own named data (ExecuTorch's PteDataMap),
+each under the sha256 of its bytes, and lora-share's adapter record (formats/meta.py), which
+says which program the file carries and which key feeds which input. Writing one is
+serialization with ExecuTorch's own .pte writer, a fraction of a second, never an export.
+
+Stock ExecuTorch runs such a file alone: the program loads as usual, and the caller feeds the
+LoRA inputs from the program's named data (the C++ runner's ``--stock``). lora-share's runtime
+recognises the same program across adapter files by ``program_sha256`` and loads it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+from .formats import read_pte
+from .formats.meta import ADAPTER_KEY, AdapterMeta, LoraTensors, encode_adapter
+from .formats.seal import seal_pte
+
+TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime reads in place
+
+
+class Program:
+    """A deployment's exported program without any adapter's data, ready to be written with any."""
+
+    def __init__(self, pte: bytes, what: str):
+        from executorch.exir._serialize._program import deserialize_pte_binary
+
+        self._file = deserialize_pte_binary(pte)
+        self._file.named_data = None
+        self.canonical = self._serialize(self._file)
+        self.sha256 = hashlib.sha256(self.canonical).hexdigest()
+        self.what = what
+
+    @staticmethod
+    def _serialize(pte_file) -> bytes:
+        from executorch.exir._serialize._program import serialize_pte_binary
+
+        return bytes(serialize_pte_binary(pte_file, extract_delegate_segments=True))
+
+    @classmethod
+    def from_adapter_file(cls, path: Path) -> "Program":
+        """The program an adapter .pte of this format carries, checked against its record."""
+        data = Path(path).read_bytes()
+        program = cls(data, str(path))
+        meta = read_record(data, str(path))
+        if meta.program_sha256 != program.sha256:
+            raise ValueError(f"{path}: its program does not hash to the {meta.program_sha256[:12]} its record names")
+        return program
+
+    def write(self, meta: AdapterMeta, tensors: dict[str, bytes]) -> bytes:
+        """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
+        named data (the keys its record names that are not in adapters_shared.ptd)."""
+        from executorch.exir._serialize._named_data_store import NamedDataStoreOutput
+        from executorch.exir._serialize._program import PTEFile
+        from executorch.exir._serialize.data_serializer import DataEntry
+
+        record = encode_adapter(dataclasses.replace(meta, program_sha256=self.sha256))
+        buffers = [record, *tensors.values()]
+        entries = {ADAPTER_KEY: DataEntry(0, 16, None)}
+        entries.update({key: DataEntry(i, TENSOR_ALIGNMENT, None) for i, key in enumerate(tensors, 1)})
+        named = NamedDataStoreOutput(buffers=buffers, pte_data=entries, external_data={})
+        out = self._serialize(PTEFile(program=self._file.program, mutable_data=self._file.mutable_data,
+                                      named_data=named))
+        return seal_pte(out)
+
+
+def read_record(data: bytes, what: str) -> AdapterMeta:
+    """The adapter record of a .pte's bytes (a FormatError if it has none or it is damaged)."""
+    from .formats.errors import BadFlatbuffer
+    from .verify import adapter_record
+
+    meta = adapter_record(read_pte(data, what))
+    if meta is None:
+        raise BadFlatbuffer(what, f"no lora-share adapter record ({ADAPTER_KEY})")
+    return meta
+
+
+def tensor_key(data: bytes) -> str:
+    """The key a LoRA tensor is stored under: the sha256 (hex) of its bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def lora_entries(adapter, envelope) -> tuple[list[LoraTensors], dict[str, bytes]]:
+    """The record's slot entries for ``adapter`` in ``envelope`` and its tensors by key (equal
+    tensors, such as Phi-3's A shared by q, k and v, are one key)."""
+    index = {slot: i for i, slot in enumerate(envelope.slots)}
+    entries, tensors = [], {}
+    for slot, (a, b) in sorted(adapter.weights.items(), key=lambda kv: index[kv[0]]):
+        keys = []
+        for t in (a, b):
+            raw = t.detach().contiguous().numpy().tobytes()
+            keys.append(tensor_key(raw))
+            tensors.setdefault(keys[-1], raw)
+        entries.append(LoraTensors(index[slot], int(a.shape[0]), keys[0], keys[1]))
+    return entries, tensors
