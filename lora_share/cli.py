@@ -192,7 +192,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of progress")
     b.set_defaults(func=_cmd_build)
 
-    a = sub.add_parser("add", help="add PEFT adapters to an existing build; foundation.ptd is left untouched",
+    a = sub.add_parser("add", help="add PEFT adapters to an existing build, as data for its program: no export, "
+                                     "foundation.ptd and the shipped adapters untouched",
                        epilog="examples:\n  lora-share add --to out/llama_adapters path/to/peft_adapter_dir\n"
                               "  lora-share add --to out/llama_adapters support_bot=path/to/peft_dir",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

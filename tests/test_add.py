@@ -1,131 +1,186 @@
-"""Adding adapters to an existing build, and the fast path that makes it take well under a second."""
+"""Adapters as data: one program per deployment's LoRA envelope, exported once; `lora-share add`
+writes any adapter inside it (any rank up to the envelope's, any subset of its linears, alpha,
+rslora, rank and alpha patterns, layer subsets) without an export, and each equals transformers +
+peft through both runners. An adapter outside the envelope is refused, naming the key to widen."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
+import yaml
 
 import lora_share
-from conftest import TINY_FOUNDATION, build_config, run_cli, write_config
-from hf_files import hf_config, write_peft_lora
-from lora_share.adapters import load_peft
-from lora_share.eager import eager_model
+from conftest import build_config, run_cli
+from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
+from lora_share.builder import read_manifest
 from lora_share.files import sha256_file
-from lora_share.foundation import synthetic_foundation
-from lora_share.config import SyntheticFoundation
-from test_exactness import eager_generation
 
-PROMPT, NEW = [5, 6, 7], 6
-QV4 = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-# The tiny foundation as a Hugging Face config, so PEFT files can be written for it.
-TINY_HF = hf_config(dim=64, layers=2, heads=4, kv_heads=2, hidden=128, vocab=256)
-
-
-@pytest.fixture(scope="module")
-def same_sig_build(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fast")
-    adapters = [
-        {"name": "s1", "synthetic": {**QV4, "seed": 11}},
-        {"name": "s2", "synthetic": {**QV4, "seed": 12}},
-        {"name": "s3", "synthetic": {**QV4, "alpha": 2, "seed": 13}},  # alpha is folded into B: same graph
-        {"name": "m", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["up_proj"], "seed": 14}},
-    ]
-    return build_config(write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, adapters))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+PROMPT, NEW = [3, 141, 59, 26, 5], 6
+BASE = hf_config(tied=True)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# What `lora-share add` gets: every way an adapter can sit inside an all-linear rank-8 envelope.
+ADDED = {
+    "rank1_q": dict(r=1, alpha=2, targets=["q_proj"], seed=21),
+    "all8_rslora": dict(r=8, alpha=4, targets=ALL, use_rslora=True, seed=22),
+    "patterns": dict(r=4, alpha=16, targets=["q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"],
+                     rank_pattern={"k_proj": 2, "model.layers.1.mlp.up_proj": 8}, alpha_pattern={"o_proj": 3}, seed=23),
+    "layer1_kd": dict(r=3, alpha=6, targets=["k_proj", "down_proj"], layers=[1], seed=24),
+}
 
 
-def _foundation():
-    return synthetic_foundation(SyntheticFoundation(**TINY_FOUNDATION), 32)
-
-
-def test_same_signature_is_substituted(same_sig_build):
-    how = {a["name"]: a["produced"] for a in same_sig_build.manifest["adapters"]}
-    assert how == {"s1": "exported", "s2": "substituted", "s3": "substituted", "m": "exported"}
-    sigs = {a["name"]: a["signature"] for a in same_sig_build.manifest["adapters"]}
-    assert sigs["s1"] == sigs["s2"] == sigs["s3"] != sigs["m"]
-
-
-def test_substituted_pte_equals_full_export(same_sig_build, tmp_path):
-    """The fast path is byte-identical to exporting the adapter on its own."""
-    alone = build_config(write_config(tmp_path, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32},
-                                      [{"name": "s2", "synthetic": {**QV4, "seed": 12}}]))
-    assert alone.manifest["adapters"][0]["produced"] == "exported"
-    assert alone.ptes["s2"].read_bytes() == same_sig_build.ptes["s2"].read_bytes()
-    assert alone.ptd.read_bytes() == same_sig_build.ptd.read_bytes()
+def write_deployment(root, envelope: dict | None, adapters: dict[str, dict]):
+    """A tiny Hugging Face llama, PEFT adapters for it and a config over both, under ``root``."""
+    base = write_hf_llama(root / "llama", BASE)
+    for name, spec in adapters.items():
+        write_peft_lora(root / name, BASE, **spec)
+    config = {"output_dir": "out", "foundation": {"checkpoint": "llama", "max_seq_len": 24, "prefill_chunk": 4},
+              "adapters": [{"name": n, "peft": n} for n in adapters]}
+    if envelope is not None:
+        config["lora_envelope"] = envelope
+    (root / "deploy.yaml").write_text(yaml.safe_dump(config))
+    return base, root / "deploy.yaml"
 
 
 @pytest.fixture(scope="module")
-def added(same_sig_build, tmp_path_factory):
-    """A copy of the build, then `lora-share add` with one same-signature and one new-signature PEFT adapter."""
-    root = tmp_path_factory.mktemp("add")
-    out = root / "out"
-    shutil.copytree(same_sig_build.out_dir, out)
+def deployment(tmp_path_factory):
+    """An all-linear rank-8 envelope built with one q/v adapter, then `lora-share add` of ADDED in one call."""
+    root = tmp_path_factory.mktemp("envelope")
+    base, config = write_deployment(root, {"targets": "all", "max_rank": 8},
+                                    {"first": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=20)})
+    build = build_config(config)
+    out = root / "added"
+    shutil.copytree(build.out_dir, out)
+    for name, spec in ADDED.items():
+        write_peft_lora(root / name, BASE, **spec)
     ptd = out / "foundation.ptd"
-    before = {"sha": sha256_file(ptd), "stat": os.stat(ptd), "ptes": {p.name: p.read_bytes() for p in out.glob("*.pte")}}
-    write_peft_lora(root / "fast_peft", TINY_HF, r=4, alpha=32, targets=["q_proj", "v_proj"], seed=21)
-    write_peft_lora(root / "new_peft", TINY_HF, r=3, alpha=6, targets=["k_proj", "down_proj"], seed=22)
-    r = run_cli("add", "--to", out, f"fast={root / 'fast_peft'}", root / "new_peft")
+    before = {"stat": os.stat(ptd), "first": (out / "first.pte").read_bytes()}
+    t0 = time.perf_counter()
+    r = run_cli("add", "--to", out, *[f"{n}={root / n}" for n in ADDED])
     assert r.returncode == 0, r.stderr
-    return root, out, before
+    return {"root": root, "base": base, "build": build, "out": out, "before": before,
+            "add_s": time.perf_counter() - t0, "manifest": read_manifest(out)}
 
 
-def test_add_leaves_foundation_untouched(added):
-    _, out, before = added
-    ptd = out / "foundation.ptd"
-    after = os.stat(ptd)
-    assert sha256_file(ptd) == before["sha"]
-    assert (after.st_mtime_ns, after.st_ino, after.st_size) == (
-        before["stat"].st_mtime_ns, before["stat"].st_ino, before["stat"].st_size)
-    for name, data in before["ptes"].items():
-        assert (out / name).read_bytes() == data
+def test_build_exports_the_program_once(deployment):
+    m = deployment["build"].manifest
+    assert m["program"]["produced"] == "exported"
+    assert m["program"]["envelope"] == {"targets": ALL, "layers": [0, 1], "max_rank": 8}
+    assert [a["produced"] for a in m["adapters"]] == ["written"]
 
 
-def test_add_records_and_runs_new_adapters(added):
-    root, out, _ = added
-    manifest = lora_share.builder.read_manifest(out) if hasattr(lora_share, "builder") else None
-    from lora_share.builder import read_manifest
-
-    manifest = read_manifest(out)
-    how = {a["name"]: a["produced"] for a in manifest["adapters"]}
-    assert how["fast"] == "substituted" and how["new_peft"] == "exported"
-    assert [a["name"] for a in manifest["adapters"]] == ["s1", "s2", "s3", "m", "fast", "new_peft"]
-    foundation = _foundation()
-    for name, folder in (("fast", root / "fast_peft"), ("new_peft", root / "new_peft")):
-        entry = next(a for a in manifest["adapters"] if a["name"] == name)
-        assert entry["sha256"] == sha256_file(out / entry["file"])
-        got = lora_share.run(out / entry["file"], out / "foundation.ptd", PROMPT, NEW)
-        want = eager_generation(eager_model(foundation, load_peft(name, folder, foundation.args)), PROMPT, NEW)
-        assert np.abs(got.logits - want.logits).max() <= 1e-4
-        assert got.tokens == want.tokens
-
-
-@pytest.mark.parametrize("name", ["s2", "s3"])
-def test_substituted_adapters_match_eager(same_sig_build, name):
-    cfg = lora_share.validate(same_sig_build.config)
-    foundation = _foundation()
-    from lora_share.adapters import load_adapter
-
-    acfg = next(a for a in cfg.adapters if a.name == name)
-    want = eager_generation(eager_model(foundation, load_adapter(acfg, foundation.args)), PROMPT, NEW)
-    got = lora_share.run(same_sig_build.ptes[name], same_sig_build.ptd, PROMPT, NEW)
-    assert np.abs(got.logits - want.logits).max() <= 1e-4 and got.tokens == want.tokens
+def test_add_writes_data_and_exports_nothing(deployment):
+    m, out = deployment["manifest"], deployment["out"]
+    assert m["program"]["produced"] == "reused"
+    assert m["program"]["sha256"] == deployment["build"].manifest["program"]["sha256"]
+    assert {a["name"]: a["produced"] for a in m["adapters"]} == {"first": "written", **{n: "written" for n in ADDED}}
+    # foundation.ptd and the shipped adapter are the same files, untouched.
+    after = os.stat(out / "foundation.ptd")
+    assert (after.st_ino, after.st_mtime_ns) == (deployment["before"]["stat"].st_ino,
+                                                 deployment["before"]["stat"].st_mtime_ns)
+    assert (out / "first.pte").read_bytes() == deployment["before"]["first"]
+    for a in m["adapters"]:
+        assert a["sha256"] == sha256_file(out / a["file"])
+    # Each new .pte holds its own LoRA bytes plus the shared program: far less than one export's output.
+    program_bytes = (out / "first.pte").stat().st_size - m["adapters"][0]["lora_bytes"]
+    for a in m["adapters"][1:]:
+        assert a["size"] <= program_bytes + a["lora_bytes"] + 64 * 1024
 
 
-def test_add_refuses_an_adapter_that_does_not_fit(added):
-    root, out, _ = added
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    write_peft_lora(root / "wide", hf_config(dim=96, heads=4, kv_heads=2), r=2, alpha=4, targets=["q_proj"])
-    r = run_cli("add", "--to", out, root / "wide")
+@pytest.mark.parametrize("name", ["first", *ADDED])
+def test_added_adapter_matches_transformers_peft(deployment, name):
+    out = deployment["out"]
+    got = lora_share.run(out / f"{name}.pte", out / "foundation.ptd", PROMPT, NEW)
+    ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + got.tokens[:-1])[len(PROMPT) - 1:]
+    assert np.abs(got.logits - ref.numpy()).max() <= 1e-4
+    assert got.tokens == [int(i) for i in ref.argmax(-1)]
+
+
+def test_added_adapters_in_one_runner_match_transformers_peft(deployment, runner_bin, tmp_path):
+    """build/runner with every adapter loaded in one process (one program), each answering in turn."""
+    from test_families import runner_generate
+
+    out = deployment["out"]
+    ptes = [out / f"{n}.pte" for n in ["first", *ADDED]]
+    for name in ["first", *ADDED]:
+        tokens, logits = runner_generate(runner_bin, ptes, out / "foundation.ptd", name, tmp_path / f"{name}.npy",
+                                         "--max-new-tokens", str(NEW))
+        ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + tokens[:-1])[len(PROMPT) - 1:]
+        assert tokens == [int(i) for i in ref.argmax(-1)], name
+        assert np.abs(logits[:len(tokens)] - ref.numpy()).max() <= 1e-4, name
+
+
+def test_rebuild_reuses_program_and_files(deployment, tmp_path):
+    """A second build of an unchanged config keeps foundation.ptd, the program and every .pte."""
+    build = deployment["build"]
+    inodes = {p.name: p.stat().st_ino for p in build.out_dir.glob("*.pt[ed]")}
+    again = lora_share.build(build.config, quiet=True)
+    assert again["program"]["produced"] == "reused"
+    assert [a["produced"] for a in again["adapters"]] == ["reused"]
+    assert {p.name: p.stat().st_ino for p in build.out_dir.glob("*.pt[ed]")} == inodes
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory):
+    """A deployment whose envelope is exactly q/v at rank 4."""
+    root = tmp_path_factory.mktemp("narrow")
+    _, config = write_deployment(root, None, {"qv": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=30)})
+    return root, build_config(config)
+
+
+@pytest.mark.parametrize("spec,key", [
+    (dict(r=8, alpha=8, targets=["q_proj"], seed=31), "lora_envelope.max_rank is 4"),
+    (dict(r=2, alpha=8, targets=["k_proj"], seed=32), "lora_envelope.targets is [q_proj, v_proj]"),
+])
+def test_add_outside_the_envelope_is_refused_by_key(narrow, spec, key):
+    root, build = narrow
+    write_peft_lora(root / "wide", BASE, **spec)
+    before = {p.name: p.read_bytes() for p in build.out_dir.iterdir() if p.is_file()}
+    r = run_cli("add", "--to", build.out_dir, root / "wide")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "outside the deployment's LoRA envelope" in r.stderr and key in r.stderr
+    assert f"widen lora_envelope in {build.config}" in r.stderr
+    assert {p.name: p.read_bytes() for p in build.out_dir.iterdir() if p.is_file()} == before
+
+
+def test_build_refuses_an_adapter_outside_its_explicit_envelope(tmp_path):
+    _, config = write_deployment(tmp_path, {"targets": ["q_proj"], "max_rank": 2},
+                                 {"big": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=33)})
+    r = run_cli("build", config)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "adapter big: outside the deployment's LoRA envelope" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_envelope_keys_are_validated(tmp_path):
+    _, config = write_deployment(tmp_path, {"targets": ["q_prj"], "max_rank": 0, "layers": [5]},
+                                 {"a": dict(r=2, alpha=4, targets=["q_proj"], seed=34)})
+    with pytest.raises(lora_share.errors.ConfigErrors) as e:
+        lora_share.validate(config)
+    problems = "\n".join(e.value.problems)
+    assert "lora_envelope.targets[0]: 'q_prj' is not one of" in problems and "did you mean 'q_proj'" in problems
+    assert "lora_envelope.max_rank: must be at least 1, got 0" in problems
+
+
+def test_add_refuses_a_taken_name_and_a_missing_build(deployment, tmp_path):
+    root, out = deployment["root"], deployment["out"]
+    r = run_cli("add", "--to", out, f"first={root / 'rank1_q'}")
+    assert r.returncode == 2 and "already has an adapter named 'first'" in r.stderr
+    r = run_cli("add", "--to", tmp_path, root / "rank1_q")
+    assert r.returncode == 2 and "manifest.json: missing" in r.stderr
+
+
+def test_add_refuses_an_adapter_for_another_model(deployment):
+    root, out = deployment["root"], deployment["out"]
+    write_peft_lora(root / "other", hf_config(dim=96, heads=4, kv_heads=2), r=2, alpha=4, targets=["q_proj"])
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = run_cli("add", "--to", out, root / "other")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "do not fit the foundation" in r.stderr
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-
-
-def test_add_refuses_a_taken_name_and_a_missing_build(added, tmp_path):
-    root, out, _ = added
-    r = run_cli("add", "--to", out, f"s1={root / 'fast_peft'}")
-    assert r.returncode == 2 and "already has an adapter named 's1'" in r.stderr
-    r = run_cli("add", "--to", tmp_path, root / "fast_peft")
-    assert r.returncode == 2 and "manifest.json: missing" in r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert json.loads((out / "manifest.json").read_text()) == deployment["manifest"]
