@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .envelope import Envelope
+from .export_memory import sharing_weights
 from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, n_slabs
 from .quantize import is_quantized
 
@@ -124,26 +125,28 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], dynamic[1:]), strict=False)
-        edge = to_edge_transform_and_lower(
-            ep,
-            transform_passes=[_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else None,
-            partitioner=[_partitioner()],
-            # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
-            compile_config=EdgeCompileConfig(_check_ir_validity=False),
-            constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size,
-                              "get_prefill_chunk": args.chunk},
-        )
-        for key, data in (named_data or {}).items():
-            edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=FOUNDATION_TAG)
-        program = edge.to_executorch(
-            # alloc_graph_input=False: inputs get no planned memory, so the runtime hands forward
-            # its KV cache and LoRA weights where they lie instead of copying them in on every call.
-            ExecutorchBackendConfig(external_constants=_foundation_tag if external else False,
-                                    do_quant_fusion_and_const_prop=fuse_quant,
-                                    memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
-        workdir.mkdir(parents=True, exist_ok=True)
-        program.write_tensor_data_to_file(str(workdir))
-        pte = program.buffer
+        weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
+        with sharing_weights(weights):
+            edge = to_edge_transform_and_lower(
+                ep,
+                transform_passes=[_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else None,
+                partitioner=[_partitioner()],
+                # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
+                compile_config=EdgeCompileConfig(_check_ir_validity=False),
+                constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size,
+                                  "get_prefill_chunk": args.chunk},
+            )
+            for key, data in (named_data or {}).items():
+                edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=FOUNDATION_TAG)
+            program = edge.to_executorch(
+                # alloc_graph_input=False: inputs get no planned memory, so the runtime hands forward
+                # its KV cache and LoRA weights where they lie instead of copying them in on every call.
+                ExecutorchBackendConfig(external_constants=_foundation_tag if external else False,
+                                        do_quant_fusion_and_const_prop=fuse_quant,
+                                        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
+            workdir.mkdir(parents=True, exist_ok=True)
+            program.write_tensor_data_to_file(str(workdir))
+            pte = program.buffer
     written = sorted(p.name for p in workdir.iterdir())
     expected = [f"{FOUNDATION_TAG}.ptd"] if external else []
     if written != expected:

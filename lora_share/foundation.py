@@ -67,12 +67,11 @@ def synthetic_foundation(s: SyntheticFoundation, max_seq_len: int) -> Foundation
     gen = torch.Generator().manual_seed(s.seed)
     tensors = {}
     for name, shape in sorted(expected_shapes(args).items()):
+        t = torch.randn(shape, generator=gen)  # scaled in place: no second tensor of its size
         if name.endswith("norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        elif name == "model.embed_tokens.weight":
-            t = torch.randn(shape, generator=gen)
-        else:
-            t = torch.randn(shape, generator=gen) / shape[1] ** 0.5
+            t.mul_(0.1).add_(1.0)
+        elif name != "model.embed_tokens.weight":
+            t.div_(shape[1] ** 0.5)
         tensors[name] = t
     return Foundation(args, tensors, {"kind": "synthetic", **asdict(s)})
 

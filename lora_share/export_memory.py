@@ -1,0 +1,86 @@
+"""Keep an export's peak memory near one copy of the foundation.
+
+Lowering with ExecuTorch 1.5.1 (the version pinned in pyproject.toml) copies every foundation
+weight twice more than it needs to, which put a 1B-parameter build past 24 GB:
+
+- ``to_edge_transform_and_lower`` deep-copies the exported program, state dict included, before
+  its first passes; the original stays alive in the caller for the whole lowering;
+- XNNPACK's serializer hands each weight's bytes to the named-data store as a ``bytes`` copy, and
+  the store keeps it until the .ptd is written.
+
+``sharing_weights`` undoes both for the tensors it is given, for the length of the lowering:
+a deep copy of one of them is the tensor itself (the passes that follow build new tensors, they
+do not write into constants), and a named-data entry whose bytes equal one of them is stored as a
+view of that tensor's memory instead of a copy (``TensorBytes``: the store takes ``bytes`` or its
+own file-backed buffers, which is what the view presents itself as).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import torch
+
+
+def _tensor_bytes_class():
+    from executorch.exir._serialize._cord import FileBackedData
+
+    class TensorBytes(FileBackedData):
+        """A tensor's bytes for the named-data store, read from the tensor's memory when written:
+        no copy is held (FileBackedData's interface, with the tensor in place of a file)."""
+
+        def __init__(self, view: memoryview, sha256: bytes):
+            self._view, self._size, self._sha256, self._finalizer = view, len(view), sha256, None
+
+        def prefix(self, size: int) -> bytes:
+            return bytes(self._view[:size])
+
+        def to_bytes(self) -> bytes:
+            return bytes(self._view)
+
+        def write_to_file(self, outfile) -> None:
+            outfile.write(self._view)
+
+    return TensorBytes
+
+
+@contextlib.contextmanager
+def sharing_weights(tensors):
+    """Within the block, ExecuTorch's lowering shares ``tensors`` (plain CPU tensors) instead of copying them."""
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    tensor_bytes = _tensor_bytes_class()
+    tensors = [t for t in tensors if type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_contiguous()]
+    ids = {id(t) for t in tensors}
+    by_digest = {}
+    for t in tensors:
+        raw = t.detach().view(torch.uint8).numpy().reshape(-1) if t.numel() else None
+        if raw is not None:
+            digest = hashlib.sha256(raw)
+            by_digest.setdefault(digest.hexdigest(), (memoryview(raw).toreadonly(), digest.digest()))
+    tensor_deepcopy, parameter_deepcopy = torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__
+    add_named_data = NamedDataStore.add_named_data
+
+    def shared(original):
+        def deepcopy(self, memo):
+            if id(self) in ids:
+                memo[id(self)] = self
+                return self
+            return original(self, memo)
+        return deepcopy
+
+    def add_shared(self, key, data, *args, **kwargs):
+        found = by_digest.get(key)
+        if found is not None and isinstance(data, bytes) and len(data) == len(found[0]):
+            data = tensor_bytes(*found)  # XNNPACK names a weight by the sha256 of its bytes: the same bytes
+        return add_named_data(self, key, data, *args, **kwargs)
+
+    torch.Tensor.__deepcopy__ = shared(tensor_deepcopy)
+    torch.nn.Parameter.__deepcopy__ = shared(parameter_deepcopy)
+    NamedDataStore.add_named_data = add_shared
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = tensor_deepcopy, parameter_deepcopy
+        NamedDataStore.add_named_data = add_named_data
