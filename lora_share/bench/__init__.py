@@ -4,8 +4,8 @@ One run on this machine builds the config's foundation with N = 1, 2, 4, 8
 adapters (one recipe, a different seed each) and measures, for every N:
 
 - disk: foundation.ptd + N adapter .pte against N stand-alone .pte files with
-  every weight inside (``export_program(external=False)``, the first exported,
-  the others made from it by ``fastpath.substitute``);
+  every weight inside (``export_program(external=False)``: one export, with
+  every adapter's data written into it);
 - memory (PSS and RSS from /proc): one runner process serving N adapters,
   N concurrent runner processes with one stand-alone program each, and one
   process loading N adapters the stock way (one ``Module`` each, no weight cache);

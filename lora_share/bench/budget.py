@@ -1,7 +1,7 @@
 """Adapters on demand under a memory budget: `lora-share bench-budget [CONFIG]`.
 
 Builds the config's foundation with N adapters of one recipe (build_time.RECIPE, a seed each: one
-export, the rest substituted, so the build stays fast) into WORK/out, kept and reused while the
+export, each adapter written as data, so the build stays fast) into WORK/out, kept and reused while the
 config is unchanged. Then, each in a fresh process through the C library (lora_share/native.py):
 
 - budget: ``ls_open_dir`` with a budget that holds K adapters (foundation + arena + K x the largest

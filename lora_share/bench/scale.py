@@ -7,7 +7,7 @@ attention cost show (the default config's 28 M parameters and 128 tokens hide bo
 Three builds of one synthetic foundation, made once in ``--workdir`` and reused by later runs while
 nothing changed (``lora-share build`` keeps unchanged outputs; the export time of the build that
 exported is kept beside it): fp32 and 8da4w foundations at the full context with 8 rank-8 q/v
-adapters (one export, the rest substituted), and fp32 at a 128-token context with one adapter,
+adapters (one export, each adapter written as data), and fp32 at a 128-token context with one adapter,
 the yardstick for what the long context costs a decoded token.
 
 Memory, for N = 1, 2, 4, 8 adapters of each full-context build: PSS right after load and after every
@@ -113,9 +113,9 @@ def build_variant(folder: Path, name: str, foundation: dict, adapters: int, quie
     }, sort_keys=False))
     manifest = build(config, quiet=quiet)
     out, record = folder / "out", folder / "export_time.json"
-    exported = [a["seconds"] for a in manifest["adapters"] if a["produced"] == "exported"]
-    if exported:
-        record.write_text(json.dumps({"export_s": exported[0], "signature": manifest["adapters"][0]["signature"]}))
+    if manifest["program"]["produced"] == "exported":
+        record.write_text(json.dumps({"export_s": manifest["program"]["seconds"],
+                                      "signature": manifest["program"]["signature"]}))
     saved = json.loads(record.read_text()) if record.is_file() else {}
     return Deployment(name, out / "foundation.ptd", [out / a["file"] for a in manifest["adapters"]], manifest,
                       saved.get("export_s", float("nan")))

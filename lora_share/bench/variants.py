@@ -4,18 +4,16 @@
   built from scratch for every N to time it; the largest build is kept and its
   first N adapters stand for the N-adapter deployment (the same seeds give the
   same bytes).
-- stand-alone: the same models exported with every weight inside the .pte
-  (``export_program(external=False)``): what shipping one self-contained model
-  per adapter costs. The first is exported; the others are written from it by
-  ``fastpath.substitute``, which gives the bytes a full export would (the
-  benchmark's test checks this on a tiny model).
-- base: the foundation without LoRA, exported against the same foundation.ptd;
-  the export must reproduce that foundation.ptd byte for byte.
+- stand-alone: the same models with every weight inside the .pte: the adapters'
+  program exported once with its foundation weights inside
+  (``export_program(external=False)``) and each adapter's data written into it:
+  what shipping one self-contained model per adapter costs.
+- base: the deployment's own program with no LoRA (every slot a zero rank-1 pair),
+  written like an adapter, no export.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -33,61 +31,51 @@ def load_models(config: Path):
     return foundation, [load_adapter(a, foundation.args) for a in cfg.adapters]
 
 
-def base_record(fingerprint: str) -> bytes:
-    """An adapter record for the bare foundation (rank 0, no targets), so the runner
-    checks it against foundation.ptd like any adapter."""
-    from ..formats.meta import AdapterMeta, encode_adapter
+def write_base(deployment_pte: Path, fingerprint: str, folder: Path) -> Path:
+    """``folder/base.pte``: the program ``deployment_pte`` carries, with no adapter's data and an
+    adapter record of rank 0, so the runner checks it against foundation.ptd like any adapter."""
+    from ..adapter_pte import Program, read_record
+    from ..formats.meta import AdapterMeta
 
-    return encode_adapter(AdapterMeta(name=BASE_NAME, foundation_fingerprint=fingerprint, rank=0, alpha=0.0,
-                                      targets=[], layers=[], use_rslora=False, source_kind="none", source=""))
-
-
-def export_base(foundation, folder: Path) -> tuple[Path, str, float]:
-    """The bare foundation's program in ``folder/base.pte``: (path, sha256 of the .ptd it exported, seconds)."""
-    from ..builder import foundation_fingerprint
-    from ..eager import eager_model
-    from ..export import FOUNDATION_TAG, export_program
-    from ..formats.meta import ADAPTER_KEY, FOUNDATION_KEY, encode_foundation
-    from ..records import foundation_meta
-
-    fingerprint = foundation_fingerprint(foundation)
-    named = {FOUNDATION_KEY: (encode_foundation(foundation_meta(foundation, fingerprint)), FOUNDATION_TAG),
-             ADAPTER_KEY: (base_record(fingerprint), None)}
-    exported = export_program(eager_model(foundation, None), folder / ".work", named)
+    program = Program.from_adapter_file(deployment_pte)
+    record = read_record(deployment_pte.read_bytes(), str(deployment_pte))
+    meta = AdapterMeta(name=BASE_NAME, foundation_fingerprint=fingerprint, rank=0, alpha=0.0, targets=[], layers=[],
+                       use_rslora=False, source_kind="none", source="", envelope_max_rank=record.envelope_max_rank,
+                       envelope=record.envelope, lora=[])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{BASE_NAME}.pte"
-    path.write_bytes(exported.pte)
-    _rmtree(folder / ".work")
-    return path, hashlib.sha256(exported.ptd).hexdigest(), exported.seconds
+    path.write_bytes(program.write(meta, {}))
+    return path
 
 
 def export_standalone(foundation, adapters: list, folder: Path) -> list[dict]:
-    """One self-contained .pte per adapter in ``folder`` (named like the adapter).
+    """One self-contained .pte per adapter in ``folder`` (named like the adapter): one export with
+    every weight inside, then each adapter's data written into it.
 
-    Rows: {"path", "bytes", "produced": "exported" | "substituted", "seconds"}.
+    Rows: {"path", "bytes", "produced": "exported" | "written", "seconds"}.
     """
+    from ..adapter_pte import Program
+    from ..builder import foundation_fingerprint
     from ..eager import eager_model
+    from ..envelope import Envelope
     from ..export import export_program
-    from ..fastpath import NotSubstitutable, substitute, tensor_keys
+    from ..records import adapter_meta
 
     folder.mkdir(parents=True, exist_ok=True)
-    rows, template = [], None
+    envelope = Envelope.resolve(None, adapters, foundation.args)
+    fingerprint = foundation_fingerprint(foundation)
+    t0 = time.perf_counter()
+    program = Program(export_program(eager_model(foundation, envelope=envelope), envelope, folder / ".work",
+                                     external=False).pte, "the stand-alone program")
+    _rmtree(folder / ".work")
+    rows, how = [], "exported"
     for adapter in adapters:
-        t0 = time.perf_counter()
-        pte, how = None, "exported"
-        if template is not None:
-            try:
-                pte, how = substitute(template[0], template[1], adapter), "substituted"
-            except NotSubstitutable:
-                pte = None
-        if pte is None:
-            pte = export_program(eager_model(foundation, adapter), folder / ".work", external=False).pte
-            _rmtree(folder / ".work")
-            template = template or (pte, tensor_keys(adapter))
+        pte = program.write(*adapter_meta(adapter, fingerprint, envelope))
         path = folder / f"{adapter.name}.pte"
         path.write_bytes(pte)
         rows.append({"path": str(path), "bytes": len(pte), "produced": how,
                      "seconds": round(time.perf_counter() - t0, 3)})
+        t0, how = time.perf_counter(), "written"
     return rows
 
 
