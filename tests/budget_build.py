@@ -1,6 +1,6 @@
 """A tiny deployment of six same-recipe adapters over a foundation of its own (seed 7, unlike
-tiny_build's), built once per session: `lora-share build` exports the first and substitutes the
-other five (fastpath.py), so it costs one export. Shared by test_c_api.py (as "an adapter from
+tiny_build's), built once per session: `lora-share build` exports their one program and writes
+each adapter as its data, so it costs one export. Shared by test_c_api.py (as "an adapter from
 another foundation") and test_budget.py (the budget pool)."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ config expects). Every adapter is compared with transformers + peft (eager, floa
 independent greedy loop of full forwards): 12 greedy tokens equal and the last-position logits
 of every step within 1e-4, through ExecuTorch's Python runtime and through the C++ runner.
 
-Also: the fast path beyond llama (Qwen2; Phi-3, whose fused LoRA puts one A under q, k and v:
-byte-identical to a full export), `lora-share add` and dedup hoisting on Phi-3, an 8da4w
+Also: one program per family build (every adapter written as its data; Phi-3's fused LoRA puts
+one A under q, k and v, stored once), `lora-share add` and dedup hoisting on Phi-3, an 8da4w
 foundation of Qwen2 against the float reference, llama's attention_bias and mlp_bias, and every
 refused config.json field through the real CLI.
 """
@@ -152,70 +152,55 @@ def test_adapters_change_the_output(families):
             assert np.abs(ref.logits[0] - plain).max() > 0.1, (family, name)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "phi3"])
-def test_fast_path_beyond_llama(families, family):
-    """Two adapters of one recipe: the second is substituted (and matched transformers + peft above)."""
+@pytest.mark.parametrize("family", list(SPECS))
+def test_one_program_per_family_build(families, family):
+    """Every adapter of a family's build is data for one exported program (and matched transformers +
+    peft above)."""
     fb = families(family)
-    produced = {a["name"]: a["produced"] for a in fb.build.manifest["adapters"]}
-    assert produced == {"a": "exported", "b": "substituted"}
+    assert fb.build.manifest["program"]["produced"] == "exported"
+    assert {a["produced"] for a in fb.build.manifest["adapters"]} == {"written"}
 
 
-def test_fused_lora_shares_one_a_and_substitutes_exactly(families, tmp_path):
-    """Phi-3's LoRA on qkv_proj is one A for q, k and v (and on gate_up_proj one for gate and up),
-    stored once in the .pte; the substituted .pte is byte for byte what a full export of that
-    adapter alone writes."""
+def _lora_keys(adapter) -> dict[tuple[int, str, str], str]:
+    import hashlib
+
+    return {(layer, target, which): hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+            for (layer, target), pair in adapter.weights.items() for which, t in zip("ab", pair)}
+
+
+def test_fused_lora_shares_one_a(families):
+    """Phi-3's LoRA on qkv_proj is one A for q, k and v (and on gate_up_proj one for gate and up):
+    stored once in the .pte, under one key the record names for each of those slots."""
+    from lora_share.adapter_pte import read_record
     from lora_share.adapters import load_peft
     from lora_share.builder import manifest_model_args
-    from lora_share.fastpath import tensor_keys
     from lora_share.formats import read_pte
+    from lora_share.formats.meta import ADAPTER_KEY
 
     fb = families("phi3")
-    keys = tensor_keys(load_peft("b", fb.inputs / "b", manifest_model_args(fb.build.manifest)))
+    keys = _lora_keys(load_peft("b", fb.inputs / "b", manifest_model_args(fb.build.manifest)))
     for layer in (0, 1):
-        assert keys[f"layers.{layer}.q_proj.lora_a"] == keys[f"layers.{layer}.k_proj.lora_a"] \
-            == keys[f"layers.{layer}.v_proj.lora_a"] != keys[f"layers.{layer}.q_proj.lora_b"]
-        assert keys[f"layers.{layer}.gate_proj.lora_a"] == keys[f"layers.{layer}.up_proj.lora_a"]
-    # LoRA tensors are the program's constant buffers: one buffer per distinct tensor
-    stored = [k for k, buffer, _, _ in read_pte(fb.build.ptes["b"]).stored_tensors()
-              if buffer < 0 and k in set(keys.values())]
-    assert sorted(stored) == sorted(set(keys.values())) and len(stored) < len(keys)
-
-    alone = build_config(write_config(tmp_path, {"checkpoint": str(fb.inputs / "model"), "max_seq_len": 32},
-                                      [{"name": "b", "peft": str(fb.inputs / "b")}]))
-    assert alone.manifest["adapters"][0]["produced"] == "exported"
-    assert alone.ptes["b"].read_bytes() == fb.build.ptes["b"].read_bytes()
-    assert alone.ptd.read_bytes() == fb.build.ptd.read_bytes()
-
-
-def test_substitution_refuses_another_grouping(families):
-    """Slots that share one tensor in the template must share one in the adapter, and only those:
-    otherwise the programs differ and the build exports instead of substituting."""
-    from lora_share.adapters import Adapter, load_peft
-    from lora_share.builder import manifest_model_args
-    from lora_share.fastpath import NotSubstitutable, substitute
-
-    cases = {"phi3": lambda w: w[(0, "k_proj")][0] + 1.0,  # k's A no longer the one of q and v
-             "qwen2": lambda w: w[(0, "q_proj")][0].clone()}  # k's A now q's
-    for family, new_a in cases.items():
-        fb = families(family)
-        template = next(a for a in fb.build.manifest["adapters"] if a["name"] == "a")
-        adapter = load_peft("b", fb.inputs / "b", manifest_model_args(fb.build.manifest))
-        substitute(fb.build.ptes["a"].read_bytes(), template["tensor_keys"], adapter)  # as the build did
-        weights = {**adapter.weights, (0, "k_proj"): (new_a(adapter.weights), adapter.weights[(0, "k_proj")][1])}
-        with pytest.raises(NotSubstitutable, match="equal bytes"):
-            substitute(fb.build.ptes["a"].read_bytes(), template["tensor_keys"], Adapter("b", weights, adapter.meta))
+        assert keys[(layer, "q_proj", "a")] == keys[(layer, "k_proj", "a")] == keys[(layer, "v_proj", "a")] \
+            != keys[(layer, "q_proj", "b")]
+        assert keys[(layer, "gate_proj", "a")] == keys[(layer, "up_proj", "a")]
+    pte = fb.build.ptes["b"]
+    stored = {e.key for e in read_pte(pte).named_data} - {ADAPTER_KEY}
+    assert stored == set(keys.values()) and len(stored) < len(keys)
+    record = read_record(pte.read_bytes(), str(pte))
+    named = {(*record.envelope[e.slot], w): k for e in record.lora for w, k in (("a", e.a), ("b", e.b))}
+    assert named == keys
 
 
 def test_add_to_a_phi3_build(families, tmp_path):
     """`lora-share add` reads the family from the manifest: a Phi-3 PEFT folder (fused names) added to
-    a copy of the build is substituted, leaves foundation.ptd as it was and answers as transformers."""
+    a copy of the build is written as data, leaves foundation.ptd as it was and answers as transformers."""
     fb = families("phi3")
     out = tmp_path / "out"
     shutil.copytree(fb.build.out_dir, out)
     r = run_cli("add", "--to", out, f"c={fb.inputs / 'b'}")  # b's weights under another name
     assert r.returncode == 0, r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["adapters"][-1]["name"] == "c" and manifest["adapters"][-1]["produced"] == "substituted"
+    assert manifest["adapters"][-1]["name"] == "c" and manifest["adapters"][-1]["produced"] == "written"
     assert (out / "foundation.ptd").read_bytes() == fb.build.ptd.read_bytes()
     got = lora_share.run(out / "c.pte", out / "foundation.ptd", PROMPT, NEW)
     ref = fb.references["b"]
@@ -225,7 +210,7 @@ def test_add_to_a_phi3_build(families, tmp_path):
 @pytest.fixture(scope="module")
 def phi3_hoisted(families, tmp_path_factory) -> Build:
     """Phi-3 adapter b twice with dedup.shared_adapter_tensors: hoist: every tensor (A once per fused
-    linear) goes to adapters_shared.ptd; the twin is substituted with every slot read from there."""
+    linear) goes to adapters_shared.ptd, and both read every slot from there."""
     fb = families("phi3")
     folder = tmp_path_factory.mktemp("phi3_hoisted")
     adapters = [{"name": n, "peft": str(fb.inputs / "b")} for n in ("b", "b_twin")]
@@ -239,11 +224,10 @@ def test_hoisting_fused_lora(families, phi3_hoisted):
 
     build, ref = phi3_hoisted, families("phi3").references["b"]
     entries = {a["name"]: a for a in build.manifest["adapters"]}
-    assert entries["b"]["produced"] == "exported" and entries["b_twin"]["produced"] == "substituted"
-    keys = entries["b"]["tensor_keys"]
+    keys = {k for s in entries["b"]["lora"] for k in (s["a"], s["b"])}
     assert entries["b"]["hoisted"] == entries["b_twin"]["hoisted"] == sorted(keys)
     stored = [e.key for e in read_ptd(build.shared_ptd).entries if e.key != SHARED_KEY]
-    assert sorted(stored) == sorted(set(keys.values()))
+    assert sorted(stored) == sorted(keys)
     for name, pte in build.ptes.items():
         got = lora_share.run(pte, build.ptd, PROMPT, NEW, shared_ptd=build.shared_ptd)
         assert got.tokens == ref.tokens and np.abs(got.logits - ref.logits).max() <= TOL, name

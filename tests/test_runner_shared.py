@@ -43,7 +43,7 @@ def data_args(build) -> list:
 def hoisted_keys(build, name: str) -> set[str]:
     """The content keys adapter ``name`` reads from adapters_shared.ptd, as the manifest says."""
     entry = next(a for a in build.manifest["adapters"] if a["name"] == name)
-    return {entry["tensor_keys"][slot] for slot in entry["hoisted"]}
+    return set(entry["hoisted"])
 
 
 def one_error_line(proc: subprocess.CompletedProcess, code: int) -> str:

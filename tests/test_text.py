@@ -298,7 +298,7 @@ def test_add_leaves_the_tokenizer_untouched(text_build, tmp_path):
     r = run_cli("add", "--to", out, f"more={tmp_path / 'more'}")
     assert r.returncode == 0, r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["adapters"][-1]["produced"] == "substituted"
+    assert manifest["adapters"][-1]["produced"] == "written"
     assert manifest["tokenizer"] == text_build.build.manifest["tokenizer"]
     for n in names:
         after = os.stat(out / n)

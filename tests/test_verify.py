@@ -170,10 +170,13 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         assert (a["name"], a["rank"], a["alpha"], a["targets"], a["layers"], a["lora_bytes"]) == (
             entry["name"], entry["rank"], entry["alpha"], entry["targets"], entry["layers"], entry["lora_bytes"])
         assert a["foundation_fingerprint"] == manifest["foundation"]["fingerprint"]
-        # LoRA weights are the program's constants (handed to XNNPACK as inputs), not named data: the
-        # .pte's own named data is its record, and every LoRA tensor is a constant buffer of its bytes.
-        assert {e["key"] for e in pte["named_data"]} == {ADAPTER_KEY} and pte["delegate_keys_in_file"] == []
-        assert set(entry["tensor_keys"].values()) <= {c["sha256"] for c in pte["constant_tensors"]}
+        # LoRA weights are forward's inputs: the .pte's own named data is its record and its LoRA
+        # tensors, each under the sha256 of its bytes, as its record names them; XNNPACK's own
+        # weights are all the foundation's.
+        keys = {k for s in entry["lora"] for k in (s["a"], s["b"])}
+        assert {e["key"] for e in pte["named_data"]} == {ADAPTER_KEY} | keys and pte["delegate_keys_in_file"] == []
+        assert {(s["layer"], s["target"], s["rank"], s["a"], s["b"]) for s in entry["lora"]} == {
+            (*a["envelope"][s["slot"]], s["rank"], s["a"], s["b"]) for s in a["lora"]}
         assert pte["ptd"] == {"file": str(tiny_build.ptd), "shared_file": None, "has_all_keys": True, "missing": [],
                               "compatible": True, "problems": []}
         assert FOUNDATION_KEY not in pte["needs"] and len(pte["needs"]) > len(pte["external_tensors"])
