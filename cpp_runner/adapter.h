@@ -15,6 +15,7 @@
 
 #include <executorch/runtime/backend/backend_options_map.h>
 
+#include "file_check.h"
 #include "foundation.h"
 #include "status.h"
 
@@ -47,9 +48,11 @@ class Adapter {
 };
 
 // Loads `pte` the way ExecuTorch's examples do: a Module that opens `ptd`
-// (and `shared_ptd`, unless "") itself.
+// (and `shared_ptd`, unless "") itself, its own program and planned memory.
+// Its LoRA inputs are the tensors its record (`info`) names, read from the
+// file's own named data or from `shared` (adapters_shared.ptd; may be null).
 StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
-    const std::string& pte, const std::string& ptd,
-    const std::string& shared_ptd);
+    const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
+    const PteInfo& info, const executorch::runtime::NamedDataMap* shared);
 
 }  // namespace lora_share

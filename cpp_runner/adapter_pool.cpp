@@ -31,10 +31,16 @@ uint64_t total(const std::vector<size_t>& sizes) {
 
 }  // namespace
 
-uint64_t adapter_cost_bytes(uint64_t pte_bytes, uint64_t overhead_bytes) {
-  // With the default 4 MiB overhead this bounds what the README's and
-  // bench-budget's PSS measurements show one more loaded adapter costs.
-  return pte_bytes + pte_bytes / 5 + overhead_bytes;
+uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes) {
+  // An adapter is its mapped LoRA tensors and a few small objects: bench-scale
+  // measures its PSS against 1.05 x its bytes + 0.5 MiB.
+  return lora_bytes + lora_bytes / 20 + overhead_bytes;
+}
+
+uint64_t program_cost_bytes(uint64_t program_bytes) {
+  // The forward method's state and XNNPACK's runtime and operators: what one
+  // loaded adapter cost before adapters were data (README, "Measured").
+  return program_bytes + program_bytes / 5 + (uint64_t{4} << 20);
 }
 
 Status AdapterPool::open_foundation() {
@@ -89,9 +95,9 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& 
                              "' twice: rebuild the folder with lora-share build");
     auto entry = pool->inspect(a.name, dir + "/" + a.file);
     if (!entry.ok()) return entry.status();
-    sizes.push_back(entry->planned_sizes);
     pool->entries_.push_back(std::move(entry.value()));
   }
+  for (const ProgramEntry& p : pool->programs_) sizes.push_back(p.planned_sizes);
   auto arena = PlannedArena::allocate(PlannedArena::largest(sizes));
   if (!arena.ok()) return arena.status();
   pool->arena_ = std::move(arena.value());
@@ -108,29 +114,72 @@ StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
   if (!info.ok()) return info.status();
   Status s = check_pair(pte, info.value(), files_, options_.verify);
   if (!s.ok()) return s;
-  SharedAdapter program;
-  s = program.open(pte);
-  if (!s.ok()) return s;
+  auto program = program_for(pte, info.value());
+  if (!program.ok()) return program.status();
   Entry entry;
   entry.name = name;
   entry.pte = pte;
-  entry.cost = adapter_cost_bytes(file_size(pte), options_.adapter_overhead_bytes);
-  entry.planned_sizes = program.planned_sizes();
-  entry.vocab_size = program.vocab_size();
-  entry.max_seq_len = program.max_seq_len();
+  entry.program = program.value();
+  uint64_t own = 0;
+  for (const LoraKeys& keys : info->record.lora)
+    for (const std::string* key : {&keys.a, &keys.b}) {
+      auto range = info->own_ranges.find(*key);
+      if (range != info->own_ranges.end()) own += range->second.second;
+    }
+  entry.cost = adapter_cost_bytes(own, options_.adapter_overhead_bytes);
+  entry.info = std::move(info.value());
   return entry;
+}
+
+StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo& info) {
+  // A program without a record (not written by lora-share) is its own.
+  std::string sha = info.record.program_sha256.empty() ? "file:" + pte
+                                                       : info.record.program_sha256;
+  for (size_t i = 0; i < programs_.size(); ++i)
+    if (programs_[i].sha256 == sha) return i;
+  ProgramEntry p;
+  p.sha256 = sha;
+  p.pte = pte;
+  p.lora_slots = info.record.envelope.size();
+  p.program = std::make_unique<SharedProgram>();
+  Status s = p.program->open(pte, p.lora_slots);
+  if (!s.ok()) return s;
+  p.planned_sizes = p.program->planned_sizes();
+  p.vocab_size = p.program->vocab_size();
+  p.max_seq_len = p.program->max_seq_len();
+  uint64_t data = 0;
+  for (const auto& [key, range] : info.own_ranges) data += range.second;
+  uint64_t size = file_size(pte);
+  p.cost = program_cost_bytes(size > data ? size - data : 0);
+  programs_.push_back(std::move(p));
+  return programs_.size() - 1;
+}
+
+Status AdapterPool::load_program(size_t index) {
+  ProgramEntry& p = programs_[index];
+  if (p.loaded) return Status();
+  if (!p.program) {
+    p.program = std::make_unique<SharedProgram>();
+    Status s = p.program->open(p.pte, p.lora_slots);
+    if (!s.ok()) return s;
+  }
+  Status s = p.program->load_forward(*arena_, *foundation_, xnnpack_.load_options());
+  if (!s.ok()) return s;
+  p.loaded = true;
+  return Status();
 }
 
 Status AdapterPool::check_budget_holds(const Entry& entry) const {
   if (options_.budget_bytes == 0) return Status();
   // The arena this adapter would run in: the current one, grown if needed.
-  uint64_t arena = total(PlannedArena::largest({arena_sizes(), entry.planned_sizes}));
-  uint64_t needed = foundation_bytes_ + arena + entry.cost;
+  const ProgramEntry& program = programs_[entry.program];
+  uint64_t arena = total(PlannedArena::largest({arena_sizes(), program.planned_sizes}));
+  uint64_t needed = foundation_bytes_ + program.cost + arena + entry.cost;
   if (needed <= options_.budget_bytes) return Status();
   return Status::usage(
       "the memory budget (" + mib(options_.budget_bytes) + ") cannot hold adapter '" +
-      entry.name + "': the foundation (" + mib(foundation_bytes_) +
-      ") + the planned-memory arena (" + mib(arena) + ") + the adapter (" +
+      entry.name + "': the foundation (" + mib(foundation_bytes_) + ") + its program (" +
+      mib(program.cost) + ") + the planned-memory arena (" + mib(arena) + ") + the adapter (" +
       mib(entry.cost) + ") need " + mib(needed) + " (" + std::to_string(needed) +
       " bytes): raise the budget");
 }
@@ -166,16 +215,18 @@ std::vector<size_t> AdapterPool::arena_sizes() const {
 
 uint64_t AdapterPool::accounted_bytes() const {
   uint64_t sum = foundation_bytes_ + (arena_ ? arena_->total_bytes() : 0);
+  for (const ProgramEntry& p : programs_)
+    if (p.loaded) sum += p.cost;
   for (const Entry& e : entries_)
-    if (e.program) sum += e.cost;
+    if (e.adapter) sum += e.cost;
   return sum;
 }
 
 void AdapterPool::evict(size_t index) {
-  entries_[index].program.reset();
+  entries_[index].adapter.reset();  // unmaps its tensors
   counters_.evictions++;
-  // Hand the freed heap pages (packed LoRA weights, method state) back to
-  // the kernel now, so that the process's PSS follows the accounting.
+  // Hand freed heap pages back to the kernel now, so that the process's PSS
+  // follows the accounting.
   malloc_trim(0);
 }
 
@@ -194,7 +245,12 @@ void AdapterPool::make_room(uint64_t incoming, size_t keep) {
 
 Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
   for (size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].program) evict(i);
+    if (entries_[i].adapter) evict(i);
+  // Their forward methods point into the old arena: open them again on use.
+  for (ProgramEntry& p : programs_) {
+    p.program.reset();
+    p.loaded = false;
+  }
   std::vector<size_t> want = PlannedArena::largest({arena_sizes(), sizes});
   arena_.reset();
   auto arena = PlannedArena::allocate(want);
@@ -206,29 +262,31 @@ Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
 StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
   Entry& entry = entries_[index];
   entry.last_used = ++clock_;
-  if (entry.program) {
+  if (entry.adapter) {
     counters_.hits++;
-    return static_cast<Adapter*>(entry.program.get());
+    return static_cast<Adapter*>(entry.adapter.get());
   }
   auto t0 = std::chrono::steady_clock::now();
-  if (!arena_ || !arena_->holds(entry.planned_sizes)) {
-    Status s = grow_arena(entry.planned_sizes);
+  ProgramEntry& program = programs_[entry.program];
+  if (!arena_ || !arena_->holds(program.planned_sizes)) {
+    Status s = grow_arena(program.planned_sizes);
     if (!s.ok()) return s;
   }
-  make_room(entry.cost, index);
-  auto program = std::make_unique<SharedAdapter>();
-  Status s = program->open(entry.pte);
+  make_room(entry.cost + (program.loaded ? 0 : program.cost), index);
+  Status s = load_program(entry.program);
   if (!s.ok()) return s;
-  s = program->load_forward(*arena_, *foundation_, xnnpack_.load_options());
-  if (!s.ok()) return s;
-  entry.program = std::move(program);
+  auto data = LoraData::open(entry.pte, entry.info, foundation_->data_map(),
+                             program.program->lora_shapes());
+  if (!data.ok()) return data.status();
   double ms = std::chrono::duration<double, std::milli>(
                   std::chrono::steady_clock::now() - t0)
                   .count();
+  entry.adapter = std::make_unique<SharedAdapter>(entry.pte, program.program.get(),
+                                                  std::move(data.value()), ms);
   counters_.loads++;
   counters_.last_load_ms = ms;
   counters_.total_load_ms += ms;
-  return static_cast<Adapter*>(entry.program.get());
+  return static_cast<Adapter*>(entry.adapter.get());
 }
 
 StatusOr<Generation> AdapterPool::generate(size_t index,
@@ -246,8 +304,8 @@ StatusOr<Generation> AdapterPool::generate(size_t index,
 
 Status AdapterPool::check(size_t index, const std::vector<int64_t>& prompt,
                           int64_t max_new_tokens) const {
-  const Entry& entry = entries_[index];
-  return check_request(prompt, max_new_tokens, entry.vocab_size, entry.max_seq_len, "prompt");
+  const ProgramEntry& program = programs_[entries_[index].program];
+  return check_request(prompt, max_new_tokens, program.vocab_size, program.max_seq_len, "prompt");
 }
 
 PoolStats AdapterPool::stats() const {
@@ -255,9 +313,11 @@ PoolStats AdapterPool::stats() const {
   s.known = static_cast<uint32_t>(entries_.size());
   s.budget_bytes = options_.budget_bytes;
   s.foundation_bytes = foundation_bytes_;
+  for (const ProgramEntry& p : programs_)
+    if (p.loaded) s.foundation_bytes += p.cost;
   s.arena_bytes = arena_ ? arena_->total_bytes() : 0;
   for (const Entry& e : entries_) {
-    if (e.program) {
+    if (e.adapter) {
       s.resident++;
       s.resident_adapter_bytes += e.cost;
     }

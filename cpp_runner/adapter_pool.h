@@ -8,11 +8,17 @@
 // planned-memory arena sized to the largest (planned_arena.h says why that is
 // correct: requests run one at a time, each from position 0).
 //
+// Every adapter of a deployment carries the same program: the pool loads each
+// distinct program once (by the sha256 its adapters' records name) and binds
+// an adapter to it by mapping its LoRA tensors (lora_data.h); loading or
+// evicting an adapter is mapping or unmapping its data.
+//
 // Budget accounting (lora_share.h, MEMORY BUDGET, is the contract):
-// foundation = its file sizes + 8 MiB of runtime state, arena = its
-// allocated bytes, an adapter =
-// 1.2 x its .pte size + an overhead (4 MiB unless set). Eviction happens
-// before a load, so the accounted total never exceeds the budget.
+// foundation = its file sizes + 8 MiB of runtime state, plus each loaded
+// program (1.2 x its file without adapter data + 4 MiB); arena = its
+// allocated bytes; an adapter = 1.05 x its own LoRA bytes + an overhead
+// (512 KiB unless set). Eviction happens before a load, so the accounted
+// total never exceeds the budget.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +41,7 @@ struct PoolOptions {
   std::string shared_ptd;  // "" = none
   bool verify = true;      // refuse adapters built for another foundation
   uint64_t budget_bytes = 0;  // 0 = no budget
-  uint64_t adapter_overhead_bytes = uint64_t{4} << 20;  // see adapter_cost_bytes
+  uint64_t adapter_overhead_bytes = uint64_t{512} << 10;  // see adapter_cost_bytes
 };
 
 struct PoolStats {
@@ -46,9 +52,13 @@ struct PoolStats {
   uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
 };
 
-// The accounted resident cost of an adapter whose .pte is `pte_bytes` long:
-// 1.2 x the file + `overhead_bytes`.
-uint64_t adapter_cost_bytes(uint64_t pte_bytes, uint64_t overhead_bytes);
+// The accounted resident cost of an adapter whose own LoRA tensors are
+// `lora_bytes`: 1.05 x those + `overhead_bytes`.
+uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes);
+
+// The accounted cost of a loaded program whose file, without any adapter's
+// data, is `program_bytes`: 1.2 x those + 4 MiB (method and XNNPACK state).
+uint64_t program_cost_bytes(uint64_t program_bytes);
 
 class AdapterPool {
  public:
@@ -65,7 +75,7 @@ class AdapterPool {
   // The index of the adapter called `name`, or -1.
   int64_t find(const std::string& name) const;
   const std::string& name(size_t index) const { return entries_[index].name; }
-  bool resident(size_t index) const { return entries_[index].program != nullptr; }
+  bool resident(size_t index) const { return entries_[index].adapter != nullptr; }
   size_t size() const { return entries_.size(); }
 
   // Makes adapter `index` resident (loading it, evicting others if the
@@ -85,37 +95,54 @@ class AdapterPool {
   PoolStats stats() const;
 
  private:
-  struct Entry {
-    std::string name, pte;
-    uint64_t cost = 0;                 // accounted bytes when resident
+  // One distinct program: opened (its sizes known) when its first adapter is
+  // registered, its forward loaded into the arena on first use.
+  struct ProgramEntry {
+    std::string sha256, pte;  // pte: the adapter file it is loaded from
+    size_t lora_slots = 0;
+    uint64_t cost = 0;  // accounted bytes while loaded
     std::vector<size_t> planned_sizes;  // its arena buffers: KV cache, then forward's planned buffers
     int64_t vocab_size = 0, max_seq_len = 0;
-    std::unique_ptr<SharedAdapter> program;  // null = not resident
+    std::unique_ptr<SharedProgram> program;  // null = to be opened again (after the arena grew)
+    bool loaded = false;
+  };
+  struct Entry {
+    std::string name, pte;
+    PteInfo info;  // its checked record and where its tensors are
+    size_t program = 0;  // index into programs_
+    uint64_t cost = 0;   // accounted bytes when resident
+    std::unique_ptr<SharedAdapter> adapter;  // null = not resident
     uint64_t last_used = 0;
   };
 
   AdapterPool() = default;
   Status open_foundation();
-  // check_pte + check_pair, then opens the program once to read its planned
-  // sizes and closes it again.
+  // check_pte + check_pair, then finds (or opens, to read its sizes) the
+  // program the adapter's record names.
   StatusOr<Entry> inspect(const std::string& name, const std::string& pte);
+  StatusOr<size_t> program_for(const std::string& pte, const PteInfo& info);
+  // Opens (if needed) and loads program `index` into the arena.
+  Status load_program(size_t index);
   Status check_budget_holds(const Entry& entry) const;
   // Evicts LRU adapters until `incoming` more bytes fit.
   void make_room(uint64_t incoming, size_t keep);
   void evict(size_t index);
-  // A larger arena for `sizes`: every resident adapter is evicted first.
+  // A larger arena for `sizes`: every resident adapter is evicted and every
+  // program unloaded first.
   Status grow_arena(const std::vector<size_t>& sizes);
   uint64_t accounted_bytes() const;
   std::vector<size_t> arena_sizes() const;  // empty without an arena
 
   // Declaration order is destruction order in reverse: adapters (in
-  // entries_) go before the arena and the foundation they use.
+  // entries_) go before their programs, programs before the arena and the
+  // foundation they use.
   PoolOptions options_;
   XnnpackSettings xnnpack_;
   DataFiles files_;
   uint64_t foundation_bytes_ = 0;
   std::unique_ptr<Foundation> foundation_;
   std::unique_ptr<PlannedArena> arena_;
+  std::vector<ProgramEntry> programs_;
   std::vector<Entry> entries_;
   uint64_t clock_ = 0;
   PoolStats counters_;

@@ -357,6 +357,7 @@ StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag) {
       break;
     }
     info.own_keys.insert(key);
+    info.own_ranges[key] = {segments[index].start, segments[index].size};
     if (key == kAdapterKey) {
       record_range = segments[index];
       has_record = true;
@@ -470,6 +471,16 @@ std::string missing_keys_message(const std::string& pte,
   return built_for_foundation ? line : line + "; otherwise " + differ;
 }
 
+bool needs_data_file(const PteInfo& info) {
+  for (const std::string& key : info.external_tensors)
+    if (!info.own_keys.count(key)) return true;
+  for (const auto& entry : info.delegate_constants)
+    if (!info.own_keys.count(entry.first)) return true;
+  for (const LoraKeys& keys : info.record.lora)
+    if (!info.own_keys.count(keys.a) || !info.own_keys.count(keys.b)) return true;
+  return false;
+}
+
 Status check_pair(const std::string& pte, const PteInfo& adapter,
                   const DataFiles& files, bool verify) {
   // What ExecuTorch and XNNPACK would read without checking it themselves,
@@ -514,6 +525,10 @@ Status check_pair(const std::string& pte, const PteInfo& adapter,
   for (const auto& entry : adapter.delegate_constants)
     if (!adapter.own_keys.count(entry.first) && !files.find(entry.first, &holder))
       missing.push_back(entry.first);
+  for (const LoraKeys& keys : a.lora)
+    for (const std::string* key : {&keys.a, &keys.b})
+      if (!adapter.own_keys.count(*key) && !files.find(*key, &holder))
+        missing.push_back(*key);
   if (missing.empty()) return Status();
   bool built_for_foundation =
       a.present && f.present && a.fingerprint == f.fingerprint;

@@ -30,6 +30,8 @@ struct PtdInfo {
 struct PteInfo {
   Record record;
   std::set<std::string> own_keys;  // the program's own named data
+  // Where each of them is: key -> (absolute start, size) in the file.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> own_ranges;
   // Named constants of its XNNPACK payloads: key -> bytes read from it.
   std::map<std::string, uint64_t> delegate_constants;
   // Tensors whose data the program expects in a .ptd, by name.
@@ -64,12 +66,17 @@ StatusOr<DataFiles> check_data_files(const std::string& ptd,
 // the rest of the Program flatbuffer).
 StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag);
 
+// Whether the program reads anything from a data file: a weight or a LoRA
+// tensor it does not hold itself (a stand-alone program holds them all).
+bool needs_data_file(const PteInfo& info);
+
 // Always: what the program reads from the data files is in a usable form
 // wherever it is found (tensors have layouts, delegate constants are as large
 // as the delegate reads). Unless `verify` is false: the adapter was built for
 // this foundation (both records present, fingerprints equal). Then always:
-// every key the program needs and does not hold itself is in one of the
-// files. Failures name the files (and both fingerprints).
+// every key the program needs and does not hold itself, and every LoRA
+// tensor its record names, is in one of the files. Failures name the files
+// (and both fingerprints).
 Status check_pair(const std::string& pte, const PteInfo& adapter,
                   const DataFiles& files, bool verify);
 

@@ -33,14 +33,15 @@ bool is_slab(const TensorInfo& info) {
          info.sizes()[1] > 0;
 }
 
-// forward's inputs for `tokens` at positions pos..: the ids, then rows
-// 0..pos of each slab of `cache`. The export leaves graph inputs out of
-// memory planning, so set_input points the method at this memory instead
-// of copying it: the cache is read in place, and this object must outlive
-// execute().
+// forward's inputs for `tokens` at positions pos..: the ids, rows 0..pos of
+// each slab of `cache`, then the adapter's LoRA inputs. The export leaves
+// graph inputs out of memory planning, so set_input points the method at this
+// memory instead of copying it: the cache and the LoRA weights are read in
+// place, and this object (and `lora`) must outlive execute().
 class ForwardInputs {
  public:
-  ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos, const KvCache& cache);
+  ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos, const KvCache& cache,
+                const std::vector<TensorPtr>& lora);
   // The values point into this object: a copy would share its ids.
   ForwardInputs(const ForwardInputs&) = delete;
   ForwardInputs& operator=(const ForwardInputs&) = delete;
@@ -55,7 +56,7 @@ class ForwardInputs {
 };
 
 ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
-                             const KvCache& cache)
+                             const KvCache& cache, const std::vector<TensorPtr>& lora)
     : ids_(tokens) {
   const KvLayout& kv = cache.layout;
   tensors_.push_back(make_tensor_ptr({1, static_cast<SizesType>(ids_.size())},
@@ -65,6 +66,7 @@ ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
         {static_cast<SizesType>(pos + 1), static_cast<SizesType>(kv.head_dim)},
         cache.data + j * kv.slab_floats(), ScalarType::Float));
   for (const TensorPtr& t : tensors_) values_.emplace_back(*t);
+  for (const TensorPtr& t : lora) values_.emplace_back(*t);
 }
 
 // Whether positions pos.. of `count` tokens have rows in the cache: every
@@ -138,8 +140,8 @@ size_t KvLayout::floats() const { return static_cast<size_t>(slabs) * slab_float
 size_t KvLayout::bytes() const { return floats() * sizeof(float); }
 
 StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len,
-                                  const std::string& pte) {
-  size_t inputs = forward.num_inputs();
+                                  size_t lora_inputs, const std::string& pte) {
+  size_t inputs = forward.num_inputs() >= lora_inputs ? forward.num_inputs() - lora_inputs : 0;
   if (inputs < 2)
     return Status::failure(pte + ": forward takes " + std::to_string(inputs) +
                            " input(s); the export contract gives it the tokens "
@@ -169,12 +171,13 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
 }
 
 Status run_forward(const ForwardExecutor& execute, const KvCache& cache,
+                   const std::vector<TensorPtr>& lora,
                    const std::vector<int64_t>& tokens, int64_t pos,
                    int64_t vocab_size, const std::string& what,
                    std::vector<float>* logits) {
   Status fits = check_window(cache.layout, pos, tokens.size(), what);
   if (!fits.ok()) return fits;
-  ForwardInputs inputs(tokens, pos, cache);
+  ForwardInputs inputs(tokens, pos, cache, lora);
   auto outputs = execute(inputs.values());
   if (!outputs.ok()) return outputs.status();
   size_t expected = static_cast<size_t>(cache.layout.groups) + 1;

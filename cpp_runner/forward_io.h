@@ -2,7 +2,8 @@
 // runtime owns, with a clear error when the program does not follow the
 // export contract (lora_share/model.py):
 //
-//   forward(tokens [1, T] int64, slab_0 [P + 1, hd] f32, ..., slab_{N-1})
+//   forward(tokens [1, T] int64, slab_0 [P + 1, hd] f32, ..., slab_{N-1},
+//           A_0 [r_0, in_0] f32, B_0 [out_0, r_0] f32, ...)
 //     -> (logits [1, vocab] f32, new_0 [H, T, hd] f32, ..., new_{G-1})
 //
 // feeds T tokens at positions P.. . There is one slab per layer, K or V, and
@@ -10,7 +11,8 @@
 // its cache rows 0..P. There is one new-rows output per layer and K or V
 // (G = 2 * n_layers, H = N / G): new_g holds the rows for positions
 // P..P+T-1 of slabs g * H.. g * H + H - 1, which the runtime writes back into
-// the cache before the next call (KvLayout).
+// the cache before the next call (KvLayout). The LoRA inputs, two per slot of
+// the program's envelope, come last (lora_data.h).
 #pragma once
 
 #include <executorch/extension/tensor/tensor_ptr.h>
@@ -40,11 +42,13 @@ struct KvLayout {
   size_t bytes() const;
 };
 
-// forward's KV layout, read from its method meta (N = inputs - 1, hd = input
-// 1's second dimension); refuses a program whose inputs and outputs do not
-// follow the contract above, and names the fix for one built before it.
+// forward's KV layout, read from its method meta (N = inputs - 1 -
+// `lora_inputs`, hd = input 1's second dimension); refuses a program whose
+// inputs and outputs do not follow the contract above, and names the fix for
+// one built before it.
 StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward,
-                                  int64_t max_seq_len, const std::string& pte);
+                                  int64_t max_seq_len, size_t lora_inputs,
+                                  const std::string& pte);
 
 // A KV cache: layout.floats() floats at `data`, zeroed when allocated and
 // owned by the caller.
@@ -60,10 +64,12 @@ using ForwardExecutor =
         const std::vector<executorch::runtime::EValue>& inputs)>;
 
 // Feeds `tokens` (1..prefill_chunk of them) at positions pos.. through
-// `execute` over `cache`, writes their K/V rows into the cache and returns
-// the logits after the last one (vocab_size floats) in `logits`. `what`
-// names the call in errors.
+// `execute` over `cache` and the adapter's `lora` inputs
+// (lora_input_tensors), writes their K/V rows into the cache and returns the
+// logits after the last one (vocab_size floats) in `logits`. `what` names
+// the call in errors.
 Status run_forward(const ForwardExecutor& execute, const KvCache& cache,
+                   const std::vector<executorch::extension::TensorPtr>& lora,
                    const std::vector<int64_t>& tokens, int64_t pos,
                    int64_t vocab_size, const std::string& what,
                    std::vector<float>* logits);

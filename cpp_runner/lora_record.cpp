@@ -5,7 +5,8 @@
 namespace lora_share {
 
 namespace {
-constexpr uint32_t kMetadataVersion = 1;
+// 2: adapter records name their program, its envelope and their LoRA keys.
+constexpr uint32_t kMetadataVersion = 2;
 }  // namespace
 
 Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
@@ -17,7 +18,11 @@ Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
   uint32_t version = fb.u32(root, 0);
   FlatReader::Table body =
       fb.table(root, adapter ? 2 : 1, adapter ? "Adapter" : "Foundation");
-  if (!fb.failed() && version != kMetadataVersion)
+  if (!fb.failed() && version < kMetadataVersion)
+    fb.fail("written by an older lora-share (record version " + std::to_string(version) +
+            ", this runner reads " + std::to_string(kMetadataVersion) +
+            "): rebuild it with this version");
+  else if (!fb.failed() && version != kMetadataVersion)
     fb.fail("lora-share metadata version " + std::to_string(version) +
             ", this runner reads " + std::to_string(kMetadataVersion));
   if (!fb.failed() && !body.present) fb.fail("the record has no body");
@@ -26,6 +31,25 @@ Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
     out->fingerprint = fb.string(body, 1);
     out->content_bytes = fb.u64(body, 11);
     out->content_crc32 = fb.u32(body, 12);
+    out->program_sha256 = fb.string(body, 13);
+    out->envelope_max_rank = fb.u32(body, 14);
+    FlatReader::Vector envelope = fb.vector(body, 15, 4);
+    for (uint32_t i = 0; i < envelope.count && !fb.failed(); ++i) {
+      FlatReader::Table t = fb.table_at(envelope, i, "EnvelopeSlot");
+      out->envelope.push_back({fb.u32(t, 0), fb.string(t, 1)});
+    }
+    FlatReader::Vector lora = fb.vector(body, 16, 4);
+    for (uint32_t i = 0; i < lora.count && !fb.failed(); ++i) {
+      FlatReader::Table t = fb.table_at(lora, i, "LoraTensors");
+      LoraKeys keys{fb.u32(t, 0), fb.u32(t, 1), fb.string(t, 2), fb.string(t, 3)};
+      if (!fb.failed() && (keys.slot >= out->envelope.size() || keys.rank == 0 ||
+                           keys.rank > out->envelope_max_rank))
+        fb.fail("LoRA tensors of slot " + std::to_string(keys.slot) + " at rank " +
+                std::to_string(keys.rank) + " do not fit its envelope of " +
+                std::to_string(out->envelope.size()) + " slots, ranks 1.." +
+                std::to_string(out->envelope_max_rank));
+      out->lora.push_back(std::move(keys));
+    }
   } else {
     out->fingerprint = fb.string(body, 0);
   }

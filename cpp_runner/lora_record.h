@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "status.h"
 
@@ -11,6 +12,21 @@ namespace lora_share {
 
 constexpr char kFoundationKey[] = "lora_share.foundation";
 constexpr char kAdapterKey[] = "lora_share.adapter";
+
+// One slot of a program's LoRA envelope: a linear of one layer whose A and B
+// are two inputs of forward.
+struct EnvelopeSlot {
+  uint32_t layer = 0;
+  std::string target;
+};
+
+// An adapter's LoRA on one envelope slot: the sha256 keys of A [rank, in] and
+// B [out, rank] (float32), in its .pte's named data or adapters_shared.ptd.
+struct LoraKeys {
+  uint32_t slot = 0;
+  uint32_t rank = 0;
+  std::string a, b;
+};
 
 // lora-share's record found in a file. `present` is false for files
 // lora-share did not write (or older builds).
@@ -22,6 +38,13 @@ struct Record {
   // without the record's segment.
   uint64_t content_bytes = 0;
   uint32_t content_crc32 = 0;
+  // Adapters only: the program the file carries (every adapter of a
+  // deployment carries the same one), its LoRA envelope in forward's input
+  // order, and the slots this adapter has.
+  std::string program_sha256;
+  uint32_t envelope_max_rank = 0;
+  std::vector<EnvelopeSlot> envelope;
+  std::vector<LoraKeys> lora;
 };
 
 // Decodes the Metadata flatbuffer at data[start, start + size), bounds-checked;

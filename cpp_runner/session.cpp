@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <map>
 
 #include "file_check.h"
 #include "shared_adapter.h"
+#include "lora_data.h"
 
 namespace lora_share {
 
@@ -23,42 +25,74 @@ std::string Session::names() const {
 
 namespace {
 
-Status load_stock_adapters(Session& session, const Options& options) {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+Status load_stock_adapters(Session& session, const Options& options,
+                           const std::vector<PteInfo>& infos) {
   session.arena = "module";
-  for (const std::string& pte : options.ptes) {
-    auto adapter = load_stock_adapter(pte, options.ptd, options.shared_ptd);
+  for (size_t i = 0; i < options.ptes.size(); ++i) {
+    auto adapter = load_stock_adapter(options.ptes[i], options.ptd, options.shared_ptd,
+                                      infos[i], session.foundation->data_map());
     if (!adapter.ok()) return adapter.status();
     session.adapters.push_back(std::move(adapter.value()));
   }
   return Status();
 }
 
-// Opens every program first, so that one arena can be sized to the largest
-// of them, then loads each forward method over it (planned_arena.h says why
-// sharing is correct). --private-arenas gives each program its own instead.
-Status load_shared_adapters(Session& session, const Options& options) {
-  std::vector<std::unique_ptr<SharedAdapter>> programs;
+// Opens each distinct program once (by the program_sha256 its adapters'
+// records name), so that one arena can be sized to the largest of them, then
+// loads each forward method over it (planned_arena.h says why sharing is
+// correct) and binds every adapter's LoRA data to its program.
+// --private-arenas gives each program its own arena instead.
+Status load_shared_adapters(Session& session, const Options& options,
+                            const std::vector<PteInfo>& infos) {
+  std::map<std::string, size_t> by_sha;
+  std::vector<size_t> program_of;
   std::vector<std::vector<size_t>> sizes;
-  for (const std::string& pte : options.ptes) {
-    auto program = std::make_unique<SharedAdapter>();
-    Status s = program->open(pte);
-    if (!s.ok()) return s;
-    sizes.push_back(program->planned_sizes());
-    programs.push_back(std::move(program));
+  for (size_t i = 0; i < options.ptes.size(); ++i) {
+    const Record& record = infos[i].record;
+    // A program without a record (not written by lora-share) is its own.
+    std::string key = record.program_sha256.empty() ? "file:" + options.ptes[i]
+                                                    : record.program_sha256;
+    auto known = by_sha.find(key);
+    if (known == by_sha.end()) {
+      auto program = std::make_unique<SharedProgram>();
+      Status s = program->open(options.ptes[i], record.envelope.size());
+      if (!s.ok()) return s;
+      sizes.push_back(program->planned_sizes());
+      known = by_sha.emplace(key, session.programs.size()).first;
+      session.programs.push_back(std::move(program));
+    }
+    program_of.push_back(known->second);
   }
   session.arena = options.private_arenas ? "private" : "shared";
-  for (size_t i = 0; i < programs.size(); ++i) {
-    if (options.private_arenas || i == 0) {
+  for (size_t p = 0; p < session.programs.size(); ++p) {
+    if (options.private_arenas || p == 0) {
       auto arena = PlannedArena::allocate(
-          options.private_arenas ? sizes[i] : PlannedArena::largest(sizes));
+          options.private_arenas ? sizes[p] : PlannedArena::largest(sizes));
       if (!arena.ok()) return arena.status();
       session.planned_bytes += arena.value()->total_bytes();
       session.arenas.push_back(std::move(arena.value()));
     }
-    Status s = programs[i]->load_forward(*session.arenas.back(), *session.foundation,
-                                         session.xnnpack.load_options());
+    Status s = session.programs[p]->load_forward(*session.arenas.back(), *session.foundation,
+                                                 session.xnnpack.load_options());
     if (!s.ok()) return s;
-    session.adapters.push_back(std::move(programs[i]));
+  }
+  std::vector<bool> first(session.programs.size(), true);
+  for (size_t i = 0; i < options.ptes.size(); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    SharedProgram* program = session.programs[program_of[i]].get();
+    auto data = LoraData::open(options.ptes[i], infos[i], session.foundation->data_map(),
+                               program->lora_shapes());
+    if (!data.ok()) return data.status();
+    // The first adapter of a program carries its load (packing the foundation).
+    double ms = ms_since(t0) + (first[program_of[i]] ? program->load_ms() : 0.0);
+    first[program_of[i]] = false;
+    session.adapters.push_back(std::make_unique<SharedAdapter>(
+        options.ptes[i], program, std::move(data.value()), ms));
   }
   return Status();
 }
@@ -95,10 +129,11 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
   auto files = has_ptd ? check_data_files(options.ptd, options.shared_ptd)
                        : StatusOr<DataFiles>(DataFiles());
   if (!files.ok()) return files.status();
+  std::vector<PteInfo> infos;
   for (const std::string& pte : options.ptes) {
     auto pte_info = check_pte(pte, "--pte");
     if (!pte_info.ok()) return pte_info.status();
-    if (!has_ptd && pte_info->record.present)
+    if (!has_ptd && needs_data_file(pte_info.value()))
       return Status::usage("--pte " + pte + " is a lora-share adapter for "
                            "foundation " + pte_info->record.fingerprint +
                            ": give its foundation.ptd with --ptd");
@@ -107,16 +142,14 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
                      /*verify=*/!options.no_verify);
       if (!s.ok()) return s;
     }
+    infos.push_back(std::move(pte_info.value()));
   }
-  if (!options.stock) {
-    auto foundation =
-        has_ptd ? Foundation::open(options.ptd, options.shared_ptd)
-                : StatusOr<std::unique_ptr<Foundation>>(Foundation::none());
-    if (!foundation.ok()) return foundation.status();
-    session->foundation = std::move(foundation.value());
-  }
-  s = options.stock ? load_stock_adapters(*session, options)
-                    : load_shared_adapters(*session, options);
+  auto foundation = has_ptd ? Foundation::open(options.ptd, options.shared_ptd)
+                            : StatusOr<std::unique_ptr<Foundation>>(Foundation::none());
+  if (!foundation.ok()) return foundation.status();
+  session->foundation = std::move(foundation.value());
+  s = options.stock ? load_stock_adapters(*session, options, infos)
+                    : load_shared_adapters(*session, options, infos);
   if (!s.ok()) return s;
   if (!options.packed_cache.empty()) {
     s = session->xnnpack.save_packed_cache();

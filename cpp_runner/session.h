@@ -12,6 +12,7 @@
 #include "foundation.h"
 #include "memory_stats.h"
 #include "planned_arena.h"
+#include "shared_adapter.h"
 #include "status.h"
 #include "xnnpack_options.h"
 
@@ -21,16 +22,21 @@ struct Session {
   // Declaration order is destruction order in reverse: adapters must go
   // before the foundation they point into.
   XnnpackSettings xnnpack;
-  std::unique_ptr<Foundation> foundation;  // null on the --stock path
-  // Planned memory of the adapters' forward methods (planned_arena.h): one
+  // The foundation's data map: the programs' weights (shared path) and the
+  // LoRA tensors an adapter reads from adapters_shared.ptd (both paths).
+  std::unique_ptr<Foundation> foundation;
+  // Planned memory of the programs' forward methods (planned_arena.h): one
   // for all, or one each with --private-arenas; none on the --stock path.
   std::vector<std::unique_ptr<PlannedArena>> arenas;
+  // One per distinct program (every adapter of a deployment carries the
+  // same one); none on the --stock path.
+  std::vector<std::unique_ptr<SharedProgram>> programs;
   std::vector<std::unique_ptr<Adapter>> adapters;
 
   std::string ptd;         // --ptd, as given
   std::string shared_ptd;  // --shared-ptd, as given ("" = none)
   std::string mode;        // "shared" or "stock"
-  std::string arena;       // "shared", "private" or "module" (stock: each Module its own)
+  std::string arena;       // "shared", "private" (one per program) or "module" (stock: each Module its own)
   size_t planned_bytes = 0;  // planned memory the runner allocated for forward
   XnnpackState xnnpack_state;
   bool packed_cache_warm = false;  // the cache file held data before loading

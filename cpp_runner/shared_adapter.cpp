@@ -47,9 +47,8 @@ MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
     : planned(planned_buffers),
       manager(&method_allocator, &planned, &temp_allocator) {}
 
-Status SharedAdapter::open(const std::string& pte) {
+Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
   auto t0 = std::chrono::steady_clock::now();
-  name_ = file_stem(pte);
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;
@@ -83,7 +82,13 @@ Status SharedAdapter::open(const std::string& pte) {
   prefill_chunk_ = chunk.value();
   auto sizes = planned_buffer_sizes(*program_, "forward");
   if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
-  auto layout = read_kv_layout(program_->method_meta("forward").get(), max_seq_len_, pte);
+  auto forward = program_->method_meta("forward");
+  if (!forward.ok()) return Status::failure(pte + ": the program has no method 'forward'");
+  auto shapes = read_lora_shapes(forward.get(), lora_slots, pte);
+  if (!shapes.ok()) return shapes.status();
+  lora_shapes_ = std::move(shapes.value());
+  zeros_.assign(zero_floats_needed(lora_shapes_), 0.0f);
+  auto layout = read_kv_layout(forward.get(), max_seq_len_, 2 * lora_slots, pte);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
   planned_sizes_ = {kv_.layout.bytes()};
@@ -92,7 +97,7 @@ Status SharedAdapter::open(const std::string& pte) {
   return Status();
 }
 
-Status SharedAdapter::load_forward(PlannedArena& arena, const Foundation& foundation,
+Status SharedProgram::load_forward(PlannedArena& arena, const Foundation& foundation,
                                    const LoadBackendOptionsMap* backend_options) {
   auto t0 = std::chrono::steady_clock::now();
   set_phase("loading " + pte_path_ + " against " +
@@ -118,7 +123,7 @@ Status SharedAdapter::load_forward(PlannedArena& arena, const Foundation& founda
   return Status();
 }
 
-StatusOr<int64_t> SharedAdapter::run_constant_method(const char* method_name) {
+StatusOr<int64_t> SharedProgram::run_constant_method(const char* method_name) {
   std::string what = pte_path_ + ": " + method_name + "()";
   // A constant method's planned memory is its own, for this one call.
   auto sizes = planned_buffer_sizes(*program_, method_name);
@@ -138,7 +143,7 @@ StatusOr<int64_t> SharedAdapter::run_constant_method(const char* method_name) {
 }
 
 // Turns a failed forward load into the most useful message we can give.
-Status SharedAdapter::explain_load_failure(Error error,
+Status SharedProgram::explain_load_failure(Error error,
                                            const Foundation& foundation) {
   // Keys found in the adapter's own data are not missing: the runtime looks
   // every key up in the foundation first and falls back to the .pte.
@@ -180,16 +185,34 @@ Status SharedAdapter::explain_load_failure(Error error,
                          (detail.empty() ? "" : ": " + detail) + ")" + hint);
 }
 
-Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
-                           std::vector<float>* logits) {
+Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& lora,
+                           const std::vector<int64_t>& tokens, int64_t pos,
+                           std::vector<float>* logits, const std::string& adapter_pte) {
+  std::string what = adapter_pte + ": forward";
   return run_forward(
-      [this](const std::vector<EValue>& inputs) { return execute_forward(inputs); },
-      kv_, tokens, pos, vocab_size_, pte_path_ + ": forward", logits);
+      [this, &what](const std::vector<EValue>& inputs) { return execute_forward(inputs, what); },
+      kv_, lora, tokens, pos, vocab_size_, what, logits);
 }
 
-StatusOr<std::vector<EValue>> SharedAdapter::execute_forward(
-    const std::vector<EValue>& inputs) {
-  std::string what = pte_path_ + ": forward";
+SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program,
+                             std::unique_ptr<LoraData> data, double load_ms)
+    : program_(program), data_(std::move(data)) {
+  name_ = file_stem(pte);
+  pte_path_ = pte;
+  vocab_size_ = program->vocab_size();
+  max_seq_len_ = program->max_seq_len();
+  prefill_chunk_ = program->prefill_chunk();
+  load_ms_ = load_ms;
+  lora_ = lora_input_tensors(data_.get(), program->lora_shapes(), program->zeros());
+}
+
+Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
+                           std::vector<float>* logits) {
+  return program_->step(lora_, tokens, pos, logits, pte_path_);
+}
+
+StatusOr<std::vector<EValue>> SharedProgram::execute_forward(
+    const std::vector<EValue>& inputs, const std::string& what) {
   if (forward_->set_inputs(executorch::aten::ArrayRef<EValue>(inputs.data(),
                                                               inputs.size())) != Error::Ok)
     return Status::failure(what + " rejected its inputs (" + last_runtime_error() + ")");

@@ -3,7 +3,8 @@
 // itself, as ExecuTorch's LLM runner does. main() turns the XNNPACK weight
 // cache off for this path, so every adapter packs its own copy of the
 // foundation's delegated weights. The KV cache is the adapter's own vector
-// (forward_io.h); the Module keeps forward's planned memory to itself.
+// (forward_io.h); the Module keeps forward's planned memory to itself. Its
+// LoRA inputs are its own mapped tensors (lora_data.h), as on the shared path.
 #include <executorch/extension/module/module.h>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "forward_io.h"
 #include "et_platform.h"
 #include "file_stem.h"
+#include "lora_data.h"
 
 namespace lora_share {
 namespace {
@@ -23,8 +25,8 @@ using executorch::runtime::EValue;
 class StockAdapter final : public Adapter {
  public:
   // `ptd` "" = a self-contained program; `shared_ptd` "" = none.
-  Status load(const std::string& pte, const std::string& ptd,
-              const std::string& shared_ptd);
+  Status load(const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
+              const PteInfo& info, const executorch::runtime::NamedDataMap* shared);
   Status step(const std::vector<int64_t>& tokens, int64_t pos,
               std::vector<float>* logits) override;
 
@@ -36,10 +38,14 @@ class StockAdapter final : public Adapter {
   std::unique_ptr<Module> module_;
   std::vector<float> kv_storage_;
   KvCache kv_;  // over kv_storage_
+  std::unique_ptr<LoraData> lora_data_;
+  std::vector<float> zeros_;
+  std::vector<executorch::extension::TensorPtr> lora_;  // over lora_data_ and zeros_
 };
 
 Status StockAdapter::load(const std::string& pte, const std::string& ptd,
-                          const std::string& shared_ptd) {
+                          const std::string& shared_ptd, const PteInfo& info,
+                          const executorch::runtime::NamedDataMap* shared) {
   auto t0 = std::chrono::steady_clock::now();
   name_ = file_stem(pte);
   pte_path_ = pte;
@@ -81,6 +87,15 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd,
   auto chunk = run_constant_method("get_prefill_chunk");
   if (!chunk.ok()) return chunk.status();
   prefill_chunk_ = chunk.value();
+  auto meta = module_->method_meta("forward");
+  if (!meta.ok()) return Status::failure(pte + ": the program has no method 'forward'");
+  auto shapes = read_lora_shapes(meta.get(), info.record.envelope.size(), pte);
+  if (!shapes.ok()) return shapes.status();
+  auto data = LoraData::open(pte, info, shared, shapes.value());
+  if (!data.ok()) return data.status();
+  lora_data_ = std::move(data.value());
+  zeros_.assign(zero_floats_needed(shapes.value()), 0.0f);
+  lora_ = lora_input_tensors(lora_data_.get(), shapes.value(), zeros_.data());
   Status kv = allocate_kv_cache();
   if (!kv.ok()) return kv;
   load_ms_ = std::chrono::duration<double, std::milli>(
@@ -103,7 +118,7 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
 Status StockAdapter::allocate_kv_cache() {
   auto meta = module_->method_meta("forward");
   if (!meta.ok()) return Status::failure(pte_path_ + ": the program has no method 'forward'");
-  auto layout = read_kv_layout(meta.get(), max_seq_len_, pte_path_);
+  auto layout = read_kv_layout(meta.get(), max_seq_len_, lora_.size(), pte_path_);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
   kv_storage_.assign(kv_.layout.floats(), 0.0f);
@@ -115,7 +130,7 @@ Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
                           std::vector<float>* logits) {
   return run_forward(
       [this](const std::vector<EValue>& inputs) { return execute_forward(inputs); },
-      kv_, tokens, pos, vocab_size_, pte_path_ + ": forward", logits);
+      kv_, lora_, tokens, pos, vocab_size_, pte_path_ + ": forward", logits);
 }
 
 StatusOr<std::vector<EValue>> StockAdapter::execute_forward(
@@ -131,8 +146,8 @@ StatusOr<std::vector<EValue>> StockAdapter::execute_forward(
 }  // namespace
 
 StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
-    const std::string& pte, const std::string& ptd,
-    const std::string& shared_ptd) {
+    const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
+    const PteInfo& info, const executorch::runtime::NamedDataMap* shared) {
   const std::pair<std::string, const char*> files[] = {
       {ptd, "--ptd"}, {shared_ptd, "--shared-ptd"}};
   for (const auto& [path, flag] : files) {
@@ -141,7 +156,7 @@ StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
     if (!readable.ok()) return readable;
   }
   auto adapter = std::make_unique<StockAdapter>();
-  Status s = adapter->load(pte, ptd, shared_ptd);
+  Status s = adapter->load(pte, ptd, shared_ptd, info, shared);
   if (!s.ok()) return s;
   return std::unique_ptr<Adapter>(std::move(adapter));
 }

@@ -61,9 +61,11 @@ class Program:
         from executorch.exir._serialize.data_serializer import DataEntry
 
         record = encode_adapter(dataclasses.replace(meta, program_sha256=self.sha256))
-        buffers = [record, *tensors.values()]
-        entries = {ADAPTER_KEY: DataEntry(0, 16, None)}
-        entries.update({key: DataEntry(i, TENSOR_ALIGNMENT, None) for i, key in enumerate(tensors, 1)})
+        # The record goes last: no tensor ends the file, so a kernel that reads a few bytes past
+        # the end of its input (XNNPACK may) stays inside the mapping.
+        buffers = [*tensors.values(), record]
+        entries = {key: DataEntry(i, TENSOR_ALIGNMENT, None) for i, key in enumerate(tensors)}
+        entries[ADAPTER_KEY] = DataEntry(len(tensors), 16, None)
         named = NamedDataStoreOutput(buffers=buffers, pte_data=entries, external_data={})
         out = self._serialize(PTEFile(program=self._file.program, mutable_data=self._file.mutable_data,
                                       named_data=named))

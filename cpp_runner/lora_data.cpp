@@ -1,0 +1,152 @@
+#include "lora_data.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace lora_share {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::extension::make_tensor_ptr;
+using executorch::extension::TensorPtr;
+using executorch::runtime::MethodMeta;
+
+Status bad_inputs(const std::string& pte, size_t slots, const std::string& why) {
+  return Status::failure(pte + ": its record names " + std::to_string(slots) +
+                         " LoRA slots, but forward's inputs do not end in as many "
+                         "float32 A/B pairs (" + why + "): the file is damaged");
+}
+
+}  // namespace
+
+StatusOr<std::vector<LoraShape>> read_lora_shapes(const MethodMeta& forward, size_t slots,
+                                                  const std::string& pte) {
+  size_t inputs = forward.num_inputs();
+  if (inputs < 2 + 2 * slots) return bad_inputs(pte, slots, "too few inputs");
+  std::vector<LoraShape> shapes;
+  size_t first = inputs - 2 * slots;
+  for (size_t i = 0; i < slots; ++i) {
+    auto a = forward.input_tensor_meta(first + 2 * i);
+    auto b = forward.input_tensor_meta(first + 2 * i + 1);
+    if (!a.ok() || !b.ok() || a->scalar_type() != ScalarType::Float ||
+        b->scalar_type() != ScalarType::Float || a->sizes().size() != 2 ||
+        b->sizes().size() != 2 || a->sizes()[0] != b->sizes()[1] || a->sizes()[0] < 1)
+      return bad_inputs(pte, slots, "input " + std::to_string(first + 2 * i));
+    shapes.push_back({a->sizes()[1], b->sizes()[0], a->sizes()[0]});
+  }
+  return shapes;
+}
+
+LoraData::~LoraData() {
+  if (map_ != nullptr) munmap(const_cast<uint8_t*>(map_), map_size_);
+}
+
+StatusOr<std::unique_ptr<LoraData>> LoraData::open(
+    const std::string& pte, const PteInfo& info,
+    const executorch::runtime::NamedDataMap* shared,
+    const std::vector<LoraShape>& shapes) {
+  const Record& record = info.record;
+  if (record.envelope.size() != shapes.size())
+    return bad_inputs(pte, record.envelope.size(),
+                      std::to_string(shapes.size()) + " pairs in its program");
+  auto data = std::unique_ptr<LoraData>(new LoraData());
+  int fd = ::open(pte.c_str(), O_RDONLY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    if (fd >= 0) ::close(fd);
+    return Status::failure(pte + ": cannot read the file");
+  }
+  // The whole file, read-only: only the pages of the tensors read below ever
+  // become resident; the program's own pages stay on disk.
+  data->map_size_ = static_cast<uint64_t>(st.st_size);
+  void* p = data->map_size_ ? mmap(nullptr, data->map_size_, PROT_READ, MAP_PRIVATE, fd, 0)
+                            : MAP_FAILED;
+  ::close(fd);
+  if (p == MAP_FAILED) return Status::failure(pte + ": could not map the file");
+  data->map_ = static_cast<const uint8_t*>(p);
+  data->slots_.assign(shapes.size(), Slot());
+
+  // The tensor `key`, with at least `bytes` bytes, or why not.
+  auto tensor = [&](const std::string& key, uint64_t bytes, const std::string& what,
+                    const float** out) -> Status {
+    auto own = info.own_ranges.find(key);
+    if (own != info.own_ranges.end()) {
+      auto [start, size] = own->second;
+      if (size < bytes || start + size > data->map_size_)
+        return Status::failure(pte + " holds " + std::to_string(size) + " bytes for its " +
+                               what + ", which needs " + std::to_string(bytes) +
+                               ": the file is damaged");
+      // The writer aligns every tensor to 64 bytes.
+      if (start % alignof(float) != 0)
+        return Status::failure(pte + ": its " + what + " is not aligned: the file is damaged");
+      *out = reinterpret_cast<const float*>(data->map_ + start);
+      data->own_bytes_ += bytes;
+      return Status();
+    }
+    if (shared != nullptr) {
+      auto buffer = shared->get_data(key.c_str());
+      if (buffer.ok()) {
+        if (buffer->size() < bytes)
+          return Status::failure("adapters_shared.ptd holds " + std::to_string(buffer->size()) +
+                                 " bytes for " + pte + "'s " + what + ", which needs " +
+                                 std::to_string(bytes) + ": the file is damaged");
+        *out = static_cast<const float*>(buffer->data());
+        data->shared_.push_back(std::move(buffer.get()));
+        return Status();
+      }
+    }
+    return Status::failure(pte + ": no data for its " + what + " (key " + key.substr(0, 16) +
+                           "...)" +
+                           (shared == nullptr ? "; it reads tensors shared with other adapters: "
+                                                "give the build's adapters_shared.ptd"
+                                              : ""));
+  };
+  for (const LoraKeys& keys : record.lora) {
+    const LoraShape& shape = shapes[keys.slot];  // decode_record checked the slot
+    const EnvelopeSlot& slot = record.envelope[keys.slot];
+    std::string where = slot.target + " in layer " + std::to_string(slot.layer);
+    if (static_cast<int64_t>(keys.rank) > shape.max_rank)
+      return Status::failure(pte + ": rank " + std::to_string(keys.rank) + " on " + where +
+                             ", but its program takes ranks 1.." +
+                             std::to_string(shape.max_rank) + ": the file is damaged");
+    Slot& s = data->slots_[keys.slot];
+    s.rank = keys.rank;
+    uint64_t rank = keys.rank;
+    Status st = tensor(keys.a, rank * shape.in * sizeof(float), "LoRA A of " + where, &s.a);
+    if (st.ok()) st = tensor(keys.b, rank * shape.out * sizeof(float), "LoRA B of " + where, &s.b);
+    if (!st.ok()) return st;
+  }
+  return data;
+}
+
+size_t zero_floats_needed(const std::vector<LoraShape>& shapes) {
+  int64_t most = 0;
+  for (const LoraShape& s : shapes) most = std::max({most, s.in, s.out});
+  return static_cast<size_t>(most);
+}
+
+std::vector<TensorPtr> lora_input_tensors(const LoraData* data,
+                                          const std::vector<LoraShape>& shapes,
+                                          const float* zeros) {
+  std::vector<TensorPtr> out;
+  out.reserve(2 * shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const LoraShape& shape = shapes[i];
+    LoraData::Slot slot = data != nullptr ? data->slots()[i] : LoraData::Slot();
+    bool has = slot.rank > 0;
+    auto rank = static_cast<SizesType>(has ? slot.rank : 1);
+    // The program only reads its inputs; TensorPtr wants a mutable pointer.
+    out.push_back(make_tensor_ptr({rank, static_cast<SizesType>(shape.in)},
+                                  const_cast<float*>(has ? slot.a : zeros), ScalarType::Float));
+    out.push_back(make_tensor_ptr({static_cast<SizesType>(shape.out), rank},
+                                  const_cast<float*>(has ? slot.b : zeros), ScalarType::Float));
+  }
+  return out;
+}
+
+}  // namespace lora_share
