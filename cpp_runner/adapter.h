@@ -48,11 +48,12 @@ class Adapter {
 };
 
 // Loads `pte` the way ExecuTorch's examples do: a Module that opens `ptd`
-// (and `shared_ptd`, unless "") itself, its own program and planned memory.
-// Its LoRA inputs are the tensors its record (`info`) names, read from the
-// file's own named data or from `shared` (adapters_shared.ptd; may be null).
-StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
-    const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
-    const PteInfo& info, const executorch::runtime::NamedDataMap* shared);
+// ("" = a self-contained program) itself, its own program and planned
+// memory. Its LoRA inputs are the tensors its record (`info`) names, read
+// from the file's own named data or from `files`' adapters_shared.ptd.
+StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
+                                                      const std::string& ptd,
+                                                      const PteInfo& info,
+                                                      const Foundation& files);
 
 }  // namespace lora_share

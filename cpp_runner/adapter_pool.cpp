@@ -275,8 +275,7 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
   make_room(entry.cost + (program.loaded ? 0 : program.cost), index);
   Status s = load_program(entry.program);
   if (!s.ok()) return s;
-  auto data = LoraData::open(entry.pte, entry.info, foundation_->data_map(),
-                             program.program->lora_shapes());
+  auto data = LoraData::open(entry.pte, entry.info, *foundation_, program.program->lora_shapes());
   if (!data.ok()) return data.status();
   double ms = std::chrono::duration<double, std::milli>(
                   std::chrono::steady_clock::now() - t0)

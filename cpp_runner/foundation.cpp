@@ -39,6 +39,16 @@ std::string describe_data_files(const std::string& ptd,
   return shared_ptd.empty() ? ptd : ptd + " and " + shared_ptd;
 }
 
+StatusOr<std::unique_ptr<Foundation>> Foundation::open_shared(const std::string& shared_path) {
+  std::unique_ptr<Foundation> f(new Foundation());
+  if (shared_path.empty()) return f;
+  f->shared_path_ = shared_path;
+  auto shared = map_ptd(shared_path, "--shared-ptd", "adapters_shared.ptd written by the build");
+  if (!shared.ok()) return shared.status();
+  f->shared_ = std::move(shared.value());
+  return f;
+}
+
 StatusOr<Foundation::MappedPtd> Foundation::map_ptd(
     const std::string& path, const std::string& flag,
     const std::string& expected) {

@@ -39,6 +39,9 @@ class Foundation {
   static std::unique_ptr<Foundation> none() {
     return std::unique_ptr<Foundation>(new Foundation());
   }
+  // adapters_shared.ptd alone ("" = none()): where the --stock path, whose
+  // Modules open foundation.ptd themselves, reads hoisted LoRA tensors.
+  static StatusOr<std::unique_ptr<Foundation>> open_shared(const std::string& shared_path);
 
   // "" for none() / no shared file.
   const std::string& path() const { return path_; }
@@ -46,7 +49,7 @@ class Foundation {
   // Every key of both files (null for none()).
   const executorch::runtime::NamedDataMap* data_map() const {
     if (merged_) return merged_.get();
-    return foundation_.map.get();
+    return foundation_.map ? foundation_.map.get() : shared_.map.get();
   }
 
  private:

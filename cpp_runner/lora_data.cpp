@@ -19,7 +19,7 @@ using executorch::runtime::MethodMeta;
 Status bad_inputs(const std::string& pte, size_t slots, const std::string& why) {
   return Status::failure(pte + ": its record names " + std::to_string(slots) +
                          " LoRA slots, but forward's inputs do not end in as many "
-                         "float32 A/B pairs (" + why + "): the file is damaged");
+                         "float32 A/B pairs (" + why + "): the file is corrupt");
 }
 
 }  // namespace
@@ -46,10 +46,13 @@ LoraData::~LoraData() {
   if (map_ != nullptr) munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
-StatusOr<std::unique_ptr<LoraData>> LoraData::open(
-    const std::string& pte, const PteInfo& info,
-    const executorch::runtime::NamedDataMap* shared,
-    const std::vector<LoraShape>& shapes) {
+StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const PteInfo& info,
+                                                  const Foundation& files,
+                                                  const std::vector<LoraShape>& shapes) {
+  // Hoisted tensors are in adapters_shared.ptd, merged with foundation.ptd
+  // into one map on the shared path (lookups fall through to it).
+  const executorch::runtime::NamedDataMap* shared =
+      files.shared_path().empty() ? nullptr : files.data_map();
   const Record& record = info.record;
   if (record.envelope.size() != shapes.size())
     return bad_inputs(pte, record.envelope.size(),
@@ -80,10 +83,10 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(
       if (size < bytes || start + size > data->map_size_)
         return Status::failure(pte + " holds " + std::to_string(size) + " bytes for its " +
                                what + ", which needs " + std::to_string(bytes) +
-                               ": the file is damaged");
+                               ": the file is corrupt");
       // The writer aligns every tensor to 64 bytes.
       if (start % alignof(float) != 0)
-        return Status::failure(pte + ": its " + what + " is not aligned: the file is damaged");
+        return Status::failure(pte + ": its " + what + " is not aligned: the file is corrupt");
       *out = reinterpret_cast<const float*>(data->map_ + start);
       data->own_bytes_ += bytes;
       return Status();
@@ -92,9 +95,9 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(
       auto buffer = shared->get_data(key.c_str());
       if (buffer.ok()) {
         if (buffer->size() < bytes)
-          return Status::failure("adapters_shared.ptd holds " + std::to_string(buffer->size()) +
+          return Status::failure(files.shared_path() + " holds " + std::to_string(buffer->size()) +
                                  " bytes for " + pte + "'s " + what + ", which needs " +
-                                 std::to_string(bytes) + ": the file is damaged");
+                                 std::to_string(bytes) + ": the file is corrupt");
         *out = static_cast<const float*>(buffer->data());
         data->shared_.push_back(std::move(buffer.get()));
         return Status();
@@ -113,7 +116,7 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(
     if (static_cast<int64_t>(keys.rank) > shape.max_rank)
       return Status::failure(pte + ": rank " + std::to_string(keys.rank) + " on " + where +
                              ", but its program takes ranks 1.." +
-                             std::to_string(shape.max_rank) + ": the file is damaged");
+                             std::to_string(shape.max_rank) + ": the file is corrupt");
     Slot& s = data->slots_[keys.slot];
     s.rank = keys.rank;
     uint64_t rank = keys.rank;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "file_check.h"
+#include "foundation.h"
 #include "status.h"
 
 namespace lora_share {
@@ -48,12 +49,11 @@ class LoraData {
   };
 
   // Maps `pte` and finds every tensor its record (`info`) names: in its own
-  // named data, else in `shared` (adapters_shared.ptd; may be null), each with
-  // the bytes its rank and `shapes` need (never fewer: nothing is read past).
-  static StatusOr<std::unique_ptr<LoraData>> open(
-      const std::string& pte, const PteInfo& info,
-      const executorch::runtime::NamedDataMap* shared,
-      const std::vector<LoraShape>& shapes);
+  // named data, else in `data`'s adapters_shared.ptd, each with the bytes its
+  // rank and `shapes` need (never fewer: nothing is read past).
+  static StatusOr<std::unique_ptr<LoraData>> open(const std::string& pte, const PteInfo& info,
+                                                  const Foundation& data,
+                                                  const std::vector<LoraShape>& shapes);
   ~LoraData();
   LoraData(const LoraData&) = delete;
   LoraData& operator=(const LoraData&) = delete;

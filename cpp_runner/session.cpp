@@ -34,8 +34,7 @@ Status load_stock_adapters(Session& session, const Options& options,
                            const std::vector<PteInfo>& infos) {
   session.arena = "module";
   for (size_t i = 0; i < options.ptes.size(); ++i) {
-    auto adapter = load_stock_adapter(options.ptes[i], options.ptd, options.shared_ptd,
-                                      infos[i], session.foundation->data_map());
+    auto adapter = load_stock_adapter(options.ptes[i], options.ptd, infos[i], *session.foundation);
     if (!adapter.ok()) return adapter.status();
     session.adapters.push_back(std::move(adapter.value()));
   }
@@ -85,7 +84,7 @@ Status load_shared_adapters(Session& session, const Options& options,
   for (size_t i = 0; i < options.ptes.size(); ++i) {
     auto t0 = std::chrono::steady_clock::now();
     SharedProgram* program = session.programs[program_of[i]].get();
-    auto data = LoraData::open(options.ptes[i], infos[i], session.foundation->data_map(),
+    auto data = LoraData::open(options.ptes[i], infos[i], *session.foundation,
                                program->lora_shapes());
     if (!data.ok()) return data.status();
     // The first adapter of a program carries its load (packing the foundation).
@@ -144,8 +143,11 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
     }
     infos.push_back(std::move(pte_info.value()));
   }
-  auto foundation = has_ptd ? Foundation::open(options.ptd, options.shared_ptd)
-                            : StatusOr<std::unique_ptr<Foundation>>(Foundation::none());
+  // The stock path's Modules open foundation.ptd themselves; the runner
+  // itself reads only hoisted LoRA tensors there, from adapters_shared.ptd.
+  auto foundation = options.stock ? Foundation::open_shared(options.shared_ptd)
+                    : has_ptd     ? Foundation::open(options.ptd, options.shared_ptd)
+                                  : StatusOr<std::unique_ptr<Foundation>>(Foundation::none());
   if (!foundation.ok()) return foundation.status();
   session->foundation = std::move(foundation.value());
   s = options.stock ? load_stock_adapters(*session, options, infos)

@@ -24,9 +24,9 @@ using executorch::runtime::EValue;
 
 class StockAdapter final : public Adapter {
  public:
-  // `ptd` "" = a self-contained program; `shared_ptd` "" = none.
-  Status load(const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
-              const PteInfo& info, const executorch::runtime::NamedDataMap* shared);
+  // `ptd` "" = a self-contained program.
+  Status load(const std::string& pte, const std::string& ptd, const PteInfo& info,
+              const Foundation& files);
   Status step(const std::vector<int64_t>& tokens, int64_t pos,
               std::vector<float>* logits) override;
 
@@ -43,24 +43,24 @@ class StockAdapter final : public Adapter {
   std::vector<executorch::extension::TensorPtr> lora_;  // over lora_data_ and zeros_
 };
 
-Status StockAdapter::load(const std::string& pte, const std::string& ptd,
-                          const std::string& shared_ptd, const PteInfo& info,
-                          const executorch::runtime::NamedDataMap* shared) {
+Status StockAdapter::load(const std::string& pte, const std::string& ptd, const PteInfo& info,
+                          const Foundation& files) {
   auto t0 = std::chrono::steady_clock::now();
   name_ = file_stem(pte);
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
   if (!readable.ok()) return readable;
+  // The program reads nothing from adapters_shared.ptd (LoRA tensors are
+  // inputs, read below), so the Module opens foundation.ptd alone.
   std::vector<std::string> data_files;
-  for (const std::string& f : {ptd, shared_ptd})
-    if (!f.empty()) data_files.push_back(f);
-  std::string against = describe_data_files(ptd, shared_ptd);
+  if (!ptd.empty()) data_files.push_back(ptd);
+  std::string against = describe_data_files(ptd, "");
   set_phase("loading " + pte + " against " + against +
             " (do they come from the same export?)");
   // MmapUseMlockIgnoreErrors is the LLM runner's default load mode.
-  // No --ptd: a self-contained program, opened as Module(pte). With several
-  // files, Module merges their maps itself (per adapter: this path shares
-  // nothing between adapters, as stock ExecuTorch does not).
+  // No --ptd: a self-contained program, opened as Module(pte). Each Module
+  // maps the file itself (this path shares nothing between adapters, as
+  // stock ExecuTorch does not).
   module_ = data_files.empty()
                 ? std::make_unique<Module>(
                       pte, Module::LoadMode::MmapUseMlockIgnoreErrors)
@@ -91,7 +91,7 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd,
   if (!meta.ok()) return Status::failure(pte + ": the program has no method 'forward'");
   auto shapes = read_lora_shapes(meta.get(), info.record.envelope.size(), pte);
   if (!shapes.ok()) return shapes.status();
-  auto data = LoraData::open(pte, info, shared, shapes.value());
+  auto data = LoraData::open(pte, info, files, shapes.value());
   if (!data.ok()) return data.status();
   lora_data_ = std::move(data.value());
   zeros_.assign(zero_floats_needed(shapes.value()), 0.0f);
@@ -145,18 +145,16 @@ StatusOr<std::vector<EValue>> StockAdapter::execute_forward(
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(
-    const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
-    const PteInfo& info, const executorch::runtime::NamedDataMap* shared) {
-  const std::pair<std::string, const char*> files[] = {
-      {ptd, "--ptd"}, {shared_ptd, "--shared-ptd"}};
-  for (const auto& [path, flag] : files) {
-    if (path.empty()) continue;
-    Status readable = check_readable_file(path, flag);
+StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
+                                                      const std::string& ptd,
+                                                      const PteInfo& info,
+                                                      const Foundation& files) {
+  if (!ptd.empty()) {
+    Status readable = check_readable_file(ptd, "--ptd");
     if (!readable.ok()) return readable;
   }
   auto adapter = std::make_unique<StockAdapter>();
-  Status s = adapter->load(pte, ptd, shared_ptd, info, shared);
+  Status s = adapter->load(pte, ptd, info, files);
   if (!s.ok()) return s;
   return std::unique_ptr<Adapter>(std::move(adapter));
 }

@@ -88,8 +88,10 @@ class LoadedAdapter:
                 failure = e
         if failure is not None:
             raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
-        self.lora = lora_inputs(self.pte, shared, meta)
-        self.cache = _runtime_cache(meta, len(self.lora), self.max_seq_len, self.pte)
+        record = _record(self.pte)
+        # The cache first: a program of an earlier contract is refused for its inputs, with the fix.
+        self.cache = _runtime_cache(meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.pte)
+        self.lora = lora_inputs(self.pte, record, shared, meta) if record else []
         self.load_s = time.perf_counter() - t0
 
     def step(self, tokens: list[int], pos: int) -> np.ndarray:
@@ -103,20 +105,23 @@ class LoadedAdapter:
 _ET_FLOAT = 6  # ExecuTorch's ScalarType::Float, as a method's tensor metadata reports dtypes
 
 
-def lora_inputs(pte: Path, shared_ptd: Path | None, meta) -> list:
-    """forward's LoRA inputs for the adapter in ``pte``: A, B per envelope slot of its record, read
-    from its named data (or ``shared_ptd``) by key; a zero rank-1 pair where it has no LoRA.
-    ``meta`` is forward's method metadata: the envelope's inputs are its last ones."""
+def _record(pte: Path):
+    """The adapter record of ``pte``, or None for a program lora-share did not write."""
+    from .formats import read_pte
+    from .verify import adapter_record
+
+    return adapter_record(read_pte(pte))
+
+
+def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
+    """forward's LoRA inputs for the adapter in ``pte`` (``record``: its adapter record): A, B per
+    envelope slot, read from its named data (or ``shared_ptd``) by key; a zero rank-1 pair where it
+    has no LoRA. ``meta`` is forward's method metadata: the envelope's inputs are its last ones."""
     import torch
 
-    from .adapter_pte import read_record
     from .formats import read_ptd, read_pte
 
     data = Path(pte).read_bytes()
-    record = read_record(data, str(pte))
-    if record.program_sha256 == "":
-        raise UserError(f"{pte}: built by an older lora-share (its LoRA weights are constants of the program, "
-                        "not its inputs): rebuild it with this version")
     n, first = len(record.envelope), meta.num_inputs() - 2 * len(record.envelope)
     if first < 2:
         raise UserError(f"{pte}: its record names {n} LoRA slots, but forward takes {meta.num_inputs()} inputs")

@@ -117,19 +117,28 @@ def loading(runner_bin, tiny_build, names, *flags) -> dict:
     return json.loads(proc.stdout)["loading"]
 
 
-def test_one_arena_is_sized_to_the_largest_program(runner_bin, tiny_build):
-    names = ["tiny_a", "tiny_b"]  # different ranks and targets: different planned memory
-    each = {n: loading(runner_bin, tiny_build, [n], "--private-arenas")["planned_bytes"] for n in names}
-    assert min(each.values()) > 0
-    shared = loading(runner_bin, tiny_build, names)
-    private = loading(runner_bin, tiny_build, names, "--private-arenas")
+def test_one_arena_is_sized_to_the_largest_program(runner_bin, tiny_build, hoisted_build):
+    """Adapters of one deployment share one program (one arena however they are asked for); programs
+    of two deployments over the same foundation (other envelopes) share one arena sized to the larger."""
+    loads = {"tiny_a": tiny_build.ptes["tiny_a"], "tiny_b": tiny_build.ptes["tiny_b"],
+             "h_d": hoisted_build.ptes["h_d"]}  # h_d's program has another envelope; it reads nothing shared
+
+    def planned(names, *flags):
+        ptes = [arg for n in names for arg in ("--pte", loads[n])]
+        proc = run_runner(runner_bin, "--ptd", tiny_build.ptd, *ptes, "--tokens", "1", "--max-new-tokens", 1,
+                          "--json", *flags)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["loading"]
+
+    one_program = planned(["tiny_a", "tiny_b"], "--private-arenas")
+    assert one_program["planned_bytes"] == planned(["tiny_a"])["planned_bytes"] > 0
+    each = {n: planned([n], "--private-arenas")["planned_bytes"] for n in ("tiny_a", "h_d")}
+    assert each["tiny_a"] != each["h_d"]
+    shared, private = planned(["tiny_a", "h_d"]), planned(["tiny_a", "h_d"], "--private-arenas")
     assert (shared["arena"], private["arena"]) == ("shared", "private")
     assert shared["planned_bytes"] == max(each.values())
     assert private["planned_bytes"] == sum(each.values())
-    assert shared["planned_bytes"] < private["planned_bytes"]
-    # With one program the two ways are the same; stock ExecuTorch's Modules allocate their own.
-    assert loading(runner_bin, tiny_build, ["tiny_a"])["planned_bytes"] == each["tiny_a"]
-    stock = loading(runner_bin, tiny_build, names, "--stock")
+    stock = loading(runner_bin, tiny_build, ["tiny_a", "tiny_b"], "--stock")
     assert (stock["arena"], stock["planned_bytes"]) == ("module", 0)
 
 
