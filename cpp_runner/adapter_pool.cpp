@@ -235,7 +235,7 @@ void AdapterPool::make_room(uint64_t incoming, size_t keep) {
   while (accounted_bytes() + incoming > options_.budget_bytes) {
     int64_t lru = -1;
     for (size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].program && i != keep &&
+      if (entries_[i].adapter && i != keep &&
           (lru < 0 || entries_[i].last_used < entries_[lru].last_used))
         lru = static_cast<int64_t>(i);
     if (lru < 0) return;  // nothing left to evict; check_budget_holds ran on add
@@ -312,8 +312,8 @@ PoolStats AdapterPool::stats() const {
   s.known = static_cast<uint32_t>(entries_.size());
   s.budget_bytes = options_.budget_bytes;
   s.foundation_bytes = foundation_bytes_;
-  for (const ProgramEntry& p : programs_)
-    if (p.loaded) s.foundation_bytes += p.cost;
+  // Every known program, loaded or not: what a budget must hold to serve any adapter.
+  for (const ProgramEntry& p : programs_) s.program_bytes += p.cost;
   s.arena_bytes = arena_ ? arena_->total_bytes() : 0;
   for (const Entry& e : entries_) {
     if (e.adapter) {

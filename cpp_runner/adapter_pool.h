@@ -48,7 +48,7 @@ struct PoolStats {
   uint32_t known = 0, resident = 0;
   uint64_t loads = 0, evictions = 0, hits = 0;
   double last_load_ms = 0, total_load_ms = 0;
-  uint64_t budget_bytes = 0, foundation_bytes = 0, arena_bytes = 0;
+  uint64_t budget_bytes = 0, foundation_bytes = 0, program_bytes = 0, arena_bytes = 0;
   uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
 };
 

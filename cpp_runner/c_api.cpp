@@ -366,6 +366,7 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   stats->total_load_ms = s.total_load_ms;
   stats->budget_bytes = s.budget_bytes;
   stats->foundation_bytes = s.foundation_bytes;
+  stats->program_bytes = s.program_bytes;
   stats->arena_bytes = s.arena_bytes;
   stats->resident_adapter_bytes = s.resident_adapter_bytes;
   stats->largest_adapter_bytes = s.largest_adapter_bytes;

@@ -28,14 +28,39 @@ TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime r
 class Program:
     """A deployment's exported program without any adapter's data, ready to be written with any."""
 
-    def __init__(self, pte: bytes, what: str):
+    def __init__(self, pte: bytes, what: str, adapter_keys: frozenset[str] = frozenset()):
+        """``pte``: the exported program, or an adapter file whose own entries are ``adapter_keys``
+        (its record and LoRA tensors), which are left out. Any other named data the program has
+        (a stand-alone program's weights) stays with it."""
         from executorch.exir._serialize._program import deserialize_pte_binary
 
         self._file = deserialize_pte_binary(pte)
-        self._file.named_data = None
+        named = self._file.named_data
+        self._own = [] if named is None else [
+            (key, named.buffers[e.buffer_index], e) for key, e in named.pte_data.items() if key not in adapter_keys]
+        self._file.named_data = self._named_data({}, None) if self._own else None
         self.canonical = self._serialize(self._file)
         self.sha256 = hashlib.sha256(self.canonical).hexdigest()
         self.what = what
+
+    def _named_data(self, tensors: dict[str, bytes], record: bytes | None):
+        """The program's own named data, then ``tensors`` and ``record`` (the record last: no tensor
+        ends the file, so a kernel that reads a few bytes past the end of its input, as XNNPACK
+        may, stays inside the mapping)."""
+        from executorch.exir._serialize._named_data_store import NamedDataStoreOutput
+        from executorch.exir._serialize.data_serializer import DataEntry
+
+        buffers, entries = [], {}
+        for key, data, entry in self._own:
+            entries[key] = DataEntry(len(buffers), entry.alignment, entry.tensor_layout)
+            buffers.append(data)
+        for key, data in tensors.items():
+            entries[key] = DataEntry(len(buffers), TENSOR_ALIGNMENT, None)
+            buffers.append(data)
+        if record is not None:
+            entries[ADAPTER_KEY] = DataEntry(len(buffers), 16, None)
+            buffers.append(record)
+        return NamedDataStoreOutput(buffers=buffers, pte_data=entries, external_data={})
 
     @staticmethod
     def _serialize(pte_file) -> bytes:
@@ -47,8 +72,8 @@ class Program:
     def from_adapter_file(cls, path: Path) -> "Program":
         """The program an adapter .pte of this format carries, checked against its record."""
         data = Path(path).read_bytes()
-        program = cls(data, str(path))
         meta = read_record(data, str(path))
+        program = cls(data, str(path), frozenset({ADAPTER_KEY, *(k for e in meta.lora for k in (e.a, e.b))}))
         if meta.program_sha256 != program.sha256:
             raise ValueError(f"{path}: its program does not hash to the {meta.program_sha256[:12]} its record names")
         return program
@@ -56,19 +81,11 @@ class Program:
     def write(self, meta: AdapterMeta, tensors: dict[str, bytes]) -> bytes:
         """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
         named data (the keys its record names that are not in adapters_shared.ptd)."""
-        from executorch.exir._serialize._named_data_store import NamedDataStoreOutput
         from executorch.exir._serialize._program import PTEFile
-        from executorch.exir._serialize.data_serializer import DataEntry
 
         record = encode_adapter(dataclasses.replace(meta, program_sha256=self.sha256))
-        # The record goes last: no tensor ends the file, so a kernel that reads a few bytes past
-        # the end of its input (XNNPACK may) stays inside the mapping.
-        buffers = [*tensors.values(), record]
-        entries = {key: DataEntry(i, TENSOR_ALIGNMENT, None) for i, key in enumerate(tensors)}
-        entries[ADAPTER_KEY] = DataEntry(len(tensors), 16, None)
-        named = NamedDataStoreOutput(buffers=buffers, pte_data=entries, external_data={})
         out = self._serialize(PTEFile(program=self._file.program, mutable_data=self._file.mutable_data,
-                                      named_data=named))
+                                      named_data=self._named_data(tensors, record)))
         return seal_pte(out)
 
 

@@ -51,7 +51,9 @@ def sharing_weights(tensors):
     from executorch.exir._serialize._named_data_store import NamedDataStore
 
     tensor_bytes = _tensor_bytes_class()
-    tensors = [t for t in tensors if type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_contiguous()]
+    # Only tensors that are their whole storage: XNNPACK's serializer reads a weight's storage, not its view.
+    tensors = [t for t in tensors if type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_contiguous()
+               and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes]
     ids = {id(t) for t in tensors}
     by_digest = {}
     for t in tensors:

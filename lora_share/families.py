@@ -256,6 +256,6 @@ def to_decoder_names(tensors: dict[str, torch.Tensor], args: ModelArgs, where: P
             t = out.pop(name)
             if list(t.shape) != shape:
                 raise UserError(f"{where}: tensor {name!r} has shape {list(t.shape)}, config.json implies {shape}")
-            for target, start, end in lin.parts:
-                out[f"model.layers.{layer}.{lin.block}.{target}.weight"] = t[start:end]
+            for target, start, end in lin.parts:  # own memory: XNNPACK serializes a weight's whole storage
+                out[f"model.layers.{layer}.{lin.block}.{target}.weight"] = t[start:end].clone()
     return out

@@ -48,6 +48,7 @@ class _Stats(ctypes.Structure):
                 ("loads", ctypes.c_uint64), ("evictions", ctypes.c_uint64), ("hits", ctypes.c_uint64),
                 ("last_load_ms", ctypes.c_double), ("total_load_ms", ctypes.c_double),
                 ("budget_bytes", ctypes.c_uint64), ("foundation_bytes", ctypes.c_uint64),
+                ("program_bytes", ctypes.c_uint64),
                 ("arena_bytes", ctypes.c_uint64), ("resident_adapter_bytes", ctypes.c_uint64),
                 ("largest_adapter_bytes", ctypes.c_uint64), ("process_pss_bytes", ctypes.c_int64)]
 

@@ -17,6 +17,7 @@ import pytest
 from budget_build import BUDGET_ADAPTERS, budget_build
 from conftest import run_cli
 from lora_share import native
+from lora_share.formats import read_pte
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # longer than the prefill chunk: two forward calls
 NEW = 6
@@ -72,7 +73,7 @@ def budget_for(folder, adapters: int, library) -> int:
     with native.open_dir(folder, library=library) as probe:
         s = probe.stats()
     assert s["adapters_known"] == len(BUDGET_ADAPTERS) and s["adapters_resident"] == 0
-    return s["foundation_bytes"] + s["arena_bytes"] + adapters * s["largest_adapter_bytes"]
+    return s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + adapters * s["largest_adapter_bytes"]
 
 
 def test_budget_for_two_serves_all_six_in_lru_order(deployment, runner_answers, runner_bin):
@@ -87,21 +88,28 @@ def test_budget_for_two_serves_all_six_in_lru_order(deployment, runner_answers, 
             assert (s["loads"], s["evictions"], s["hits"]) == (loads, evictions, hits), name
             assert s["adapters_resident"] == len(resident) <= 2
             assert tuple(sorted(n for n, h in handles.items() if h.resident)) == resident
-            assert s["resident_adapter_bytes"] + s["foundation_bytes"] + s["arena_bytes"] <= budget
+            assert (s["resident_adapter_bytes"] + s["foundation_bytes"] + s["program_bytes"]
+                    + s["arena_bytes"]) <= budget
             assert s["last_load_ms"] > 0
         assert set(SEQUENCE) == set(BUDGET_ADAPTERS)
 
 
 def test_accounted_adapter_cost_is_the_documented_rule(deployment, runner_bin):
-    """lora_share.h: an adapter is 1.2 x its .pte's size + the overhead (4 MiB unless set); the
-    foundation its file + 8 MiB."""
+    """lora_share.h: an adapter is 1.05 x its own LoRA bytes + the overhead (512 KiB unless set); its
+    program 1.2 x the .pte without the adapter's data + 4 MiB; the foundation its file + 8 MiB."""
     library = runner_bin.parent / "liblora_share.so"
-    size = max(p.stat().st_size for p in deployment.ptes.values())
+    entries = deployment.manifest["adapters"]
+    assert len({e["lora_bytes"] for e in entries}) == 1 and not any(e.get("hoisted") for e in entries)
+    own = entries[0]["lora_bytes"]
+    pte = read_pte(deployment.ptes[entries[0]["name"]].read_bytes())
+    program = pte.size - sum(d.size for d in pte.named_data)  # its own data: LoRA tensors and record
+    assert sum(d.size for d in pte.named_data) > own
     ptd = deployment.ptd.stat().st_size
-    for overhead, expected in ((0, 4 << 20), (1 << 20, 1 << 20)):
+    for overhead, expected in ((0, 512 << 10), (1 << 20, 1 << 20)):
         with native.open_dir(deployment.out_dir, adapter_overhead_bytes=overhead, library=library) as rt:
             s = rt.stats()
-        assert s["largest_adapter_bytes"] == size + size // 5 + expected
+        assert s["largest_adapter_bytes"] == own + own // 20 + expected
+        assert s["program_bytes"] == program + program // 5 + (4 << 20)
         assert s["foundation_bytes"] == ptd + (8 << 20) and s["arena_bytes"] > 0  # + the runtime's state
 
 

@@ -247,7 +247,7 @@ def test_a_damaged_foundation_is_a_load_error(library, tiny_build, tmp_path, cas
 def test_budget_below_one_adapter_is_refused(library, tiny_build):
     with native.open_dir(tiny_build.out_dir, library=library) as rt:
         s = rt.stats()
-    too_small = s["foundation_bytes"] + s["arena_bytes"] + s["largest_adapter_bytes"] - 1
+    too_small = s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + s["largest_adapter_bytes"] - 1
     expect("LS_ERR_BUDGET", native.open_dir, tiny_build.out_dir, budget_bytes=too_small, library=library,
            contains="raise the budget")
     with native.open(tiny_build.ptd, budget_bytes=s["foundation_bytes"] + 1, library=library) as rt:

@@ -138,20 +138,21 @@ def test_failed_build_leaves_previous_outputs(tiny_build, tmp_path, monkeypatch)
     before = _snapshot(out, tmp_path / "before")
     cfg = tmp_path / "deploy.yaml"
     _changed_foundation(tiny_build.config, cfg)
-    import lora_share.builder as build_mod
+    from lora_share.adapter_pte import Program
 
     calls = []
-    real = build_mod.export_program
+    real = Program.write
 
-    def export_then_fail(*a, **k):
+    def write_then_fail(self, *a, **k):  # after the export and the first adapter, in staging
         calls.append(1)
         if len(calls) == 2:
-            raise RuntimeError("injected failure in the second export")
-        return real(*a, **k)
+            raise RuntimeError("injected failure writing the second adapter")
+        return real(self, *a, **k)
 
-    monkeypatch.setattr(build_mod, "export_program", export_then_fail)
+    monkeypatch.setattr(Program, "write", write_then_fail)
     with pytest.raises(RuntimeError, match="injected"):
         lora_share.build(cfg, quiet=True)
+    assert len(calls) == 2
     assert _same_tree(out, before)
     assert [p.name for p in tmp_path.iterdir() if "staging" in p.name] == []
 

@@ -37,24 +37,25 @@
  *                weights, packed by XNNPACK once, or mapped; plus 8 MiB for
  *                the runtime's own state (ExecuTorch and XNNPACK allocations,
  *                the shared workspace);
+ *   programs     per distinct program loaded (every adapter of a deployment
+ *                carries the same one, named by its sha256 in the adapter's
+ *                record): 1.2 x its .pte size without adapter data + 4 MiB
+ *                (its method and delegate state);
  *   arena        the planned memory (KV cache and activations) every program
  *                shares, sized to the largest program: its allocated bytes;
- *   adapters     per resident adapter, 1.2 x its .pte size + an overhead
- *                (adapter_overhead_bytes, default 4 MiB): an upper bound of
- *                the process PSS one more loaded adapter costs (its mapped
- *                program, packed LoRA weights, method and delegate state).
- *                Measured PSS per further adapter, .pte 0.6 MB: 1.6-1.7 MiB at
- *                the default config's shape (8 layers), 6.0 MiB for a 2.3 MB
- *                .pte at SmolLM-135M's (30 layers); `lora-share bench-budget`
- *                measures a deployment, and a smaller overhead can be set
- *                from what it reports.
+ *   adapters     per resident adapter, 1.05 x its own LoRA bytes (the tensors
+ *                its .pte holds, not those in adapters_shared.ptd) + an
+ *                overhead (adapter_overhead_bytes, default 512 KiB): an upper
+ *                bound of the process PSS one more resident adapter costs (its
+ *                mapped LoRA tensors bound as the program's inputs);
+ *                `lora-share bench-budget` and `bench-scale` measure it.
  * It does not cover the process's code, libraries or the caller's memory.
  * Before an adapter is loaded, the least recently used resident adapters are
- * evicted until its cost fits. A budget below foundation + arena + the
- * largest adapter is refused (LS_ERR_BUDGET) when the runtime opens, or when
- * ls_load_adapter registers such an adapter. With room for a single adapter
- * every switch also repacks the foundation (XNNPACK frees packed weights no
- * loaded program uses), so give the budget room for two or more.
+ * evicted until its cost fits. A budget below foundation + the adapter's
+ * program + arena + the largest adapter is refused (LS_ERR_BUDGET) when the
+ * runtime opens, or when ls_load_adapter registers such an adapter. A
+ * program stays loaded once used (evicting an adapter unmaps its tensors
+ * only), so switching adapters never repacks the foundation.
  */
 #ifndef LORA_SHARE_H
 #define LORA_SHARE_H
@@ -126,6 +127,7 @@ typedef struct {
   double total_load_ms;
   uint64_t budget_bytes;      /* 0 = none */
   uint64_t foundation_bytes;  /* accounted, see MEMORY BUDGET */
+  uint64_t program_bytes;     /* accounted cost of every known program */
   uint64_t arena_bytes;
   uint64_t resident_adapter_bytes; /* accounted cost of the resident adapters */
   uint64_t largest_adapter_bytes;  /* accounted cost of the largest known one */

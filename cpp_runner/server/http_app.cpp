@@ -134,6 +134,7 @@ void App::stats(httplib::Response& res) {
       {"loads", s.loads}, {"evictions", s.evictions}, {"hits", s.hits},
       {"last_load_ms", s.last_load_ms}, {"total_load_ms", s.total_load_ms},
       {"budget_bytes", s.budget_bytes}, {"foundation_bytes", s.foundation_bytes},
+      {"program_bytes", s.program_bytes},
       {"arena_bytes", s.arena_bytes}, {"resident_adapter_bytes", s.resident_adapter_bytes},
       {"process_pss_bytes", s.process_pss_bytes}};
   res.set_content(out.dump(), kJson);

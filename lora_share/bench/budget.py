@@ -87,8 +87,8 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
         sizes = probe.stats()
         names = [json.loads((folder / "manifest.json").read_text())["adapters"][i]["name"]
                  for i in range(sizes["adapters_known"])]
-    budget = (sizes["foundation_bytes"] + sizes["arena_bytes"] + resident * sizes["largest_adapter_bytes"]
-              if resident else 0)
+    budget = (sizes["foundation_bytes"] + sizes["program_bytes"] + sizes["arena_bytes"]
+              + resident * sizes["largest_adapter_bytes"] if resident else 0)
     baseline = pss_bytes()
     rows, answers = [], []
     t_open = time.perf_counter()
@@ -113,7 +113,8 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
     loads = [r["load_ms"] for r in rows if r["load_ms"] is not None and r is not rows[0]]
     return {
         "resident_target": resident, "budget_bytes": budget, "adapters": len(names), "requests": len(rows),
-        "foundation_bytes": sizes["foundation_bytes"], "arena_bytes": sizes["arena_bytes"],
+        "foundation_bytes": sizes["foundation_bytes"], "program_bytes": sizes["program_bytes"],
+        "arena_bytes": sizes["arena_bytes"],
         "adapter_bytes": sizes["largest_adapter_bytes"], "open_ms": open_ms,
         "baseline_pss_bytes": baseline, "max_pss_growth": max(r["pss_growth"] for r in rows),
         "final_pss_growth": rows[-1]["pss_growth"], "max_resident": max(r["resident"] for r in rows),
@@ -156,7 +157,7 @@ def report(result: dict) -> tuple[str, bool]:
     ok = result["pss_within_budget"] and result["answers_equal"]
     lines = [
         f"{b['adapters']} adapters, budget {_mib(b['budget_bytes'])} = foundation {_mib(b['foundation_bytes'])}"
-        f" + arena {_mib(b['arena_bytes'])} + {b['resident_target']} x adapter {_mib(b['adapter_bytes'])}",
+        f" + program {_mib(b['program_bytes'])} + arena {_mib(b['arena_bytes'])} + {b['resident_target']} x adapter {_mib(b['adapter_bytes'])}",
         f"{b['requests']} requests ({b['adapters']} one each, then {b['requests'] - b['adapters']} mixed), "
         f"{len(PROMPT)} prompt tokens + {NEW_TOKENS} new each",
         "",
