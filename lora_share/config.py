@@ -342,7 +342,7 @@ def load_config(path) -> BuildConfig:
 
 def export_settings(fnd: FoundationConfig) -> dict:
     """What of the foundation config shapes the exported files: everything but the tokenizer, so a
-    changed tokenizer alone never re-exports (or changes the fast-path signature of) an adapter."""
+    changed tokenizer alone never re-exports the program (or changes its signature)."""
     return {k: v for k, v in config_to_dict(fnd).items() if k != "tokenizer"}
 
 

@@ -1,5 +1,5 @@
 """`lora-share bench` in miniature: N = 1, 2 on a one-layer foundation, checked for its fields and the
-direction of every comparison; plus the pieces it rests on (stand-alone export, fast path, --ptd optional)."""
+direction of every comparison; plus the pieces it rests on (stand-alone export, adapters written as data, --ptd optional)."""
 
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ def test_results_are_written_and_printed(scale_run):
 
 
 def test_shared_arena_adds_only_the_adapters_own_bytes(scale_run):
-    """The enforced memory checks hold on the tiny shape too (its bound is mostly the 4 MiB slack, so
-    an arena per program would not fail it: test_runner_arena checks the arena sizes themselves)."""
+    """The enforced memory checks hold on the tiny shape too (its bound is mostly the 0.5 MiB slack;
+    test_runner_arena checks the arena sizes themselves)."""
     root, first, _ = scale_run
     result = json.loads((root / "first" / "bench_scale.json").read_text())
     memory = [c for c in result["checks"] if "PSS" in c["check"]]

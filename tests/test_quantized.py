@@ -3,10 +3,9 @@
 One small build serves every test here: 2 decoder layers, but wide (dim 512,
 MLP 4096, vocabulary 4096) so that the quantized foundation (11 MB in
 foundation.ptd, about 10 MB once XNNPACK has packed it) is well above the
-memory bound's 4 MiB slack: an adapter that did not share it would fail that
-bound by ~6 MB. Its adapters: qa and qb (different graphs: two full exports,
-whose foundation.ptd bytes the builder compares) and qc (qa's graph, other
-weights).
+memory bound (1.05 x an adapter's own LoRA bytes + 0.5 MiB): an adapter that did
+not share it would fail that bound by ~10 MB. Its adapters: qa, qb and qc, one
+program for all three (exported once), each written as its own LoRA data.
 
 Accuracy bounds, against the float eager model with the same adapter, on the
 build's fixed synthetic prompt set (8 prompts x 16 positions, teacher forced):

@@ -178,7 +178,7 @@ def report(result: dict) -> tuple[str, bool]:
         f"| first request (packs the foundation) | {_ms(b['first_request_ms'])} | {_ms(a['first_request_ms'])} |",
         "",
         f"PSS per further adapter, all loaded: {_mib(a['pss_per_further_adapter'])} measured, "
-        f"{_mib(b['adapter_bytes'])} accounted (1.2 x .pte + overhead)",
+        f"{_mib(b['adapter_bytes'])} accounted (1.05 x own LoRA bytes + overhead)",
         f"PSS within the budget: {'yes' if result['pss_within_budget'] else 'NO'} "
         f"(most {_mib(b['max_pss_growth'])} of {_mib(b['budget_bytes'])}); every adapter answered, "
         f"answers equal to all-loaded: {'yes' if result['answers_equal'] else 'NO'}",

@@ -158,7 +158,7 @@ def format_report(result: dict) -> str:
                 line += f" | {_mib(other['pss_bytes']):>12} {_mib(other['increment_bytes']):>7}"
         lines.append(line)
     lines.append("")
-    lines.append("bound: each further adapter adds at most 1.2 x its .pte size + 4 MiB of PSS (shared path)")
+    lines.append("bound: each further adapter adds at most 1.05 x its own LoRA bytes + 0.5 MiB of PSS (shared path)")
     lines.append("")
     n = len(result["ptes"])
     baseline = result["modes"]["shared"][-1]

@@ -9,7 +9,7 @@ For each it reports the bytes on disk (foundation.ptd, the first N .pte), the
 export times and accuracy the manifest recorded, and the C++ runner's PSS right
 after loading 1..N adapters into one process (``memory.measure``, shared
 path: one mmapped foundation.ptd, XNNPACK weight cache on), with the per-adapter
-bound of bench.memory (1.2 x size(pte) + 4 MiB).
+bound of bench.memory (1.05 x its own LoRA bytes + 0.5 MiB).
 
 ``compare_foundations`` returns the numbers as one dict (for a ``make bench``
 report); ``main`` prints them. Exit status: 0 if every increment is within its
