@@ -25,6 +25,34 @@ from .formats.seal import seal_pte
 TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime reads in place
 
 
+def _serializer():
+    """ExecuTorch's .pte serializer module, without importing ExecuTorch's compiler.
+
+    ``executorch.exir``'s package ``__init__`` imports the whole compiler (capture, passes, the edge
+    dialect's op tables): 5-6 s on this machine, for a serializer that needs none of it, and most of
+    ``lora-share add``'s time. When the package is not imported yet, its submodules are imported
+    under a bare package module, which is then dropped: a later ``import executorch.exir`` runs its
+    ``__init__`` as usual and finds the same submodules.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    name = "executorch.exir._serialize._program"
+    if "executorch.exir" in sys.modules:
+        return importlib.import_module(name)
+    spec = importlib.util.find_spec("executorch.exir")
+    bare = types.ModuleType("executorch.exir")
+    bare.__path__, bare.__spec__ = list(spec.submodule_search_locations), spec
+    sys.modules["executorch.exir"] = bare
+    try:
+        return importlib.import_module(name)
+    finally:
+        if sys.modules.get("executorch.exir") is bare:
+            del sys.modules["executorch.exir"]
+
+
 class Program:
     """A deployment's exported program without any adapter's data, ready to be written with any."""
 
@@ -32,9 +60,7 @@ class Program:
         """``pte``: the exported program, or an adapter file whose own entries are ``adapter_keys``
         (its record and LoRA tensors), which are left out. Any other named data the program has
         (a stand-alone program's weights) stays with it."""
-        from executorch.exir._serialize._program import deserialize_pte_binary
-
-        self._file = deserialize_pte_binary(pte)
+        self._file = _serializer().deserialize_pte_binary(pte)
         named = self._file.named_data
         self._own = [] if named is None else [
             (key, named.buffers[e.buffer_index], e) for key, e in named.pte_data.items() if key not in adapter_keys]
@@ -47,8 +73,8 @@ class Program:
         """The program's own named data, then ``tensors`` and ``record`` (the record last: no tensor
         ends the file, so a kernel that reads a few bytes past the end of its input, as XNNPACK
         may, stays inside the mapping)."""
-        from executorch.exir._serialize._named_data_store import NamedDataStoreOutput
-        from executorch.exir._serialize.data_serializer import DataEntry
+        serializer = _serializer()
+        NamedDataStoreOutput, DataEntry = serializer.NamedDataStoreOutput, serializer.DataEntry
 
         buffers, entries = [], {}
         for key, data, entry in self._own:
@@ -64,9 +90,7 @@ class Program:
 
     @staticmethod
     def _serialize(pte_file) -> bytes:
-        from executorch.exir._serialize._program import serialize_pte_binary
-
-        return bytes(serialize_pte_binary(pte_file, extract_delegate_segments=True))
+        return bytes(_serializer().serialize_pte_binary(pte_file, extract_delegate_segments=True))
 
     @classmethod
     def from_adapter_file(cls, path: Path) -> "Program":
@@ -81,10 +105,8 @@ class Program:
     def write(self, meta: AdapterMeta, tensors: dict[str, bytes]) -> bytes:
         """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
         named data (the keys its record names that are not in adapters_shared.ptd)."""
-        from executorch.exir._serialize._program import PTEFile
-
         record = encode_adapter(dataclasses.replace(meta, program_sha256=self.sha256))
-        out = self._serialize(PTEFile(program=self._file.program, mutable_data=self._file.mutable_data,
+        out = self._serialize(_serializer().PTEFile(program=self._file.program, mutable_data=self._file.mutable_data,
                                       named_data=self._named_data(tensors, record)))
         return seal_pte(out)
 

@@ -29,17 +29,29 @@ def test_results_are_written_and_printed(scale_run):
     result = json.loads((root / "first" / "bench_scale.json").read_text())
     md = (root / "first" / "bench_scale.md").read_text()
     assert first.stdout.strip() == md.strip()
-    assert [v["name"] for v in result["variants"]] == ["fp32", "8da4w"]
+    assert [v["name"] for v in result["variants"]] == ["fp32", "8da4w", "fp32-all16", "8da4w-all16"]
     for v in result["variants"]:
+        wide = v["name"].endswith("-all16")
+        assert v["envelope"]["max_rank"] == (16 if wide else 8)
+        assert len(v["envelope"]["targets"]) == (7 if wide else 2)
         assert [r["adapters"] for r in v["memory"]] == [1, 2]
         for row in v["memory"]:
-            for mode in ("shared", "private", "processes"):
+            for mode in ("shared",) if wide else ("shared", "private", "processes"):
                 assert row[mode]["served"]["pss_kb"] > 0 and row[mode]["after_load"]["pss_kb"] > 0
         assert v["speed"]["prefill_tokens_per_s"] > 0 and v["speed"]["decode_far_tokens_per_s"] > 0
-        assert v["export_s"] > 0
+        assert v["export_s"] > 0 and v["build_peak_rss"] > 0
+        # `lora-share add` on the wide envelopes: written as data over the deployment's program.
+        assert [(a["adapter"], a["program"], a["produced"]) for a in v["adds"]] == (
+            [("r4_qko", "reused", "written"), ("r16_all", "reused", "written")] if wide else [])
+        assert all(0 < a["add_s"] < a["wall_s"] for a in v["adds"])
         args = result["shape"]
         # K and V, layers, kv heads, head dim, and every position plus each slab's sink row
         assert v["kv_cache_bytes"] == 2 * 2 * 2 * 16 * (args["context"] + 1) * 4
+    # The large shape is built only; its fp32 foundation.ptd holds at least every fp32 weight once.
+    big = {b["name"]: b for b in result["big"]["builds"]}
+    assert set(big) == {"fp32", "8da4w"} and all(b["build_peak_rss"] > 0 for b in big.values())
+    assert big["fp32"]["fp32_bytes"] <= big["fp32"]["ptd_bytes"] < big["fp32"]["fp32_bytes"] + 65536
+    assert big["8da4w"]["ptd_bytes"] < big["fp32"]["ptd_bytes"]
     assert result["short_context"]["speed"]["decode_near_tokens_per_s"] > 0
 
 

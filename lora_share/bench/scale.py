@@ -4,27 +4,36 @@ attention cost show (the default config's 28 M parameters and 128 tokens hide bo
     make bench-scale                      # = lora-share bench-scale; writes benchmarks/results/bench_scale.*
     lora-share bench-scale --shape tiny --out /tmp/scale   # the same steps on a tiny shape, in a minute
 
-Three builds of one synthetic foundation, made once in ``--workdir`` and reused by later runs while
-nothing changed (``lora-share build`` keeps unchanged outputs; the export time of the build that
-exported is kept beside it): fp32 and 8da4w foundations at the full context with 8 rank-8 q/v
-adapters (one export, each adapter written as data), and fp32 at a 128-token context with one adapter,
-the yardstick for what the long context costs a decoded token.
+Builds of one synthetic foundation, made once in ``--workdir`` and reused by later runs while nothing
+changed (``lora-share build`` keeps unchanged outputs; the export time and peak RSS of the build that
+exported are kept beside it), each in a child process whose peak RSS is read: fp32 and 8da4w
+foundations at the full context with 8 rank-8 q/v adapters, once with a LoRA envelope of exactly
+their recipe (the default) and once with every linear up to rank 16 (``-all16``), one export each and
+every adapter written as data; fp32 at a 128-token context with one adapter, the yardstick for what
+the long context costs a decoded token; and the large shape (Llama-3.2-1B's: 1.24 B parameters) in
+fp32 and 8da4w, built only, for the build's time and peak RSS.
 
 Memory, for N = 1, 2, 4, 8 adapters of each full-context build: PSS right after load and after every
-adapter has served one request of 1,000 prompt tokens + 64 new ones, in three set-ups: one runner
-process with one planned-memory arena for all programs (lora-share's default), one process with an
-arena per program (``--private-arenas``), and N runner processes with one adapter each (summed PSS).
+adapter has served one request of 1,000 prompt tokens + 64 new ones: one runner process with one
+planned-memory arena for all programs (lora-share's default); for the exact envelopes also one process
+with an arena per program (``--private-arenas``) and N runner processes with one adapter each (summed).
+
+`lora-share add`, on a copy of each -all16 deployment: a rank-4 adapter on q, k and o, and a rank-16
+adapter on all seven linears (PEFT folders), one process each, timed.
 
 Speed, in one process per build, requests interleaved across builds so the machine's noise hits all
 alike (median of ``--repeats``): prefill tokens/s of the 1,000-token prompt, decode tokens/s at
-position about 10 and about 1,000; load time of the first and of a further adapter; export time.
+position about 10 and about 1,000; load time of the first and of a further adapter.
 
-The checks printed at the end (exit status 1 if a memory or an fp32 ratio check fails; the absolute
-speed targets hold on an otherwise idle machine and are printed, not enforced):
-- every adapter after the first adds at most 1.05 x its own LoRA bytes + 0.5 MiB of PSS (shared arena,
-  all served);
+The checks printed at the end (exit status 1 if an enforced check fails; the absolute speed targets
+hold on an otherwise idle machine and are printed, not enforced):
+- every adapter after the first adds at most 1.05 x its own LoRA bytes + 0.5 MiB of PSS (exact
+  envelope), 2 x + 1 MiB (all-linear rank-16 envelope), shared arena, all served;
 - one adapter's PSS after its request minus after load is at most its KV cache's bytes + 32 MiB;
-- fp32 decode at position ~1,000 runs at >= 0.8 x the speed at ~10 (reported for 8da4w too), and
+- each `lora-share add` takes at most 2 s inside the command and exports nothing;
+- decode through the all-linear rank-16 envelope at >= 0.9 x through the exact one, at ~10 and ~1,000;
+- a build's peak RSS is at most 2.5 x the fp32 foundation's bytes + 1 GB (printed for the large shape);
+- fp32 decode at position ~1,000 runs at >= 0.8 x the speed at ~10 (reported for the others), and
   decode at ~10 with the full context at >= 0.8 x the 128-token context's;
 - targets: fp32 decode at ~10 >= 35 tokens/s, prefill of 1,000 tokens >= 300 tokens/s.
 """
@@ -68,6 +77,8 @@ class Shape:
     new_tokens: int
     speed_new_tokens: int  # decode steps timed per speed request (+1)
     near_start: int  # prompt length of the "position about 10" request
+    big: dict | None = None  # a larger foundation only built (fp32, 8da4w), for the build's time and peak RSS
+    big_context: int = 512
 
 
 SHAPES = {
@@ -75,22 +86,47 @@ SHAPES = {
         foundation={"dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "hidden_dim": 1536,
                     "vocab_size": 49152, "tie_embeddings": True, "seed": 0},
         context=2048, short_context=128, prefill_chunk=128, prompt_tokens=1000, new_tokens=64,
-        speed_new_tokens=33, near_start=10),
+        speed_new_tokens=33, near_start=10,
+        # Llama-3.2-1B's shape (synthetic weights): 1.24 B parameters, 4.9 GB in fp32.
+        big={"dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "hidden_dim": 8192,
+             "vocab_size": 128256, "tie_embeddings": True, "seed": 0}),
     "tiny": Shape(
         foundation={"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
                     "vocab_size": 256, "tie_embeddings": True, "seed": 0},
         context=64, short_context=24, prefill_chunk=8, prompt_tokens=40, new_tokens=8,
-        speed_new_tokens=5, near_start=4),
+        speed_new_tokens=5, near_start=4,
+        big={"dim": 96, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 192,
+             "vocab_size": 512, "tie_embeddings": True, "seed": 0}, big_context=32),
 }
 ADAPTER = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
-VARIANTS = ("fp32", "8da4w")
+# <foundation>[-all16]: the adapters' own recipe as the program's LoRA envelope (the default), or every
+# linear at rank 16, an envelope that takes other recipes too (ADDED) with no export.
+VARIANTS = ("fp32", "8da4w", "fp32-all16", "8da4w-all16")
+WIDE_ENVELOPE = {"targets": "all", "max_rank": 16}
+# Added to each -all16 deployment with `lora-share add`, timed: other ranks, other targets.
+ADDED = {"r4_qko": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "o_proj"], "seed": 101},
+         "r16_all": {"rank": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                  "up_proj", "down_proj"], "seed": 102}}
+ADD_SECONDS = 2.0
+BUILD_RSS_FACTOR, BUILD_RSS_SLACK = 2.5, 1 << 30  # peak RSS <= 2.5 x the fp32 foundation + 1 GB
+WIDE_FACTOR, WIDE_SLACK = 2.0, MIB  # PSS per adapter through the wide envelope <= 2 x own LoRA bytes + 1 MiB
+WIDE_SPEED = 0.9  # decode through the wide envelope >= 0.9 x through the exact one
 
 
-def _variant_foundation(shape: Shape, variant: str, context: int) -> dict:
-    out = {"synthetic": shape.foundation, "max_seq_len": context, "prefill_chunk": shape.prefill_chunk}
-    if variant == "8da4w":
+def _variant_foundation(shape: Shape, variant: str, context: int, synthetic: dict | None = None) -> dict:
+    out = {"synthetic": synthetic or shape.foundation, "max_seq_len": context, "prefill_chunk": shape.prefill_chunk}
+    if variant.split("-")[0] == "8da4w":
         out["quantize"] = {"scheme": "8da4w"}
     return out
+
+
+def fp32_foundation_bytes(synthetic: dict) -> int:
+    """Bytes of a synthetic foundation's weights in float32 (model.py's parameter shapes)."""
+    d, layers, heads, kv, hidden, vocab = (synthetic[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads",
+                                                                   "hidden_dim", "vocab_size"))
+    hd = d // heads
+    per_layer = d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * hidden + 2 * d
+    return 4 * (layers * per_layer + vocab * d * (1 if synthetic.get("tie_embeddings") else 2) + d)
 
 
 @dataclass
@@ -100,26 +136,75 @@ class Deployment:
     ptes: list[Path]
     manifest: dict
     export_s: float  # seconds of the one export the build needed (kept from the run that made it)
+    build_peak_rss: int  # bytes: peak RSS of that build's process (kept likewise)
+    out: Path
 
 
-def build_variant(folder: Path, name: str, foundation: dict, adapters: int, quiet: bool) -> Deployment:
-    """Build (or reuse, when nothing changed) one deployment in ``folder``."""
-    from ..builder import build
+def _build_process(config: Path) -> int:
+    """``lora-share build config`` in a child process; its peak RSS in bytes (os.wait4's ru_maxrss)."""
+    import subprocess
+    import tempfile
 
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "lora_share.cli", "build", str(config), "--json"],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise BenchError(f"lora-share build {config} failed:\n{err.read().decode(errors='replace')[-2000:]}")
+    return usage.ru_maxrss * 1024
+
+
+def build_variant(folder: Path, name: str, foundation: dict, adapters: int, envelope: dict | None = None) -> Deployment:
+    """Build (or reuse, when nothing changed) one deployment in ``folder``, in a child process."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump({
         "output_dir": "out", "foundation": foundation,
+        **({"lora_envelope": envelope} if envelope else {}),
         "adapters": [{"name": f"a{i + 1}", "synthetic": {**ADAPTER, "seed": i + 1}} for i in range(adapters)],
     }, sort_keys=False))
-    manifest = build(config, quiet=quiet)
+    peak = _build_process(config)
     out, record = folder / "out", folder / "export_time.json"
+    manifest = json.loads((out / "manifest.json").read_text())
     if manifest["program"]["produced"] == "exported":
-        record.write_text(json.dumps({"export_s": manifest["program"]["seconds"],
+        record.write_text(json.dumps({"export_s": manifest["program"]["seconds"], "build_peak_rss": peak,
                                       "signature": manifest["program"]["signature"]}))
     saved = json.loads(record.read_text()) if record.is_file() else {}
     return Deployment(name, out / "foundation.ptd", [out / a["file"] for a in manifest["adapters"]], manifest,
-                      saved.get("export_s", float("nan")))
+                      saved.get("export_s", float("nan")), saved.get("build_peak_rss", 0), out)
+
+
+def time_adds(d: Deployment, scratch: Path) -> list[dict]:
+    """``lora-share add`` of each ADDED adapter (a PEFT folder) to a copy of ``d``, one process each:
+    its wall time, the seconds inside ``add`` (without Python's start), and what it produced."""
+    import shutil
+    import subprocess
+
+    from ..adapters import synthetic_adapter
+    from ..builder import manifest_model_args
+    from ..config import SyntheticAdapter
+    from .build_time import write_peft_folder
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(d.out, scratch / "out", copy_function=os.link)  # add never writes into shipped files
+    args = manifest_model_args(d.manifest)
+    rows = []
+    for name, spec in ADDED.items():
+        folder = write_peft_folder(synthetic_adapter(name, SyntheticAdapter(**spec), args), scratch / name)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "lora_share.cli", "add", "--to", str(scratch / "out"),
+                               f"{name}={folder}", "--json"], capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise BenchError(f"lora-share add {name} to {d.name}: {proc.stderr.strip()[-2000:]}")
+        manifest = json.loads((scratch / "out" / "manifest.json").read_text())
+        entry = next(a for a in manifest["adapters"] if a["name"] == name)
+        rows.append({"adapter": name, **{k: spec[k] for k in ("rank", "target_modules")},
+                     "wall_s": round(wall, 2), "add_s": manifest["build_s"], "program": manifest["program"]["produced"],
+                     "produced": entry["produced"], "pte_bytes": entry["size"], "lora_bytes": entry["lora_bytes"]})
+    return rows
 
 
 def kv_cache_bytes(args: dict) -> int:
@@ -128,17 +213,22 @@ def kv_cache_bytes(args: dict) -> int:
     return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * (args["max_seq_len"] + 1) * 4
 
 
-def memory_rows(runner: Path, d: Deployment, counts: list[int], prompt: list[int], new_tokens: int) -> list[dict]:
-    """PSS (kB) after load and after every adapter served ``prompt``, for each N and set-up."""
+def memory_rows(runner: Path, d: Deployment, counts: list[int], prompt: list[int], new_tokens: int,
+                all_setups: bool = True) -> list[dict]:
+    """PSS (kB) after load and after every adapter served ``prompt``, for each N and set-up (only the
+    shared arena unless ``all_setups``)."""
     rows = []
     for n in counts:
         ptes = d.ptes[:n]
         row = {"adapters": n}
-        for mode, extra in (("shared", []), ("private", ["--private-arenas"])):
+        for mode, extra in (("shared", []), ("private", ["--private-arenas"]))[:2 if all_setups else 1]:
             with processes.Server(runner, ptes, d.ptd, extra, max_new_tokens=new_tokens) as server:
                 loaded = server.memory()
                 server.warm(prompt)  # every program serves one request
                 row[mode] = {"after_load": loaded, "served": server.memory()}
+        if not all_setups:
+            rows.append(row)
+            continue
         with ExitStack() as stack:
             servers = [stack.enter_context(processes.Server(runner, [p], d.ptd, max_new_tokens=new_tokens))
                        for p in ptes]
@@ -189,13 +279,17 @@ def checks(result: dict) -> list[dict]:
 
     for v in result["variants"]:
         name, mem = v["name"], v["memory"]
+        wide = name.endswith("-all16")
         one = mem[0]
         for row in mem[1:]:
             extra = row["adapters"] - one["adapters"]
             grew = (row["shared"]["served"]["pss_kb"] - one["shared"]["served"]["pss_kb"]) * 1024 / extra
-            bound = v["adapter_bound_bytes"]
+            if wide:
+                bound, rule = WIDE_FACTOR * v["lora_bytes"] + WIDE_SLACK, "2 x own LoRA bytes + 1 MiB"
+            else:
+                bound, rule = v["adapter_bound_bytes"], "1.05 x own LoRA bytes + 0.5 MiB"
             add(f"{name}: PSS per adapter after the first, {row['adapters']} served (shared arena)",
-                f"{grew / MIB:.1f} MiB", f"{bound / MIB:.1f} MiB", grew <= bound)
+                f"{grew / MIB:.2f} MiB", f"{bound / MIB:.2f} MiB ({rule})", grew <= bound)
         growth = (one["shared"]["served"]["pss_kb"] - one["shared"]["after_load"]["pss_kb"]) * 1024
         add(f"{name}: one adapter's PSS growth from load to served", f"{growth / MIB:.1f} MiB",
             f"KV {v['kv_cache_bytes'] / MIB:.1f} + 32 MiB", growth <= v["kv_cache_bytes"] + KV_SLACK_BYTES)
@@ -205,6 +299,27 @@ def checks(result: dict) -> list[dict]:
         add(f"{name}: decode at ~{result['shape']['prompt_tokens']} / decode at ~{result['shape']['near_start']}",
             f"{sp['decode_far_tokens_per_s'] / sp['decode_near_tokens_per_s']:.2f}", f">= {DECODE_RATIO}",
             sp["decode_far_tokens_per_s"] >= DECODE_RATIO * sp["decode_near_tokens_per_s"], enforced=name == "fp32")
+        if v["build_peak_rss"]:
+            limit = BUILD_RSS_FACTOR * v["fp32_bytes"] + BUILD_RSS_SLACK
+            add(f"{name}: build peak RSS (fp32 foundation {v['fp32_bytes'] / 1e9:.2f} GB)",
+                f"{v['build_peak_rss'] / 1e9:.2f} GB", f"{limit / 1e9:.2f} GB", v["build_peak_rss"] <= limit)
+        for a in v["adds"]:
+            add(f"{name}: lora-share add {a['adapter']} (rank {a['rank']}, {len(a['target_modules'])} linears): "
+                f"seconds in add (wall {a['wall_s']:.1f} s), program {a['program']}",
+                f"{a['add_s']:.2f} s", f"<= {ADD_SECONDS:.0f} s, no export",
+                a["add_s"] <= ADD_SECONDS and a["program"] == "reused" and a["produced"] == "written")
+        exact = next((e for e in result["variants"] if wide and e["name"] == name.removesuffix("-all16")), None)
+        if exact is not None:
+            for key, where in (("decode_near_tokens_per_s", result["shape"]["near_start"]),
+                               ("decode_far_tokens_per_s", result["shape"]["prompt_tokens"])):
+                ratio = sp[key] / exact["speed"][key]
+                add(f"{name} / {exact['name']}: decode at ~{where}", f"{ratio:.2f}", f">= {WIDE_SPEED}",
+                    ratio >= WIDE_SPEED)
+    for b in (result.get("big") or {}).get("builds", []):
+        limit = BUILD_RSS_FACTOR * b["fp32_bytes"] + BUILD_RSS_SLACK
+        add(f"large shape, {b['name']}: build peak RSS (fp32 foundation {b['fp32_bytes'] / 1e9:.2f} GB; "
+            f"built in {b['export_s']:.0f} s)", f"{b['build_peak_rss'] / 1e9:.2f} GB", f"{limit / 1e9:.2f} GB",
+            0 < b["build_peak_rss"] <= limit, enforced=False)
     fp32 = next((v for v in result["variants"] if v["name"] == "fp32"), None)
     if fp32 is not None:
         short, sp = result["short_context"]["speed"], fp32["speed"]
@@ -230,37 +345,54 @@ def run_scale(shape_name: str, variants: list[str], counts: list[int], runner: P
     progress = _Progress(quiet)
     deployments = []
     for variant in variants:
+        wide = variant.endswith("-all16")
         with progress.step(f"build_{variant}", f"{variant}: build of {counts[-1]} adapters, context {shape.context}"):
             deployments.append(build_variant(workdir / variant, variant,
-                                             _variant_foundation(shape, variant, shape.context), counts[-1], True))
+                                             _variant_foundation(shape, variant, shape.context), counts[-1],
+                                             WIDE_ENVELOPE if wide else None))
     with progress.step("build_short", f"fp32: build of 1 adapter, context {shape.short_context}"):
         short = build_variant(workdir / f"fp32_ctx{shape.short_context}", f"fp32_ctx{shape.short_context}",
-                              _variant_foundation(shape, "fp32", shape.short_context), 1, True)
+                              _variant_foundation(shape, "fp32", shape.short_context), 1)
+    big = []
+    for variant in ("fp32", "8da4w") if shape.big else ():
+        with progress.step(f"build_big_{variant}", f"{variant}: build of the large shape, context {shape.big_context}"):
+            d = build_variant(workdir / f"big_{variant}", variant,
+                              _variant_foundation(shape, variant, shape.big_context, shape.big), 1)
+        big.append({"name": variant, "ptd_bytes": d.manifest["foundation"]["size"], "export_s": d.export_s,
+                    "build_peak_rss": d.build_peak_rss, "fp32_bytes": fp32_foundation_bytes(shape.big)})
     prompt = _prompt(shape.prompt_tokens, shape.foundation["vocab_size"])
     result_variants = []
     for d in deployments:
-        with progress.step(f"memory_{d.name}", f"{d.name}: memory for {counts} adapters, 3 set-ups"):
-            memory = memory_rows(runner, d, counts, prompt, shape.new_tokens)
+        wide = d.name.endswith("-all16")
+        with progress.step(f"memory_{d.name}", f"{d.name}: memory for {counts} adapters"):
+            memory = memory_rows(runner, d, counts, prompt, shape.new_tokens, all_setups=not wide)
         with progress.step(f"load_{d.name}", f"{d.name}: load times"):
             load = processes.load_times(runner, d.ptd, d.ptes[:2], [], repeats)
+        adds = []
+        if wide:
+            with progress.step(f"add_{d.name}", f"{d.name}: lora-share add of {', '.join(ADDED)}"):
+                adds = time_adds(d, workdir / f"add_{d.name}")
         args = d.manifest["foundation"]["args"]
         result_variants.append({
-            "name": d.name, "ptd_bytes": d.manifest["foundation"]["size"],
+            "name": d.name, "envelope": d.manifest["program"]["envelope"], "ptd_bytes": d.manifest["foundation"]["size"],
             "pte_bytes": max(p.stat().st_size for p in d.ptes), "kv_cache_bytes": kv_cache_bytes(args),
+            "lora_bytes": max(a["lora_bytes"] for a in d.manifest["adapters"]),
             "adapter_bound_bytes": max(adapter_bound_bytes(p) for p in d.ptes[1:] or d.ptes),
-            "export_s": d.export_s, "memory": memory, "load": load})
+            "export_s": d.export_s, "build_peak_rss": d.build_peak_rss,
+            "fp32_bytes": fp32_foundation_bytes(shape.foundation), "memory": memory, "load": load, "adds": adds})
     with progress.step("speed", f"speed: {repeats} rounds over {len(deployments) + 1} programs"):
         speed = speed_rows(runner, deployments, short, shape, repeats)
     for v in result_variants:
         v["speed"] = speed[v["name"]]
     result = {
-        "format": "lora-share-bench-scale", "version": 1,
+        "format": "lora-share-bench-scale", "version": 2,
         "machine": _machine(), "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "shape": {"name": shape_name, **shape.__dict__}, "counts": counts, "repeats": repeats,
         "adapter": ADAPTER, "variants": result_variants,
         "short_context": {"name": short.name, "export_s": short.export_s, "speed": speed[short.name]},
+        "big": {"foundation": shape.big, "context": shape.big_context, "builds": big} if shape.big else None,
         "steps_s": progress.steps,
     }
     result["checks"] = checks(result)
@@ -284,26 +416,43 @@ def markdown(result: dict) -> str:
              f"Requests: {s['prompt_tokens']} prompt tokens + {s['new_tokens']} new; prefill chunk "
              f"{s['prefill_chunk']}. Command: `{result.get('command', 'lora-share bench-scale')}`.", ""]
     for v in result["variants"]:
+        env = v["envelope"]
         lines += [f"## {v['name']}: foundation.ptd {v['ptd_bytes'] / 1e6:.1f} MB, adapter .pte "
-                  f"{v['pte_bytes'] / 1e6:.2f} MB, KV cache {v['kv_cache_bytes'] / MIB:.1f} MiB per program", "",
+                  f"{v['pte_bytes'] / 1e6:.2f} MB (own LoRA tensors {v['lora_bytes'] / 1e6:.2f} MB), KV cache "
+                  f"{v['kv_cache_bytes'] / MIB:.1f} MiB per program", "",
+                  f"LoRA envelope: {', '.join(env['targets'])} up to rank {env['max_rank']}. Build: export "
+                  f"{v['export_s']:.0f} s, peak RSS {v['build_peak_rss'] / 1e9:.2f} GB.", "",
                   "PSS in MiB (one process, shared arena | one process, an arena per program | "
-                  "one process per adapter, summed):", "",
-                  "| adapters | shared: loaded | shared: served | private: loaded | private: served | "
-                  "processes: loaded | processes: served |", "|---:|---:|---:|---:|---:|---:|---:|"]
+                  "one process per adapter, summed):", ""]
+        setups = [m for m in ("shared", "private", "processes") if m in v["memory"][0]]
+        lines += ["| adapters | " + " | ".join(f"{m}: {k}" for m in setups for k in ("loaded", "served")) + " |",
+                  "|---:|" + "---:|" * (2 * len(setups))]
         for r in v["memory"]:
             lines.append(f"| {r['adapters']} | " + " | ".join(
-                _mib(r[m][k]["pss_kb"]) for m in ("shared", "private", "processes") for k in ("after_load", "served"))
-                + " |")
+                _mib(r[m][k]["pss_kb"]) for m in setups for k in ("after_load", "served")) + " |")
         sp, ld = v["speed"], v["load"]
+        if v["adds"]:
+            lines += ["", "| lora-share add | rank | linears | in add | wall (with Python's start) | program | .pte |",
+                      "|---|---:|---:|---:|---:|---|---:|"]
+            lines += [f"| {a['adapter']} | {a['rank']} | {len(a['target_modules'])} | {a['add_s']:.2f} s | "
+                      f"{a['wall_s']:.1f} s | {a['program']} | {a['pte_bytes'] / 1e6:.2f} MB |" for a in v["adds"]]
         lines += ["", f"Prefill of {s['prompt_tokens']} tokens: {sp['prefill_tokens_per_s']} tokens/s; decode at "
                       f"position ~{s['near_start']}: {sp['decode_near_tokens_per_s']} tokens/s, at ~"
                       f"{s['prompt_tokens']}: {sp['decode_far_tokens_per_s']} tokens/s. Load: first adapter "
-                      f"{ld['first_ms']:.0f} ms, a further one {ld['further_median_ms'] or 0:.1f} ms. "
-                      f"Export: {v['export_s']:.0f} s.", ""]
+                      f"{ld['first_ms']:.0f} ms, a further one {ld['further_median_ms'] or 0:.1f} ms.", ""]
     sh = result["short_context"]
     lines += [f"Context {s['short_context']} (fp32, same shape): decode at ~{s['near_start']}: "
-              f"{sh['speed']['decode_near_tokens_per_s']} tokens/s; export {sh['export_s']:.0f} s.", "",
-              "## Checks", "", "| check | measured | limit | |", "|---|---:|---:|---|"]
+              f"{sh['speed']['decode_near_tokens_per_s']} tokens/s; export {sh['export_s']:.0f} s.", ""]
+    if result.get("big"):
+        f = result["big"]["foundation"]
+        lines += [f"Large shape, built only (dim {f['dim']}, {f['n_layers']} layers, {f['n_heads']} heads, "
+                  f"{f['n_kv_heads']} kv heads, hidden {f['hidden_dim']}, vocabulary {f['vocab_size']}, context "
+                  f"{result['big']['context']}, one rank-8 q/v adapter):", "",
+                  "| foundation | fp32 bytes | foundation.ptd | export | build peak RSS |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {b['name']} | {b['fp32_bytes'] / 1e9:.2f} GB | {b['ptd_bytes'] / 1e9:.2f} GB | "
+                  f"{b['export_s']:.0f} s | {b['build_peak_rss'] / 1e9:.2f} GB |" for b in result["big"]["builds"]]
+        lines.append("")
+    lines += ["## Checks", "", "| check | measured | limit | |", "|---|---:|---:|---|"]
     for c in result["checks"]:
         verdict = ("ok" if c["ok"] else "FAIL") + ("" if c["enforced"] else " (not enforced)")
         lines.append(f"| {c['check']} | {c['measured']} | {c['limit']} | {verdict} |")
@@ -330,8 +479,8 @@ def write_results(result: dict, out_dir: Path) -> list[Path]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", choices=list(SHAPES), default="smollm-135m",
                    help="the foundation's shape and request sizes (default smollm-135m; tiny for a smoke run)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="foundations to measure: fp32, 8da4w or both "
-                                                                  "(default fp32,8da4w)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="deployments to measure (default: all of "
+                                                                  f"{', '.join(VARIANTS)})")
     p.add_argument("--counts", default="1,2,4,8", help="adapter counts, increasing (default 1,2,4,8)")
     p.add_argument("--repeats", type=int, default=3, help="speed rounds and load starts, medians (default 3)")
     p.add_argument("--workdir", help="where the builds are kept and reused (default out/bench_scale[_SHAPE])")
