@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -113,6 +114,31 @@ def test_added_adapters_in_one_runner_match_transformers_peft(deployment, runner
         ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + tokens[:-1])[len(PROMPT) - 1:]
         assert tokens == [int(i) for i in ref.argmax(-1)], name
         assert np.abs(logits[:len(tokens)] - ref.numpy()).max() <= 1e-4, name
+
+
+def test_serve_through_one_program_equals_separate_processes(deployment, runner_bin):
+    """a, b, a (and more) served by one runner process, one program bound to each adapter's tensors in
+    turn, give each adapter's tokens from a process of its own; so does stock ExecuTorch (--stock:
+    one Module per adapter file, its LoRA inputs fed from the file's named data). Sampled hot: the
+    tiny adapters' greedy answers coincide, their samples do not."""
+    out = deployment["out"]
+    names = ["rank1_q", "all8_rslora", "rank1_q", "patterns", "first", "all8_rslora"]
+    ptes = [arg for n in dict.fromkeys(names) for arg in ("--pte", str(out / f"{n}.pte"))]
+    common = ["--ptd", str(out / "foundation.ptd"), "--max-new-tokens", str(NEW), "--temperature", "10", "--seed", "5"]
+    lines = "".join(f"{n}\t{','.join(map(str, PROMPT))}\n" for n in names)
+    for mode in ([], ["--stock"]):
+        served = subprocess.run([str(runner_bin), *ptes, *common, *mode, "--serve"], input=lines,
+                                capture_output=True, text=True, timeout=120)
+        assert served.returncode == 0, served.stderr
+        answers = [json.loads(line) for line in served.stdout.splitlines()]
+        assert [a["adapter"] for a in answers] == names
+        for name, answer in zip(names, answers):
+            alone = subprocess.run([str(runner_bin), "--pte", str(out / f"{name}.pte"), *common, *mode,
+                                    "--tokens", ",".join(map(str, PROMPT)), "--json"],
+                                   capture_output=True, text=True, timeout=120)
+            assert alone.returncode == 0, alone.stderr
+            assert answer["tokens"] == json.loads(alone.stdout)["tokens"], (name, mode)
+    assert len({tuple(a["tokens"]) for a in answers}) > 2, "the adapters should answer differently"
 
 
 def test_rebuild_reuses_program_and_files(deployment, tmp_path):
