@@ -267,3 +267,20 @@ def test_damaged_files_are_rejected_cleanly(tiny_build, kind):
     assert "accepted" not in outcomes.get("truncate", {}) and "accepted" not in outcomes.get("wrong_magic", {})
     assert sum(n for o in outcomes.values() for r, n in o.items() if r != "accepted") >= 500
     assert slowest < 1.0 and peak < 8 * len(path.read_bytes()) + (16 << 20)
+
+
+def test_sealing_never_changes_a_record_size():
+    """The seal's fields are written even when zero, so sealing rewrites a record at its size whatever
+    its length (an omitted zero once grew a 60-slot record past its 2048-byte padding): records of
+    every size over more than two padding blocks, in 4-byte steps of the name's length."""
+    import dataclasses
+
+    for slots in range(1, 31):
+        lora = [LoraTensors(i, 8, f"{i:064x}", f"{i + 1:064x}") for i in range(slots)]
+        envelope = [(i // 2, ("q_proj", "v_proj")[i % 2]) for i in range(slots)]
+        for name_len in range(1, 160, 4):
+            meta = dataclasses.replace(ADAPTER, name="n" * name_len, envelope=envelope, lora=lora,
+                                       content_bytes=0, content_crc32=0)
+            sealed = dataclasses.replace(meta, content_bytes=123456789, content_crc32=0xFFFFFFFF)
+            assert len(encode_adapter(meta)) == len(encode_adapter(sealed)), (slots, name_len)
+    assert decode(encode_adapter(meta), "t").adapter.content_bytes == 0

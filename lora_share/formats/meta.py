@@ -187,8 +187,13 @@ def encode_adapter(m: AdapterMeta) -> bytes:
     b.PrependUOffsetTRelativeSlot(_A_SOURCE, source, 0)
     b.PrependUOffsetTRelativeSlot(_A_HASHES, hashes_vec, 0)
     b.PrependUint64Slot(_A_LORA_BYTES, m.lora_bytes, 0)
+    # The seal's fields are always written, zero or not: sealing then rewrites the record at its
+    # size, whatever the values (an omitted default would grow the record by 12 bytes, past its
+    # padding when it sits near a multiple of ADAPTER_PAD).
+    b.ForceDefaults(True)
     b.PrependUint64Slot(_A_CONTENT_BYTES, m.content_bytes, 0)
     b.PrependUint32Slot(_A_CONTENT_CRC, m.content_crc32, 0)
+    b.ForceDefaults(False)
     b.PrependUOffsetTRelativeSlot(_A_PROGRAM, program, 0)
     b.PrependUint32Slot(_A_MAX_RANK, m.envelope_max_rank, 0)
     b.PrependUOffsetTRelativeSlot(_A_ENVELOPE, envelope_vec, 0)
