@@ -203,6 +203,28 @@ def _ptd_fingerprint(ptd: Path) -> str:
     return record.fingerprint
 
 
+def eos_ids_beside(ptd) -> list[int]:
+    """The end-of-sequence ids of the build ``ptd`` came from, for generation from token ids.
+
+    They are the tokenizer section of the manifest.json beside ``ptd`` (where every client, the C++
+    runner and library included, reads them): none without a manifest or a tokenizer in the build
+    (nothing stops early). A tokenizer section for another foundation is refused naming both files.
+    """
+    ptd = Path(ptd)
+    manifest_path = ptd.parent / MANIFEST
+    if not manifest_path.is_file():
+        return []
+    section = _read_json(manifest_path).get("tokenizer")
+    if not isinstance(section, dict):
+        return []
+    fingerprint = _ptd_fingerprint(ptd)
+    if section.get("foundation_fingerprint") != fingerprint:
+        raise UserError(f"{manifest_path}: its tokenizer section (the EOS ids) is for foundation "
+                        f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
+                        f"{_short(fingerprint)}): copy manifest.json from the same build, or pass --ignore-eos")
+    return [int(i) for i in section.get("eos_token_ids") or []]
+
+
 def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:
     """The tokenizer of the build ``ptd`` came from, in ``folder`` (default: the .ptd's folder).
 
