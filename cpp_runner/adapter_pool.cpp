@@ -57,7 +57,8 @@ Status AdapterPool::open_foundation() {
   foundation_ = std::move(foundation.value());
   const Record& record = files_.foundation.record;
   auto eos = read_eos_ids(options_.ptd, record.present ? record.fingerprint : "");
-  if (!eos.ok()) return eos.status();
+  // A file of the wrong build: a load error (a usage error here would read as the budget's).
+  if (!eos.ok()) return Status::failure(eos.status().message());
   eos_ids_ = std::move(eos.value());
   // The runtime's own state (ExecuTorch and XNNPACK allocations, the shared
   // workspace) comes with the foundation: 3.4 to 8 MiB measured beyond the

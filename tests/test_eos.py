@@ -98,7 +98,7 @@ def test_c_api(runner_bin, eos_build, expected):
 
 def test_a_manifest_of_another_build_is_refused(runner_bin, eos_build, text_build, expected, tmp_path):
     """EOS ids are the manifest's beside the .ptd: one written for another foundation is refused by
-    name, by the runner and `lora-share run`; --ignore-eos reads none."""
+    name, by the runner, `lora-share run` and ls_open (a load error); the runner's --ignore-eos reads none."""
     out = tmp_path / "out"
     shutil.copytree(eos_build.build.out_dir, out)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -111,6 +111,9 @@ def test_a_manifest_of_another_build_is_refused(runner_bin, eos_build, text_buil
                in r.stderr and "foundation.ptd" in r.stderr
     r = runner(runner_bin, *args, "--ignore-eos", "--max-new-tokens", EOS_NEW)
     assert r.returncode == 0 and [int(t) for t in r.stdout.split()] == expected["full"]
+    with pytest.raises(native.NativeError) as failure:
+        native.open(out / "foundation.ptd", library=REPO / "build" / "liblora_share.so")
+    assert failure.value.status == "LS_ERR_LOAD" and "its tokenizer section (the EOS ids)" in failure.value.message
 
 
 def test_server(runner_bin, eos_build, expected):

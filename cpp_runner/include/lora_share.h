@@ -149,7 +149,9 @@ LS_API void ls_generate_options_init(ls_generate_options* options);
 LS_API const char* ls_status_name(ls_status code);
 
 /* Maps `ptd` (and options->shared_ptd). Adapters come with ls_load_adapter.
- * `options` may be NULL (defaults). */
+ * `options` may be NULL (defaults). The build's EOS ids are read from the
+ * manifest.json beside `ptd` (none without one); a manifest whose tokenizer
+ * section names another foundation is refused (LS_ERR_LOAD). */
 LS_API ls_runtime* ls_open(const char* ptd, const ls_options* options,
                            ls_error* error);
 /* A deployment folder: checks manifest.json, the foundation and every adapter
