@@ -141,3 +141,10 @@ def test_validate_refuses_an_adapter_named_base(tmp_path):
     lines = [line for line in r.stderr.splitlines() if "adapters[1].name" in line]
     assert len(lines) == 1 and "'base'" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_add_refuses_an_adapter_named_base(build, text_build):
+    """Nothing is written before the refusal, so the shared build folder is safe to name."""
+    r = run_cli("add", "--to", build.out_dir, f"base={text_build.peft}")
+    assert r.returncode == 2, r.stderr
+    assert "'base' is the name of the foundation alone" in r.stderr and "Traceback" not in r.stderr
