@@ -21,6 +21,11 @@
 
 namespace lora_share {
 
+// The name that asks for the foundation alone (no adapter): the program an
+// adapter carries with every LoRA input a zero rank-1 pair. No adapter may
+// be called that (lora-share validate refuses it too).
+inline constexpr char kBaseName[] = "base";
+
 class Adapter {
  public:
   virtual ~Adapter() = default;

@@ -55,6 +55,11 @@ Status AdapterPool::open_foundation() {
   auto foundation = Foundation::open(options_.ptd, options_.shared_ptd);
   if (!foundation.ok()) return foundation.status();
   foundation_ = std::move(foundation.value());
+  const Record& record = files_.foundation.record;
+  auto eos = read_eos_ids(options_.ptd, record.present ? record.fingerprint : "");
+  // A file of the wrong build: a load error (a usage error here would read as the budget's).
+  if (!eos.ok()) return Status::failure(eos.status().message());
+  eos_ids_ = std::move(eos.value());
   // The runtime's own state (ExecuTorch and XNNPACK allocations, the shared
   // workspace) comes with the foundation: 3.4 to 8 MiB measured beyond the
   // file at the default config's shape, about 5 MiB at SmolLM-135M's.
@@ -90,6 +95,9 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& 
   if (!s.ok()) return s;
   std::vector<std::vector<size_t>> sizes;
   for (const ManifestAdapter& a : manifest->adapters) {
+    if (a.name == kBaseName)
+      return Status::failure(dir + "/manifest.json lists an adapter named 'base', the name of the "
+                             "foundation alone: rename it in the build config and rebuild");
     if (pool->find(a.name) >= 0)
       return Status::failure(dir + "/manifest.json lists the adapter '" + a.name +
                              "' twice: rebuild the folder with lora-share build");
@@ -188,6 +196,9 @@ StatusOr<size_t> AdapterPool::add(const std::string& pte) {
   for (size_t i = 0; i < entries_.size(); ++i)
     if (entries_[i].pte == pte) return i;
   std::string name = file_stem(pte);
+  if (name == kBaseName)
+    return Status::usage(pte + ": the name 'base' (the file stem) is reserved for the foundation "
+                         "alone: rename the file");
   if (find(name) >= 0)
     return Status::usage("an adapter named '" + name +
                          "' is already loaded (the name is the file stem): rename " + pte);
@@ -246,6 +257,7 @@ void AdapterPool::make_room(uint64_t incoming, size_t keep) {
 Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
   for (size_t i = 0; i < entries_.size(); ++i)
     if (entries_[i].adapter) evict(i);
+  base_.reset();
   // Their forward methods point into the old arena: open them again on use.
   for (ProgramEntry& p : programs_) {
     p.program.reset();
@@ -288,22 +300,55 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
   return static_cast<Adapter*>(entry.adapter.get());
 }
 
+StatusOr<size_t> AdapterPool::program_of(size_t index) const {
+  if (index != kBase) return entries_[index].program;
+  if (entries_.empty())
+    return Status::usage("the foundation alone ('base') runs through the program an adapter "
+                         "carries: load at least one adapter .pte first");
+  return entries_.front().program;
+}
+
+StatusOr<Adapter*> AdapterPool::acquire_base() {
+  auto index = program_of(kBase);
+  if (!index.ok()) return index.status();
+  if (base_) {
+    counters_.hits++;
+    return static_cast<Adapter*>(base_.get());
+  }
+  ProgramEntry& program = programs_[index.value()];
+  if (!arena_ || !arena_->holds(program.planned_sizes)) {
+    Status s = grow_arena(program.planned_sizes);
+    if (!s.ok()) return s;
+  }
+  // No adapter bytes: only the program, if it is not loaded yet.
+  make_room(program.loaded ? 0 : program.cost, kBase);
+  Status s = load_program(index.value());
+  if (!s.ok()) return s;
+  base_ = std::make_unique<SharedAdapter>(program.pte, program.program.get(), nullptr, 0.0,
+                                          kBaseName);
+  return static_cast<Adapter*>(base_.get());
+}
+
 StatusOr<Generation> AdapterPool::generate(size_t index,
                                            const std::vector<int64_t>& prompt,
                                            int64_t max_new_tokens, double temperature,
-                                           uint64_t seed, const TokenCallback& on_token) {
+                                           uint64_t seed, bool ignore_eos,
+                                           const TokenCallback& on_token) {
   // Checked before loading: a bad request must not evict anything.
   Status s = check(index, prompt, max_new_tokens);
   if (!s.ok()) return s;
-  auto adapter = acquire(index);
+  auto adapter = index == kBase ? acquire_base() : acquire(index);
   if (!adapter.ok()) return adapter.status();
+  static const std::vector<int64_t> kNone;
   return lora_share::generate(*adapter.value(), prompt, max_new_tokens, temperature, seed,
-                              /*keep_logits=*/false, on_token);
+                              /*keep_logits=*/false, on_token, ignore_eos ? kNone : eos_ids_);
 }
 
 Status AdapterPool::check(size_t index, const std::vector<int64_t>& prompt,
                           int64_t max_new_tokens) const {
-  const ProgramEntry& program = programs_[entries_[index].program];
+  auto program_index = program_of(index);
+  if (!program_index.ok()) return program_index.status();
+  const ProgramEntry& program = programs_[program_index.value()];
   return check_request(prompt, max_new_tokens, program.vocab_size, program.max_seq_len, "prompt");
 }
 

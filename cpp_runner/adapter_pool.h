@@ -62,6 +62,10 @@ uint64_t program_cost_bytes(uint64_t program_bytes);
 
 class AdapterPool {
  public:
+  // The index that stands for the foundation alone ("base"): the program of
+  // the first registered adapter, every LoRA input a zero rank-1 pair.
+  static constexpr size_t kBase = static_cast<size_t>(-1);
+
   // The foundation alone; adapters come with add().
   static StatusOr<std::unique_ptr<AdapterPool>> open(const PoolOptions& options);
   // A deployment folder: registers (and checks) every adapter manifest.json
@@ -72,10 +76,12 @@ class AdapterPool {
   // Registers `pte` (checking it against the foundation) if it is new, and
   // returns its index; a path already registered returns the known index.
   StatusOr<size_t> add(const std::string& pte);
-  // The index of the adapter called `name`, or -1.
+  // The index of the adapter called `name`, or -1 ("base" is kBase, not found here).
   int64_t find(const std::string& name) const;
   const std::string& name(size_t index) const { return entries_[index].name; }
-  bool resident(size_t index) const { return entries_[index].adapter != nullptr; }
+  bool resident(size_t index) const {
+    return index == kBase ? base_ != nullptr : entries_[index].adapter != nullptr;
+  }
   size_t size() const { return entries_.size(); }
 
   // Makes adapter `index` resident (loading it, evicting others if the
@@ -86,11 +92,15 @@ class AdapterPool {
   // ids against its vocabulary, prompt + new tokens against its context.
   Status check(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
 
-  // check_request, then generate, for adapter `index`. Usage errors are
-  // the request's; failures are loading's or running's.
+  // check_request, then generate, for adapter `index`, stopping after one of
+  // eos_ids() unless `ignore_eos`. Usage errors are the request's; failures
+  // are loading's or running's.
   StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt,
                                 int64_t max_new_tokens, double temperature,
-                                uint64_t seed, const TokenCallback& on_token);
+                                uint64_t seed, bool ignore_eos, const TokenCallback& on_token);
+
+  // The build's end-of-sequence ids (manifest.h, read_eos_ids); may be none.
+  const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
 
   PoolStats stats() const;
 
@@ -123,6 +133,11 @@ class AdapterPool {
   StatusOr<size_t> program_for(const std::string& pte, const PteInfo& info);
   // Opens (if needed) and loads program `index` into the arena.
   Status load_program(size_t index);
+  // Makes the program of the first registered adapter loaded and returns
+  // the foundation-alone adapter over it.
+  StatusOr<Adapter*> acquire_base();
+  // The program entry `index` (an adapter's, or kBase's) runs.
+  StatusOr<size_t> program_of(size_t index) const;
   Status check_budget_holds(const Entry& entry) const;
   // Evicts LRU adapters until `incoming` more bytes fit.
   void make_room(uint64_t incoming, size_t keep);
@@ -144,6 +159,8 @@ class AdapterPool {
   std::unique_ptr<PlannedArena> arena_;
   std::vector<ProgramEntry> programs_;
   std::vector<Entry> entries_;
+  std::unique_ptr<SharedAdapter> base_;  // over programs_[entries_[0].program], once used
+  std::vector<int64_t> eos_ids_;
   uint64_t clock_ = 0;
   PoolStats counters_;
 };

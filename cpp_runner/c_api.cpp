@@ -161,7 +161,7 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   if (on_token)
     callback = [on_token, user_data](int64_t token) { return on_token(token, user_data) == 0; };
   auto g = rt->pool->generate(index, std::vector<int64_t>(prompt, prompt + n),
-                              o.max_new_tokens, o.temperature, o.seed, callback);
+                              o.max_new_tokens, o.temperature, o.seed, o.ignore_eos != 0, callback);
   if (!g.ok()) {
     // Usage errors come from check_request; failures from loading or running.
     bool loading = !rt->pool->resident(index);
@@ -188,6 +188,7 @@ void ls_generate_options_init(ls_generate_options* options) {
   options->max_new_tokens = 16;
   options->temperature = 0.0;
   options->seed = 0;
+  options->ignore_eos = 0;
 }
 
 const char* ls_status_name(ls_status code) {
@@ -278,7 +279,11 @@ ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name, ls_error* 
         known += (known.empty() ? "" : ", ") + runtime->pool->name(i);
       set_error(error, LS_ERR_NOT_FOUND,
                 std::string("no adapter named '") + name + "' (known: " +
-                    (known.empty() ? "none" : known) + ")");
+                    (known.empty() ? "none" : known) +
+                    (std::strcmp(name, lora_share::kBaseName) == 0
+                         ? "; 'base', the foundation alone, has no handle: pass a NULL adapter to "
+                           "ls_generate)"
+                         : ")"));
       return nullptr;
     }
     clear_error(error);
@@ -303,8 +308,7 @@ ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* p
                       size_t n, const ls_generate_options* options,
                       ls_token_callback on_token, void* user_data, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
-  if (adapter == nullptr) return missing(error, "adapter");
-  if (adapter->runtime != runtime) {
+  if (adapter != nullptr && adapter->runtime != runtime) {
     set_error(error, LS_ERR_ARGUMENT,
               "adapter '" + adapter->name + "' belongs to another runtime");
     return LS_ERR_ARGUMENT;
@@ -312,8 +316,8 @@ ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* p
   Guard guard(runtime);
   if (!guard.held()) return busy(error);
   try {
-    return generate_index(runtime, adapter->index, prompt, n, options, on_token,
-                          user_data, error);
+    size_t index = adapter != nullptr ? adapter->index : AdapterPool::kBase;
+    return generate_index(runtime, index, prompt, n, options, on_token, user_data, error);
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_RUN, std::string("ls_generate: ") + e.what());
     return LS_ERR_RUN;
@@ -323,6 +327,8 @@ ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* p
 ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t* prompt,
                             size_t n, const ls_generate_options* options,
                             ls_token_callback on_token, void* user_data, ls_error* error) {
+  if (name != nullptr && std::strcmp(name, lora_share::kBaseName) == 0)
+    return ls_generate(runtime, nullptr, prompt, n, options, on_token, user_data, error);
   ls_adapter* adapter = ls_adapter_by_name(runtime, name, error);
   if (adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
   return ls_generate(runtime, adapter, prompt, n, options, on_token, user_data, error);
@@ -330,8 +336,11 @@ ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t
 
 ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt,
                            size_t n, int64_t max_new_tokens, ls_error* error) {
-  ls_adapter* adapter = ls_adapter_by_name(runtime, name, error);
-  if (adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (name == nullptr) return missing(error, "name");
+  bool base = std::strcmp(name, lora_share::kBaseName) == 0;
+  ls_adapter* adapter = base ? nullptr : ls_adapter_by_name(runtime, name, error);
+  if (!base && adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
   if (prompt == nullptr && n > 0) return missing(error, "prompt");
   if (n == 0) {
     set_error(error, LS_ERR_REQUEST, "the prompt is empty: give at least one token id");
@@ -340,8 +349,8 @@ ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t*
   Guard guard(runtime);
   if (!guard.held()) return busy(error);
   try {
-    Status s = runtime->pool->check(adapter->index, std::vector<int64_t>(prompt, prompt + n),
-                                    max_new_tokens);
+    Status s = runtime->pool->check(base ? AdapterPool::kBase : adapter->index,
+                                    std::vector<int64_t>(prompt, prompt + n), max_new_tokens);
     if (!s.ok()) return report(error, s, LS_ERR_REQUEST, LS_ERR_REQUEST);
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_RUN, std::string("ls_check_request: ") + e.what());

@@ -69,7 +69,9 @@ const FlagSpec kFlags[] = {
        return Status();
      }},
     {"tokens", "IDS", "(this or --prompt, unless --serve)",
-     "prompt token ids, comma-separated, e.g. 1,17,42",
+     "prompt token ids, comma-separated, e.g. 1,17,42; generation stops "
+     "after the build's end-of-sequence id (its manifest.json beside --ptd) "
+     "unless --ignore-eos",
      [](Options& o, const std::string& v) {
        auto ids = parse_token_list(v, "--tokens");
        if (!ids.ok()) return ids.status();
@@ -124,17 +126,26 @@ const FlagSpec kFlags[] = {
        return Status();
      }},
     {"adapter", "NAME", "(first --pte)",
-     "which loaded adapter answers: the .pte file stem",
+     "which loaded adapter answers: the .pte file stem, or 'base' for the "
+     "foundation alone (no LoRA; through the program the --pte files carry)",
      [](Options& o, const std::string& v) {
        o.adapter = v;
+       return Status();
+     }},
+    {"ignore-eos", nullptr, "off",
+     "generate max-new-tokens tokens even past the build's end-of-sequence "
+     "ids (--tokens, --prompt and --serve)",
+     [](Options& o, const std::string&) {
+       o.ignore_eos = true;
        return Status();
      }},
     {"serve", nullptr, "off",
      "read requests from stdin, one per line, either 'adapter<TAB>ids' or "
      "JSON {\"adapter\": ..., \"prompt\": text | \"tokens\": [ids], "
      "\"max_new_tokens\", \"temperature\", \"seed\" (optional)}; answer one "
-     "JSON line each (with \"text\" when the build has a tokenizer); EOF "
-     "ends. Requests run one at a time and each starts "
+     "JSON line each (with \"text\" when the build has a tokenizer); "
+     "each stops after an end-of-sequence id unless --ignore-eos; the "
+     "adapter 'base' is the foundation alone; EOF ends. Requests run one at a time and each starts "
      "at position 0: nothing of an earlier request (KV cache included) is "
      "kept or read",
      [](Options& o, const std::string&) {
@@ -243,14 +254,18 @@ Status check_combinations(const Options& o) {
   std::string listed;
   for (const std::string& pte : o.ptes) {
     std::string name = file_stem(pte);
+    if (name == kBaseName)
+      return Status::usage("--pte " + pte + ": the name '" + std::string(kBaseName) +
+                           "' (the file stem) is reserved for the foundation "
+                           "alone (--adapter base): rename the file");
     if (!names.insert(name).second)
       return Status::usage("--pte: two adapters are named '" + name +
                            "' (the name is the file stem); rename one");
     listed += (listed.empty() ? "" : ", ") + name;
   }
-  if (!o.adapter.empty() && !names.count(o.adapter))
+  if (!o.adapter.empty() && o.adapter != kBaseName && !names.count(o.adapter))
     return Status::usage("--adapter '" + o.adapter +
-                         "': no such adapter (loaded: " + listed + ")");
+                         "': no such adapter (loaded: " + listed + "; 'base' is the foundation alone)");
   // The shared file holds LoRA tensors only: a program that reads it also
   // reads foundation weights, so it is useless without --ptd.
   if (!o.shared_ptd.empty() && o.ptd.empty())

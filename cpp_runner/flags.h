@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter.h"
 #include "status.h"
 
 namespace lora_share {
@@ -22,7 +23,8 @@ struct Options {
   int64_t max_new_tokens = 16;        // --max-new-tokens
   double temperature = 0.0;           // --temperature (0 = greedy)
   uint64_t seed = 0;                  // --seed
-  std::string adapter;                // --adapter (empty = first --pte)
+  std::string adapter;                // --adapter (empty = first --pte; "base" = no adapter)
+  bool ignore_eos = false;            // --ignore-eos
   bool serve = false;                 // --serve
   std::string dump_logits;            // --dump-logits
   bool json = false;                  // --json

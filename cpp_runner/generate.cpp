@@ -70,7 +70,8 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, double temperature,
                               uint64_t seed, bool keep_logits,
-                              const TokenCallback& on_token) {
+                              const TokenCallback& on_token,
+                              const std::vector<int64_t>& stop_ids) {
   using clock = std::chrono::steady_clock;
   std::mt19937_64 rng(seed);
   Generation g;
@@ -86,6 +87,7 @@ StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prom
     if (keep_logits) g.logits.insert(g.logits.end(), logits.begin(), logits.end());
     g.tokens.push_back(pick(logits, temperature, rng));
     if (on_token && !on_token(g.tokens.back())) break;
+    if (std::find(stop_ids.begin(), stop_ids.end(), g.tokens.back()) != stop_ids.end()) break;
     if (i + 1 < max_new_tokens) {
       s = adapter.step({g.tokens.back()}, pos, &logits);
       if (!s.ok()) return s;

@@ -39,10 +39,13 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 // sampled ids match Python only in distribution.
 // `on_token`, if given, sees each token as soon as it is picked; returning
 // false stops generation there (the tokens so far are the result).
+// A token in `stop_ids` (the build's EOS ids) ends generation after it, as
+// transformers' generate does: it is the last token (and on_token sees it).
 using TokenCallback = std::function<bool(int64_t token)>;
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
                               int64_t max_new_tokens, double temperature,
                               uint64_t seed, bool keep_logits,
-                              const TokenCallback& on_token = nullptr);
+                              const TokenCallback& on_token = nullptr,
+                              const std::vector<int64_t>& stop_ids = {});
 
 }  // namespace lora_share

@@ -48,9 +48,14 @@ Status run_once(const Session& session, const Options& options,
   std::string name = options.adapter.empty() ? session.adapters.front()->name()
                                              : options.adapter;
   Adapter* adapter = session.find(name);
+  if (adapter == nullptr && name == kBaseName)
+    return Status::usage("--adapter base runs the foundation through the program the --pte files "
+                         "carry, which --stock does not load: drop --stock");
   if (adapter == nullptr)
     return Status::usage("--adapter '" + name + "': no such adapter (loaded: " +
                          session.names() + ")");
+  const tok::BoundTokenizer* bound = tokenizer ? &*tokenizer : nullptr;
+  std::vector<int64_t> stop_ids = stop_ids_for(options, session, bound);
   auto prompt = prompt_ids(options, tokenizer);
   if (!prompt.ok()) return prompt.status();
   Status s = check_request(prompt.value(), options.max_new_tokens,
@@ -63,14 +68,14 @@ Status run_once(const Session& session, const Options& options,
   StatusOr<Generation> g = Status::failure("not generated");
   if (options.prompt_given) {
     auto t = generate_text(*adapter, *tokenizer, prompt.value(), options.max_new_tokens,
-                           options.temperature, options.seed, keep_logits,
+                           options.temperature, options.seed, keep_logits, stop_ids,
                            options.json ? TextWriter() : TextWriter(write_stdout));
     if (!t.ok()) return t.status();
     text = std::move(t->text);
     g = std::move(t->generation);
   } else {
     g = generate(*adapter, prompt.value(), options.max_new_tokens,
-                 options.temperature, options.seed, keep_logits);
+                 options.temperature, options.seed, keep_logits, nullptr, stop_ids);
   }
   if (!g.ok()) return g.status();
   MemoryStats end = read_memory_stats();

@@ -23,7 +23,38 @@ const json* field(const json* object, const char* key) {
   return it == object->end() ? nullptr : &*it;
 }
 
+std::string folder_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace
+
+StatusOr<std::vector<int64_t>> read_eos_ids(const std::string& ptd, const std::string& fingerprint) {
+  std::vector<int64_t> ids;
+  if (fingerprint.empty()) return ids;
+  std::string path = folder_of(ptd) + "/manifest.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ids;
+  const json root = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded())
+    return Status::usage(path + ": not valid JSON (the file may be truncated): copy manifest.json from " +
+                         ptd + "'s build");
+  const json* section = field(&root, "tokenizer");
+  if (section == nullptr || !section->is_object()) return ids;
+  const json* owner = field(section, "foundation_fingerprint");
+  std::string listed = owner != nullptr && owner->is_string() ? owner->get<std::string>() : "";
+  if (listed != fingerprint)
+    return Status::usage(path + ": its tokenizer section (the EOS ids) is for foundation " +
+                         listed.substr(0, 12) + "\xE2\x80\xA6, not " + ptd + " (foundation " +
+                         fingerprint.substr(0, 12) + "\xE2\x80\xA6): copy manifest.json from the same build");
+  const json* eos = field(section, "eos_token_ids");
+  if (eos == nullptr || !eos->is_array()) return ids;
+  for (const json& v : *eos)
+    if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+  return ids;
+}
 
 StatusOr<Manifest> read_manifest(const std::string& dir) {
   std::string path = dir + "/manifest.json";

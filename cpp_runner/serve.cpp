@@ -19,7 +19,7 @@ using json = nlohmann::json;
 struct Request {
   Adapter* adapter = nullptr;
   std::vector<int64_t> prompt;
-  bool is_text = false;  // the prompt came as text: stop at EOS
+  bool is_text = false;  // the prompt came as text
   int64_t max_new_tokens = 0;
   double temperature = 0;
   uint64_t seed = 0;
@@ -28,7 +28,11 @@ struct Request {
 StatusOr<Adapter*> find_adapter(const Session& session, const std::string& name) {
   Adapter* adapter = session.find(name);
   if (adapter == nullptr)
-    return Status::usage("unknown adapter '" + name + "' (loaded: " + session.names() + ")");
+    return Status::usage(name == kBaseName
+                             ? "adapter 'base' runs the foundation through the program the --pte files "
+                               "carry, which --stock does not load: drop --stock"
+                             : "unknown adapter '" + name + "' (loaded: " + session.names() +
+                                   "; 'base' is the foundation alone)");
   return adapter;
 }
 
@@ -130,16 +134,17 @@ std::string answer(const Session& session, const Options& options,
   if (!s.ok()) return error_json(s.message());
   // The seed is reset per request so an answer does not depend on what was
   // asked before it: the same request gets the same answer as a fresh run.
+  std::vector<int64_t> stop_ids = stop_ids_for(options, session, tokenizer);
   if (r.is_text) {
     auto t = generate_text(*r.adapter, *tokenizer, r.prompt, r.max_new_tokens, r.temperature, r.seed,
-                           /*keep_logits=*/false, nullptr);
+                           /*keep_logits=*/false, stop_ids, nullptr);
     if (!t.ok()) return error_json(t.status().message());
     return serve_answer_json(*r.adapter, r.prompt, t->generation, t->text);
   }
   auto g = generate(*r.adapter, r.prompt, r.max_new_tokens, r.temperature, r.seed,
-                    /*keep_logits=*/false);
+                    /*keep_logits=*/false, nullptr, stop_ids);
   if (!g.ok()) return error_json(g.status().message());
-  // Ids in, ids out (no EOS stop, as with --tokens); the text too when the
+  // Ids in, ids out (stopping at EOS, as with --tokens); the text too when the
   // build has a tokenizer and the request was JSON (the TAB answers stay as they were).
   std::optional<std::string> text;
   if (is_json && tokenizer != nullptr) text = tokenizer->tokenizer.decode(g->tokens, /*skip_special_tokens=*/true);

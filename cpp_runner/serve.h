@@ -3,7 +3,8 @@
 //   {"adapter": "a", "prompt": "text" | "tokens": [ids],
 //    "max_new_tokens": 32, "temperature": 0, "seed": 0}   (the last three
 // optional, defaulting to the flags). Answers carry "tokens", and "text" when
-// the build has a tokenizer; a prompt's generation stops at an EOS id. A bad
+// the build has a tokenizer; every generation stops after an EOS id of the
+// build unless --ignore-eos. The adapter "base" is the foundation alone. A bad
 // request gets {"error": ...} and serving goes on; end of input ends it.
 #pragma once
 

@@ -6,12 +6,14 @@
 #include <map>
 
 #include "file_check.h"
-#include "shared_adapter.h"
 #include "lora_data.h"
+#include "manifest.h"
+#include "shared_adapter.h"
 
 namespace lora_share {
 
 Adapter* Session::find(const std::string& name) const {
+  if (name == kBaseName) return base.get();
   for (const auto& a : adapters)
     if (a->name() == name) return a.get();
   return nullptr;
@@ -93,6 +95,9 @@ Status load_shared_adapters(Session& session, const Options& options,
     session.adapters.push_back(std::make_unique<SharedAdapter>(
         options.ptes[i], program, std::move(data.value()), ms));
   }
+  SharedProgram* first_program = session.programs[program_of[0]].get();
+  session.base = std::make_unique<SharedAdapter>(first_program->pte(), first_program, nullptr, 0.0,
+                                                 kBaseName);
   return Status();
 }
 
@@ -128,6 +133,12 @@ StatusOr<std::unique_ptr<Session>> load_session(const Options& options) {
   auto files = has_ptd ? check_data_files(options.ptd, options.shared_ptd)
                        : StatusOr<DataFiles>(DataFiles());
   if (!files.ok()) return files.status();
+  if (has_ptd && !options.ignore_eos) {
+    const Record& record = files->foundation.record;
+    auto eos = read_eos_ids(options.ptd, record.present ? record.fingerprint : "");
+    if (!eos.ok()) return eos.status();
+    session->eos_ids = std::move(eos.value());
+  }
   std::vector<PteInfo> infos;
   for (const std::string& pte : options.ptes) {
     auto pte_info = check_pte(pte, "--pte");

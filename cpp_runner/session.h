@@ -32,6 +32,12 @@ struct Session {
   // same one); none on the --stock path.
   std::vector<std::unique_ptr<SharedProgram>> programs;
   std::vector<std::unique_ptr<Adapter>> adapters;
+  // The foundation alone ("base"): the first adapter's program with every
+  // LoRA input a zero rank-1 pair; null on the --stock path.
+  std::unique_ptr<Adapter> base;
+  // The build's end-of-sequence ids (manifest.h, read_eos_ids); none with
+  // --ignore-eos or without a tokenizer in the build.
+  std::vector<int64_t> eos_ids;
 
   std::string ptd;         // --ptd, as given
   std::string shared_ptd;  // --shared-ptd, as given ("" = none)
@@ -43,7 +49,7 @@ struct Session {
   double load_ms = 0;
   MemoryStats after_load;
 
-  // The adapter called `name` (the .pte stem), or null.
+  // The adapter called `name` (the .pte stem, or "base"), or null.
   Adapter* find(const std::string& name) const;
   // "a, b, c": the names, for error messages.
   std::string names() const;

@@ -195,9 +195,10 @@ Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& 
 }
 
 SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program,
-                             std::unique_ptr<LoraData> data, double load_ms)
+                             std::unique_ptr<LoraData> data, double load_ms,
+                             const std::string& name)
     : program_(program), data_(std::move(data)) {
-  name_ = file_stem(pte);
+  name_ = name.empty() ? file_stem(pte) : name;
   pte_path_ = pte;
   vocab_size_ = program->vocab_size();
   max_seq_len_ = program->max_seq_len();

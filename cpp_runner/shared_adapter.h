@@ -94,9 +94,11 @@ class SharedProgram {
 // An adapter of a loaded program: its LoRA data, bound to the program's inputs.
 class SharedAdapter final : public Adapter {
  public:
-  // `program` must outlive the adapter.
+  // `program` must outlive the adapter. Its name is `name`, or the file stem
+  // of `pte` when empty; null `data` is the foundation alone (every LoRA
+  // input a zero rank-1 pair), then `pte` is the program's file.
   SharedAdapter(const std::string& pte, SharedProgram* program, std::unique_ptr<LoraData> data,
-                double load_ms);
+                double load_ms, const std::string& name = "");
   Status step(const std::vector<int64_t>& tokens, int64_t pos,
               std::vector<float>* logits) override;
 

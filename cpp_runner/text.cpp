@@ -27,21 +27,27 @@ StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenize
   return ids;
 }
 
+std::vector<int64_t> stop_ids_for(const Options& options, const Session& session,
+                                  const tok::BoundTokenizer* tokenizer) {
+  if (options.ignore_eos) return {};
+  return tokenizer != nullptr ? tokenizer->eos_token_ids : session.eos_ids;
+}
+
 StatusOr<TextGeneration> generate_text(Adapter& adapter, const tok::BoundTokenizer& tokenizer,
                                        const std::vector<int64_t>& prompt, int64_t max_new_tokens,
                                        double temperature, uint64_t seed, bool keep_logits,
-                                       const TextWriter& write) {
+                                       const std::vector<int64_t>& stop_ids, const TextWriter& write) {
   const std::vector<int64_t>& eos = tokenizer.eos_token_ids;
   tok::StreamDecoder stream(tokenizer.tokenizer, /*skip_special_tokens=*/true);
   std::vector<int64_t> text_ids;
   auto on_token = [&](int64_t id) {
-    if (std::find(eos.begin(), eos.end(), id) != eos.end()) return false;  // kept in tokens, not printed
+    if (std::find(eos.begin(), eos.end(), id) != eos.end()) return true;  // kept in tokens, not printed
     text_ids.push_back(id);
     std::string piece = stream.push(id);
     if (write && !piece.empty()) write(piece);
     return true;
   };
-  auto g = generate(adapter, prompt, max_new_tokens, temperature, seed, keep_logits, on_token);
+  auto g = generate(adapter, prompt, max_new_tokens, temperature, seed, keep_logits, on_token, stop_ids);
   if (!g.ok()) return g.status();
   std::string rest = stream.finish();
   if (write && !rest.empty()) write(rest);

@@ -11,6 +11,7 @@
 #include "adapter.h"
 #include "flags.h"
 #include "generate.h"
+#include "session.h"
 #include "status.h"
 #include "tokenizer/binding.h"
 
@@ -28,17 +29,23 @@ StatusOr<std::optional<tok::BoundTokenizer>> load_text_tokenizer(const Options& 
 StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenizer, const std::string& text,
                                              const std::string& what);
 
+// The ids generation stops after: none with --ignore-eos, else the bound
+// tokenizer's EOS ids (text and --serve), else the build's (session.eos_ids).
+std::vector<int64_t> stop_ids_for(const Options& options, const Session& session,
+                                  const tok::BoundTokenizer* tokenizer);
+
 struct TextGeneration {
   Generation generation;  // its tokens end with the EOS id when one stopped it
   std::string text;       // the decoded tokens, special tokens (EOS) skipped
 };
 
-// Generates until an EOS id or max_new_tokens; `write`, if given, receives
-// each new piece of text as soon as it is whole UTF-8.
+// Generates until an id of `stop_ids` or max_new_tokens; `write`, if given,
+// receives each new piece of text as soon as it is whole UTF-8. EOS ids are
+// never text, even when they do not stop generation (--ignore-eos).
 using TextWriter = std::function<void(const std::string& piece)>;
 StatusOr<TextGeneration> generate_text(Adapter& adapter, const tok::BoundTokenizer& tokenizer,
                                        const std::vector<int64_t>& prompt, int64_t max_new_tokens,
                                        double temperature, uint64_t seed, bool keep_logits,
-                                       const TextWriter& write);
+                                       const std::vector<int64_t>& stop_ids, const TextWriter& write);
 
 }  // namespace lora_share

@@ -66,17 +66,20 @@ def _cmd_run(ns) -> int:
     if ns.tokens is not None:
         from .generate import parse_tokens
 
+        from .tokenizer_files import eos_ids_beside
+
         if ns.tokenizer is not None:
             raise UserError("--tokenizer is read only with --prompt or --chat, not with --tokens")
-        tokens, stop_ids, stream = parse_tokens(ns.tokens), (), None
+        tokens, stream = parse_tokens(ns.tokens), None
+        stop_ids = () if ns.ignore_eos else eos_ids_beside(ns.ptd)
     else:
         from .text import TextStream, chat_prompt, encode_prompt
         from .tokenizer_files import bind_tokenizer
 
         bound = bind_tokenizer(ns.ptd, ns.tokenizer)
         tokens = chat_prompt(bound, ns.chat) if ns.chat is not None else encode_prompt(bound, ns.prompt)
-        stop_ids = bound.eos_token_ids
-        stream = TextStream(bound.tokenizer, None if ns.json else _write_stdout, stop_ids)
+        stop_ids = () if ns.ignore_eos else bound.eos_token_ids
+        stream = TextStream(bound.tokenizer, None if ns.json else _write_stdout, bound.eos_token_ids)
     gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed, verify=not ns.no_verify,
               shared_ptd=ns.shared_ptd, stop_ids=stop_ids, on_token=stream and stream.push)
     text = stream.finish() if stream else None
@@ -213,7 +216,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--ptd", required=True, help="foundation data file")
     r.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
     prompt = r.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--tokens", help="comma-separated prompt token ids, e.g. 1,17,42; prints the generated ids")
+    prompt.add_argument("--tokens", help="comma-separated prompt token ids, e.g. 1,17,42; prints the generated ids, "
+                                         "stopping after the build's end-of-sequence id (manifest.json beside --ptd)")
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the build's tokenizer (BOS "
                                                          "added where the model's tokenizer adds it); streams the "
                                                          "generated text, stopping at an end-of-sequence token")
@@ -222,6 +226,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--tokenizer", metavar="DIR", help="for --prompt/--chat: the build folder with manifest.json and "
                                                       "the tokenizer files (default: the --ptd's folder)")
     r.add_argument("--max-new-tokens", type=int, default=16, help="most tokens to generate (default 16)")
+    r.add_argument("--ignore-eos", action="store_true",
+                   help="generate --max-new-tokens tokens even past an end-of-sequence id")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     r.add_argument("--dump-logits", metavar="PATH", help=".npy float32 [steps, vocab]: row 0 at the last prompt "

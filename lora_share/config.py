@@ -23,6 +23,8 @@ from .families import FAMILIES
 from .model import LORA_TARGETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The name the runners, the C API and the server give the foundation alone (no adapter).
+BASE_NAME = "base"
 
 
 def _f(help: str, default=dataclasses.MISSING, **meta):
@@ -287,7 +289,10 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
             if a is None:
                 continue
             key = f"adapters[{i}]"
-            if a.name in seen:
+            if a.name == BASE_NAME:
+                L.problem(f"{key}.name", f"{BASE_NAME!r} is the name of the foundation alone (no adapter) "
+                                         "in the runner, the C API and the server: pick another name")
+            elif a.name in seen:
                 L.problem(f"{key}.name", f"{a.name!r} is already used by adapters[{seen[a.name]}]")
             elif a.name is not None:
                 seen[a.name] = i

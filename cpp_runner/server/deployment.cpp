@@ -56,7 +56,7 @@ std::string trim(const std::string& text) {
 }  // namespace
 
 bool Deployment::knows(const std::string& name) const {
-  return std::find(adapters.begin(), adapters.end(), name) != adapters.end();
+  return name == "base" || std::find(adapters.begin(), adapters.end(), name) != adapters.end();
 }
 
 StatusOr<std::vector<int64_t>> Deployment::prompt_ids(const CompletionRequest& request) const {

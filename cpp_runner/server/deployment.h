@@ -35,6 +35,7 @@ struct Deployment {
   std::vector<int64_t> eos_ids;
   std::optional<ChatFormat> chat;
 
+  // An adapter of the manifest, or "base" (the foundation alone).
   bool knows(const std::string& name) const;
   // The prompt's ids: encoded text, the ids as given, or rendered messages.
   // Usage errors say what the deployment lacks (a tokenizer, a chat format).

@@ -3,9 +3,10 @@
     .venv/bin/python examples/demo/show.py out/llama_adapters [--prompt "1 2 3"] [--runner build/runner]
 
 One runner process loads every adapter .pte of the build against its one foundation.ptd and
-answers one JSON request per adapter (`{"adapter": ..., "prompt": ..., "max_new_tokens": ...}`);
-the build's tokenizer (foundation.tokenizer in the config) encodes the prompt and decodes the
-replies, and each reply stops at the tokenizer's end-of-sequence token.
+answers one JSON request per adapter (`{"adapter": ..., "prompt": ..., "max_new_tokens": ...}`),
+first "base", the foundation alone (no LoRA), for comparison; the build's tokenizer
+(foundation.tokenizer in the config) encodes the prompt and decodes the replies, and each reply stops
+at the tokenizer's end-of-sequence token.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ DEFAULT_PROMPT = "1 2 3"
 
 # What each demo adapter learned (examples/demo/train_adapters.py trains them).
 LEARNED = {
+    "base": "nothing: the random foundation alone",
     "counter": "counts on by one to the next ten",
     "countdown": "counts down by one to the ten below",
     "doubler": "doubles while the result stays within 100",
@@ -28,13 +30,14 @@ LEARNED = {
 
 
 def ask_all(out: Path, runner: Path, prompt: str, max_new_tokens: int) -> list[dict]:
-    """One JSON answer per adapter of the build at ``out`` (manifest order), from one runner process."""
+    """One JSON answer for "base" (the foundation alone), then one per adapter of the build at ``out``
+    (manifest order), from one runner process."""
     if not (out / "manifest.json").is_file():
         raise SystemExit(f"error: {out}: no manifest.json (build it: lora-share build configs/llama_adapters.yaml)")
     if not runner.is_file():
         raise SystemExit(f"error: {runner}: no such runner (build it with `make runner`)")
     manifest = json.loads((out / "manifest.json").read_text())
-    names = [a["name"] for a in manifest["adapters"]]
+    names = ["base", *(a["name"] for a in manifest["adapters"])]
     cmd = [str(runner), "--ptd", str(out / "foundation.ptd"), "--serve"]
     for a in manifest["adapters"]:
         cmd += ["--pte", str(out / a["file"])]
