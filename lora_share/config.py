@@ -75,7 +75,8 @@ class FoundationConfig:
 
     checkpoint: Optional[Path] = _f(
         f"Hugging Face model folder ({', '.join(FAMILIES)}): config.json + model.safetensors (or shards + "
-        "index json)", None, path=True
+        "index json); or a GGUF file (architectures llama, qwen2, qwen3; any quantization type the gguf "
+        "package dequantizes)", None, path=True
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
     max_seq_len: int = _f("the context: KV cache length, the longest prompt + generation the program accepts",
@@ -254,8 +255,12 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
     if fnd is not None:
         if (fnd.checkpoint is None) == (fnd.synthetic is None):
             L.problem("foundation", "give exactly one of 'checkpoint' or 'synthetic'")
-        if fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
-            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face model folder)")
+        if fnd.checkpoint is not None and fnd.checkpoint.suffix == ".gguf":
+            if not fnd.checkpoint.is_file():
+                L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such file (a GGUF checkpoint)")
+        elif fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
+            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face model folder, "
+                                               "or a .gguf file)")
         s = fnd.synthetic
         if s is not None and None not in (s.dim, s.n_heads, s.n_kv_heads):
             if s.n_heads and s.dim % s.n_heads:

@@ -22,6 +22,7 @@ from .chat_format import resolve_chat_format
 from .config import FoundationConfig
 from .errors import UserError
 from .files import sha256_file
+from .gguf_checkpoint import gguf_tokenizer_folder
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -92,10 +93,13 @@ def _generation_ids(config: dict, key: str, path: Path) -> list[int]:
 
 
 def tokenizer_folder(fnd: FoundationConfig) -> Optional[Path]:
-    """Where a build takes its tokenizer from: ``foundation.tokenizer``, else the checkpoint folder
-    when it has a tokenizer.json, else none (a synthetic foundation has no tokenizer)."""
+    """Where a build takes its tokenizer from: ``foundation.tokenizer``, else a GGUF checkpoint's own
+    (gguf_checkpoint.gguf_tokenizer_folder), else the checkpoint folder when it has a tokenizer.json,
+    else none (a synthetic foundation has no tokenizer)."""
     if fnd.tokenizer is not None:
         return fnd.tokenizer
+    if fnd.checkpoint is not None and fnd.checkpoint.suffix == ".gguf":
+        return gguf_tokenizer_folder(fnd.checkpoint)
     if fnd.checkpoint is not None and (fnd.checkpoint / TOKENIZER_JSON).is_file():
         return fnd.checkpoint
     return None
