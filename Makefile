@@ -72,7 +72,7 @@ demo: setup runner
 	@echo "--- build/runner (C++): all four loaded, speller answers; memory after load and at the end:"
 	$(RUNNER) --ptd $(OUT)/foundation.ptd $(DEMO_PTES) --adapter speller --prompt '$(DEMO_PROMPT)'
 
-test: setup runner
+test: setup runner model
 	$(PY) -m pytest -q
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
