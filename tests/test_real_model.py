@@ -46,7 +46,9 @@ def chat_ids(out: Path) -> list[int]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(out))
-    return tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_gguf_builds_with_its_tokenizer(smollm2):

@@ -25,7 +25,7 @@ def content_crc32(blob, start: int, end: int) -> int:
 
 def seal_pte(data: bytes) -> bytes:
     """``data`` (a .pte with an adapter record) with the seal written into its record."""
-    pte = read_pte(data, what="<pte to seal>")
+    pte = read_pte(data, what="<pte to seal>", plans=False)
     entry = pte.entry(ADAPTER_KEY)
     meta = decode(pte.data(ADAPTER_KEY), "<pte to seal>").adapter
     sealed = dataclasses.replace(meta, content_bytes=len(data),
