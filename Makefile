@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.lora-share-installed
 RUNNER := build/runner
-CONFIG ?= configs/llama_adapters.yaml
-OUT ?= out/llama_adapters
+CONFIG ?= configs/smollm2.yaml
+OUT ?= out/smollm2
+# The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
+BENCH_CONFIG ?= configs/llama_adapters.yaml
 
 .PHONY: all setup runner model demo test bench bench-scale bench-budget clean system-deps
 
@@ -58,26 +60,26 @@ $(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps
 
 runner: $(RUNNER)
 
-# The default config: four adapters trained on toy tasks (examples/demo/train_adapters.py, committed,
-# never retrained here) over one synthetic foundation, each answering the same prompt in its own way.
-DEMO_PROMPT ?= 1 2 3
-DEMO_PTES := $(foreach a,counter countdown doubler speller,--pte $(OUT)/$(a).pte)
+# The default config: the real model, SmolLM2-135M-Instruct read from its GGUF, with four adapters
+# trained on it (examples/smollm2/train_adapters.py, committed, never retrained here), each answering
+# the same question in its own form: one runner process asks the base model and every adapter, then
+# the OpenAI-compatible server answers one chat completion.
+DEMO_QUESTION ?= Why is the sky blue?
 
-demo: setup runner
+demo: setup runner model
 	$(VENV)/bin/lora-share build $(CONFIG)
-	@echo "--- build/runner --serve (C++): one process, one foundation.ptd, every adapter asked '$(DEMO_PROMPT)':"
-	$(PY) examples/demo/show.py $(OUT) --prompt '$(DEMO_PROMPT)' --runner $(RUNNER)
-	@echo "--- lora-share run (Python runtime), counter:"
-	$(VENV)/bin/lora-share run --pte $(OUT)/counter.pte --ptd $(OUT)/foundation.ptd --prompt '$(DEMO_PROMPT)'
-	@echo "--- build/runner (C++): all four loaded, speller answers; memory after load and at the end:"
-	$(RUNNER) --ptd $(OUT)/foundation.ptd $(DEMO_PTES) --adapter speller --prompt '$(DEMO_PROMPT)'
+	$(PY) examples/demo/show.py $(OUT) --chat '$(DEMO_QUESTION)' --max-new-tokens 64 --runner $(RUNNER) \
+	  --server build/lora-share-server --server-adapter json
+	@echo "--- lora-share run (Python runtime), brief:"
+	$(VENV)/bin/lora-share run --pte $(OUT)/brief.pte --ptd $(OUT)/foundation.ptd --chat '$(DEMO_QUESTION)' \
+	  --tokenizer $(OUT) --max-new-tokens 64
 
 test: setup runner model
 	$(PY) -m pytest -q
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner
-	$(VENV)/bin/lora-share bench $(CONFIG)
+	$(VENV)/bin/lora-share bench $(BENCH_CONFIG)
 
 # SmolLM-135M's shape at a 2,048-token context, fp32 and 8da4w: memory with 1, 2, 4, 8 adapters served
 # (shared arena vs private arenas vs one process each), prefill and decode speed, load and export time.
@@ -89,7 +91,7 @@ bench-scale: setup runner
 # adapter is resident vs one that must be loaded (p50, p99), requests/s of a mixed stream, against
 # all 32 loaded. The build is kept in out/bench_budget and reused while nothing changed.
 bench-budget: setup runner
-	$(VENV)/bin/lora-share bench-budget $(CONFIG)
+	$(VENV)/bin/lora-share bench-budget $(BENCH_CONFIG)
 
 clean:
 	rm -rf build out .pytest_cache

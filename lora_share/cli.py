@@ -284,7 +284,7 @@ def parser() -> argparse.ArgumentParser:
     bb = sub.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C library): "
                                              "PSS against the budget, resident vs cold request latency, requests/s",
                         epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of the "
-                               "default config, a budget for 4\n"
+                               "synthetic config, a budget for 4\n"
                                "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 --requests 30",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     bb.add_argument("config", nargs="?", default="configs/llama_adapters.yaml",

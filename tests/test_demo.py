@@ -1,6 +1,6 @@
-"""`make demo`'s deployment (configs/llama_adapters.yaml): its trained adapters write distinct, sensible text.
+"""The synthetic deployment (configs/llama_adapters.yaml): its trained adapters write distinct, sensible text.
 
-The default config's foundation is synthetic random weights; examples/demo/train_adapters.py trained
+Its foundation is synthetic random weights; examples/demo/train_adapters.py trained
 four PEFT adapters over it on toy tasks and a toy tokenizer. These tests build the config as shipped
 (into a temporary folder) and check, by generating through build/runner and `lora-share run`, that
 each adapter's reply to the demo prompt is real text (not one token repeated), that no two adapters
