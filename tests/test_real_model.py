@@ -134,11 +134,13 @@ def test_demo_adapters_equal_transformers_peft_through_the_runner(smollm2, runne
 
 
 def test_demo_adapters_equal_transformers_peft_through_lora_share_run(smollm2, references):
+    from lora_share import runtime  # what `lora-share run` generates with
+
     out, manifest, _ = smollm2
     eos = manifest["tokenizer"]["eos_token_ids"]
     for a in manifest["adapters"]:
-        got = [lora_share.run(out / a["file"], out / "foundation.ptd", chat_ids(out, q), REPLY_TOKENS,
-                              stop_ids=eos).tokens for q in QUESTIONS]
+        got = [runtime.run(out / a["file"], out / "foundation.ptd", chat_ids(out, q), REPLY_TOKENS,
+                           stop_ids=eos).tokens for q in QUESTIONS]
         assert got == references[a["name"]], a["name"]
     # The command itself, once per adapter: its chat text is the reference's.
     from transformers import AutoTokenizer
