@@ -128,7 +128,7 @@ class Subject:
             raise UserError(f"{folder}: the build has no adapter file, so no program to run")
         entry = entries[name] if name != BASE_NAME else next(iter(entries.values()))
         shared = folder / SHARED_PTD
-        self.name = name
+        self.name, self.where = name, f"{folder.name}/{name}"
         self.program = LoadedAdapter(folder / entry["file"], folder / "foundation.ptd",
                                      shared if shared.is_file() else None, lora=name != BASE_NAME)
         self.reference = reference
@@ -274,7 +274,7 @@ def _score(subject: Subject, chunks: list[list[int]], progress: bool) -> Scores:
         worst = max(worst, float(np.abs(got[:m] - want[:m]).max()))
         n += m
         if progress:
-            print(f"  {subject.name}: window {i + 1}/{len(chunks)}, perplexity so far {math.exp(nll / n):.3f} "
+            print(f"  {subject.where}: window {i + 1}/{len(chunks)}, perplexity so far {math.exp(nll / n):.3f} "
                   f"(transformers {math.exp(ref_nll / n):.3f}), {n / seconds:.1f} tokens/s",
                   file=sys.stderr, flush=True)
     return Scores(subject.name, math.exp(nll / n), math.exp(ref_nll / n), agree / n, worst, n, seconds,

@@ -5,7 +5,7 @@ the build's perplexity, read through ExecuTorch one token per call, equals the p
 computes itself from transformers + peft on the same windows within 1e-3 relative, and its top-1
 tokens agree everywhere; the same for a synthetic adapter (which eval sets into peft's LoRA layers),
 whose reference here is the eager PyTorch model with lora-share's own adapter. Bad input gets one
-line and a non-zero exit.
+line and a non-zero exit. `lora-share bench-quality` runs end to end on the tiny build (slow).
 """
 
 from __future__ import annotations
@@ -129,3 +129,30 @@ def test_bad_input(text_build, text_file, tmp_path, case):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and words in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.slow  # two exports and four evaluation processes: minutes on a busy 2-core machine
+def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
+    """`lora-share bench-quality` end to end on text_build's config (its PEFT adapter), fp32 and 8da4w,
+    with a folder of .rst.txt files for text: both builds measured, the files taken whole in name order,
+    the check's ratio is the two perplexities', results written as JSON and Markdown."""
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    for i in range(4):
+        (sources / f"{i}.rst.txt").write_text(TEXT[i * 40:])
+    out = tmp_path / "results" / "q.json"
+    proc = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
+                   sources, "--tokens", "100", "--out", out)
+    assert proc.returncode in (0, 1), proc.stderr
+    results = json.loads(out.read_text())
+    assert set(results["variants"]) == {"fp32", "8da4w"}
+    assert results["text"]["tokens"] == 2 * 64  # the fewest windows of 64 that score 100 tokens
+    assert results["text"]["files"][0] == "0.rst.txt"
+    for check in results["checks"]:
+        rows = {v: next(r for r in results["variants"][v]["results"] if r["adapter"] == check["adapter"])
+                for v in ("fp32", "8da4w")}
+        assert check["ratio"] == pytest.approx(rows["8da4w"]["perplexity"] / rows["fp32"]["perplexity"])
+        assert rows["fp32"]["top1_agreement"] == 1.0
+    assert [c["adapter"] for c in results["checks"]] == ["base", TEXT_ADAPTER]
+    assert (proc.returncode == 0) == all(c["ok"] for c in results["checks"])
+    assert "8da4w / fp32 perplexity" in out.with_suffix(".md").read_text()
