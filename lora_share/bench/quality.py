@@ -65,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def variant_config(config: Path, work: Path, variant: str, peft: Path | None) -> Path:
-    """``config`` as the ``variant`` build in ``work``: its own output folder, paths made absolute, the
+    """``config`` as the ``variant`` build in ``work``: its own output folder, paths made absolute (as
+    written, symbolic links kept: the build's export settings, which decide its reuse, hold them), the
     foundation quantized as the variant says, the adapters replaced by ``peft`` if given."""
     try:
         cfg = yaml.safe_load(config.read_text())
@@ -74,10 +75,10 @@ def variant_config(config: Path, work: Path, variant: str, peft: Path | None) ->
     fnd = cfg.get("foundation") or {}
     for key in ("checkpoint", "tokenizer"):
         if key in fnd:
-            fnd[key] = str((config.parent / fnd[key]).resolve())
+            fnd[key] = os.path.abspath(config.parent / fnd[key])
     for adapter in cfg.get("adapters") or []:
         if "peft" in adapter:
-            adapter["peft"] = str((config.parent / adapter["peft"]).resolve())
+            adapter["peft"] = os.path.abspath(config.parent / adapter["peft"])
     fnd.pop("quantize", None)
     if VARIANTS[variant] is not None:
         fnd["quantize"] = VARIANTS[variant]
