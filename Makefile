@@ -95,7 +95,8 @@ bench-budget: setup runner
 # 8da4w foundations, each alone and with an adapter (QUALITY_PEFT=DIR: a PEFT folder instead of the
 # config's synthetic one), on the Python 3.11 tutorial's reST sources from Debian's python3.11-doc
 # (PSF-2.0; installed when missing); checks 8da4w perplexity <= 1.03 x fp32. The builds are kept in
-# out/bench_quality and reused while nothing changed. About 70 min on 2 cores (the two builds: 12 more).
+# out/bench_quality and reused while nothing changed. Hours on a busy 2-core machine: every fp32 token is
+# one call of the 538 MB program (the two builds: 12 min more the first time).
 QUALITY_PEFT ?=
 bench-quality: setup model
 	@dpkg -s python3.11-doc >/dev/null 2>&1 || { \
