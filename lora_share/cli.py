@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from .config import BASE_NAME
 from .errors import UserError
 
 EPILOG = """examples:
@@ -17,8 +18,10 @@ EPILOG = """examples:
   lora-share run --pte out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd --prompt '1 2 3'
   lora-share inspect out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd
   lora-share verify --pte out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd
+  lora-share eval out/smollm2 notes.txt
   lora-share bench configs/llama_adapters.yaml
   lora-share bench-scale
+  lora-share bench-quality
 """
 SHARED_HELP = ("the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
                "adapter that reads tensors it shares with other adapters from there")
@@ -139,6 +142,14 @@ def _cmd_verify(ns) -> int:
     return 0 if pairing.ok else 1
 
 
+def _cmd_eval(ns) -> int:
+    from .quality import evaluate, render
+
+    report = evaluate(ns.target, ns.text, ns.adapter, ns.max_tokens, ns.min_tokens, progress=not ns.quiet)
+    print(json.dumps(report.to_json(), indent=2) if ns.json else render(report))
+    return 0
+
+
 def _cmd_bench(ns) -> int:
     from .bench.run import run_from_args
 
@@ -149,6 +160,12 @@ def _cmd_bench_scale(ns) -> int:
     from .bench.scale import run_from_args
 
     return run_from_args(ns, "lora-share bench-scale " + " ".join(sys.argv[2:]))
+
+
+def _cmd_bench_quality(ns) -> int:
+    from .bench.quality import run_from_args
+
+    return run_from_args(ns)
 
 
 def _cmd_bench_budget(ns) -> int:
@@ -259,6 +276,24 @@ def parser() -> argparse.ArgumentParser:
     vf.add_argument("--json", action="store_true", help='print {"compatible": ..., "problems": [...], ...}')
     vf.set_defaults(func=_cmd_verify)
 
+    ev = sub.add_parser("eval", help="perplexity and top-1 agreement with transformers float32 on a text, for the "
+                                     "foundation alone and each adapter (Python runtime)",
+                        epilog="examples:\n  lora-share eval out/smollm2 notes.txt\n"
+                               "  lora-share eval configs/smollm2.yaml notes.txt --adapter base --max-tokens 2048 --json",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("target", metavar="BUILD", help="output folder of `lora-share build`, or its config (built first, "
+                                                    "or kept as it is if nothing changed)")
+    ev.add_argument("text", metavar="TEXT_FILE", help="UTF-8 text, scored in windows of the build's max_seq_len tokens")
+    ev.add_argument("--adapter", action="append", metavar="NAME",
+                    help=f"an adapter of the build, or '{BASE_NAME}' for the foundation alone; repeatable "
+                         f"(default: {BASE_NAME} and every adapter)")
+    ev.add_argument("--max-tokens", type=int, metavar="N", help="score only the text's first N tokens")
+    ev.add_argument("--min-tokens", type=int, default=2, metavar="N",
+                    help="refuse a text of fewer tokens than N (default 2)")
+    ev.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ev.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ev.set_defaults(func=_cmd_eval)
+
     bn = sub.add_parser("bench", help="measure disk, memory, load time, speed and build time against stand-alone "
                                       "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
                         epilog="examples:\n  lora-share bench configs/llama_adapters.yaml       "
@@ -299,6 +334,18 @@ def parser() -> argparse.ArgumentParser:
     bb.add_argument("--out", default="benchmarks/results/bench_budget.json", help="results JSON ('-': none)")
     bb.add_argument("--verbose", action="store_true", help="show the build's progress")
     bb.set_defaults(func=_cmd_bench_budget)
+
+    bq = sub.add_parser("bench-quality", help="perplexity and top-1 agreement with transformers float32 of the real "
+                                              "SmolLM2-135M-Instruct, fp32 and 8da4w foundations, alone and with an "
+                                              "adapter, on the Python tutorial (Debian's python3.11-doc)",
+                        epilog="examples:\n  lora-share bench-quality      # = make bench-quality; writes "
+                               "benchmarks/results/bench_quality.{json,md}\n"
+                               "  lora-share bench-quality --peft path/to/peft_dir --out /tmp/quality.json",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .bench.quality import add_arguments as add_quality_arguments
+
+    add_quality_arguments(bq)
+    bq.set_defaults(func=_cmd_bench_quality)
 
     s = sub.add_parser("schema", help="print the config's JSON Schema")
     s.set_defaults(func=_cmd_schema)
