@@ -14,7 +14,7 @@
 #include "flags.h"
 #include "session.h"
 #include "status.h"
-#include "tokenizer/binding.h"
+#include "binding.h"
 
 namespace lora_share {
 

@@ -13,7 +13,7 @@
 #include "generate.h"
 #include "session.h"
 #include "status.h"
-#include "tokenizer/binding.h"
+#include "binding.h"
 
 namespace lora_share {
 
