@@ -35,7 +35,10 @@ int collect(int64_t token, void* user_data) {
 Status status_of(ls_status code, const ls_error& error) {
   bool usage = code == LS_ERR_ARGUMENT || code == LS_ERR_NOT_FOUND || code == LS_ERR_REQUEST ||
                code == LS_ERR_BUDGET;
-  return usage ? Status::usage(error.message) : Status::failure(error.message);
+  // The whole message: ls_error keeps its first 1023 bytes.
+  std::string message = ls_diag_last_message();
+  if (message.rfind(error.message, 0) != 0) message = error.message;
+  return usage ? Status::usage(message) : Status::failure(message);
 }
 
 StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& options) {

@@ -18,9 +18,9 @@
 
 namespace lora_share {
 
-// Status for a failed C API call: the caller's mistakes (arguments, requests,
-// the budget) are usage errors (exit 2), loading and running failures run
-// errors (exit 1).
+// Status for a failed C API call (`error`, filled by the call just made):
+// the caller's mistakes (arguments, requests, the budget) are usage errors
+// (exit 2), loading and running failures run errors (exit 1).
 Status status_of(ls_status code, const ls_error& error);
 
 // One adapter the runtime loaded, or the foundation alone ('base').

@@ -46,6 +46,11 @@ typedef struct {
  * on, no packed cache), EOS ids read, the library's wording. */
 LS_API void ls_diag_options_init(ls_diag_options* options);
 
+/* The whole message of the last error a call on this thread reported:
+ * ls_error.message keeps at most 1023 bytes of it. Valid until the thread's
+ * next failing call. */
+LS_API const char* ls_diag_last_message(void);
+
 /* For a command-line program, first thing in main: ExecuTorch's log lines go
  * to stderr when `verbose` (they are kept for error messages otherwise), and
  * an ExecuTorch abort or a crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL) becomes one

@@ -26,13 +26,19 @@ std::string library_wording(std::string text) {
   return text;
 }
 
+// Per thread, as the calls that set it may run on several at once.
+thread_local std::string g_last_message;
+
 }  // namespace
+
+const std::string& last_message() { return g_last_message; }
 
 void set_error(ls_error* error, ls_status code, const std::string& message,
                bool runner_messages) {
+  g_last_message = printable(runner_messages ? message : library_wording(message));
   if (error == nullptr) return;
   error->code = code;
-  std::string line = printable(runner_messages ? message : library_wording(message));
+  const std::string& line = g_last_message;
   size_t n = std::min(line.size(), sizeof(error->message) - 1);
   std::memcpy(error->message, line.data(), n);
   error->message[n] = '\0';
@@ -58,6 +64,12 @@ bool is_budget_error(const Status& status) {
 
 ls_status missing(ls_error* error, const char* what) {
   set_error(error, LS_ERR_ARGUMENT, std::string(what) + " is NULL");
+  return LS_ERR_ARGUMENT;
+}
+
+ls_status check_owner(ls_runtime* runtime, const ls_adapter* adapter, ls_error* error) {
+  if (adapter == nullptr || adapter->runtime == runtime) return LS_OK;
+  set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name + "' belongs to another runtime");
   return LS_ERR_ARGUMENT;
 }
 

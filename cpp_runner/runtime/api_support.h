@@ -42,6 +42,9 @@ void set_error(ls_error* error, ls_status code, const std::string& message,
                bool runner_messages = false);
 void clear_error(ls_error* error);
 
+// The whole text of this thread's last set_error (ls_diag_last_message).
+const std::string& last_message();
+
 // Status -> ls_status: a usage error of `usage_code`'s kind, else `failure_code`.
 ls_status report(ls_error* error, const Status& status, ls_status usage_code,
                  ls_status failure_code, bool runner_messages = false);
@@ -51,6 +54,9 @@ bool is_budget_error(const Status& status);
 
 // LS_ERR_ARGUMENT for a NULL `what`.
 ls_status missing(ls_error* error, const char* what);
+
+// LS_ERR_ARGUMENT if `adapter` (may be NULL: 'base') is another runtime's, else LS_OK.
+ls_status check_owner(ls_runtime* runtime, const ls_adapter* adapter, ls_error* error);
 
 // Holds the runtime's lock for one call; refuses a call from inside this
 // runtime's own callback instead of deadlocking.

@@ -151,11 +151,7 @@ ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* p
                       size_t n, const ls_generate_options* options,
                       ls_token_callback on_token, void* user_data, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
-  if (adapter != nullptr && adapter->runtime != runtime) {
-    set_error(error, LS_ERR_ARGUMENT,
-              "adapter '" + adapter->name + "' belongs to another runtime");
-    return LS_ERR_ARGUMENT;
-  }
+  if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
   Guard guard(runtime);
   if (!guard.held()) return busy(error);
   try {

@@ -26,6 +26,8 @@ void ls_diag_options_init(ls_diag_options* options) {
   options->runner_messages = 0;
 }
 
+const char* ls_diag_last_message(void) { return last_message().c_str(); }
+
 void ls_diag_init_process(int verbose) { lora_share::init_platform(verbose != 0); }
 
 ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes,
@@ -90,10 +92,7 @@ ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* adapter,
                                ls_diag_adapter* info, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (info == nullptr) return missing(error, "info");
-  if (adapter != nullptr && adapter->runtime != runtime) {
-    set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name + "' belongs to another runtime");
-    return LS_ERR_ARGUMENT;
-  }
+  if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
   Guard guard(runtime);
   if (!guard.held()) return busy(error);
   try {
@@ -140,10 +139,7 @@ ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64
                            const ls_diag_generate_options* diag, ls_token_callback on_token,
                            void* user_data, ls_diag_generation* out, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
-  if (adapter != nullptr && adapter->runtime != runtime) {
-    set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name + "' belongs to another runtime");
-    return LS_ERR_ARGUMENT;
-  }
+  if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
   ls_diag_generate_options defaults;
   ls_diag_generate_options_init(&defaults);
   const ls_diag_generate_options& d = diag ? *diag : defaults;
