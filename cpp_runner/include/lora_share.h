@@ -73,6 +73,10 @@
 extern "C" {
 #endif
 
+/* The name that asks for the foundation alone (no adapter): ls_generate_named
+ * and ls_check_request take it; no adapter may be called that. */
+#define LS_BASE_NAME "base"
+
 typedef enum {
   LS_OK = 0,
   LS_ERR_ARGUMENT = 1,  /* a NULL pointer, a bad option value */

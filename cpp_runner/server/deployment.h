@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "../status.h"
-#include "../tokenizer/tokenizer.h"
+#include "status.h"
+#include "tokenizer.h"
 #include "openai.h"
 
 namespace lora_share::server {

@@ -16,6 +16,7 @@
 #include <executorch/runtime/backend/backend_options_map.h>
 
 #include "file_check.h"
+#include "lora_share.h"
 #include "foundation.h"
 #include "status.h"
 
@@ -24,7 +25,7 @@ namespace lora_share {
 // The name that asks for the foundation alone (no adapter): the program an
 // adapter carries with every LoRA input a zero rank-1 pair. No adapter may
 // be called that (lora-share validate refuses it too).
-inline constexpr char kBaseName[] = "base";
+inline constexpr char kBaseName[] = LS_BASE_NAME;
 
 class Adapter {
  public:

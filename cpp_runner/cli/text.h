@@ -8,12 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "adapter.h"
+#include "binding.h"
 #include "flags.h"
-#include "generate.h"
-#include "session.h"
+#include "runner_runtime.h"
 #include "status.h"
-#include "tokenizer/binding.h"
 
 namespace lora_share {
 
@@ -30,22 +28,22 @@ StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenize
                                              const std::string& what);
 
 // The ids generation stops after: none with --ignore-eos, else the bound
-// tokenizer's EOS ids (text and --serve), else the build's (session.eos_ids).
-std::vector<int64_t> stop_ids_for(const Options& options, const Session& session,
-                                  const tok::BoundTokenizer* tokenizer);
+// tokenizer's EOS ids (text and --serve), else (nullopt) the build's, which
+// the library reads from the manifest.json beside --ptd.
+std::optional<std::vector<int64_t>> stop_ids_for(const Options& options,
+                                                 const tok::BoundTokenizer* tokenizer);
 
 struct TextGeneration {
-  Generation generation;  // its tokens end with the EOS id when one stopped it
+  Reply generation;       // its tokens end with the EOS id when one stopped it
   std::string text;       // the decoded tokens, special tokens (EOS) skipped
 };
 
-// Generates until an id of `stop_ids` or max_new_tokens; `write`, if given,
+// Generates `request` with `adapter` of `runtime`; `write`, if given,
 // receives each new piece of text as soon as it is whole UTF-8. EOS ids are
 // never text, even when they do not stop generation (--ignore-eos).
 using TextWriter = std::function<void(const std::string& piece)>;
-StatusOr<TextGeneration> generate_text(Adapter& adapter, const tok::BoundTokenizer& tokenizer,
-                                       const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                                       double temperature, uint64_t seed, bool keep_logits,
-                                       const std::vector<int64_t>& stop_ids, const TextWriter& write);
+StatusOr<TextGeneration> generate_text(const RunnerRuntime& runtime, const AdapterView& adapter,
+                                       const tok::BoundTokenizer& tokenizer,
+                                       const GenerateRequest& request, const TextWriter& write);
 
 }  // namespace lora_share

@@ -13,14 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "file_check.h"
 #include "status.h"
 
 namespace lora_share {
-
-// Checks that `path` is a readable regular file before ExecuTorch sees it,
-// because ExecuTorch reports "missing" and "unreadable" with the same code.
-// `flag` names the flag the path came from.
-Status check_readable_file(const std::string& path, const std::string& flag);
 
 // "F" or "F and S": the data files a program is resolved against, for
 // messages. `shared_ptd` may be "".

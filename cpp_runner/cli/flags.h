@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "adapter.h"
 #include "status.h"
 
 namespace lora_share {

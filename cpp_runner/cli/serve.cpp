@@ -6,7 +6,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "generate.h"
 #include "report.h"
 #include "text.h"
 
@@ -17,7 +16,7 @@ using json = nlohmann::json;
 
 // One request, whichever format it came in.
 struct Request {
-  Adapter* adapter = nullptr;
+  const AdapterView* adapter = nullptr;
   std::vector<int64_t> prompt;
   bool is_text = false;  // the prompt came as text
   int64_t max_new_tokens = 0;
@@ -25,24 +24,24 @@ struct Request {
   uint64_t seed = 0;
 };
 
-StatusOr<Adapter*> find_adapter(const Session& session, const std::string& name) {
-  Adapter* adapter = session.find(name);
+StatusOr<const AdapterView*> find_adapter(const RunnerRuntime& runtime, const std::string& name) {
+  const AdapterView* adapter = runtime.find(name);
   if (adapter == nullptr)
-    return Status::usage(name == kBaseName
+    return Status::usage(name == LS_BASE_NAME
                              ? "adapter 'base' runs the foundation through the program the --pte files "
                                "carry, which --stock does not load: drop --stock"
-                             : "unknown adapter '" + name + "' (loaded: " + session.names() +
+                             : "unknown adapter '" + name + "' (loaded: " + runtime.names() +
                                    "; 'base' is the foundation alone)");
   return adapter;
 }
 
-StatusOr<Request> parse_tab_line(const Session& session, const Options& options,
+StatusOr<Request> parse_tab_line(const RunnerRuntime& runtime, const Options& options,
                                  const std::string& line) {
   size_t tab = line.find('\t');
   if (tab == std::string::npos)
     return Status::usage("expected 'adapter<TAB>token ids' (e.g. 'a\\t1,17,42') or a JSON object");
   Request r{nullptr, {}, false, options.max_new_tokens, options.temperature, options.seed};
-  auto adapter = find_adapter(session, line.substr(0, tab));
+  auto adapter = find_adapter(runtime, line.substr(0, tab));
   if (!adapter.ok()) return adapter.status();
   r.adapter = adapter.value();
   auto prompt = parse_token_list(line.substr(tab + 1), "token ids");
@@ -84,7 +83,7 @@ StatusOr<std::vector<int64_t>> read_tokens(const json& v) {
   return ids;
 }
 
-StatusOr<Request> parse_json_line(const Session& session, const Options& options,
+StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& options,
                                   const tok::BoundTokenizer* tokenizer, const std::string& line) {
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::usage("not a JSON object: " + line);
@@ -96,9 +95,9 @@ StatusOr<Request> parse_json_line(const Session& session, const Options& options
                            "temperature, seed)");
   }
   if (!j.contains("adapter") || !j.at("adapter").is_string())
-    return Status::usage("\"adapter\": give the adapter's name (loaded: " + session.names() + ")");
+    return Status::usage("\"adapter\": give the adapter's name (loaded: " + runtime.names() + ")");
   Request r{nullptr, {}, false, options.max_new_tokens, options.temperature, options.seed};
-  auto adapter = find_adapter(session, j.at("adapter").get<std::string>());
+  auto adapter = find_adapter(runtime, j.at("adapter").get<std::string>());
   if (!adapter.ok()) return adapter.status();
   r.adapter = adapter.value();
   Status s = read_settings(j, r);
@@ -121,28 +120,26 @@ StatusOr<Request> parse_json_line(const Session& session, const Options& options
 }
 
 // Answers one request line; returns the JSON line to print.
-std::string answer(const Session& session, const Options& options,
+std::string answer(const RunnerRuntime& runtime, const Options& options,
                    const tok::BoundTokenizer* tokenizer, const std::string& line) {
   size_t first = line.find_first_not_of(" \t");
   bool is_json = first != std::string::npos && line[first] == '{';
-  auto request = is_json ? parse_json_line(session, options, tokenizer, line)
-                         : parse_tab_line(session, options, line);
+  auto request = is_json ? parse_json_line(runtime, options, tokenizer, line)
+                         : parse_tab_line(runtime, options, line);
   if (!request.ok()) return error_json(request.status().message());
   Request& r = request.value();
-  Status s = check_request(r.prompt, r.max_new_tokens, r.adapter->vocab_size(),
-                           r.adapter->max_seq_len(), r.is_text ? "prompt" : "token ids");
-  if (!s.ok()) return error_json(s.message());
   // The seed is reset per request so an answer does not depend on what was
   // asked before it: the same request gets the same answer as a fresh run.
-  std::vector<int64_t> stop_ids = stop_ids_for(options, session, tokenizer);
+  // The library checks the request before it generates.
+  GenerateRequest g_request{r.prompt, r.max_new_tokens, r.temperature, r.seed,
+                            stop_ids_for(options, tokenizer), /*keep_logits=*/false,
+                            r.is_text ? "prompt" : "token ids"};
   if (r.is_text) {
-    auto t = generate_text(*r.adapter, *tokenizer, r.prompt, r.max_new_tokens, r.temperature, r.seed,
-                           /*keep_logits=*/false, stop_ids, nullptr);
+    auto t = generate_text(runtime, *r.adapter, *tokenizer, g_request, nullptr);
     if (!t.ok()) return error_json(t.status().message());
     return serve_answer_json(*r.adapter, r.prompt, t->generation, t->text);
   }
-  auto g = generate(*r.adapter, r.prompt, r.max_new_tokens, r.temperature, r.seed,
-                    /*keep_logits=*/false, nullptr, stop_ids);
+  auto g = runtime.generate(*r.adapter, g_request, nullptr);
   if (!g.ok()) return error_json(g.status().message());
   // Ids in, ids out (stopping at EOS, as with --tokens); the text too when the
   // build has a tokenizer and the request was JSON (the TAB answers stay as they were).
@@ -153,20 +150,20 @@ std::string answer(const Session& session, const Options& options,
 
 }  // namespace
 
-Status serve(const Session& session, const Options& options,
+Status serve(const RunnerRuntime& runtime, const Options& options,
              const tok::BoundTokenizer* tokenizer, std::istream& in,
              std::ostream& out) {
   // On stderr, so answers stay one JSON line each on stdout: tells a client
   // (and the benchmark, which reads memory right after) that loading is over.
   std::fprintf(stderr, "ready: %zu adapter(s) loaded in %.1f ms (%s arena): %s%s\n",
-               session.adapters.size(), session.load_ms, session.arena.c_str(),
-               session.names().c_str(), tokenizer ? "; tokenizer bound" : "");
+               runtime.adapters.size(), runtime.load_ms, runtime.loading.arena,
+               runtime.names().c_str(), tokenizer ? "; tokenizer bound" : "");
   std::fflush(stderr);
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Flushed per line: the client waits for each answer before asking again.
-    out << answer(session, options, tokenizer, line) << std::endl;
+    out << answer(runtime, options, tokenizer, line) << std::endl;
     if (!out) return Status::failure("could not write the answer (stdout closed)");
   }
   return Status();

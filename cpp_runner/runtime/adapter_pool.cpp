@@ -23,6 +23,10 @@ std::string mib(uint64_t bytes) {
   return text;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 uint64_t total(const std::vector<size_t>& sizes) {
   uint64_t sum = 0;
   for (size_t s : sizes) sum += s;
@@ -46,25 +50,47 @@ uint64_t program_cost_bytes(uint64_t program_bytes) {
 Status AdapterPool::open_foundation() {
   // The library runs one method at a time per runtime: one XNNPACK workspace
   // for the process and the weight cache, so every adapter shares one packed
-  // foundation.
-  Status s = xnnpack_.configure(/*weight_cache=*/true, /*share_workspace=*/true);
+  // foundation. The stock path measures ExecuTorch as shipped: the
+  // backend's default workspaces, no weight cache.
+  Status s = xnnpack_.configure(options_.weight_cache && !options_.stock,
+                                /*share_workspace=*/!options_.stock);
   if (!s.ok()) return s;
-  auto files = check_data_files(options_.ptd, options_.shared_ptd);
-  if (!files.ok()) return files.status();
-  files_ = std::move(files.value());
-  auto foundation = Foundation::open(options_.ptd, options_.shared_ptd);
+  if (!options_.packed_cache.empty()) {
+    struct stat st;
+    packed_cache_warm_ = stat(options_.packed_cache.c_str(), &st) == 0 && st.st_size > 0;
+    s = xnnpack_.use_packed_cache(options_.packed_cache);
+    if (!s.ok()) return s;
+  }
+  xnnpack_state_ = xnnpack_.read_state();
+  // Our own checks first: a corrupt file or a mismatched pair is refused
+  // before ExecuTorch reads anything from it. Without a .ptd (the runner's
+  // self-contained programs) every program must carry its weights (inspect).
+  bool has_ptd = !options_.ptd.empty();
+  if (has_ptd) {
+    auto files = check_data_files(options_.ptd, options_.shared_ptd);
+    if (!files.ok()) return files.status();
+    files_ = std::move(files.value());
+  }
+  if (has_ptd && options_.read_eos) {
+    const Record& record = files_.foundation.record;
+    // A manifest of another build is a usage error (the files given do not
+    // go together); the C API reports it as a load error.
+    auto eos = read_eos_ids(options_.ptd, record.present ? record.fingerprint : "");
+    if (!eos.ok()) return eos.status();
+    eos_ids_ = std::move(eos.value());
+  }
+  // The stock path's Modules open foundation.ptd themselves; the pool reads
+  // only hoisted LoRA tensors there, from adapters_shared.ptd.
+  auto foundation = options_.stock ? Foundation::open_shared(options_.shared_ptd)
+                    : has_ptd      ? Foundation::open(options_.ptd, options_.shared_ptd)
+                                   : StatusOr<std::unique_ptr<Foundation>>(Foundation::none());
   if (!foundation.ok()) return foundation.status();
   foundation_ = std::move(foundation.value());
-  const Record& record = files_.foundation.record;
-  auto eos = read_eos_ids(options_.ptd, record.present ? record.fingerprint : "");
-  // A file of the wrong build: a load error (a usage error here would read as the budget's).
-  if (!eos.ok()) return Status::failure(eos.status().message());
-  eos_ids_ = std::move(eos.value());
   // The runtime's own state (ExecuTorch and XNNPACK allocations, the shared
   // workspace) comes with the foundation: 3.4 to 8 MiB measured beyond the
   // file at the default config's shape, about 5 MiB at SmolLM-135M's.
   constexpr uint64_t kRuntimeStateBytes = uint64_t{8} << 20;
-  foundation_bytes_ = file_size(options_.ptd) +
+  foundation_bytes_ = (has_ptd ? file_size(options_.ptd) : 0) +
                       (options_.shared_ptd.empty() ? 0 : file_size(options_.shared_ptd)) +
                       kRuntimeStateBytes;
   return Status();
@@ -93,7 +119,6 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& 
   pool->options_ = options;
   Status s = pool->open_foundation();
   if (!s.ok()) return s;
-  std::vector<std::vector<size_t>> sizes;
   for (const ManifestAdapter& a : manifest->adapters) {
     if (a.name == kBaseName)
       return Status::failure(dir + "/manifest.json lists an adapter named 'base', the name of the "
@@ -105,29 +130,79 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& 
     if (!entry.ok()) return entry.status();
     pool->entries_.push_back(std::move(entry.value()));
   }
-  for (const ProgramEntry& p : pool->programs_) sizes.push_back(p.planned_sizes);
-  auto arena = PlannedArena::allocate(PlannedArena::largest(sizes));
-  if (!arena.ok()) return arena.status();
-  pool->arena_ = std::move(arena.value());
-  for (const Entry& e : pool->entries_) {
-    s = pool->check_budget_holds(e);
+  s = pool->size_arena();
+  if (!s.ok()) return s;
+  return pool;
+}
+
+StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_files(
+    const std::vector<std::string>& ptes, const PoolOptions& options) {
+  auto pool = std::unique_ptr<AdapterPool>(new AdapterPool());
+  pool->options_ = options;
+  Status s = pool->open_foundation();
+  if (!s.ok()) return s;
+  for (const std::string& pte : ptes) {
+    std::string name = file_stem(pte);
+    s = pool->check_new_name(name, pte);
+    if (!s.ok()) return s;
+    auto entry = pool->inspect(name, pte);
+    if (!entry.ok()) return entry.status();
+    pool->entries_.push_back(std::move(entry.value()));
+  }
+  s = pool->size_arena();
+  if (!s.ok()) return s;
+  return pool;
+}
+
+Status AdapterPool::size_arena() {
+  // One arena for every program, sized to the largest of them (planned_arena.h
+  // says why sharing is correct); private arenas come with their programs.
+  if (!options_.stock && !options_.private_arenas) {
+    std::vector<std::vector<size_t>> sizes;
+    for (const ProgramEntry& p : programs_) sizes.push_back(p.planned_sizes);
+    auto arena = PlannedArena::allocate(PlannedArena::largest(sizes));
+    if (!arena.ok()) return arena.status();
+    arena_ = std::move(arena.value());
+  }
+  for (const Entry& e : entries_) {
+    Status s = check_budget_holds(e);
     if (!s.ok()) return s;
   }
-  return pool;
+  return Status();
+}
+
+Status AdapterPool::load_all() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    auto adapter = acquire(i);
+    if (!adapter.ok()) return adapter.status();
+  }
+  if (options_.packed_cache.empty()) return Status();
+  return xnnpack_.save_packed_cache();
 }
 
 StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
                                                   const std::string& pte) {
-  auto info = check_pte(pte, "adapter");
+  // Messages name the runner's flags; the C API words them for the library.
+  auto info = check_pte(pte, "--pte");
   if (!info.ok()) return info.status();
-  Status s = check_pair(pte, info.value(), files_, options_.verify);
-  if (!s.ok()) return s;
-  auto program = program_for(pte, info.value());
-  if (!program.ok()) return program.status();
+  if (options_.ptd.empty()) {
+    // A lora-share adapter never carries its foundation: refused here with
+    // the fix rather than failing to load.
+    if (needs_data_file(info.value()))
+      return Status::usage("--pte " + pte + " is a lora-share adapter for foundation " +
+                           info->record.fingerprint + ": give its foundation.ptd with --ptd");
+  } else {
+    Status s = check_pair(pte, info.value(), files_, options_.verify);
+    if (!s.ok()) return s;
+  }
   Entry entry;
   entry.name = name;
   entry.pte = pte;
-  entry.program = program.value();
+  if (!options_.stock) {  // stock adapters carry their program in their Module
+    auto program = program_for(pte, info.value());
+    if (!program.ok()) return program.status();
+    entry.program = program.value();
+  }
   uint64_t own = 0;
   for (const LoraKeys& keys : info->record.lora)
     for (const std::string* key : {&keys.a, &keys.b}) {
@@ -155,6 +230,7 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   p.planned_sizes = p.program->planned_sizes();
   p.vocab_size = p.program->vocab_size();
   p.max_seq_len = p.program->max_seq_len();
+  p.prefill_chunk = p.program->prefill_chunk();
   uint64_t data = 0;
   for (const auto& [key, range] : info.own_ranges) data += range.second;
   uint64_t size = file_size(pte);
@@ -171,7 +247,16 @@ Status AdapterPool::load_program(size_t index) {
     Status s = p.program->open(p.pte, p.lora_slots);
     if (!s.ok()) return s;
   }
-  Status s = p.program->load_forward(*arena_, *foundation_, xnnpack_.load_options());
+  PlannedArena* arena = arena_.get();
+  if (options_.private_arenas) {
+    if (!p.own_arena) {
+      auto own = PlannedArena::allocate(p.planned_sizes);
+      if (!own.ok()) return own.status();
+      p.own_arena = std::move(own.value());
+    }
+    arena = p.own_arena.get();
+  }
+  Status s = p.program->load_forward(*arena, *foundation_, xnnpack_.load_options());
   if (!s.ok()) return s;
   p.loaded = true;
   return Status();
@@ -192,19 +277,25 @@ Status AdapterPool::check_budget_holds(const Entry& entry) const {
       " bytes): raise the budget");
 }
 
-StatusOr<size_t> AdapterPool::add(const std::string& pte) {
-  for (size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].pte == pte) return i;
-  std::string name = file_stem(pte);
+Status AdapterPool::check_new_name(const std::string& name, const std::string& pte) const {
   if (name == kBaseName)
     return Status::usage(pte + ": the name 'base' (the file stem) is reserved for the foundation "
                          "alone: rename the file");
   if (find(name) >= 0)
     return Status::usage("an adapter named '" + name +
                          "' is already loaded (the name is the file stem): rename " + pte);
+  return Status();
+}
+
+StatusOr<size_t> AdapterPool::add(const std::string& pte) {
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].pte == pte) return i;
+  std::string name = file_stem(pte);
+  Status s = check_new_name(name, pte);
+  if (!s.ok()) return s;
   auto entry = inspect(name, pte);
   if (!entry.ok()) return entry.status();
-  Status s = check_budget_holds(entry.value());
+  s = check_budget_holds(entry.value());
   if (!s.ok()) return s;
   entries_.push_back(std::move(entry.value()));
   return entries_.size() - 1;
@@ -224,8 +315,15 @@ std::vector<size_t> AdapterPool::arena_sizes() const {
   return sizes;
 }
 
+uint64_t AdapterPool::arena_bytes() const {
+  uint64_t sum = arena_ ? arena_->total_bytes() : 0;
+  for (const ProgramEntry& p : programs_)
+    if (p.own_arena) sum += p.own_arena->total_bytes();
+  return sum;
+}
+
 uint64_t AdapterPool::accounted_bytes() const {
-  uint64_t sum = foundation_bytes_ + (arena_ ? arena_->total_bytes() : 0);
+  uint64_t sum = foundation_bytes_ + arena_bytes();
   for (const ProgramEntry& p : programs_)
     if (p.loaded) sum += p.cost;
   for (const Entry& e : entries_)
@@ -271,37 +369,48 @@ Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
   return Status();
 }
 
+Status AdapterPool::ensure_arena(const ProgramEntry& program) {
+  if (options_.private_arenas || (arena_ && arena_->holds(program.planned_sizes))) return Status();
+  return grow_arena(program.planned_sizes);
+}
+
 StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
   Entry& entry = entries_[index];
   entry.last_used = ++clock_;
   if (entry.adapter) {
     counters_.hits++;
-    return static_cast<Adapter*>(entry.adapter.get());
+    return entry.adapter.get();
   }
   auto t0 = std::chrono::steady_clock::now();
-  ProgramEntry& program = programs_[entry.program];
-  if (!arena_ || !arena_->holds(program.planned_sizes)) {
-    Status s = grow_arena(program.planned_sizes);
+  if (options_.stock) {
+    make_room(entry.cost, index);
+    auto adapter = load_stock_adapter(entry.pte, options_.ptd, entry.info, *foundation_);
+    if (!adapter.ok()) return adapter.status();
+    entry.adapter = std::move(adapter.value());
+  } else {
+    ProgramEntry& program = programs_[entry.program];
+    Status s = ensure_arena(program);
     if (!s.ok()) return s;
+    make_room(entry.cost + (program.loaded ? 0 : program.cost), index);
+    s = load_program(entry.program);
+    if (!s.ok()) return s;
+    auto data = LoraData::open(entry.pte, entry.info, *foundation_, program.program->lora_shapes());
+    if (!data.ok()) return data.status();
+    entry.adapter = std::make_unique<SharedAdapter>(entry.pte, program.program.get(),
+                                                    std::move(data.value()), ms_since(t0));
   }
-  make_room(entry.cost + (program.loaded ? 0 : program.cost), index);
-  Status s = load_program(entry.program);
-  if (!s.ok()) return s;
-  auto data = LoraData::open(entry.pte, entry.info, *foundation_, program.program->lora_shapes());
-  if (!data.ok()) return data.status();
-  double ms = std::chrono::duration<double, std::milli>(
-                  std::chrono::steady_clock::now() - t0)
-                  .count();
-  entry.adapter = std::make_unique<SharedAdapter>(entry.pte, program.program.get(),
-                                                  std::move(data.value()), ms);
+  double ms = ms_since(t0);
   counters_.loads++;
   counters_.last_load_ms = ms;
   counters_.total_load_ms += ms;
-  return static_cast<Adapter*>(entry.adapter.get());
+  return entry.adapter.get();
 }
 
 StatusOr<size_t> AdapterPool::program_of(size_t index) const {
   if (index != kBase) return entries_[index].program;
+  if (options_.stock)
+    return Status::usage("the foundation alone ('base') runs through the program an adapter "
+                         "carries, which stock loading (a Module per adapter) does not load");
   if (entries_.empty())
     return Status::usage("the foundation alone ('base') runs through the program an adapter "
                          "carries: load at least one adapter .pte first");
@@ -316,40 +425,78 @@ StatusOr<Adapter*> AdapterPool::acquire_base() {
     return static_cast<Adapter*>(base_.get());
   }
   ProgramEntry& program = programs_[index.value()];
-  if (!arena_ || !arena_->holds(program.planned_sizes)) {
-    Status s = grow_arena(program.planned_sizes);
-    if (!s.ok()) return s;
-  }
+  Status s = ensure_arena(program);
+  if (!s.ok()) return s;
   // No adapter bytes: only the program, if it is not loaded yet.
   make_room(program.loaded ? 0 : program.cost, kBase);
-  Status s = load_program(index.value());
+  s = load_program(index.value());
   if (!s.ok()) return s;
   base_ = std::make_unique<SharedAdapter>(program.pte, program.program.get(), nullptr, 0.0,
                                           kBaseName);
   return static_cast<Adapter*>(base_.get());
 }
 
-StatusOr<Generation> AdapterPool::generate(size_t index,
-                                           const std::vector<int64_t>& prompt,
+StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64_t>& prompt,
                                            int64_t max_new_tokens, double temperature,
-                                           uint64_t seed, bool ignore_eos,
-                                           const TokenCallback& on_token) {
+                                           uint64_t seed, const std::vector<int64_t>& stop_ids,
+                                           bool keep_logits, const TokenCallback& on_token,
+                                           const std::string& prompt_label) {
   // Checked before loading: a bad request must not evict anything.
-  Status s = check(index, prompt, max_new_tokens);
+  Status s = check(index, prompt, max_new_tokens, prompt_label);
   if (!s.ok()) return s;
   auto adapter = index == kBase ? acquire_base() : acquire(index);
   if (!adapter.ok()) return adapter.status();
-  static const std::vector<int64_t> kNone;
   return lora_share::generate(*adapter.value(), prompt, max_new_tokens, temperature, seed,
-                              /*keep_logits=*/false, on_token, ignore_eos ? kNone : eos_ids_);
+                              keep_logits, on_token, stop_ids);
+}
+
+StatusOr<AdapterPool::Limits> AdapterPool::limits(size_t index) const {
+  if (options_.stock && index != kBase) {
+    // Stock adapters are never evicted (no budget): the Module is the shape.
+    const Adapter* a = entries_[index].adapter.get();
+    if (a == nullptr) return Status::failure("adapter '" + entries_[index].name + "' is not loaded");
+    return Limits{a->vocab_size(), a->max_seq_len(), a->prefill_chunk()};
+  }
+  auto program_index = program_of(index);
+  if (!program_index.ok()) return program_index.status();
+  const ProgramEntry& p = programs_[program_index.value()];
+  return Limits{p.vocab_size, p.max_seq_len, p.prefill_chunk};
 }
 
 Status AdapterPool::check(size_t index, const std::vector<int64_t>& prompt,
-                          int64_t max_new_tokens) const {
-  auto program_index = program_of(index);
-  if (!program_index.ok()) return program_index.status();
-  const ProgramEntry& program = programs_[program_index.value()];
-  return check_request(prompt, max_new_tokens, program.vocab_size, program.max_seq_len, "prompt");
+                          int64_t max_new_tokens, const std::string& prompt_label) const {
+  auto l = limits(index);
+  if (!l.ok()) return l.status();
+  return check_request(prompt, max_new_tokens, l->vocab_size, l->max_seq_len, prompt_label);
+}
+
+StatusOr<AdapterInfo> AdapterPool::info(size_t index) const {
+  auto l = limits(index);
+  if (!l.ok()) return l.status();
+  AdapterInfo info;
+  info.vocab_size = l->vocab_size;
+  info.max_seq_len = l->max_seq_len;
+  info.prefill_chunk = l->prefill_chunk;
+  if (index == kBase) {
+    info.name = kBaseName;
+    info.pte = programs_[program_of(kBase).value()].pte;
+  } else {
+    const Entry& e = entries_[index];
+    info.name = e.name;
+    info.pte = e.pte;
+    info.load_ms = e.adapter ? e.adapter->load_ms() : 0.0;
+  }
+  return info;
+}
+
+LoadingInfo AdapterPool::loading() const {
+  LoadingInfo l;
+  l.mode = options_.stock ? "stock" : "shared";
+  l.arena = options_.stock ? "module" : options_.private_arenas ? "private" : "shared";
+  l.xnnpack = xnnpack_state_;
+  l.packed_cache_warm = packed_cache_warm_;
+  l.planned_bytes = arena_bytes();
+  return l;
 }
 
 PoolStats AdapterPool::stats() const {
@@ -359,7 +506,7 @@ PoolStats AdapterPool::stats() const {
   s.foundation_bytes = foundation_bytes_;
   // Every known program, loaded or not: what a budget must hold to serve any adapter.
   for (const ProgramEntry& p : programs_) s.program_bytes += p.cost;
-  s.arena_bytes = arena_ ? arena_->total_bytes() : 0;
+  s.arena_bytes = arena_bytes();
   for (const Entry& e : entries_) {
     if (e.adapter) {
       s.resident++;

@@ -1,12 +1,5 @@
 #include "foundation.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 namespace lora_share {
 
 using executorch::extension::FlatTensorDataMap;
@@ -18,21 +11,6 @@ using executorch::runtime::NamedDataMap;
 using executorch::runtime::Result;
 using executorch::runtime::Span;
 using executorch::runtime::TensorLayout;
-
-Status check_readable_file(const std::string& path, const std::string& flag) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    int err = errno;
-    return Status::failure(flag + " " + path + ": " +
-                           (err == ENOENT ? std::string("no such file")
-                                          : std::strerror(err)));
-  }
-  struct stat st;
-  bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  ::close(fd);
-  if (!regular) return Status::failure(flag + " " + path + ": not a regular file");
-  return Status();
-}
 
 std::string describe_data_files(const std::string& ptd,
                                 const std::string& shared_ptd) {

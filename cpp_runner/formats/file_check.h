@@ -17,6 +17,12 @@
 
 namespace lora_share {
 
+// Checks that `path` is a readable regular file before ExecuTorch sees it,
+// because ExecuTorch reports "missing" and "unreadable" with the same code.
+// `flag` names the flag the path came from.
+Status check_readable_file(const std::string& path, const std::string& flag);
+
+
 struct PtdEntry {
   uint64_t size = 0;
   bool has_layout = false;

@@ -10,15 +10,13 @@
 #include <cstdio>
 #include <iostream>
 
-#include "et_platform.h"
 #include "file_check.h"
 #include "flags.h"
-#include "generate.h"
-#include "memory_stats.h"
+#include "lora_share_diag.h"
 #include "npy_writer.h"
 #include "report.h"
+#include "runner_runtime.h"
 #include "serve.h"
-#include "session.h"
 #include "text.h"
 
 using namespace lora_share;
@@ -43,49 +41,46 @@ StatusOr<std::vector<int64_t>> prompt_ids(const Options& options,
 }
 
 // A single request from the command line.
-Status run_once(const Session& session, const Options& options,
+Status run_once(const RunnerRuntime& runtime, const Options& options,
                 const std::optional<tok::BoundTokenizer>& tokenizer) {
-  std::string name = options.adapter.empty() ? session.adapters.front()->name()
-                                             : options.adapter;
-  Adapter* adapter = session.find(name);
-  if (adapter == nullptr && name == kBaseName)
+  std::string name = options.adapter.empty() ? runtime.adapters.front().name : options.adapter;
+  const AdapterView* adapter = runtime.find(name);
+  if (adapter == nullptr && name == LS_BASE_NAME)
     return Status::usage("--adapter base runs the foundation through the program the --pte files "
                          "carry, which --stock does not load: drop --stock");
   if (adapter == nullptr)
     return Status::usage("--adapter '" + name + "': no such adapter (loaded: " +
-                         session.names() + ")");
+                         runtime.names() + ")");
   const tok::BoundTokenizer* bound = tokenizer ? &*tokenizer : nullptr;
-  std::vector<int64_t> stop_ids = stop_ids_for(options, session, bound);
   auto prompt = prompt_ids(options, tokenizer);
   if (!prompt.ok()) return prompt.status();
-  Status s = check_request(prompt.value(), options.max_new_tokens,
-                           adapter->vocab_size(), adapter->max_seq_len(),
-                           options.prompt_given ? "--prompt" : "--tokens");
-  if (!s.ok()) return s;
+  // The library checks the request (ids, context) before it generates.
+  GenerateRequest request{prompt.value(), options.max_new_tokens, options.temperature,
+                          options.seed, stop_ids_for(options, bound),
+                          /*keep_logits=*/!options.dump_logits.empty(),
+                          options.prompt_given ? "--prompt" : "--tokens"};
 
-  bool keep_logits = !options.dump_logits.empty();
   std::optional<std::string> text;
-  StatusOr<Generation> g = Status::failure("not generated");
+  StatusOr<Reply> g = Status::failure("not generated");
   if (options.prompt_given) {
-    auto t = generate_text(*adapter, *tokenizer, prompt.value(), options.max_new_tokens,
-                           options.temperature, options.seed, keep_logits, stop_ids,
+    auto t = generate_text(runtime, *adapter, *tokenizer, request,
                            options.json ? TextWriter() : TextWriter(write_stdout));
     if (!t.ok()) return t.status();
     text = std::move(t->text);
     g = std::move(t->generation);
   } else {
-    g = generate(*adapter, prompt.value(), options.max_new_tokens,
-                 options.temperature, options.seed, keep_logits, nullptr, stop_ids);
+    g = runtime.generate(*adapter, request, nullptr);
   }
   if (!g.ok()) return g.status();
-  MemoryStats end = read_memory_stats();
+  ls_diag_memory end;
+  ls_diag_memory_stats(&end);
 
-  if (keep_logits) {
-    s = write_npy_float32(options.dump_logits, g->logits, g->rows, g->vocab);
+  if (request.keep_logits) {
+    Status s = write_npy_float32(options.dump_logits, g->logits, g->rows, g->vocab);
     if (!s.ok()) return s;
   }
   if (options.json) {
-    std::printf("%s\n", run_json(session, *adapter, prompt.value(), g.value(), end, text).c_str());
+    std::printf("%s\n", run_json(runtime, *adapter, prompt.value(), g.value(), end, text).c_str());
   } else {
     std::string ids;
     for (int64_t t : g->tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
@@ -96,7 +91,7 @@ Status run_once(const Session& session, const Options& options,
     else std::printf("%s\n", ids.c_str());
     std::fflush(stdout);
     if (text) std::fprintf(stderr, "tokens: %s\n", ids.c_str());
-    print_summary(stderr, session, *adapter, prompt.value(), g.value(), end);
+    print_summary(stderr, runtime, *adapter, prompt.value(), g.value(), end);
   }
   return Status();
 }
@@ -121,17 +116,17 @@ int main(int argc, char** argv) {
     std::fputs(usage_text(argv[0]).c_str(), stdout);
     return 0;
   }
-  init_platform(options->verbose);
+  ls_diag_init_process(options->verbose);
 
   auto tokenizer = bind_for(options.value());
   if (!tokenizer.ok()) return fail(tokenizer.status());
-  auto session = load_session(options.value());
-  if (!session.ok()) return fail(session.status());
+  auto runtime = RunnerRuntime::load(options.value());
+  if (!runtime.ok()) return fail(runtime.status());
 
   const tok::BoundTokenizer* bound = tokenizer.value() ? &*tokenizer.value() : nullptr;
   Status s = options->serve
-                 ? serve(*session.value(), options.value(), bound, std::cin, std::cout)
-                 : run_once(*session.value(), options.value(), tokenizer.value());
+                 ? serve(*runtime.value(), options.value(), bound, std::cin, std::cout)
+                 : run_once(*runtime.value(), options.value(), tokenizer.value());
   if (!s.ok()) return fail(s);
   return std::fflush(stdout) == 0 ? 0 : fail(Status::failure("could not write to stdout"));
 }

@@ -27,27 +27,26 @@ StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenize
   return ids;
 }
 
-std::vector<int64_t> stop_ids_for(const Options& options, const Session& session,
-                                  const tok::BoundTokenizer* tokenizer) {
-  if (options.ignore_eos) return {};
-  return tokenizer != nullptr ? tokenizer->eos_token_ids : session.eos_ids;
+std::optional<std::vector<int64_t>> stop_ids_for(const Options& options,
+                                                 const tok::BoundTokenizer* tokenizer) {
+  if (options.ignore_eos) return std::vector<int64_t>();
+  if (tokenizer != nullptr) return tokenizer->eos_token_ids;
+  return std::nullopt;
 }
 
-StatusOr<TextGeneration> generate_text(Adapter& adapter, const tok::BoundTokenizer& tokenizer,
-                                       const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                                       double temperature, uint64_t seed, bool keep_logits,
-                                       const std::vector<int64_t>& stop_ids, const TextWriter& write) {
+StatusOr<TextGeneration> generate_text(const RunnerRuntime& runtime, const AdapterView& adapter,
+                                       const tok::BoundTokenizer& tokenizer,
+                                       const GenerateRequest& request, const TextWriter& write) {
   const std::vector<int64_t>& eos = tokenizer.eos_token_ids;
   tok::StreamDecoder stream(tokenizer.tokenizer, /*skip_special_tokens=*/true);
   std::vector<int64_t> text_ids;
-  auto on_token = [&](int64_t id) {
-    if (std::find(eos.begin(), eos.end(), id) != eos.end()) return true;  // kept in tokens, not printed
+  std::function<void(int64_t)> on_token = [&](int64_t id) {
+    if (std::find(eos.begin(), eos.end(), id) != eos.end()) return;  // kept in tokens, not printed
     text_ids.push_back(id);
     std::string piece = stream.push(id);
     if (write && !piece.empty()) write(piece);
-    return true;
   };
-  auto g = generate(adapter, prompt, max_new_tokens, temperature, seed, keep_logits, on_token, stop_ids);
+  auto g = runtime.generate(adapter, request, on_token);
   if (!g.ok()) return g.status();
   std::string rest = stream.finish();
   if (write && !rest.empty()) write(rest);

@@ -7,23 +7,21 @@
 #include <string>
 #include <vector>
 
-#include "generate.h"
-#include "memory_stats.h"
-#include "session.h"
+#include "runner_runtime.h"
 
 namespace lora_share {
 
 // The one object --json prints for a single run. `text`: the decoded
 // reply, present when there is a tokenizer.
-std::string run_json(const Session& session, const Adapter& adapter,
-                     const std::vector<int64_t>& prompt, const Generation& g,
-                     const MemoryStats& end,
+std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter,
+                     const std::vector<int64_t>& prompt, const Reply& g,
+                     const ls_diag_memory& end,
                      const std::optional<std::string>& text = std::nullopt);
 
 // One --serve answer line.
-std::string serve_answer_json(const Adapter& adapter,
+std::string serve_answer_json(const AdapterView& adapter,
                               const std::vector<int64_t>& prompt,
-                              const Generation& g,
+                              const Reply& g,
                               const std::optional<std::string>& text = std::nullopt);
 
 // One --serve error line: {"error": "..."}.
@@ -31,8 +29,8 @@ std::string error_json(const std::string& message);
 
 // Plain output: the ids on stdout's line is printed by main; this is the
 // summary for stderr.
-void print_summary(std::FILE* out, const Session& session, const Adapter& adapter,
-                   const std::vector<int64_t>& prompt, const Generation& g,
-                   const MemoryStats& end);
+void print_summary(std::FILE* out, const RunnerRuntime& runtime, const AdapterView& adapter,
+                   const std::vector<int64_t>& prompt, const Reply& g,
+                   const ls_diag_memory& end);
 
 }  // namespace lora_share

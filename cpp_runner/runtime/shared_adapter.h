@@ -1,10 +1,10 @@
 // The shared loading path: a deployment's program is loaded by hand
 // (Program + Method) once per process, resolving its external weights
 // against the ONE foundation map (foundation.h) and running in planned memory
-// the session owns (planned_arena.h), KV cache included. Each adapter is its
+// the adapter pool owns (planned_arena.h), KV cache included. Each adapter is its
 // LoRA data (lora_data.h) bound to that program: the program's LoRA inputs
 // point at the adapter's mapped tensors, so another adapter costs its own
-// bytes. Loading a program takes two steps so that the session can size one
+// bytes. Loading a program takes two steps so that the pool can size one
 // arena for every program before any forward method is loaded.
 #pragma once
 

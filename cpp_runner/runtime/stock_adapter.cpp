@@ -1,6 +1,6 @@
 // The stock loading path, kept for comparison: one
 // executorch::extension::Module per adapter, each opening the foundation
-// itself, as ExecuTorch's LLM runner does. main() turns the XNNPACK weight
+// itself, as ExecuTorch's LLM runner does. AdapterPool turns the XNNPACK weight
 // cache off for this path, so every adapter packs its own copy of the
 // foundation's delegated weights. The KV cache is the adapter's own vector
 // (forward_io.h); the Module keeps forward's planned memory to itself. Its

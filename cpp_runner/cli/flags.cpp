@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "file_stem.h"
+#include "lora_share.h"
 
 namespace lora_share {
 namespace {
@@ -254,8 +255,8 @@ Status check_combinations(const Options& o) {
   std::string listed;
   for (const std::string& pte : o.ptes) {
     std::string name = file_stem(pte);
-    if (name == kBaseName)
-      return Status::usage("--pte " + pte + ": the name '" + std::string(kBaseName) +
+    if (name == LS_BASE_NAME)
+      return Status::usage("--pte " + pte + ": the name '" + std::string(LS_BASE_NAME) +
                            "' (the file stem) is reserved for the foundation "
                            "alone (--adapter base): rename the file");
     if (!names.insert(name).second)
@@ -263,7 +264,7 @@ Status check_combinations(const Options& o) {
                            "' (the name is the file stem); rename one");
     listed += (listed.empty() ? "" : ", ") + name;
   }
-  if (!o.adapter.empty() && o.adapter != kBaseName && !names.count(o.adapter))
+  if (!o.adapter.empty() && o.adapter != LS_BASE_NAME && !names.count(o.adapter))
     return Status::usage("--adapter '" + o.adapter +
                          "': no such adapter (loaded: " + listed + "; 'base' is the foundation alone)");
   // The shared file holds LoRA tensors only: a program that reads it also

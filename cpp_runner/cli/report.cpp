@@ -14,7 +14,7 @@ int64_t file_bytes(const std::string& path) {
   return stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
-void write_memory(JsonWriter& j, const MemoryStats& m) {
+void write_memory(JsonWriter& j, const ls_diag_memory& m) {
   j.begin_object()
       .key("rss_kb").value(m.rss_kb)
       .key("pss_kb").value(m.pss_kb)
@@ -25,10 +25,10 @@ void write_memory(JsonWriter& j, const MemoryStats& m) {
       .end_object();
 }
 
-void write_generation(JsonWriter& j, const Adapter& adapter,
-                      const std::vector<int64_t>& prompt, const Generation& g,
+void write_generation(JsonWriter& j, const AdapterView& adapter,
+                      const std::vector<int64_t>& prompt, const Reply& g,
                       const std::optional<std::string>& text) {
-  j.key("adapter").value(adapter.name()).key("tokens").value(g.tokens);
+  j.key("adapter").value(adapter.name).key("tokens").value(g.tokens);
   if (text) j.key("text").value(*text);
   j.key("prompt_tokens").value(static_cast<int64_t>(prompt.size()))
       .key("prefill_ms").value(g.prefill_ms)
@@ -50,42 +50,42 @@ std::string rate(const std::optional<double>& per_s) {
 
 }  // namespace
 
-std::string run_json(const Session& session, const Adapter& adapter,
-                     const std::vector<int64_t>& prompt, const Generation& g,
-                     const MemoryStats& end, const std::optional<std::string>& text) {
+std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter,
+                     const std::vector<int64_t>& prompt, const Reply& g,
+                     const ls_diag_memory& end, const std::optional<std::string>& text) {
+  const ls_diag_loading& loading = runtime.loading;
   JsonWriter j;
   j.begin_object();
   write_generation(j, adapter, prompt, g, text);
-  j.key("load_ms").value(session.load_ms);
-  j.key("vocab_size").value(adapter.vocab_size());
-  j.key("max_seq_len").value(adapter.max_seq_len());
-  j.key("prefill_chunk").value(adapter.prefill_chunk());
+  j.key("load_ms").value(runtime.load_ms);
+  j.key("vocab_size").value(adapter.vocab_size);
+  j.key("max_seq_len").value(adapter.max_seq_len);
+  j.key("prefill_chunk").value(adapter.prefill_chunk);
   j.key("loading").begin_object()
-      .key("mode").value(session.mode)
-      .key("weight_cache").value(session.xnnpack_state.weight_cache)
-      .key("workspace_sharing_mode")
-      .value(static_cast<int64_t>(session.xnnpack_state.workspace_sharing_mode))
-      .key("packed_cache_warm").value(session.packed_cache_warm)
-      .key("arena").value(session.arena)
-      .key("planned_bytes").value(static_cast<int64_t>(session.planned_bytes))
+      .key("mode").value(loading.mode)
+      .key("weight_cache").value(loading.weight_cache != 0)
+      .key("workspace_sharing_mode").value(loading.workspace_sharing_mode)
+      .key("packed_cache_warm").value(loading.packed_cache_warm != 0)
+      .key("arena").value(loading.arena)
+      .key("planned_bytes").value(static_cast<int64_t>(loading.planned_bytes))
       .end_object();
-  j.key("ptd").value(session.ptd);
+  j.key("ptd").value(runtime.ptd);
   j.key("shared_ptd");
-  if (session.shared_ptd.empty()) j.null();
-  else j.value(session.shared_ptd);
+  if (runtime.shared_ptd.empty()) j.null();
+  else j.value(runtime.shared_ptd);
   j.key("adapters").begin_array();
-  for (const auto& a : session.adapters) {
+  for (const AdapterView& a : runtime.adapters) {
     j.begin_object()
-        .key("name").value(a->name())
-        .key("pte").value(a->pte_path())
-        .key("pte_bytes").value(file_bytes(a->pte_path()))
-        .key("load_ms").value(a->load_ms())
+        .key("name").value(a.name)
+        .key("pte").value(a.pte)
+        .key("pte_bytes").value(file_bytes(a.pte))
+        .key("load_ms").value(a.load_ms)
         .end_object();
   }
   j.end_array();
   j.key("memory").begin_object();
   j.key("after_load");
-  write_memory(j, session.after_load);
+  write_memory(j, runtime.after_load);
   j.key("end");
   write_memory(j, end);
   j.end_object();
@@ -93,9 +93,9 @@ std::string run_json(const Session& session, const Adapter& adapter,
   return j.str();
 }
 
-std::string serve_answer_json(const Adapter& adapter,
+std::string serve_answer_json(const AdapterView& adapter,
                               const std::vector<int64_t>& prompt,
-                              const Generation& g,
+                              const Reply& g,
                               const std::optional<std::string>& text) {
   JsonWriter j;
   j.begin_object();
@@ -110,22 +110,22 @@ std::string error_json(const std::string& message) {
   return j.str();
 }
 
-void print_summary(std::FILE* out, const Session& session, const Adapter& adapter,
-                   const std::vector<int64_t>& prompt, const Generation& g,
-                   const MemoryStats& end) {
-  std::string shared = session.shared_ptd.empty()
+void print_summary(std::FILE* out, const RunnerRuntime& runtime, const AdapterView& adapter,
+                   const std::vector<int64_t>& prompt, const Reply& g,
+                   const ls_diag_memory& end) {
+  const ls_diag_loading& loading = runtime.loading;
+  std::string shared = runtime.shared_ptd.empty()
                            ? ""
-                           : ", shared adapter tensors from " + session.shared_ptd;
+                           : ", shared adapter tensors from " + runtime.shared_ptd;
   std::fprintf(out,
                "%s: %zu adapter(s) loaded (%s arena, %s%s%s) in %.1f ms; "
                "adapter '%s' generated %zu tokens\n",
-               session.mode.c_str(), session.adapters.size(), session.arena.c_str(),
-               session.xnnpack_state.weight_cache ? "weight cache on"
-                                                  : "weight cache off",
-               session.packed_cache_warm ? ", packed cache warm" : "",
-               shared.c_str(), session.load_ms, adapter.name().c_str(),
+               loading.mode, runtime.adapters.size(), loading.arena,
+               loading.weight_cache ? "weight cache on" : "weight cache off",
+               loading.packed_cache_warm ? ", packed cache warm" : "",
+               shared.c_str(), runtime.load_ms, adapter.name.c_str(),
                g.tokens.size());
-  int64_t chunk = std::max<int64_t>(adapter.prefill_chunk(), 1);
+  int64_t chunk = std::max<int64_t>(adapter.prefill_chunk, 1);
   int64_t calls = (static_cast<int64_t>(prompt.size()) + chunk - 1) / chunk;
   std::fprintf(out, "prefill: %zu tokens in %lld call(s) of at most %lld, %.2f ms "
                     "(%s tok/s); decode: %zu tokens in %.2f ms (%s tok/s)\n",
@@ -135,8 +135,8 @@ void print_summary(std::FILE* out, const Session& session, const Adapter& adapte
                g.decode_ms, rate(g.decode_tokens_per_s).c_str());
   std::fprintf(out, "memory: PSS %.1f MiB (anon %.1f, file %.1f), RSS %.1f MiB "
                     "after load; PSS %.1f MiB, RSS %.1f MiB at end\n",
-               mib(session.after_load.pss_kb), mib(session.after_load.anon_kb),
-               mib(session.after_load.file_kb), mib(session.after_load.rss_kb),
+               mib(runtime.after_load.pss_kb), mib(runtime.after_load.anon_kb),
+               mib(runtime.after_load.file_kb), mib(runtime.after_load.rss_kb),
                mib(end.pss_kb), mib(end.rss_kb));
 }
 

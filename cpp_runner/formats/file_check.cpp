@@ -5,16 +5,32 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <set>
 #include <vector>
 
 #include "flat_reader.h"
-#include "foundation.h"
 #include "lora_record.h"
 #include "xnnpack_keys.h"
 
 namespace lora_share {
+
+Status check_readable_file(const std::string& path, const std::string& flag) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    int err = errno;
+    return Status::failure(flag + " " + path + ": " +
+                           (err == ENOENT ? std::string("no such file")
+                                          : std::strerror(err)));
+  }
+  struct stat st;
+  bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  ::close(fd);
+  if (!regular) return Status::failure(flag + " " + path + ": not a regular file");
+  return Status();
+}
+
 namespace {
 
 

@@ -11,15 +11,15 @@
 #include <istream>
 #include <ostream>
 
+#include "binding.h"
 #include "flags.h"
-#include "session.h"
+#include "runner_runtime.h"
 #include "status.h"
-#include "tokenizer/binding.h"
 
 namespace lora_share {
 
 // `tokenizer`: the build's, or null when it has none.
-Status serve(const Session& session, const Options& options,
+Status serve(const RunnerRuntime& runtime, const Options& options,
              const tok::BoundTokenizer* tokenizer, std::istream& in,
              std::ostream& out);
 
