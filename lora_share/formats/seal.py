@@ -5,7 +5,7 @@ The record's segment lies outside the Program flatbuffer and has a fixed,
 padded size, so sealing rewrites only the record's bytes: no offset moves. A
 flipped bit or a truncation anywhere else in the file (program, delegate
 payloads, LoRA weights, padding) no longer matches the seal. Readers that check
-it: ``lora_share.verify`` and the C++ runner (cpp_runner/file_check.cpp).
+it: ``lora_share.verify`` and the C++ runner (cpp_runner/formats/file_check.cpp).
 """
 
 from __future__ import annotations
