@@ -67,6 +67,13 @@ class QuantizeConfig:
                          32, minimum=QUANT_GROUP_MULTIPLE)
     embedding: Optional[str] = _f("int8: token embeddings as int8 with one scale per row (default: float32)",
                                   None, choices=["int8"])
+    grid: str = _f("each group's int4 grid: symmetric (one scale, zero at the grid's centre: ExecuTorch's "
+                   "8da4w) or asymmetric (a scale and a float offset per group, as llama.cpp's Q4_1: a Q4_1 "
+                   "GGUF's weights are kept exactly; the offsets add one small float32 linear per linear)",
+                   "symmetric", choices=["symmetric", "asymmetric"])
+    lm_head: str = _f("the output projection's weights: int4 like every other linear, or int8 with one scale "
+                      "per row (keeps a Q8_0 or float embedding's precision in the logits; 2x its int4 bytes)",
+                      "int4", choices=["int4", "int8"])
 
 
 @dataclass
