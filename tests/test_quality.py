@@ -142,7 +142,7 @@ def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
         (sources / f"{i}.rst.txt").write_text(TEXT[i * 40:])
     out = tmp_path / "results" / "q.json"
     proc = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
-                   sources, "--tokens", "100", "--out", out)
+                   sources, "--tokens", "100", "--out", out, timeout=1800)
     assert proc.returncode in (0, 1), proc.stderr
     results = json.loads(out.read_text())
     assert set(results["variants"]) == {"fp32", "8da4w"}

@@ -11,6 +11,7 @@ capital of France?" token for token as transformers does, naming Paris; every de
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -61,13 +62,17 @@ def hf_model():
     return AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
 
 
-def chat_ids(out: Path, question: str) -> list[int]:
+@functools.lru_cache(maxsize=None)
+def build_tokenizer(out: Path):
+    """The build's tokenizer as transformers reads it, loaded once per build folder."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(out))
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def chat_ids(out: Path, question: str) -> list[int]:
+    """``question`` in the build's chat template, encoded as the trainer encoded its prompts."""
+    return train_adapters.prompt_ids(build_tokenizer(out), question)
 
 
 def greedy(model, ids: list[int], new: int, eos: list[int] | None) -> list[int]:
