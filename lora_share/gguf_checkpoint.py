@@ -7,7 +7,9 @@ Face checkpoint holds: a ``config.json``-like dict (so ``families.model_args`` a
 switches and refusals) and tensors under Hugging Face names. llama.cpp's converter permutes the
 rows of a llama model's query and key projections (its RoPE pairs dimensions i and i + 1, Hugging
 Face's i and i + head_dim/2); they are permuted back, so PEFT adapters trained on the Hugging Face
-model apply unchanged. Reading and dequantizing is the ``gguf`` package's (llama.cpp's own Python
+model apply unchanged. Phi-3 is written unpermuted (llama.cpp rotates it NeoX-style, as Hugging Face
+does) with Hugging Face's fused linears (``attn_qkv`` is ``qkv_proj``, ``ffn_up`` holds gate and up,
+``gate_up_proj``), which the phi3 family splits at load time. Reading and dequantizing is the ``gguf`` package's (llama.cpp's own Python
 reader; numpy dequantization of every quantization type it knows).
 """
 
@@ -24,8 +26,9 @@ from .files import sha256_file
 from .model import ModelArgs
 
 # GGUF architecture -> Hugging Face model_type, for the families lora-share supports. llama covers
-# SmolLM and Llama 2/3; llama.cpp writes Mistral models as llama too.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# SmolLM and Llama 2/3; llama.cpp writes Mistral models as llama too; phi3 is Phi-3 (and Phi-4-mini,
+# whose partial rotary embeddings are refused).
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 # llama.cpp permutes Q and K rows for these (convert_hf_to_gguf.py, LlamaModel.permute).
 _PERMUTED = {"llama"}
 
@@ -35,15 +38,22 @@ _BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# convert_hf_to_gguf.py's Phi3MiniModel keeps Hugging Face's fused linears under these names.
+_FUSED_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+                "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+_BLOCKS = {"phi3": _FUSED_BLOCK}
 
 
-def hf_name(name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor name, or None for one lora-share does not know."""
+def hf_name(name: str, arch: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor name of architecture ``arch``, or None for one
+    lora-share does not know."""
     if name in _GLOBAL:
         return _GLOBAL[name]
+    block = _BLOCKS.get(arch, _BLOCK)
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK:
-        return f"model.layers.{parts[1]}.{_BLOCK[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block:
+        return f"model.layers.{parts[1]}.{block[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -89,6 +99,10 @@ def hf_config(reader, path: Path) -> dict:
     scaling = _value(reader, f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise UserError(f"{path}: {arch}.rope.scaling.type is {scaling!r}: only plain RoPE is read from GGUF")
+    factors = next((t.name for t in reader.tensors if t.name.startswith("rope_factors_")), None)
+    if factors is not None:  # llama.cpp's converter writes no scaling type for Phi-3's LongRoPE, only these
+        raise UserError(f"{path}: tensor {factors}: LongRoPE (the 128k-context Phi-3 models) is not supported; "
+                        "only plain RoPE is read from GGUF")
     heads = int(need("attention.head_count"))
     config = {
         "model_type": ARCHITECTURES[arch],
@@ -111,6 +125,14 @@ def hf_config(reader, path: Path) -> dict:
     key_length = _value(reader, f"{arch}.attention.key_length")
     if key_length is not None:
         config["head_dim"] = int(key_length)
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    rotary = _value(reader, f"{arch}.rope.dimension_count")
+    if rotary is not None and int(rotary) != head_dim:
+        raise UserError(f"{path}: {arch}.rope.dimension_count is {rotary}, not the head size {head_dim}: partial "
+                        "rotary embeddings are not supported")
+    window = _value(reader, f"{arch}.attention.sliding_window")
+    if window:  # 0 means none (Phi-4); the family refuses a window shorter than the context
+        config["sliding_window"] = int(window)
     if ARCHITECTURES[arch] == "qwen2":
         config["attention_bias"] = True
     return config
@@ -136,10 +158,11 @@ def read_gguf(path: Path, max_seq_len: int) -> tuple[ModelArgs, dict[str, torch.
     reader = _reader(path)
     config = hf_config(reader, path)
     args = model_args(config, path, max_seq_len)
-    permuted = _value(reader, "general.architecture") in _PERMUTED
+    arch = _value(reader, "general.architecture")
+    permuted = arch in _PERMUTED
     raw: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, arch)
         if name is None:
             raise UserError(f"{path}: tensor {tensor.name!r} is not one lora-share knows for a {args.model_type} model")
         t = _dequantized(tensor, path)

@@ -2,18 +2,23 @@
 
 Each tiny GGUF here is written with the ``gguf`` package's writer the way llama.cpp's converter
 writes a Hugging Face checkpoint (its tensor names, Q and K rows permuted for llama, dimensions
-innermost first, F32 or Q8_0 blocks), from a tiny random Hugging Face model. transformers then loads
+innermost first, F32 or Q8_0 blocks), from a tiny random Hugging Face model: a llama (untied, GQA)
+and a Phi-3 (fused qkv_proj and gate_up_proj, kept fused as attn_qkv and ffn_up, with LoRA on the
+fused linears), each with a PEFT adapter. transformers then loads
 the same .gguf itself (``from_pretrained(dir, gguf_file=...)``, dequantizing with the same package)
 and is the reference: lora-share's eager model over the GGUF foundation, and a build of a config whose
 checkpoint is the .gguf run through ExecuTorch, must give its logits within 1e-4, with a PEFT adapter
 trained on the Hugging Face form applied unchanged (which fails if the permutation is not undone).
 Then what is refused: an unsupported architecture, an unknown tensor, a missing metadata key, a
-truncated file, each with one message naming the file.
+truncated file, and what the phi3 family refuses (LongRoPE factors, partial rotary embeddings, a
+sliding window shorter than the context), each with one message naming the file and the key.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +27,14 @@ import torch
 import yaml
 
 import lora_share
-from conftest import run_cli
+from conftest import REPO, run_cli
 from hf_files import hf_config, write_hf_llama, write_peft_lora
 from lora_share.config import load_config
 from lora_share.eager import eager_model
 from lora_share.foundation import load_foundation
+
+sys.path.insert(0, str(REPO / "examples" / "families"))
+from tiny_checkpoints import SPECS, write_checkpoint  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,7 +42,8 @@ PROMPT = [3, 141, 59, 26, 5, 77, 2]
 TOL = 1e-4
 BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused linears
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -52,9 +61,10 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{BLOCK[module]}.{suffix}"
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama", extra_tensor: bool = False,
-               drop_key: str | None = None) -> Path:
-    """``hf_dir`` (config.json + model.safetensors) as llama.cpp's converter would write it."""
+def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama", extra_tensor: str | None = None,
+               drop_key: str | None = None, **edits) -> Path:
+    """``hf_dir`` (config.json + model.safetensors) as llama.cpp's converter would write it (its
+    LlamaModel, or its Phi3MiniModel for arch phi3), with ``edits`` replacing metadata values."""
     import json
 
     from safetensors.torch import load_file
@@ -64,16 +74,23 @@ def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama"
     meta = {"block_count": c["num_hidden_layers"], "context_length": c["max_position_embeddings"],
             "embedding_length": c["hidden_size"], "feed_forward_length": c["intermediate_size"],
             "head_count": c["num_attention_heads"], "head_count_kv": c["num_key_value_heads"],
-            "layer_norm_rms_eps": c["rms_norm_eps"], "rope_freq_base": c["rope_theta"], "vocab_size": c["vocab_size"]}
-    for key, value in meta.items():
+            "layer_norm_rms_eps": c["rms_norm_eps"], "vocab_size": c["vocab_size"],
+            "rope_freq_base": c.get("rope_theta") or c["rope_parameters"]["rope_theta"],
+            "rope_dimension_count": c["hidden_size"] // c["num_attention_heads"]}
+    if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters: 0 for no window
+        meta.update(sliding_window=c.get("sliding_window") or 0,
+                    rope_scaling_orig_ctx_len=c["original_max_position_embeddings"])
+    # gguf.SpecialVocab reads these from config.json when there is no tokenizer (transformers' Phi-3
+    # defaults its pad_token_id to 32000 otherwise, outside this vocabulary)
+    meta.update({f"{k}_token_id": c[f"{k}_token_id"] for k in ("bos", "eos", "pad") if c.get(f"{k}_token_id") is not None})
+    for key, value in {**meta, **edits}.items():
         if key != drop_key:
             getattr(w, f"add_{key}")(value)
-    w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
     for name, t in sorted(load_file(str(hf_dir / "model.safetensors")).items()):
         a = t.numpy().astype(np.float32)
-        if ".q_proj." in name:
+        if arch == "llama" and ".q_proj." in name:
             a = permute(a, c["num_attention_heads"])
-        elif ".k_proj." in name:
+        elif arch == "llama" and ".k_proj." in name:
             a = permute(a, c["num_key_value_heads"])
         if qtype == "Q8_0" and a.ndim == 2:
             q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
@@ -81,7 +98,7 @@ def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama"
         else:
             w.add_tensor(gguf_name(name), a)
     if extra_tensor:
-        w.add_tensor("blk.0.attn_sinks.weight", np.zeros(4, dtype=np.float32))
+        w.add_tensor(extra_tensor, np.ones(c["hidden_size"] // c["num_attention_heads"] // 2, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -113,33 +130,61 @@ def write_config(root: Path, checkpoint: Path, adapter: Path) -> Path:
     return config
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny Hugging Face llama (untied, GQA), a PEFT adapter for it, and its GGUF forms."""
-    root = tmp_path_factory.mktemp("gguf")
-    config = hf_config(tied=False)
-    hf = write_hf_llama(root / "hf", config, seed=3)
-    write_peft_lora(root / "adapter", config, r=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"], seed=5)
-    files = {q: write_gguf(hf, root / f"model-{q}.gguf", q) for q in ("F32", "Q8_0")}
+def _tiny_model(arch: str, root: Path) -> dict:
+    """A tiny Hugging Face model of ``arch``, a PEFT adapter for it, and its GGUF forms (F32, Q8_0)."""
+    if arch == "llama":  # untied, GQA
+        config = hf_config(tied=False)
+        hf = write_hf_llama(root / "hf", config, seed=3)
+        write_peft_lora(root / "adapter", config, r=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        seed=5)
+    else:  # Phi-3 by transformers' Phi3ForCausalLM, its adapter by peft on every linear (the fused ones too)
+        spec = SPECS["phi3"]
+        write_checkpoint(replace(spec, adapters={"adapter": spec.adapters["a"]}), root)
+        hf = root / "model"
+    files = {q: write_gguf(hf, root / f"model-{q}.gguf", q, arch=arch) for q in ("F32", "Q8_0")}
     return {"root": root, "hf": hf, "adapter": root / "adapter", "gguf": files}
 
 
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """arch -> its tiny model (``_tiny_model``), written once, on first use."""
+    made: dict[str, dict] = {}
+
+    def get(arch: str) -> dict:
+        if arch not in made:
+            made[arch] = _tiny_model(arch, tmp_path_factory.mktemp(f"gguf-{arch}"))
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models):
+    return tiny_models("llama")
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
-def test_eager_model_equals_transformers_gguf_loading(tiny, qtype):
+def test_eager_model_equals_transformers_gguf_loading(tiny_models, arch, qtype):
+    tiny = tiny_models(arch)
     path = tiny["gguf"][qtype]
     (tiny["root"] / qtype).mkdir()
     cfg = load_config(write_config(tiny["root"] / qtype, path, tiny["adapter"]))
     foundation = load_foundation(cfg.foundation)
     assert foundation.source["kind"] == "gguf" and foundation.args.n_kv_heads == 2
+    assert foundation.args.model_type == arch
     got = eager_model(foundation).step(PROMPT, 0)
     assert (got - transformers_logits(path.parent, path.name)).abs().max() <= TOL
     if qtype == "F32":  # F32 holds the Hugging Face weights exactly, Q and K rows back in their order
         assert (got - transformers_logits(tiny["hf"])).abs().max() <= TOL
 
 
-def test_build_from_gguf_with_a_peft_adapter_equals_transformers_peft(tiny):
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_build_from_gguf_with_a_peft_adapter_equals_transformers_peft(tiny_models, arch):
     """A config whose checkpoint is the Q8_0 .gguf builds; its adapter, trained on the Hugging Face
-    form, gives transformers + peft's logits over transformers' GGUF loading of the same file."""
+    form (for Phi-3, LoRA on the fused qkv_proj and gate_up_proj), gives transformers + peft's
+    logits over transformers' GGUF loading of the same file."""
+    tiny = tiny_models(arch)
     root = tiny["root"] / "build"
     root.mkdir()
     config = write_config(root, tiny["gguf"]["Q8_0"], tiny["adapter"])
@@ -167,7 +212,7 @@ def test_unsupported_architecture_is_refused(tiny):
 
 
 def test_unknown_tensor_is_refused(tiny):
-    path = write_gguf(tiny["hf"], tiny["root"] / "extra.gguf", extra_tensor=True)
+    path = write_gguf(tiny["hf"], tiny["root"] / "extra.gguf", extra_tensor="blk.0.attn_sinks.weight")
     _refused(tiny, path, "blk.0.attn_sinks.weight")
 
 
@@ -181,3 +226,18 @@ def test_truncated_file_is_refused(tiny):
     data = tiny["gguf"]["F32"].read_bytes()
     path.write_bytes(data[: len(data) // 2])
     _refused(tiny, path, "truncated")
+
+
+PHI3_REFUSED = {  # what the phi3 family refuses, as a Phi-3 GGUF says it: edits, then the words of the message
+    "longrope": ({"extra_tensor": "rope_factors_long.weight"}, ["rope_factors_long.weight", "LongRoPE"]),
+    "partial_rotary": ({"rope_dimension_count": 12}, ["phi3.rope.dimension_count", "12", "partial rotary"]),
+    "short_sliding_window": ({"sliding_window": 8}, ["sliding_window", "8", "max_seq_len"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PHI3_REFUSED))
+def test_phi3_refusals(tiny_models, case):
+    tiny = tiny_models("phi3")
+    edits, needles = PHI3_REFUSED[case]
+    path = write_gguf(tiny["hf"], tiny["root"] / f"{case}.gguf", arch="phi3", **edits)
+    _refused(tiny, path, *needles)
