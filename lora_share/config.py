@@ -82,7 +82,7 @@ class FoundationConfig:
 
     checkpoint: Optional[Path] = _f(
         f"Hugging Face model folder ({', '.join(FAMILIES)}): config.json + model.safetensors (or shards + "
-        "index json); or a GGUF file (architectures llama, qwen2, qwen3; any quantization type the gguf "
+        "index json); or a GGUF file (architectures llama, qwen2, qwen3, phi3; any quantization type the gguf "
         "package dequantizes)", None, path=True
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
