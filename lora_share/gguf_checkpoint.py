@@ -9,8 +9,9 @@ rows of a llama model's query and key projections (its RoPE pairs dimensions i a
 Face's i and i + head_dim/2); they are permuted back, so PEFT adapters trained on the Hugging Face
 model apply unchanged. Phi-3 is written unpermuted (llama.cpp rotates it NeoX-style, as Hugging Face
 does) with Hugging Face's fused linears (``attn_qkv`` is ``qkv_proj``, ``ffn_up`` holds gate and up,
-``gate_up_proj``), which the phi3 family splits at load time. Reading and dequantizing is the ``gguf`` package's (llama.cpp's own Python
-reader; numpy dequantization of every quantization type it knows).
+``gate_up_proj``), which the phi3 family splits at load time. Reading and dequantizing is the
+``gguf`` package's (llama.cpp's own Python reader; numpy dequantization of every quantization type
+it knows).
 """
 
 from __future__ import annotations

@@ -82,7 +82,8 @@ def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama"
                     rope_scaling_orig_ctx_len=c["original_max_position_embeddings"])
     # gguf.SpecialVocab reads these from config.json when there is no tokenizer (transformers' Phi-3
     # defaults its pad_token_id to 32000 otherwise, outside this vocabulary)
-    meta.update({f"{k}_token_id": c[f"{k}_token_id"] for k in ("bos", "eos", "pad") if c.get(f"{k}_token_id") is not None})
+    meta.update({f"{k}_token_id": c[f"{k}_token_id"] for k in ("bos", "eos", "pad")
+                 if c.get(f"{k}_token_id") is not None})
     for key, value in {**meta, **edits}.items():
         if key != drop_key:
             getattr(w, f"add_{key}")(value)
