@@ -477,3 +477,24 @@ def test_refused_field(case, tmp_path):
     assert len(errors) == 1 and r.stderr.rstrip().splitlines()[-1] == errors[0], r.stderr
     assert errors[0].startswith(f"error: {config_json}: {field}: {value}"), errors[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_synthetic_gemma3_at_the_270m_shape():
+    """bench-scale's gemma3-270m shape: a synthetic foundation with Gemma 3's switches, 268 M parameters
+    (the real model's count), and a KV cache at context 2,048 of 3 full-context layers and 15 rings of
+    512 (issue 25's bound: 27 MiB + 1 MiB, against 72 MiB with every layer over the context)."""
+    from lora_share.bench.scale import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
+    from lora_share.builder import _args_dict
+    from lora_share.config import SyntheticFoundation
+    from lora_share.foundation import synthetic_args
+
+    shape = SHAPES["gemma3-270m"].foundation
+    args = synthetic_args(SyntheticFoundation(**shape), 2048)
+    assert args.model_type == "gemma3_text" and args.sandwich_norms and args.qk_norm and args.norm_offset == 1.0
+    assert args.sliding_layers == tuple(i for i in range(18) if i % 6 != 5) and args.sliding_window == 512
+    assert args.attn_scale == 256 ** -0.5 and args.local_rope_theta == 10000.0
+    assert 268_000_000 < fp32_foundation_bytes(shape) / 4 < 268_200_000
+    row = 256 * 4  # one position of one slab: head_dim floats
+    d = _args_dict(args)
+    assert kv_cache_bytes(d) == row * 2 * (3 * 2049 + 15 * 513) <= 28 * 1024 * 1024
+    assert full_kv_cache_bytes(d) == row * 2 * 18 * 2049
