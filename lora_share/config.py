@@ -40,7 +40,7 @@ def _f(help: str, default=dataclasses.MISSING, **meta):
 
 @dataclass
 class SyntheticFoundation:
-    """Deterministic demo weights for a llama-family foundation (no download)."""
+    """Deterministic demo weights for a llama-family foundation, or for Gemma 3's text model (no download)."""
 
     dim: int = _f("model width (hidden_size)", minimum=8)
     n_layers: int = _f("number of decoder layers", minimum=1)
@@ -52,6 +52,11 @@ class SyntheticFoundation:
     seed: int = _f("random seed of the weights", 0, minimum=0)
     norm_eps: float = _f("RMSNorm epsilon", 1e-5)
     rope_theta: float = _f("RoPE base", 10000.0)
+    model_type: str = _f("the family the weights are for: llama, or gemma3_text (Gemma 3's text model: its norms, "
+                         "q/k norms and sliding layers, every sixth over the whole context)", "llama",
+                         choices=["llama", "gemma3_text"])
+    head_dim: Optional[int] = _f("gemma3_text: head size (default dim / n_heads)", None, minimum=2)
+    sliding_window: int = _f("gemma3_text: the sliding layers' window", 512, minimum=1)
 
 
 QUANT_GROUP_MULTIPLE = 32  # XNNPACK's 4-bit blockwise kernels take groups of a multiple of 32 weights
@@ -270,12 +275,15 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
                                                "or a .gguf file)")
         s = fnd.synthetic
         if s is not None and None not in (s.dim, s.n_heads, s.n_kv_heads):
-            if s.n_heads and s.dim % s.n_heads:
+            if s.n_heads and s.dim % s.n_heads and s.head_dim is None:
                 L.problem("foundation.synthetic.dim", f"{s.dim} is not divisible by n_heads {s.n_heads}")
             if s.n_kv_heads and s.n_heads % s.n_kv_heads:
                 L.problem("foundation.synthetic.n_kv_heads", f"n_heads {s.n_heads} is not a multiple of {s.n_kv_heads}")
-            elif s.n_heads and (s.dim // s.n_heads) % 2:
-                L.problem("foundation.synthetic.dim", "head size dim / n_heads must be even for RoPE")
+            elif s.head_dim is not None and s.model_type == "llama":
+                L.problem("foundation.synthetic.head_dim", "set only with model_type gemma3_text")
+            elif (s.head_dim or s.dim // s.n_heads) % 2:
+                L.problem("foundation.synthetic.head_dim" if s.head_dim else "foundation.synthetic.dim",
+                          "the head size must be even for RoPE")
         if fnd.tokenizer is not None:
             if not fnd.tokenizer.is_dir():
                 L.problem("foundation.tokenizer", f"{fnd.tokenizer}: no such folder (a Hugging Face tokenizer folder)")

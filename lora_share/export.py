@@ -20,7 +20,7 @@ import torch
 
 from .envelope import Envelope
 from .export_memory import sharing_weights
-from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, n_slabs
+from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, ring_window, slab_rows
 from .quantize import is_quantized
 
 FOUNDATION_TAG = "foundation"  # -> foundation.ptd
@@ -40,6 +40,17 @@ def example_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, .
     envelope's LoRA inputs."""
     return forward_inputs(range(1, min(3, args.chunk) + 1), 4, KVCache.for_model(args),
                           envelope.example_inputs(args))
+
+
+def constant_methods(args: ModelArgs) -> dict[str, int]:
+    """The program's constant methods: what a runtime needs besides forward's inputs. A program whose
+    sliding layers keep a ring (model.ring_window) also has ``get_sliding_window``, W: its ring slabs
+    are the inputs of W + 1 rows, and a runtime writes position p at row 1 + p % W of them. Without
+    it (every other program, unchanged), every slab covers the context."""
+    methods = {"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size, "get_prefill_chunk": args.chunk}
+    if ring_window(args):
+        methods["get_sliding_window"] = ring_window(args)
+    return methods
 
 
 def _foundation_tag(node: torch.fx.Node) -> str:
@@ -115,8 +126,10 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     # chunk x context, not context x context (the runners feed longer prompts chunk by chunk).
     # The cache prefix (the sink row and the positions before this call) is a dynamic size of its
     # own, up to the whole context; so is each LoRA slot's rank.
+    # A sliding layer's ring (model.ring_window) is its window's size whatever the position.
     past = Dim("past", min=1, max=args.max_seq_len)
-    dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, *({0: past} for _ in range(n_slabs(args))),
+    full = args.max_seq_len + 1
+    dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, *({0: past} if rows == full else {} for rows in slab_rows(args)),
                *envelope.dynamic_shapes())
     example = example_inputs(args, envelope)
     # Float exports take exactly the float path. An int8 embedding is torchao's dequantize +
@@ -133,8 +146,7 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
                 partitioner=[_partitioner()],
                 # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),
-                constant_methods={"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size,
-                                  "get_prefill_chunk": args.chunk},
+                constant_methods=constant_methods(args),
             )
             for key, data in (named_data or {}).items():
                 edge._named_data_store.add_named_data(key, data, alignment=16, external_tag=FOUNDATION_TAG)

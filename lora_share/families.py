@@ -11,13 +11,18 @@ may omit, and how its checkpoint and PEFT adapters name the linears.
 - mistral: explicit head_dim; a sliding window must cover the context.
 - gemma (Gemma 1): RMSNorm weight applied as 1 + w, embeddings times sqrt(hidden_size),
   GeGLU with gelu_pytorch_tanh, tied embeddings, explicit head_dim.
+- gemma3_text (Gemma 3's text model, Gemma3ForCausalLM: 270M, 1B): Gemma 1's switches, plus
+  RMSNorm over head_dim on queries and keys, a norm after attention and around the MLP
+  (``sandwich_norms``), the attention scale ``query_pre_attn_scalar ** -0.5``, and sliding-window
+  layers (``layer_types``, else every layer but each sixth) with their own RoPE base
+  (``rope_local_base_freq``, or transformers 5's ``rope_parameters.sliding_attention``).
 - phi3 (Phi-3 with plain RoPE): fused ``qkv_proj`` and ``gate_up_proj``, split by rows at
   load time (``to_decoder_names``), and a PEFT LoRA on a fused linear becomes LoRA on
   each part with the same A and B split by rows (``hf_linears``).
 
 ``model_args`` reads a config.json into ``ModelArgs``. Whatever would change the math
-and is not implemented (another model_type, Gemma 2/3, a sliding window shorter than the
-context, RoPE scaling other than llama3, partial rotary embeddings, logit soft-capping,
+and is not implemented (another model_type, Gemma 2, multimodal Gemma 3, a sliding window shorter
+than the context outside Gemma 3, RoPE scaling other than llama3, partial rotary embeddings, logit soft-capping,
 another activation) is refused with one message naming the file, the field and its value.
 Both config.json formats are read: transformers 4's ``rope_theta`` + ``rope_scaling`` and
 transformers 5's ``rope_parameters``.
@@ -52,8 +57,11 @@ class Family:
     act_aliases: Mapping[str, str] = field(default_factory=dict)  # activation names read as another
     fused: bool = False  # q/k/v in one qkv_proj, gate/up in one gate_up_proj (Phi-3)
     # Where sliding_window applies: "none" (never), "all" (every layer, when set), "qwen" (when
-    # use_sliding_window, on the layers layer_types or max_window_layers make sliding).
+    # use_sliding_window, on the layers layer_types or max_window_layers make sliding): refused when
+    # shorter than the context; "gemma3": on the layers layer_types (else the pattern) makes sliding,
+    # computed, each with the local RoPE base.
     sliding: str = "none"
+    sandwich_norms: bool = False  # norms after attention and MLP, and one before the MLP (Gemma 3)
 
 
 _DEFAULTS = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "hidden_act": "silu", "head_dim": None}
@@ -70,14 +78,20 @@ FAMILIES: dict[str, Family] = {
                     bias_keys=("attention_bias",), norm_offset=1.0, scale_embeddings=True,
                     # transformers 4 read hidden_activation when set; both read the legacy "gelu" as tanh GELU
                     act_keys=("hidden_activation", "hidden_act"), act_aliases={"gelu": "gelu_pytorch_tanh"}),
+    "gemma3_text": Family("Gemma 3 text (Gemma3ForCausalLM)",
+                          {**_DEFAULTS, "tie_word_embeddings": True, "head_dim": 256, "hidden_activation":
+                           "gelu_pytorch_tanh", "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+                           "query_pre_attn_scalar": 256, "sliding_window": 4096},
+                          bias_keys=("attention_bias",), qk_norm=True, norm_offset=1.0, scale_embeddings=True,
+                          act_keys=("hidden_activation",), sliding="gemma3", sandwich_norms=True),
     "phi3": Family("Phi-3", {**_DEFAULTS, "rms_norm_eps": 1e-5, "sliding_window": None}, fused=True, sliding="all"),
 }
 
 # Families refused by name: what they need that the decoder does not have.
 REFUSED = {
-    kind: "soft-caps attention and output logits, normalises after attention and MLP too and alternates "
-          "sliding-window layers, none of which lora-share's decoder has"
-    for kind in ("gemma2", "gemma3", "gemma3_text")
+    "gemma2": "soft-caps attention and output logits, which lora-share's decoder does not",
+    "gemma3": "is the multimodal Gemma 3 (text_config and a vision tower); lora-share takes Gemma 3's text "
+              "model, model_type 'gemma3_text' (Gemma3ForCausalLM checkpoints: 270M, 1B)",
 }
 
 # Config keys that change the math when set (not null or false), on any family.
@@ -123,6 +137,7 @@ def model_args(config: dict, where: Path, max_seq_len: int) -> ModelArgs:
         bad("head_dim", f"{head_dim} is odd; RoPE needs an even head size")
     _check_window(c, family, max_seq_len, bad)
     theta, scaling = _rope(c, bad)
+    local = _gemma3_layers(c, bad) if family.sliding == "gemma3" else {}
     biased = {key for key in family.bias_keys if c.get(key)}
     return ModelArgs(
         dim=dim, n_layers=c["num_hidden_layers"], n_heads=n_heads, n_kv_heads=n_kv,
@@ -132,7 +147,7 @@ def model_args(config: dict, where: Path, max_seq_len: int) -> ModelArgs:
         qkv_bias=family.qkv_bias or "attention_bias" in biased, o_bias="attention_bias" in biased,
         mlp_bias="mlp_bias" in biased, qk_norm=family.qk_norm, norm_offset=family.norm_offset,
         embed_scale=_float32(dim**0.5) if family.scale_embeddings else 1.0,
-        activation=_activation(c, family, bad),
+        activation=_activation(c, family, bad), sandwich_norms=family.sandwich_norms, **local,
     )
 
 
@@ -161,7 +176,7 @@ def _check_window(c: dict, family: Family, max_seq_len: int, bad) -> None:
     position attends to the last ``sliding_window`` positions, so a window of at least max_seq_len
     is full attention, which is what the decoder computes."""
     window = c.get("sliding_window")
-    if family.sliding == "none" or window is None:
+    if family.sliding in ("none", "gemma3") or window is None:  # Gemma 3 computes its windows
         return
     if family.sliding == "qwen":
         if not c.get("use_sliding_window"):
@@ -178,12 +193,45 @@ def _check_window(c: dict, family: Family, max_seq_len: int, bad) -> None:
                               f"sliding-window attention is not supported; set max_seq_len to at most {window}")
 
 
+def _gemma3_layers(c: dict, bad) -> dict:
+    """Gemma 3's ModelArgs beyond Gemma 1's: which layers slide (``layer_types``, else every layer but
+    each ``sliding_window_pattern``-th, 6), their window and RoPE base, and the attention scale."""
+    n = c["num_hidden_layers"]
+    types = c.get("layer_types")
+    if types is None:
+        pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+        if not _positive_int(pattern):
+            bad("sliding_window_pattern", f"{pattern!r} is not a positive integer")
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        bad("layer_types", f"{types!r} is not a list of {n} 'sliding_attention' / 'full_attention'")
+    if c.get("sliding_window") is None:
+        bad("sliding_window", "missing: Gemma 3's sliding layers need their window")
+    scalar = c["query_pre_attn_scalar"]
+    if not _number(scalar) or scalar <= 0:
+        bad("query_pre_attn_scalar", f"{scalar!r} is not a positive number")
+    params = c.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+        # transformers 5: one RoPE parameter set per layer type (read by _rope for the full layers).
+        local = {**c, "rope_scaling": None, "rope_parameters": params["sliding_attention"]}
+    else:
+        local = {"rope_theta": c["rope_local_base_freq"]}
+    theta, scaling = _rope(local, bad)
+    if scaling is not None:
+        bad("rope_parameters", "scaled RoPE on the sliding layers is not supported")
+    return {"sliding_window": c["sliding_window"], "local_rope_theta": theta, "attn_scale": float(scalar) ** -0.5,
+            "sliding_layers": tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")}
+
+
 def _rope(c: dict, bad) -> tuple[float, dict | None]:
-    """(rope_theta, llama3 scaling or None) from either config.json format; refuses the other kinds."""
+    """(rope_theta, llama3 scaling or None) from either config.json format; refuses the other kinds.
+    Of transformers 5's parameters per layer type (Gemma 3), the full-attention layers'."""
     key = "rope_scaling" if c.get("rope_scaling") else "rope_parameters"
     params = c.get(key) or {}  # transformers 5 reads rope_scaling first, as this does
     if not isinstance(params, dict):
         bad(key, f"{params!r} is not a mapping")
+    if c.get("model_type") == "gemma3_text" and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
     if any(isinstance(v, dict) for v in params.values()):
         bad(key, f"{params!r}: RoPE parameters per layer type are not supported")
     theta = params.get("rope_theta", c.get("rope_theta", 10000.0))

@@ -57,23 +57,36 @@ def load_foundation(cfg: FoundationConfig, where: str = "foundation") -> Foundat
     return foundation
 
 
+def synthetic_args(s: SyntheticFoundation, max_seq_len: int) -> ModelArgs:
+    """The ModelArgs of a synthetic foundation: llama's, or its family's switches (families.py) read from
+    the config.json its checkpoint would have."""
+    if s.model_type == "llama":
+        return ModelArgs(
+            dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+            hidden_dim=s.hidden_dim, vocab_size=s.vocab_size, norm_eps=s.norm_eps,
+            rope_theta=s.rope_theta, tie_embeddings=s.tie_embeddings, max_seq_len=max_seq_len,
+        )
+    return model_args({"model_type": s.model_type, "hidden_size": s.dim, "num_hidden_layers": s.n_layers,
+                       "num_attention_heads": s.n_heads, "num_key_value_heads": s.n_kv_heads,
+                       "head_dim": s.head_dim or s.dim // s.n_heads, "intermediate_size": s.hidden_dim,
+                       "vocab_size": s.vocab_size, "rms_norm_eps": s.norm_eps, "rope_theta": s.rope_theta,
+                       "tie_word_embeddings": s.tie_embeddings, "sliding_window": s.sliding_window},
+                      Path("foundation.synthetic"), max_seq_len)
+
+
 def synthetic_foundation(s: SyntheticFoundation, max_seq_len: int) -> Foundation:
     """Deterministic weights: the same config always gives the same bytes.
 
     Scales are chosen so logits are well separated (greedy decoding is stable
     under float rounding): embeddings ~N(0,1), linears ~N(0, 1/fan_in), norms ~1.
     """
-    args = ModelArgs(
-        dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-        hidden_dim=s.hidden_dim, vocab_size=s.vocab_size, norm_eps=s.norm_eps,
-        rope_theta=s.rope_theta, tie_embeddings=s.tie_embeddings, max_seq_len=max_seq_len,
-    )
+    args = synthetic_args(s, max_seq_len)
     gen = torch.Generator().manual_seed(s.seed)
     tensors = {}
     for name, shape in sorted(expected_shapes(args).items()):
         t = torch.randn(shape, generator=gen)  # scaled in place: no second tensor of its size
         if name.endswith("norm.weight"):
-            t.mul_(0.1).add_(1.0)
+            t.mul_(0.1).add_(1.0 - args.norm_offset)  # applied as about 1 either way
         elif name != "model.embed_tokens.weight":
             t.div_(shape[1] ** 0.5)
         tensors[name] = t

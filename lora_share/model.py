@@ -2,7 +2,7 @@
 
 One decoder serves every supported model family: ``ModelArgs`` carries the switches
 a family turns on (biases, q/k norms, Gemma's norm offset, embedding scale and
-activation); families.py maps each Hugging Face ``model_type`` onto them.
+activation, Gemma 3's sandwich norms, attention scale and sliding layers); families.py maps each Hugging Face ``model_type`` onto them.
 
 The module tree mirrors Hugging Face's ``LlamaForCausalLM`` so that foundation
 parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``).
@@ -13,14 +13,18 @@ The KV cache belongs to the caller (the runner, ``lora-share run``, ``KVCache`` 
 the program: one float buffer of ``n_slabs`` slabs, one per (layer, key or value, key/value head)
 in that order (layer 0's keys of heads 0, 1, .., then its values, then layer 1's ...), each
 ``[max_seq_len + 1, head_dim]``. Row 0 of a slab is a sink that stays zero and is masked (it
-keeps an input from being empty at position 0); position p lives at row p + 1.
+keeps an input from being empty at position 0); position p lives at row p + 1. A sliding layer
+(Gemma 3) whose window W is shorter than the context keeps a ring instead (``ring_window``):
+``[W + 1, head_dim]``, position p at row 1 + p % W, passed whole on every call; the program
+masks each slot by the position it holds, which it computes from the past length P.
 
 ``forward(tokens [1, T] int64, *slabs) -> (logits [1, vocab], *new_rows)`` feeds T tokens at
 positions P .. P+T-1 and returns the logits at the last one. Slab input j is slab j's first P + 1
-rows, ``[P + 1, head_dim]``: the export leaves inputs out of planned memory, so the runtime hands
+rows, ``[P + 1, head_dim]`` (a ring: all its ``W + 1``): the export leaves inputs out of planned memory, so the runtime hands
 the program its cache in place, without a copy, and attention reads exactly the written prefix.
 ``new_rows`` has one ``[n_kv_heads, T, head_dim]`` tensor per (layer, key or value): this call's
-keys or values for that group's slabs, head by head, which the caller writes at rows P + 1 .. P + T. ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
+keys or values for that group's slabs, head by head, which the caller writes at rows P + 1 .. P + T
+(of a ring: at 1 + p % W, in order). ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
 prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement the caller's side.
 
 LoRA weights are inputs too, so one program serves every adapter of its envelope (envelope.py):
@@ -83,6 +87,11 @@ class ModelArgs:
     norm_offset: float = 0.0  # every RMSNorm weight is applied as norm_offset + weight (Gemma: 1)
     embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(dim) in float32)
     activation: str = "silu"  # the MLP's activation, a key of ACTIVATIONS (Gemma: gelu_pytorch_tanh)
+    sandwich_norms: bool = False  # Gemma 3: attention and MLP outputs normalised too, the MLP input by its own norm
+    attn_scale: float | None = None  # attention's score scale (Gemma 3: query_pre_attn_scalar ** -0.5); None: 1/sqrt(head_dim)
+    sliding_window: int | None = None  # the sliding layers' window: a query sees its own and the window - 1 before
+    sliding_layers: tuple[int, ...] = ()  # which layers attend over the window only (Gemma 3)
+    local_rope_theta: float | None = None  # the sliding layers' RoPE base (Gemma 3's rope_local_base_freq)
 
     @property
     def chunk(self) -> int:
@@ -113,11 +122,13 @@ class ModelArgs:
         return self.o_bias if target == "o_proj" else self.mlp_bias
 
 
-def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
-    """Inverse RoPE frequencies as Hugging Face computes them (incl. llama3 scaling)."""
+def rope_inv_freq(args: ModelArgs, local: bool = False) -> torch.Tensor:
+    """Inverse RoPE frequencies as Hugging Face computes them (incl. llama3 scaling); ``local``: the
+    sliding layers' (Gemma 3: base ``local_rope_theta``, never scaled)."""
     hd = args.hd
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    scaling = dict(args.rope_scaling or {})
+    theta = args.local_rope_theta if local else args.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    scaling = {} if local else dict(args.rope_scaling or {})
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return inv_freq
@@ -276,15 +287,26 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm: ``h = x + attn(norm(x))``, ``h + mlp(norm(h))``. With ``sandwich_norms`` (Gemma 3)
+    each output is normalised too: ``h = x + post_attention_norm(attn(input_norm(x)))``,
+    ``h + post_feedforward_norm(mlp(pre_feedforward_norm(h)))``, under Hugging Face's names."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
         self.mlp = MLP(args)
+        self.sandwich = args.sandwich_norms
+        if args.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
+            self.post_feedforward_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
 
     def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
         a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values, lora)
+        if self.sandwich:
+            h = x + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h), lora)), k, v
         h = x + a
         return h + self.mlp(self.post_attention_layernorm(h), lora), k, v
 
@@ -310,30 +332,64 @@ def n_slabs(args: ModelArgs) -> int:
     return 2 * args.n_layers * args.n_kv_heads
 
 
-class KVCache:
-    """The caller's KV cache (module docstring): ``n_slabs`` slabs of ``[max_seq_len + 1, head_dim]``."""
+def ring_window(args: ModelArgs) -> int:
+    """The window W whose ring the sliding layers' slabs are, or 0 when every slab covers the context.
 
-    def __init__(self, slabs: int, max_seq_len: int, head_dim: int):
-        self.rows = torch.zeros(slabs, max_seq_len + 1, head_dim)
+    A sliding layer never reads a position W or more before the one it computes, so its slabs are a
+    ring of W slots after the sink (``[W + 1, head_dim]``), position p at row 1 + p % W, instead of
+    ``[max_seq_len + 1, head_dim]``. Only when W + 1 is shorter than the context (so a ring's W + 1 rows
+    tell it from the other slabs, whose inputs have at most max_seq_len rows), and when some layer
+    attends over the whole context: the program reads the past length from that layer's slabs."""
+    w = args.sliding_window
+    if not args.sliding_layers or w is None or w + 1 >= args.max_seq_len or len(args.sliding_layers) == args.n_layers:
+        return 0
+    return w
+
+
+def slab_rows(args: ModelArgs) -> list[int]:
+    """Rows of each KV slab, in slab order: ``max_seq_len + 1``, or ``W + 1`` for a sliding layer's ring."""
+    ring, per_layer = ring_window(args), 2 * args.n_kv_heads
+    return [ring + 1 if ring and j // per_layer in args.sliding_layers else args.max_seq_len + 1
+            for j in range(n_slabs(args))]
+
+
+class KVCache:
+    """The caller's KV cache (module docstring): one slab per (layer, key or value, key/value head),
+    ``[max_seq_len + 1, head_dim]``, or a ring of ``[W + 1, head_dim]`` for a sliding layer (``ring_window``)."""
+
+    def __init__(self, rows: list[int], head_dim: int, ring: int = 0):
+        self.slabs = [torch.zeros(n, head_dim) for n in rows]
+        self.ring = ring
 
     @classmethod
     def for_model(cls, args: ModelArgs) -> "KVCache":
-        return cls(n_slabs(args), args.max_seq_len, args.hd)
+        return cls(slab_rows(args), args.hd, ring_window(args))
 
     def prefixes(self, pos: int) -> list[torch.Tensor]:
-        """forward's slab inputs for a call at position ``pos``: each slab's first ``pos + 1`` rows."""
-        return [slab[:pos + 1] for slab in self.rows]
+        """forward's slab inputs for a call at position ``pos``: each slab's first ``pos + 1`` rows; a
+        ring whole."""
+        return [slab if self._is_ring(slab) else slab[:pos + 1] for slab in self.slabs]
+
+    def _is_ring(self, slab: torch.Tensor) -> bool:
+        return self.ring > 0 and slab.shape[0] == self.ring + 1
 
     def write(self, pos: int, new_rows) -> None:
         """Store forward's new rows (one ``[n_kv_heads, T, head_dim]`` per layer and key or value, the
-        slabs in order) at positions ``pos`` .. ``pos + T - 1``."""
-        heads = self.rows.shape[0] // len(new_rows)
+        slabs in order) at positions ``pos`` .. ``pos + T - 1``: row p + 1, or 1 + p % W of a ring."""
+        heads = len(self.slabs) // len(new_rows)
         for g, rows in enumerate(new_rows):
             rows = torch.as_tensor(rows)
-            self.rows[g * heads:(g + 1) * heads, pos + 1:pos + 1 + rows.shape[1]] = rows
+            for h in range(heads):
+                slab = self.slabs[g * heads + h]
+                if self._is_ring(slab):
+                    for i in range(rows.shape[1]):  # in order: a later position overwrites an earlier one
+                        slab[1 + (pos + i) % self.ring] = rows[h, i]
+                else:
+                    slab[pos + 1:pos + 1 + rows.shape[1]] = rows[h]
 
     def clear(self) -> None:
-        self.rows.zero_()
+        for slab in self.slabs:
+            slab.zero_()
 
 
 def forward_inputs(tokens, pos: int, cache: KVCache, lora=()) -> tuple[torch.Tensor, ...]:
@@ -354,39 +410,66 @@ class LlamaLoRA(nn.Module):
         self.lm_head = Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        freqs = torch.outer(torch.arange(args.max_seq_len).float(), rope_inv_freq(args))
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("rope_cos", emb.cos(), persistent=False)
-        self.register_buffer("rope_sin", emb.sin(), persistent=False)
+        for name, local in (("rope", False), ("rope_local", True)) if args.sliding_layers else (("rope", False),):
+            freqs = torch.outer(torch.arange(args.max_seq_len).float(), rope_inv_freq(args, local))
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.register_buffer(f"{name}_cos", emb.cos(), persistent=False)
+            self.register_buffer(f"{name}_sin", emb.sin(), persistent=False)
+        self.ring = ring_window(args)
+        # The past length is read from the first slab of a layer over the whole context.
+        first_full = next(i for i in range(args.n_layers) if not self.ring or i not in args.sliding_layers)
+        self.full_slab = 2 * args.n_kv_heads * first_full
         self._cache: KVCache | None = None
         self._lora: tuple[torch.Tensor, ...] = ()
 
+    def _rope(self, name: str, positions: torch.Tensor, scale: float):
+        """(queries' (cos, sin), keys' (cos, sin)) ``[T, 1, hd]``: one rotation per position, for every
+        head; the queries' carry the attention scale, so no layer scales its queries on its own."""
+        cos = getattr(self, f"{name}_cos")[positions].unsqueeze(1)
+        sin = getattr(self, f"{name}_sin")[positions].unsqueeze(1)
+        return (cos * scale, sin * scale), (cos, sin)
+
+    def _bias(self, hidden: torch.Tensor) -> torch.Tensor:
+        """-inf where a query row may not see a key slot (``hidden``: True there), 0 elsewhere, already
+        repeated for the query heads that share a key/value head, so each layer adds it with a
+        broadcast over its leading dimension only."""
+        rep = self.args.n_heads // self.args.n_kv_heads
+        return torch.zeros(hidden.shape).masked_fill(hidden, float("-inf")).repeat(rep, 1).unsqueeze(0)
+
     def forward(self, tokens: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        slabs, lora = inputs[:n_slabs(self.args)], inputs[n_slabs(self.args):]
+        args = self.args
+        slabs, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
         per_layer: list[dict] = [{} for _ in self.model.layers]
         for i, (layer, target) in enumerate(self.lora_slots):
             per_layer[layer][target] = (lora[2 * i], lora[2 * i + 1])
-        t, past = tokens.shape[1], slabs[0].shape[0]
+        t, past = tokens.shape[1], slabs[self.full_slab].shape[0]
         positions = torch.arange(t) + (past - 1)
-        # [t, 1, hd]: one rotation per position, for every head; the queries' tables carry the
-        # attention scale 1 / sqrt(head_dim), so no layer scales its queries on its own.
-        cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
-        scale = 1.0 / math.sqrt(self.args.hd)
-        rope_q, rope_k = (cos * scale, sin * scale), (cos, sin)
-        # -inf where a query position must not see a slot (the sink, or a later one in this chunk),
-        # once per call for every layer, and already repeated for the query heads that share a
-        # key/value head, so each layer adds it with a broadcast over its leading dimension only.
+        scale = args.attn_scale if args.attn_scale is not None else 1.0 / math.sqrt(args.hd)
+        rope = {False: self._rope("rope", positions, scale)}
+        # Hidden: a key slot after the query's position, or the sink (slot s holds position s - 1, this
+        # call's keys follow the past); once per call for all layers of a kind. A sliding layer also
+        # hides the positions W or more before the query's (transformers: key > query - W).
         slots = torch.arange(past + t)
-        mask = (slots.unsqueeze(0) > positions.unsqueeze(1) + 1) | (slots == 0).unsqueeze(0)
-        rep = self.args.n_heads // self.args.n_kv_heads
-        bias = torch.zeros(mask.shape).masked_fill(mask, float("-inf")).repeat(rep, 1).unsqueeze(0)
+        bias = {False: self._bias((slots.unsqueeze(0) > positions.unsqueeze(1) + 1) | (slots == 0).unsqueeze(0))}
+        if args.sliding_layers:
+            rope[True] = self._rope("rope_local", positions, scale)
+            window, query, key = args.sliding_window, positions.unsqueeze(1), (slots - 1).unsqueeze(0)
+            if self.ring:
+                # Ring slot s (1..W) holds the latest position before this call that is s - 1 modulo W,
+                # or none yet (negative); the sink none. The remainder's operand is kept non-negative:
+                # ExecuTorch's int64 remainder takes C's sign, not Python's.
+                s = torch.arange(1, window + 1)
+                ring = (past - 2) - torch.remainder((past - 1 + window) - s, window)
+                key = torch.cat([torch.full((1,), -1), ring, positions]).unsqueeze(0)
+            bias[True] = self._bias((key > query) | (key < 0) | (key <= query - window))
         h = self.model.embed_tokens(tokens)
-        if self.args.embed_scale != 1.0:  # Gemma: sqrt(dim), rounded to float32 as Hugging Face does
-            h = h * self.args.embed_scale
-        n_kv, new_rows = self.args.n_kv_heads, []
+        if args.embed_scale != 1.0:  # Gemma: sqrt(dim), rounded to float32 as Hugging Face does
+            h = h * args.embed_scale
+        n_kv, new_rows = args.n_kv_heads, []
         for i, layer in enumerate(self.model.layers):
             mine = slabs[2 * n_kv * i:2 * n_kv * (i + 1)]
-            h, k, v = layer(h, rope_q, rope_k, bias, mine[:n_kv], mine[n_kv:], per_layer[i])
+            local = i in args.sliding_layers
+            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i])
             new_rows += [k, v]
         h = self.model.norm(h[:, -1, :])
         return (self.lm_head(h), *new_rows)

@@ -85,6 +85,8 @@ class LoadedAdapter:
                     raise UserError(f"{self.pte}: built by an older lora-share (its forward takes input_pos, "
                                     "not cache_positions): rebuild it with this version")
                 self.prefill_chunk = int(program.load_method("get_prefill_chunk").execute([])[0])
+                self.ring = (int(program.load_method("get_sliding_window").execute([])[0])
+                             if "get_sliding_window" in program.method_names else 0)
                 meta = program.metadata("forward")
                 failure = None
             except RuntimeError as e:
@@ -93,7 +95,8 @@ class LoadedAdapter:
             raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
         record = _record(self.pte)
         # The cache first: a program of an earlier contract is refused for its inputs, with the fix.
-        self.cache = _runtime_cache(meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.pte)
+        self.cache = _runtime_cache(meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.ring,
+                                    self.pte)
         if record is not None and not lora:
             record = dataclasses.replace(record, lora=[])
         self.lora = lora_inputs(self.pte, record, shared, meta) if record else []
@@ -162,9 +165,9 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
     return out
 
 
-def _runtime_cache(meta, n_lora: int, max_seq_len: int, pte: Path):
+def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path):
     """The KV cache forward reads in place (model.py): one slab per input between the tokens and
-    the LoRA inputs."""
+    the LoRA inputs; with a sliding window ``ring`` (W), the slab inputs of W + 1 rows are rings."""
     from .model import KVCache
 
     slabs = meta.num_inputs() - 1 - n_lora
@@ -172,7 +175,9 @@ def _runtime_cache(meta, n_lora: int, max_seq_len: int, pte: Path):
     if first is None or first.dtype() != _ET_FLOAT or len(first.sizes()) != 2:
         raise UserError(f"{pte}: built by an older lora-share (its forward takes cache positions, not the "
                         "runtime's KV cache): rebuild it with this version")
-    return KVCache(slabs, max_seq_len, first.sizes()[1])
+    rows = [ring + 1 if ring and meta.input_tensor_meta(1 + j).sizes()[0] == ring + 1 else max_seq_len + 1
+            for j in range(slabs)]
+    return KVCache(rows, first.sizes()[1], ring)
 
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,

@@ -1,4 +1,4 @@
-"""Every model family against transformers + peft: Llama 3.2, Qwen2, Qwen3, Mistral, Gemma, Phi-3.
+"""Every model family against transformers + peft: Llama 3.2, Qwen2, Qwen3, Mistral, Gemma, Gemma 3, Phi-3.
 
 Each family's shipped config, examples/families/<family>.yaml, is built as it is, over the tiny
 checkpoint and PEFT adapters that examples/families/tiny_checkpoints.py writes with the family's
@@ -6,6 +6,9 @@ own transformers class and peft's ``get_peft_model`` (into a temporary copy of t
 config expects). Every adapter is compared with transformers + peft (eager, float32; an
 independent greedy loop of full forwards): 12 greedy tokens equal and the last-position logits
 of every step within 1e-4, through ExecuTorch's Python runtime and through the C++ runner.
+
+Gemma 3's tiny checkpoint has a window of 4 (the prompt is 5 tokens, generation crosses it), so its
+sliding layers' KV slabs are rings of the window in both runtimes.
 
 Also: one program per family build (every adapter written as its data; Phi-3's fused LoRA puts
 one A under q, k and v, stored once), `lora-share add` and dedup hoisting on Phi-3, an 8da4w
@@ -207,6 +210,94 @@ def test_add_to_a_phi3_build(families, tmp_path):
     assert got.tokens == ref.tokens and np.abs(got.logits - ref.logits).max() <= TOL
 
 
+def test_add_to_a_gemma3_build(families, tmp_path):
+    """`lora-share add` of a Gemma 3 PEFT folder is written as data and answers as transformers + peft,
+    through the ring KV cache of its sliding layers."""
+    fb = families("gemma3_text")
+    out = tmp_path / "out"
+    shutil.copytree(fb.build.out_dir, out)
+    r = run_cli("add", "--to", out, f"c={fb.inputs / 'a'}")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["adapters"][-1]["name"] == "c" and manifest["adapters"][-1]["produced"] == "written"
+    got = lora_share.run(out / "c.pte", out / "foundation.ptd", PROMPT, NEW)
+    ref = fb.references["a"]
+    assert got.tokens == ref.tokens and np.abs(got.logits - ref.logits).max() <= TOL
+
+
+def test_gemma3_ring_cache(families):
+    """The sliding layers' slabs are rings of window + 1 rows in the exported program and the Python
+    runtime; the full-attention layer's cover the context."""
+    from lora_share.runtime import LoadedAdapter
+
+    fb = families("gemma3_text")
+    args = fb.build.manifest["foundation"]["args"]
+    assert list(args["sliding_layers"]) == [0, 2] and args["sliding_window"] == 4 and args["max_seq_len"] == 32
+    adapter = LoadedAdapter(fb.build.ptes["a"], fb.build.ptd)
+    assert adapter.ring == 4
+    rows = [slab.shape[0] for slab in adapter.cache.slabs]  # one KV head: layer 0 K, V, layer 1 K, V, ...
+    assert rows == [5, 5, 33, 33, 5, 5]
+
+
+def _eager_greedy_logits(inputs: Path, args_edit=None, chunk: int | None = None) -> tuple[np.ndarray, Reference]:
+    """The eager model's logits of every step of the reference's greedy continuation, the prompt fed in
+    chunks of ``chunk`` tokens (all at once by default), ``args_edit`` applied to its ModelArgs."""
+    from lora_share.adapters import load_peft
+    from lora_share.config import FoundationConfig
+    from lora_share.eager import eager_model
+    from lora_share.foundation import load_foundation
+
+    foundation = load_foundation(FoundationConfig(checkpoint=inputs / "model", max_seq_len=32))
+    if args_edit:
+        foundation.args = replace(foundation.args, **args_edit)
+    model = eager_model(foundation, load_peft("a", inputs / "a", foundation.args))
+    ref = hf_greedy(inputs / "model", inputs / "a")
+    rows, pos, feed = [], 0, PROMPT
+    with torch.no_grad():
+        for token in ref.tokens:
+            step = chunk or len(feed)
+            for i in range(0, len(feed), step):
+                logits = model.step(feed[i:i + step], pos)
+                pos += len(feed[i:i + step])
+            rows.append(logits.numpy())
+            feed = [token]
+    return np.stack(rows), ref
+
+
+def test_gemma3_window_and_local_rope_matter(tmp_path):
+    """The comparisons above can tell a lost window or local RoPE base: without either, the eager model
+    is far from transformers; with both, chunked prefill (chunks of 2 and 3 through the ring) is exact."""
+    inputs = write_family("gemma3_text", tmp_path)
+    for chunk in (2, 3):
+        got, ref = _eager_greedy_logits(inputs, chunk=chunk)
+        assert np.abs(got - ref.logits).max() <= TOL
+    for edit in ({"sliding_window": 64}, {"local_rope_theta": 1000000.0}):
+        got, ref = _eager_greedy_logits(inputs, edit)
+        assert np.abs(got - ref.logits).max() > 0.05, edit
+
+
+def test_gemma3_every_layer_sliding(tmp_path):
+    """With no full-attention layer (the past length cannot be read off one) the sliding layers keep
+    whole-context slabs, masked to the window: still transformers' numbers. transformers 4's config
+    keys (rope_local_base_freq, the sliding pattern without layer_types) are read as transformers does."""
+    from lora_share.model import ring_window
+
+    spec = SPECS["gemma3_text"]
+    config = {k: v for k, v in spec.config.items() if k not in ("layer_types", "rope_parameters")}
+    config.update(num_hidden_layers=2, rope_theta=1000000.0, rope_local_base_freq=100.0)
+    inputs = write_checkpoint(replace(spec, config=config), tmp_path)
+    data = json.loads((inputs / "model" / "config.json").read_text())
+    data.pop("layer_types"), data.pop("rope_parameters")  # as a transformers 4 config.json has neither
+    data.update(rope_theta=1000000.0, rope_local_base_freq=100.0, sliding_window_pattern=6)
+    (inputs / "model" / "config.json").write_text(json.dumps(data))
+    got, ref = _eager_greedy_logits(inputs)
+    from lora_share.foundation import hf_model_args
+
+    args = hf_model_args(inputs / "model" / "config.json", 32)
+    assert args.sliding_layers == (0, 1) and args.local_rope_theta == 100.0 and ring_window(args) == 0
+    assert np.abs(got - ref.logits).max() <= TOL
+
+
 @pytest.fixture(scope="module")
 def phi3_hoisted(families, tmp_path_factory) -> Build:
     """Phi-3 adapter b twice with dedup.shared_adapter_tensors: hoist: every tensor (A once per fused
@@ -333,7 +424,12 @@ REFUSED = {
     # case: (family whose config.json is edited, the edits, the field named, its value as shown)
     "unknown_model_type": ("llama", {"model_type": "falcon"}, "model_type", "'falcon'"),
     "gemma2": ("gemma", {"model_type": "gemma2"}, "model_type", "'gemma2'"),
-    "gemma3_text": ("gemma", {"model_type": "gemma3_text"}, "model_type", "'gemma3_text'"),
+    "gemma3_multimodal": ("gemma", {"model_type": "gemma3"}, "model_type", "'gemma3'"),
+    "gemma3_layer_types": ("gemma3_text", {"layer_types": ["sliding_attention"]}, "layer_types", "['sliding"),
+    "gemma3_local_rope_scaled": ("gemma3_text", {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}}},
+        "rope_parameters", "'linear'"),
     "mistral_sliding_window": ("mistral", {"sliding_window": 16}, "sliding_window", "16"),
     "qwen2_sliding_window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0,
                                        "layer_types": _DELETE}, "sliding_window", "16"),
@@ -381,3 +477,24 @@ def test_refused_field(case, tmp_path):
     assert len(errors) == 1 and r.stderr.rstrip().splitlines()[-1] == errors[0], r.stderr
     assert errors[0].startswith(f"error: {config_json}: {field}: {value}"), errors[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_synthetic_gemma3_at_the_270m_shape():
+    """bench-scale's gemma3-270m shape: a synthetic foundation with Gemma 3's switches, 268 M parameters
+    (the real model's count), and a KV cache at context 2,048 of 3 full-context layers and 15 rings of
+    512 (issue 25's bound: 27 MiB + 1 MiB, against 72 MiB with every layer over the context)."""
+    from lora_share.bench.scale import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
+    from lora_share.builder import _args_dict
+    from lora_share.config import SyntheticFoundation
+    from lora_share.foundation import synthetic_args
+
+    shape = SHAPES["gemma3-270m"].foundation
+    args = synthetic_args(SyntheticFoundation(**shape), 2048)
+    assert args.model_type == "gemma3_text" and args.sandwich_norms and args.qk_norm and args.norm_offset == 1.0
+    assert args.sliding_layers == tuple(i for i in range(18) if i % 6 != 5) and args.sliding_window == 512
+    assert args.attn_scale == 256 ** -0.5 and args.local_rope_theta == 10000.0
+    assert 268_000_000 < fp32_foundation_bytes(shape) / 4 < 268_200_000
+    row = 256 * 4  # one position of one slab: head_dim floats
+    d = _args_dict(args)
+    assert kv_cache_bytes(d) == row * 2 * (3 * 2049 + 15 * 513) <= 28 * 1024 * 1024
+    assert full_kv_cache_bytes(d) == row * 2 * 18 * 2049

@@ -63,8 +63,9 @@ ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
                                      ids_.data(), ScalarType::Long));
   for (int64_t j = 0; j < kv.slabs; ++j)
     tensors_.push_back(make_tensor_ptr(
-        {static_cast<SizesType>(pos + 1), static_cast<SizesType>(kv.head_dim)},
-        cache.data + j * kv.slab_floats(), ScalarType::Float));
+        {static_cast<SizesType>(kv.is_ring[j] ? kv.ring + 1 : pos + 1),
+         static_cast<SizesType>(kv.head_dim)},
+        cache.data + kv.offsets[j], ScalarType::Float));
   for (const TensorPtr& t : tensors_) values_.emplace_back(*t);
   for (const TensorPtr& t : lora) values_.emplace_back(*t);
 }
@@ -102,7 +103,8 @@ Status logits_from_output(const EValue& value, int64_t vocab_size,
 
 // Output g + 1 holds the rows for positions pos..pos+count-1 of slabs
 // g * heads.. (g * heads + heads - 1), slab by slab; each slab's block goes to
-// its rows pos+1.., where the next call's slab input reads them.
+// its rows pos+1.., where the next call's slab input reads them; a ring's
+// rows to 1 + p % W, of which only the last W positions survive anyway.
 Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
                       int64_t pos, size_t count, const std::string& what) {
   const KvLayout& kv = cache.layout;
@@ -119,9 +121,18 @@ Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
                              std::to_string(g * heads) + ".." +
                              std::to_string(g * heads + heads - 1) + ")");
     const float* block = value.toTensor().const_data_ptr<float>();
+    size_t row = static_cast<size_t>(kv.head_dim);
     for (int64_t h = 0; h < heads; ++h) {
-      float* rows = cache.data + (g * heads + h) * kv.slab_floats() + (pos + 1) * kv.head_dim;
-      std::memcpy(rows, block + h * floats, floats * sizeof(float));
+      int64_t slab = g * heads + h;
+      float* base = cache.data + kv.offsets[slab];
+      if (!kv.is_ring[slab]) {
+        std::memcpy(base + (pos + 1) * row, block + h * floats, floats * sizeof(float));
+        continue;
+      }
+      int64_t n = static_cast<int64_t>(count);
+      for (int64_t i = n > kv.ring ? n - kv.ring : 0; i < n; ++i)
+        std::memcpy(base + (1 + (pos + i) % kv.ring) * row, block + h * floats + i * row,
+                    row * sizeof(float));
     }
   }
   return Status();
@@ -129,18 +140,18 @@ Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
 
 }  // namespace
 
-size_t KvLayout::slab_floats() const {
-  return static_cast<size_t>(max_seq_len + 1) * static_cast<size_t>(head_dim);
+int64_t KvLayout::rows(int64_t slab) const {
+  return is_ring[slab] ? ring + 1 : max_seq_len + 1;
 }
 
 int64_t KvLayout::slabs_per_group() const { return groups > 0 ? slabs / groups : 0; }
 
-size_t KvLayout::floats() const { return static_cast<size_t>(slabs) * slab_floats(); }
+size_t KvLayout::floats() const { return offsets.empty() ? 0 : offsets.back(); }
 
 size_t KvLayout::bytes() const { return floats() * sizeof(float); }
 
 StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len,
-                                  size_t lora_inputs, const std::string& pte) {
+                                  int64_t ring, size_t lora_inputs, const std::string& pte) {
   size_t inputs = forward.num_inputs() >= lora_inputs ? forward.num_inputs() - lora_inputs : 0;
   if (inputs < 2)
     return Status::failure(pte + ": forward takes " + std::to_string(inputs) +
@@ -150,11 +161,24 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
   if (first.ok() && first->scalar_type() == ScalarType::Long)
     return cache_positions_program(pte);
   if (!first.ok() || !is_slab(first.get())) return not_a_slab(pte, 1);
+  if (max_seq_len < 1)
+    return Status::failure(pte + ": get_max_seq_len() returned " +
+                           std::to_string(max_seq_len) + "; it must be at least 1");
+  if (ring < 0 || (ring > 0 && ring + 1 >= max_seq_len))
+    return Status::failure(pte + ": get_sliding_window() returned " + std::to_string(ring) +
+                           "; a ring is shorter than max_seq_len - 1 (" +
+                           std::to_string(max_seq_len - 1) + ")");
   KvLayout layout{static_cast<int64_t>(inputs - 1), first->sizes()[1], max_seq_len};
-  for (size_t i = 2; i < inputs; ++i) {
+  layout.ring = ring;
+  layout.offsets.push_back(0);
+  for (size_t i = 1; i < inputs; ++i) {
     auto info = forward.input_tensor_meta(i);
     if (!info.ok() || !is_slab(info.get()) || info->sizes()[1] != layout.head_dim)
       return not_a_slab(pte, i);
+    // A ring's input is W + 1 rows; every other slab's at most max_seq_len.
+    layout.is_ring.push_back(ring > 0 && info->sizes()[0] == ring + 1);
+    size_t rows = static_cast<size_t>(layout.rows(static_cast<int64_t>(i) - 1));
+    layout.offsets.push_back(layout.offsets.back() + rows * static_cast<size_t>(layout.head_dim));
   }
   size_t groups = forward.num_outputs() > 1 ? forward.num_outputs() - 1 : 0;
   if (groups == 0 || layout.slabs % static_cast<int64_t>(groups) != 0)
@@ -164,9 +188,6 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
                            " KV slabs; the export contract returns the logits and one "
                            "tensor of new rows per layer and key or value");
   layout.groups = static_cast<int64_t>(groups);
-  if (max_seq_len < 1)
-    return Status::failure(pte + ": get_max_seq_len() returned " +
-                           std::to_string(max_seq_len) + "; it must be at least 1");
   return layout;
 }
 

@@ -33,21 +33,29 @@ namespace lora_share {
 // rows of head_dim floats. Position p lives at row p + 1. Row 0 of every slab
 // is a sink row that stays zero: the program masks it, and it exists only so
 // that a slab input is never empty (it is all there is at position 0).
+// A program with get_sliding_window (W, `ring`; Gemma 3's sliding layers)
+// takes those layers' slabs as rings of W + 1 rows, passed whole on every
+// call: position p lives at row 1 + p % W, and the program masks the rows
+// outside each query's window from the past length it reads off the others.
 struct KvLayout {
   int64_t slabs = 0, head_dim = 0, max_seq_len = 0;
   int64_t groups = 0;  // new-rows outputs: one per layer and K or V
+  int64_t ring = 0;    // W, or 0: no ring slabs
+  std::vector<bool> is_ring;    // per slab
+  std::vector<size_t> offsets;  // per slab, its first float; then the end
   int64_t slabs_per_group() const;  // the KV heads
-  size_t slab_floats() const;  // (max_seq_len + 1) * head_dim
+  int64_t rows(int64_t slab) const;  // ring + 1 or max_seq_len + 1
   size_t floats() const;       // the whole cache
   size_t bytes() const;
 };
 
 // forward's KV layout, read from its method meta (N = inputs - 1 -
-// `lora_inputs`, hd = input 1's second dimension); refuses a program whose
-// inputs and outputs do not follow the contract above, and names the fix for
-// one built before it.
+// `lora_inputs`, hd = input 1's second dimension; with `ring` W > 0, the
+// slab inputs of W + 1 rows are rings); refuses a program whose inputs and
+// outputs do not follow the contract above, and names the fix for one built
+// before it.
 StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward,
-                                  int64_t max_seq_len, size_t lora_inputs,
+                                  int64_t max_seq_len, int64_t ring, size_t lora_inputs,
                                   const std::string& pte);
 
 // A KV cache: layout.floats() floats at `data`, zeroed when allocated and

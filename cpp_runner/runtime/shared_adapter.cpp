@@ -88,7 +88,13 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
   if (!shapes.ok()) return shapes.status();
   lora_shapes_ = std::move(shapes.value());
   zeros_.assign(zero_floats_needed(lora_shapes_), 0.0f);
-  auto layout = read_kv_layout(forward.get(), max_seq_len_, 2 * lora_slots, pte);
+  int64_t ring = 0;  // get_sliding_window only in programs whose sliding layers keep a ring
+  if (program_->method_meta("get_sliding_window").ok()) {
+    auto window = run_constant_method("get_sliding_window");
+    if (!window.ok()) return window.status();
+    ring = window.value();
+  }
+  auto layout = read_kv_layout(forward.get(), max_seq_len_, ring, 2 * lora_slots, pte);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
   planned_sizes_ = {kv_.layout.bytes()};

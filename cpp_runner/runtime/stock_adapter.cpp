@@ -118,7 +118,14 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
 Status StockAdapter::allocate_kv_cache() {
   auto meta = module_->method_meta("forward");
   if (!meta.ok()) return Status::failure(pte_path_ + ": the program has no method 'forward'");
-  auto layout = read_kv_layout(meta.get(), max_seq_len_, lora_.size(), pte_path_);
+  int64_t ring = 0;  // get_sliding_window only in programs whose sliding layers keep a ring
+  auto methods = module_->method_names();
+  if (methods.ok() && methods->count("get_sliding_window")) {
+    auto window = run_constant_method("get_sliding_window");
+    if (!window.ok()) return window.status();
+    ring = window.value();
+  }
+  auto layout = read_kv_layout(meta.get(), max_seq_len_, ring, lora_.size(), pte_path_);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
   kv_storage_.assign(kv_.layout.floats(), 0.0f);

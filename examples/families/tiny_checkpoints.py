@@ -74,6 +74,17 @@ SPECS = {
                                        "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True},
                   {"a": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear",
                          "exclude_modules": ["up_proj"]}}, seed=50, embedding_std=0.3 * 96**-0.5),
+    # Gemma 3's text model: q/k norms, four norms per layer, query_pre_attn_scalar, sliding layers with
+    # their own RoPE base and a window of 4 (tests/test_families.py's prompt is longer, and generation
+    # crosses it), the second layer over the whole context; one key/value head, tied embeddings;
+    # LoRA on all seven linears.
+    "gemma3_text": Spec("Gemma3ForCausalLM", {
+        **_TINY, "hidden_size": 96, "num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
+        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "query_pre_attn_scalar": 24,
+        "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
+        {"a": {"r": 4, "lora_alpha": 8, "target_modules": _ALL}}, seed=70, embedding_std=0.3 * 96**-0.5),
     # Phi-3's layout: fused qkv_proj and gate_up_proj, untied, LoRA on the fused linears. Two
     # adapters of one recipe, one program (each one's A is shared by q, k and v).
     "phi3": Spec("Phi3ForCausalLM", {**_TINY, "tie_word_embeddings": False, "sliding_window": 48},

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -90,6 +91,15 @@ SHAPES = {
         # Llama-3.2-1B's shape (synthetic weights): 1.24 B parameters, 4.9 GB in fp32.
         big={"dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "hidden_dim": 8192,
              "vocab_size": 128256, "tie_embeddings": True, "seed": 0}),
+    # Gemma-3-270M's shape (synthetic weights): 18 layers, every sixth over the whole context and the
+    # others over a 512-token window (their KV cache a ring of it), head_dim 256, one KV head, a
+    # 262,144-token tied vocabulary (168 M of its 268 M parameters).
+    "gemma3-270m": Shape(
+        foundation={"model_type": "gemma3_text", "dim": 640, "n_layers": 18, "n_heads": 4, "n_kv_heads": 1,
+                    "head_dim": 256, "hidden_dim": 2048, "vocab_size": 262144, "tie_embeddings": True,
+                    "sliding_window": 512, "norm_eps": 1e-6, "rope_theta": 1000000.0, "seed": 0},
+        context=2048, short_context=128, prefill_chunk=128, prompt_tokens=1000, new_tokens=64,
+        speed_new_tokens=33, near_start=10),
     "tiny": Shape(
         foundation={"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
                     "vocab_size": 256, "tie_embeddings": True, "seed": 0},
@@ -120,13 +130,19 @@ def _variant_foundation(shape: Shape, variant: str, context: int, synthetic: dic
     return out
 
 
+def _synthetic_args(synthetic: dict, context: int):
+    """The ModelArgs of a synthetic foundation (its family's switches included)."""
+    from ..config import SyntheticFoundation
+    from ..foundation import synthetic_args
+
+    return synthetic_args(SyntheticFoundation(**synthetic), context)
+
+
 def fp32_foundation_bytes(synthetic: dict) -> int:
     """Bytes of a synthetic foundation's weights in float32 (model.py's parameter shapes)."""
-    d, layers, heads, kv, hidden, vocab = (synthetic[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads",
-                                                                   "hidden_dim", "vocab_size"))
-    hd = d // heads
-    per_layer = d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * hidden + 2 * d
-    return 4 * (layers * per_layer + vocab * d * (1 if synthetic.get("tie_embeddings") else 2) + d)
+    from ..foundation import expected_shapes
+
+    return 4 * sum(math.prod(shape) for shape in expected_shapes(_synthetic_args(synthetic, 8)).values())
 
 
 @dataclass
@@ -209,7 +225,15 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
 
 def kv_cache_bytes(args: dict) -> int:
     """Bytes of the runtime's fp32 KV cache for one program (model.py): keys and values of every layer
-    and key/value head for every context position, plus each slab's sink row."""
+    and key/value head for every context position, plus each slab's sink row; a sliding layer's slabs
+    are rings of its window (model.slab_rows)."""
+    from ..model import ModelArgs, slab_rows
+
+    return sum(slab_rows(ModelArgs(**args))) * args["head_dim"] * 4
+
+
+def full_kv_cache_bytes(args: dict) -> int:
+    """The same cache with every layer over the whole context (no rings): the yardstick for the rings."""
     return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * (args["max_seq_len"] + 1) * 4
 
 
@@ -315,6 +339,8 @@ def checks(result: dict) -> list[dict]:
                 ratio = sp[key] / exact["speed"][key]
                 add(f"{name} / {exact['name']}: decode at ~{where}", f"{ratio:.2f}", f">= {WIDE_SPEED}",
                     ratio >= WIDE_SPEED)
+    if result["shape"]["name"] == "gemma3-270m":
+        gemma3_checks(result, add)
     for b in (result.get("big") or {}).get("builds", []):
         limit = BUILD_RSS_FACTOR * b["fp32_bytes"] + BUILD_RSS_SLACK
         add(f"large shape, {b['name']}: build peak RSS (fp32 foundation {b['fp32_bytes'] / 1e9:.2f} GB; "
@@ -334,6 +360,32 @@ def checks(result: dict) -> list[dict]:
             f"{sp['prefill_tokens_per_s']:.1f}", f">= {TARGET_PREFILL:.0f}",
             sp["prefill_tokens_per_s"] >= TARGET_PREFILL, enforced=False)
     return rows
+
+
+# Gemma 3 (issue 25): the KV cache of 3 full-context layers + 15 rings of 512 at context 2,048, fp32
+# (27 MiB + 1 MiB); each extra adapter within 1.2 x its .pte + 4 MiB; the 8da4w foundation.ptd
+# within 260 MB (the real model's Q4_K_M GGUF: 253 MB).
+GEMMA3_KV_BOUND = 28 * MIB
+GEMMA3_PTE_FACTOR, GEMMA3_PTE_SLACK = 1.2, 4 * MIB
+GEMMA3_PTD_8DA4W = 260e6
+
+
+def gemma3_checks(result: dict, add) -> None:
+    """The gemma3-270m shape's own bounds (above), beside the checks every shape has."""
+    for v in result["variants"]:
+        name, one = v["name"], v["memory"][0]
+        add(f"{name}: KV cache bytes at context {result['shape']['context']} (rings of the window; every "
+            f"layer over the context: {v['full_kv_cache_bytes'] / MIB:.1f} MiB)", f"{v['kv_cache_bytes'] / MIB:.1f} MiB",
+            f"{GEMMA3_KV_BOUND / MIB:.0f} MiB", v["kv_cache_bytes"] <= GEMMA3_KV_BOUND)
+        for row in v["memory"][1:]:
+            grew = (row["shared"]["served"]["pss_kb"] - one["shared"]["served"]["pss_kb"]) * 1024 / (
+                row["adapters"] - one["adapters"])
+            bound = GEMMA3_PTE_FACTOR * v["pte_bytes"] + GEMMA3_PTE_SLACK
+            add(f"{name}: PSS per adapter after the first, {row['adapters']} served, against its .pte",
+                f"{grew / MIB:.2f} MiB", f"{bound / MIB:.2f} MiB (1.2 x .pte + 4 MiB)", grew <= bound)
+        if name == "8da4w":
+            add("8da4w: foundation.ptd", f"{v['ptd_bytes'] / 1e6:.1f} MB", f"{GEMMA3_PTD_8DA4W / 1e6:.0f} MB",
+                v["ptd_bytes"] <= GEMMA3_PTD_8DA4W)
 
 
 def run_scale(shape_name: str, variants: list[str], counts: list[int], runner: Path, workdir: Path,
@@ -376,6 +428,7 @@ def run_scale(shape_name: str, variants: list[str], counts: list[int], runner: P
         result_variants.append({
             "name": d.name, "envelope": d.manifest["program"]["envelope"], "ptd_bytes": d.manifest["foundation"]["size"],
             "pte_bytes": max(p.stat().st_size for p in d.ptes), "kv_cache_bytes": kv_cache_bytes(args),
+            "full_kv_cache_bytes": full_kv_cache_bytes(args),
             "lora_bytes": max(a["lora_bytes"] for a in d.manifest["adapters"]),
             "adapter_bound_bytes": max(adapter_bound_bytes(p) for p in d.ptes[1:] or d.ptes),
             "export_s": d.export_s, "build_peak_rss": d.build_peak_rss,
@@ -419,7 +472,8 @@ def markdown(result: dict) -> str:
         env = v["envelope"]
         lines += [f"## {v['name']}: foundation.ptd {v['ptd_bytes'] / 1e6:.1f} MB, adapter .pte "
                   f"{v['pte_bytes'] / 1e6:.2f} MB (own LoRA tensors {v['lora_bytes'] / 1e6:.2f} MB), KV cache "
-                  f"{v['kv_cache_bytes'] / MIB:.1f} MiB per program", "",
+                  f"{v['kv_cache_bytes'] / MIB:.1f} MiB per program (every layer over the whole context: "
+                  f"{v['full_kv_cache_bytes'] / MIB:.1f} MiB)", "",
                   f"LoRA envelope: {', '.join(env['targets'])} up to rank {env['max_rank']}. Build: export "
                   f"{v['export_s']:.0f} s, peak RSS {v['build_peak_rss'] / 1e9:.2f} GB.", "",
                   "PSS in MiB (one process, shared arena | one process, an arena per program | "
