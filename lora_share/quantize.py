@@ -21,7 +21,9 @@ torchao's ``quantize_``:
 - lm_head int8: the output projection as int8 with one scale per row (XNNPACK's
   per-channel 8-bit kernel), for an embedding stored at 8 bits or more.
 - embedding int8: one int8 row per token with a float32 scale per row, run by
-  ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel.
+  ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; int4: a scale per
+  ``group_size`` of a row, run by its ``embedding_4bit`` kernel (half the bytes,
+  for a large vocabulary such as Gemma 3's 262k).
 
 LoRA A and B are never touched: they stay float32. How far quantization moves
 the logits is measured by quant_error.py.
@@ -119,10 +121,12 @@ def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
                                                       intx_choose_qparams_algorithm="affine"),
                 filter_fn=lambda m, fqn: fqn == "lm_head",
             )
-        if qcfg.embedding == "int8":
+        if qcfg.embedding is not None:
+            int4_rows = qcfg.embedding == "int4"
             quantize_(
                 model,
-                IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0),
+                IntxWeightOnlyConfig(weight_dtype=torch.int4 if int4_rows else torch.int8,
+                                     granularity=PerGroup(qcfg.group_size) if int4_rows else PerAxis(0),
                                      intx_choose_qparams_algorithm="affine"),
                 filter_fn=lambda m, fqn: isinstance(m, nn.Embedding),
             )

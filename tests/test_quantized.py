@@ -89,7 +89,7 @@ def _tiny_foundation(quantize: dict | None, **synthetic):
 def test_config_errors_have_key_paths(tmp_path):
     bad = {
         "synthetic": {"dim": 96, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128, "vocab_size": 64},
-        "quantize": {"scheme": "8da3w", "group_size": 64, "embedding": "int4", "groupsize": 32},
+        "quantize": {"scheme": "8da3w", "group_size": 64, "embedding": "int2", "groupsize": 32},
     }
     path = write_config(tmp_path, bad, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2,
                                                                     "target_modules": ["q_proj"]}}])
@@ -98,7 +98,7 @@ def test_config_errors_have_key_paths(tmp_path):
     problems = e.value.problems
     assert any(p.startswith("foundation.quantize.scheme: '8da3w' is not one of 8da4w") and "did you mean '8da4w'" in p
                for p in problems), problems
-    assert any(p.startswith("foundation.quantize.embedding: 'int4' is not one of int8") for p in problems), problems
+    assert any(p.startswith("foundation.quantize.embedding: 'int2' is not one of int8, int4") for p in problems), problems
     assert any(p.startswith("foundation.quantize.groupsize: unknown key; did you mean 'group_size'") for p in problems)
     assert "foundation.quantize.group_size: 64 does not divide synthetic.dim 96 (a linear's input width)" in problems
     bad["quantize"] = {"scheme": "8da4w", "group_size": 48}
@@ -401,14 +401,15 @@ def test_asymmetric_quantized_model_holds_q4_1_weights_exactly():
 @pytest.fixture(scope="module")
 def asym_build(tmp_path_factory):
     folder = tmp_path_factory.mktemp("asymmetric")
-    foundation = {**Q_FOUNDATION, "quantize": {**ASYM, "embedding": "int8"},
+    foundation = {**Q_FOUNDATION, "quantize": {**ASYM, "embedding": "int4"},
                   "synthetic": {**Q_FOUNDATION["synthetic"], "dim": 256, "hidden_dim": 512}}
     return build_config(write_config(folder, foundation, Q_ADAPTERS[:2], name="asymmetric"))
 
 
 def test_asymmetric_export_matches_its_eager_model(runner_bin, asym_build, tmp_path):
-    """The asymmetric grid's offsets linear runs inside the export: lora_share.run and build/runner give
-    the eager quantized model's logits (same criteria as the symmetric build) and each other's."""
+    """The asymmetric grid's offsets linear runs inside the export, and the int4 embedding in ExecuTorch's
+    embedding_4bit kernel: lora_share.run and build/runner give the eager quantized model's logits (same
+    criteria as the symmetric build) and each other's."""
     from test_cpp_runner import all_ptes, ids, run_runner
 
     cfg = lora_share.validate(asym_build.config)
