@@ -138,7 +138,8 @@ system-deps-arm64: system-deps
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(ARM64_DEBS); }
 
 # The aarch64 wheel's lib/, include/ and share/cmake/: the same C++ runtime and CMake config as x86's.
-$(ET_AARCH64_CONFIG): pyproject.toml | $(SETUP_STAMP)
+# Cached per version: the folder is named after it, so a new pin downloads its own.
+$(ET_AARCH64_CONFIG): | $(SETUP_STAMP)
 	rm -rf $(ET_AARCH64) $(ET_AARCH64).tmp && mkdir -p $(ET_AARCH64).tmp
 	$(PY) -m pip download -q --no-deps --only-binary :all: --platform manylinux_2_28_aarch64 \
 	  --python-version 3.11 executorch==$(ET_VERSION) -d $(ET_AARCH64).tmp

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, TEXT_ADAPTER, TINY_ADAPTERS, TINY_FOUNDATION, build_config, write_config
+from conftest import REPO, TEXT_ADAPTER, TINY_ADAPTERS, TINY_FOUNDATION, TINY_UNTIED, build_config, write_config
 from devices import ARM64_DIR, build_c_app, chat_once, command, elf_machine, run
 
 pytestmark = pytest.mark.arm64
@@ -25,9 +25,10 @@ LOGITS_TOL = 1e-4
 PROMPT = [1, 17, 42, 7, 99]
 NEW = 8
 TEXT = "The quick brown fox jumps over the lazy dog."
-# The tiny foundation with 8da4w linears (4-bit weights in groups of 32, 8-bit dynamic activations)
-# and an int8 embedding: XNNPACK's quantized kernels, a different code path on NEON than on AVX.
-TINY_8DA4W = {"synthetic": TINY_FOUNDATION, "max_seq_len": 32,
+# The untied tiny foundation (TINY_UNTIED: greedy tokens that tell adapters apart), fp32 and with 8da4w
+# linears (4-bit weights in groups of 32, 8-bit dynamic activations) and an int8 embedding: XNNPACK's
+# quantized kernels, another code path on NEON than on AVX.
+TINY_8DA4W = {"synthetic": TINY_UNTIED, "max_seq_len": 32,
               "quantize": {"scheme": "8da4w", "group_size": 32, "embedding": "int8"}}
 
 
@@ -45,8 +46,8 @@ def tiny_8da4w_build(tmp_path_factory):
 
 
 @pytest.fixture(params=["fp32", "8da4w"])
-def deployment(request, tiny_build, tiny_8da4w_build):
-    return {"fp32": tiny_build, "8da4w": tiny_8da4w_build}[request.param]
+def deployment(request, untied_build, tiny_8da4w_build):
+    return {"fp32": untied_build, "8da4w": tiny_8da4w_build}[request.param]
 
 
 def test_every_program_is_aarch64(arm64_bin):
@@ -63,7 +64,7 @@ def generate(binary, build, adapter, folder, arch):
 
 
 def test_logits_and_tokens_equal_the_x86_runners(arm64_bin, runner_bin, deployment, tmp_path):
-    rows = {}
+    rows, greedy = {}, set()
     for adapter in deployment.ptes:
         x86_tokens, x86_logits = generate(runner_bin, deployment, adapter, tmp_path, "x86_64")
         arm_tokens, arm_logits = generate(arm64_bin / "runner", deployment, adapter, tmp_path, "aarch64")
@@ -72,6 +73,8 @@ def test_logits_and_tokens_equal_the_x86_runners(arm64_bin, runner_bin, deployme
         diff = float(np.abs(arm_logits - x86_logits).max())
         assert diff <= LOGITS_TOL, (adapter, diff)
         rows[adapter] = x86_logits
+        greedy.add(tuple(x86_tokens))
+    assert len(greedy) == len(deployment.ptes) and all(len(set(t)) > 1 for t in greedy)  # tokens that tell
     # The adapters change the logits far beyond the tolerance, so a runtime that dropped one would fail.
     first, *others = rows.values()
     assert all(np.abs(first - other).max() > 100 * LOGITS_TOL for other in others)
@@ -93,11 +96,11 @@ def test_text_in_text_out(arm64_bin, runner_bin, text_build):
             == run(REPO / "build/tokenize", "--tokenizer", tokenizer, stdin=lines).stdout)
 
 
-def test_serve_with_two_adapters(arm64_bin, runner_bin, tiny_build):
-    a, b = list(tiny_build.ptes)[:2]
+def test_serve_with_two_adapters(arm64_bin, runner_bin, untied_build):
+    a, b = list(untied_build.ptes)[:2]
     lines = "".join(f"{name}\t{ids}\n" for name, ids in [(a, "1,17,42"), (b, "1,17,42"), (a, "5,6"), (b, "9")])
-    args = ("--ptd", tiny_build.ptd, "--pte", tiny_build.ptes[a], "--pte", tiny_build.ptes[b], "--serve",
-            "--max-new-tokens", NEW)
+    args = ("--ptd", untied_build.ptd, "--pte", untied_build.ptes[a], "--pte", untied_build.ptes[b],
+            "--serve", "--max-new-tokens", NEW)
     answers = {arch: [json.loads(line) for line in run(binary, *args, arch=arch, stdin=lines).stdout.splitlines()]
                for arch, binary in (("x86_64", runner_bin), ("aarch64", arm64_bin / "runner"))}
     assert len(answers["aarch64"]) == len(answers["x86_64"]) == 4
@@ -106,12 +109,12 @@ def test_serve_with_two_adapters(arm64_bin, runner_bin, tiny_build):
     assert answers["x86_64"][0]["tokens"] != answers["x86_64"][1]["tokens"]  # two adapters, two answers
 
 
-def test_c_example(arm64_bin, runner_bin, tiny_build, tmp_path):
+def test_c_example(arm64_bin, runner_bin, untied_build, tmp_path):
     c_app = build_c_app(arm64_bin / "install", tmp_path / "c_app", arch="aarch64")
     assert elf_machine(c_app) == "AArch64"
-    for name, pte in tiny_build.ptes.items():
-        arm = run(c_app, tiny_build.ptd, pte, "1,17,42", NEW, arch="aarch64").stdout.split()
-        x86 = json.loads(run(runner_bin, "--ptd", tiny_build.ptd, "--pte", pte, "--tokens", "1,17,42",
+    for name, pte in untied_build.ptes.items():
+        arm = run(c_app, untied_build.ptd, pte, "1,17,42", NEW, arch="aarch64").stdout.split()
+        x86 = json.loads(run(runner_bin, "--ptd", untied_build.ptd, "--pte", pte, "--tokens", "1,17,42",
                              "--max-new-tokens", NEW, "--json").stdout)["tokens"]
         assert [int(t) for t in arm] == x86, name
 

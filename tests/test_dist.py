@@ -86,17 +86,18 @@ def x86_tokens(runner_bin, build, adapter, prompt="1,17,42") -> list[int]:
                           "--max-new-tokens", NEW, "--json").stdout)["tokens"]
 
 
-def test_runs_a_deployment_with_no_environment(bundle, runner_bin, tiny_build):
+def test_runs_a_deployment_with_no_environment(bundle, runner_bin, untied_build):
     arch, root = bundle
-    args = ["--ptd", tiny_build.ptd, "--serve", "--max-new-tokens", NEW]
-    for pte in tiny_build.ptes.values():
+    args = ["--ptd", untied_build.ptd, "--serve", "--max-new-tokens", NEW]
+    for pte in untied_build.ptes.values():
         args += ["--pte", pte]
-    lines = "".join(f"{name}\t1,17,42\n" for name in tiny_build.ptes)
+    lines = "".join(f"{name}\t1,17,42\n" for name in untied_build.ptes)
     answers = [json.loads(line) for line in
                run(root / "bin/runner", *args, arch=arch, env={}, stdin=lines).stdout.splitlines()]
-    assert [a["adapter"] for a in answers] == list(tiny_build.ptes)
+    assert [a["adapter"] for a in answers] == list(untied_build.ptes)
     for answer in answers:
-        assert answer["tokens"] == x86_tokens(runner_bin, tiny_build, answer["adapter"]), answer["adapter"]
+        assert answer["tokens"] == x86_tokens(runner_bin, untied_build, answer["adapter"]), answer["adapter"]
+    assert len({tuple(a["tokens"]) for a in answers}) == len(answers)  # each adapter its own answer
 
 
 def test_serves_a_chat_completion_with_no_environment(bundle, text_build):
@@ -107,10 +108,10 @@ def test_serves_a_chat_completion_with_no_environment(bundle, text_build):
     assert got["choices"] == want["choices"] and want["choices"][0]["tokens"]
 
 
-def test_c_example_builds_against_the_unpacked_package(bundle, runner_bin, tiny_build, tmp_path):
+def test_c_example_builds_against_the_unpacked_package(bundle, runner_bin, untied_build, tmp_path):
     arch, root = bundle
     c_app = build_c_app(root, tmp_path / "c_app", arch=arch)
     assert elf_machine(c_app) == MACHINE[arch]
     name = "tiny_b"
-    got = run(c_app, tiny_build.ptd, tiny_build.ptes[name], "1,17,42", NEW, arch=arch, env={}).stdout.split()
-    assert [int(t) for t in got] == x86_tokens(runner_bin, tiny_build, name)
+    got = run(c_app, untied_build.ptd, untied_build.ptes[name], "1,17,42", NEW, arch=arch, env={}).stdout.split()
+    assert [int(t) for t in got] == x86_tokens(runner_bin, untied_build, name)
