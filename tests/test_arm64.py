@@ -2,9 +2,10 @@
 x86 `lora-share`, against the x86 build (build/runner, build/lora-share-server) on the same files.
 
 XNNPACK runs its NEON kernels under emulation, so the float sums are not in the x86 order: logits must
-agree within LOGITS_TOL and the greedy tokens exactly, for every adapter of a tiny fp32 and a tiny
-8da4w deployment. Then text in and out through the tokenizer, --serve with two adapters, the C example
-cross-built against build-arm64/install, and one chat completion from the aarch64 server.
+agree within LOGITS_TOL and the greedy tokens exactly, for every adapter of a tiny fp32 and two tiny
+8da4w deployments (symmetric, and asymmetric with an int8 output projection). Then text in and out
+through the tokenizer, --serve with two adapters, the C example cross-built against build-arm64/install,
+and one chat completion from the aarch64 server.
 Selected by `make test-arm64` (-m arm64); `make test` leaves them out.
 """
 
@@ -25,11 +26,15 @@ LOGITS_TOL = 1e-4
 PROMPT = [1, 17, 42, 7, 99]
 NEW = 8
 TEXT = "The quick brown fox jumps over the lazy dog."
-# The untied tiny foundation (TINY_UNTIED: greedy tokens that tell adapters apart), fp32 and with 8da4w
-# linears (4-bit weights in groups of 32, 8-bit dynamic activations) and an int8 embedding: XNNPACK's
-# quantized kernels, another code path on NEON than on AVX.
-TINY_8DA4W = {"synthetic": TINY_UNTIED, "max_seq_len": 32,
-              "quantize": {"scheme": "8da4w", "group_size": 32, "embedding": "int8"}}
+# The untied tiny foundation (TINY_UNTIED: greedy tokens that tell adapters apart) in fp32 and
+# quantized: 8da4w linears (4-bit weights in groups of 32, 8-bit dynamic activations) and an int8
+# embedding run XNNPACK's quantized kernels, another code path on NEON than on AVX; the asymmetric grid
+# with an int8 output projection is the real model's form (a Q4_1 GGUF, make bench-quality).
+QUANTIZED = {
+    "8da4w": {"scheme": "8da4w", "group_size": 32, "embedding": "int8"},
+    "8da4w-asymmetric": {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": "asymmetric",
+                         "lm_head": "int8"},
+}
 
 
 @pytest.fixture(scope="session")
@@ -40,14 +45,13 @@ def arm64_bin():
     return ARM64_DIR
 
 
-@pytest.fixture(scope="module")
-def tiny_8da4w_build(tmp_path_factory):
-    return build_config(write_config(tmp_path_factory.mktemp("tiny_8da4w"), TINY_8DA4W, TINY_ADAPTERS))
-
-
-@pytest.fixture(params=["fp32", "8da4w"])
-def deployment(request, untied_build, tiny_8da4w_build):
-    return {"fp32": untied_build, "8da4w": tiny_8da4w_build}[request.param]
+@pytest.fixture(scope="module", params=["fp32", *QUANTIZED])
+def deployment(request, untied_build, tmp_path_factory):
+    """TINY_ADAPTERS over the untied tiny foundation, fp32 or quantized, built by the x86 lora-share."""
+    if request.param == "fp32":
+        return untied_build
+    foundation = {"synthetic": TINY_UNTIED, "max_seq_len": 32, "quantize": QUANTIZED[request.param]}
+    return build_config(write_config(tmp_path_factory.mktemp(request.param), foundation, TINY_ADAPTERS))
 
 
 def test_every_program_is_aarch64(arm64_bin):
