@@ -16,11 +16,14 @@ all: setup runner
 
 # Compilers, CMake, the tokenizer's libraries and the server's HTTP library (cpp-httplib) for the C++
 # runtime (installed from Debian when missing).
+# The libraries are named with this machine's architecture: once arm64 is added (make arm64), a bare
+# name is ambiguous to dpkg -s.
 system-deps:
 	@command -v cmake >/dev/null && command -v g++ >/dev/null || { \
 	  echo "installing cmake and g++ from Debian"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make; }
-	@dpkg -s nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev libcpp-httplib-dev pkg-config >/dev/null 2>&1 || { \
+	@A=$$(dpkg --print-architecture); dpkg -s nlohmann-json3-dev libpcre2-dev:$$A libutf8proc-dev:$$A libssl-dev:$$A \
+	  libcpp-httplib-dev:$$A pkg-config >/dev/null 2>&1 || { \
 	  echo "installing the tokenizer's and the server's libraries (JSON, PCRE2, utf8proc, OpenSSL, cpp-httplib) from Debian"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev libcpp-httplib-dev pkg-config; }
@@ -75,7 +78,7 @@ demo: setup runner model
 	  --tokenizer $(OUT) --max-new-tokens 64
 
 test: setup runner model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not arm64 and not dist"
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner
@@ -106,5 +109,75 @@ bench-quality: setup model
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-doc; }
 	$(VENV)/bin/lora-share bench-quality $(if $(QUALITY_PEFT),--peft $(QUALITY_PEFT))
 
+# --- Devices: the aarch64 build, its tests under emulation, the relocatable bundles --------------------
+# `make arm64` cross-builds liblora_share.so, runner, lora-share-server and tokenize for aarch64 Linux
+# into build-arm64/ (installed package: build-arm64/install), with Debian's cross compiler and arm64
+# libraries, against the runtime of the executorch aarch64 wheel of the pinned version (downloaded
+# once into .cache/, never built from source). `make test-arm64` runs them under qemu-aarch64 against
+# the x86 runner, and checks both bundles. `make dist` writes one relocatable bundle per platform.
+ET_VERSION := $(shell sed -n 's/.*"executorch==\([^"]*\)".*/\1/p' pyproject.toml)
+LS_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+ET_AARCH64 := .cache/executorch-$(ET_VERSION)-aarch64
+ET_AARCH64_CONFIG := $(ET_AARCH64)/executorch/share/cmake/executorch-config.cmake
+ARM64_RUNNER := build-arm64/runner
+ARM64_DEBS := g++-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libutf8proc-dev:arm64 libssl-dev:arm64 \
+  libcpp-httplib-dev:arm64
+DIST_X86 := dist/lora-share-runtime-$(LS_VERSION)-linux-x86_64.tar.gz
+DIST_AARCH64 := dist/lora-share-runtime-$(LS_VERSION)-linux-aarch64.tar.gz
+
+.PHONY: system-deps-arm64 arm64 test-arm64 dist
+
+# The cross compiler, qemu-user and the arm64 builds of the tokenizer's and the server's libraries
+# (Debian multiarch: arm64 is added to dpkg's architectures once).
+system-deps-arm64: system-deps
+	@dpkg --print-foreign-architectures | grep -qx arm64 || { \
+	  echo "adding arm64 to dpkg's architectures (for the arm64 -dev packages)"; \
+	  dpkg --add-architecture arm64 && apt-get update -qq; }
+	@dpkg -s $(ARM64_DEBS) >/dev/null 2>&1 || { \
+	  echo "installing the aarch64 cross compiler, qemu-user and the arm64 libraries from Debian"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(ARM64_DEBS); }
+
+# The aarch64 wheel's lib/, include/ and share/cmake/: the same C++ runtime and CMake config as x86's.
+# Cached per version: the folder is named after it, so a new pin downloads its own.
+$(ET_AARCH64_CONFIG): | $(SETUP_STAMP)
+	rm -rf $(ET_AARCH64) $(ET_AARCH64).tmp && mkdir -p $(ET_AARCH64).tmp
+	$(PY) -m pip download -q --no-deps --only-binary :all: --platform manylinux_2_28_aarch64 \
+	  --python-version 3.11 executorch==$(ET_VERSION) -d $(ET_AARCH64).tmp
+	$(PY) -c "import zipfile, glob; z = zipfile.ZipFile(glob.glob('$(ET_AARCH64).tmp/executorch-*.whl')[0]); \
+	  z.extractall('$(ET_AARCH64).tmp', [n for n in z.namelist() if n.startswith(('executorch/lib/', 'executorch/include/', 'executorch/share/'))])"
+	rm $(ET_AARCH64).tmp/executorch-*.whl
+	mv $(ET_AARCH64).tmp $(ET_AARCH64)
+
+$(ARM64_RUNNER): $(ET_AARCH64_CONFIG) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps-arm64
+	cmake -S cpp_runner -B build-arm64/cmake -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cpp_runner/cmake/aarch64-linux-gnu.cmake \
+	  -DCMAKE_PREFIX_PATH=$(CURDIR)/$(ET_AARCH64)/executorch -DLORA_SHARE_OUTPUT_DIR=$(CURDIR)/build-arm64 >/dev/null
+	cmake --build build-arm64/cmake -j2
+	cmake --install build-arm64/cmake --prefix build-arm64/install >/dev/null
+
+arm64: $(ARM64_RUNNER)
+
+# One bundle from one CMake build folder: the package, then the bundle component (bin/, the
+# ExecuTorch libraries, README, relative RUNPATHs), stripped, in a folder named like the archive.
+define make_bundle
+	rm -rf $@.stage && mkdir -p $@.stage
+	cmake --install $(1) --prefix $@.stage/$(notdir $(@:.tar.gz=)) --strip >/dev/null
+	cmake --install $(1) --prefix $@.stage/$(notdir $(@:.tar.gz=)) --strip --component bundle >/dev/null
+	tar -C $@.stage -czf $@.tmp $(notdir $(@:.tar.gz=)) && mv $@.tmp $@ && rm -rf $@.stage
+endef
+
+$(DIST_X86): $(RUNNER) cpp_runner/bundle/README.md
+	$(call make_bundle,build/cmake)
+
+$(DIST_AARCH64): $(ARM64_RUNNER) cpp_runner/bundle/README.md
+	$(call make_bundle,build-arm64/cmake)
+
+dist: $(DIST_X86) $(DIST_AARCH64)
+
+# The aarch64 programs under qemu-aarch64 against the x86 runner (tests/test_arm64.py), and both
+# bundles unpacked into empty folders (tests/test_dist.py).
+test-arm64: setup runner arm64 dist
+	$(PY) -m pytest -q -m "arm64 or dist" tests/test_arm64.py tests/test_dist.py
+
 clean:
-	rm -rf build out .pytest_cache
+	rm -rf build out .pytest_cache build-arm64 dist

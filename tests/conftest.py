@@ -205,3 +205,16 @@ def text_hf(text_build):
     model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
                                              attn_implementation="eager")
     return tokenizer, PeftModel.from_pretrained(model, str(text_build.peft)).eval()
+
+
+# Untied: tied, the tiny synthetic foundation's greedy choice repeats the last prompt token whatever the
+# adapter, so comparing greedy tokens between two runtimes (test_arm64, test_dist) would check nothing.
+TINY_UNTIED = dict(TINY_FOUNDATION, tie_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def untied_build(tmp_path_factory) -> Build:
+    """TINY_ADAPTERS over the tiny foundation with an output projection of its own (TINY_UNTIED):
+    greedy tokens that differ from step to step and from adapter to adapter."""
+    folder = tmp_path_factory.mktemp("untied")
+    return build_config(write_config(folder, {"synthetic": TINY_UNTIED, "max_seq_len": 32}, TINY_ADAPTERS))
