@@ -8,7 +8,7 @@ RUNNER := build/runner
 CONFIG ?= configs/llama_adapters.yaml
 OUT ?= out/llama_adapters
 
-.PHONY: all setup runner demo test bench bench-scale bench-budget clean system-deps
+.PHONY: all setup runner demo test bench bench-scale bench-budget bench-peers clean system-deps
 
 all: setup runner
 
@@ -76,6 +76,12 @@ bench-scale: setup runner
 # all 32 loaded. The build is kept in out/bench_budget and reused while nothing changed.
 bench-budget: setup runner
 	$(VENV)/bin/lora-share bench-budget $(CONFIG)
+
+# lora-share vs llama.cpp on SmolLM2-135M-Instruct (issue 23), one adapter applied on both sides. llama.cpp
+# comes from llama-cpp-python 0.3.36's sdist (PyPI) and is built once into out/peers (never committed).
+PEERS_GGUF ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+bench-peers: setup runner
+	$(VENV)/bin/lora-share bench-peers --gguf $(PEERS_GGUF)
 
 clean:
 	rm -rf build out .pytest_cache
