@@ -86,6 +86,8 @@ def hf_folder(gguf: Path, dest: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are float32 now: drop the GGUF quantizer's marks, which make save_pretrained refuse.
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = dest.with_name(dest.name + ".tmp")
@@ -258,10 +260,10 @@ def runner_answer(answer: dict) -> dict:
 
 
 def kv_bytes_lora_share(manifest: dict) -> int:
-    from ..builder import manifest_model_args
+    """lora-share's fp32 KV cache for one program, from the build's manifest."""
     from .scale import kv_cache_bytes
 
-    return kv_cache_bytes(manifest_model_args(manifest))
+    return kv_cache_bytes(manifest["foundation"]["args"])
 
 
 def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, work: Path, repeats: int,
