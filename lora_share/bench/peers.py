@@ -170,12 +170,16 @@ class LlamaServer:
                "--port", port, "--no-webui", "--lora-init-without-apply"]
         for lora in loras:
             cmd += ["--lora", lora]
-        self.url, self.log = f"http://127.0.0.1:{port}", log
+        self.url, self.log, self.n_loras = f"http://127.0.0.1:{port}", log, len(loras)
         self._log = open(log, "w")
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(list(map(str, cmd)), stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready()
         self.load_ms = (time.perf_counter() - t0) * 1e3
+        loaded = parse_loras(log.read_text())
+        if len(loaded) != len(loras):
+            self.close()
+            raise BenchError(f"llama-server loaded {len(loaded)} of {len(loras)} adapters; see {log}")
 
     def _wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -194,7 +198,7 @@ class LlamaServer:
 
     def ask(self, adapter: int, tokens: list[int], new_tokens: int) -> dict:
         """One completion with adapter ``adapter`` on (the others off), the prompt never cached."""
-        n = len(parse_loras(self.log.read_text()))
+        n = self.n_loras
         body = {"prompt": tokens, "n_predict": new_tokens, "cache_prompt": False, "temperature": 0,
                 "ignore_eos": True, "lora": [{"id": i, "scale": 1.0 if i == adapter else 0.0} for i in range(n)]}
         req = urllib.request.Request(self.url + "/completion", json.dumps(body).encode(),
