@@ -11,13 +11,12 @@ import pytest
 from conftest import REPO, TINY_FOUNDATION, run_cli
 from lora_share.bench import peers, processes
 
-# llama-server's lines as llama-cpp-python 0.3.36's llama.cpp prints them (src/llama-adapter.cpp:
-# "%s: loading lora adapter from '%s' ...", src/llama-kv-cache.cpp: "%s: %10s KV buffer size = %8.2f MiB"),
-# for SmolLM2-135M at -c 2048 -np 1 with two --lora files: f16 K and V, 2 x 30 layers x 3 x 64 x 2048 x 2 B.
+# Captured from the llama-server this benchmark builds (llama-cpp-python 0.3.36's llama.cpp, -lv 4) with
+# SmolLM2-135M-Instruct F32, -c 2048 -np 1 and one --lora (the second line repeated for a second file).
 SERVER_LOG = """\
-llama_adapter_lora_init_impl: loading lora adapter from '/w/out/peers/gguf/a1.gguf' ...
-llama_adapter_lora_init_impl: loading lora adapter from '/w/out/peers/gguf/a2.gguf' ...
-llama_kv_cache:        CPU KV buffer size =    45.00 MiB
+0.00.498.972 I llama_adapter_lora_init: loading lora adapter from 'gguf/a1.gguf' ...
+0.00.498.990 I llama_adapter_lora_init: loading lora adapter from 'gguf/a2.gguf' ...
+0.00.501.729 I llama_kv_cache:        CPU KV buffer size =    45.00 MiB
 """
 
 
@@ -32,7 +31,7 @@ def test_options_are_checked_before_any_work(tmp_path):
 
 def test_server_log_is_parsed():
     assert peers.parse_kv_bytes(SERVER_LOG) == 45 * 2**20
-    assert peers.parse_loras(SERVER_LOG) == ["/w/out/peers/gguf/a1.gguf", "/w/out/peers/gguf/a2.gguf"]
+    assert peers.parse_loras(SERVER_LOG) == ["gguf/a1.gguf", "gguf/a2.gguf"]
     assert peers.parse_kv_bytes("no cache line") is None
 
 

@@ -167,7 +167,8 @@ class LlamaServer:
 
     def __init__(self, binary: Path, model: Path, loras: list[Path], port: int, log: Path):
         cmd = ["nice", "-n", "15", binary, "-m", model, "-t", "2", "-tb", "2", "-c", CONTEXT, "-np", "1",
-               "--port", port, "--no-webui", "--lora-init-without-apply"]
+               "--port", port, "--no-webui", "--lora-init-without-apply",
+               "-lv", "4"]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
         for lora in loras:
             cmd += ["--lora", lora]
         self.url, self.log, self.n_loras = f"http://127.0.0.1:{port}", log, len(loras)
