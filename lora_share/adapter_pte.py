@@ -56,17 +56,17 @@ def _serializer():
 class Program:
     """A deployment's exported program without any adapter's data, ready to be written with any."""
 
-    def __init__(self, pte: bytes, what: str, adapter_keys: frozenset[str] = frozenset()):
+    def __init__(self, pte: bytes, what: str, adapter_keys: frozenset[str] = frozenset(), sha256: str | None = None):
         """``pte``: the exported program, or an adapter file whose own entries are ``adapter_keys``
         (its record and LoRA tensors), which are left out. Any other named data the program has
-        (a stand-alone program's weights) stays with it."""
+        (a stand-alone program's weights) stays with it. ``sha256``: the program's, when known
+        (from an intact adapter file's record); otherwise it is computed by serializing the program."""
         self._file = _serializer().deserialize_pte_binary(pte)
         named = self._file.named_data
         self._own = [] if named is None else [
             (key, named.buffers[e.buffer_index], e) for key, e in named.pte_data.items() if key not in adapter_keys]
         self._file.named_data = self._named_data({}, None) if self._own else None
-        self.canonical = self._serialize(self._file)
-        self.sha256 = hashlib.sha256(self.canonical).hexdigest()
+        self.sha256 = sha256 or hashlib.sha256(self._serialize(self._file)).hexdigest()
         self.what = what
 
     def _named_data(self, tensors: dict[str, bytes], record: bytes | None):
@@ -94,13 +94,23 @@ class Program:
 
     @classmethod
     def from_adapter_file(cls, path: Path) -> "Program":
-        """The program an adapter .pte of this format carries, checked against its record."""
+        """The program an adapter .pte of this format carries. The file must match its seal (a CRC-32
+        over every byte but the record's, formats/seal.py): then its program is the one that was
+        written with the record's program_sha256, which is taken without serializing it again."""
+        from .formats import read_pte
+        from .formats.seal import check_seal
+        from .verify import adapter_record
+
         data = Path(path).read_bytes()
-        meta = read_record(data, str(path))
-        program = cls(data, str(path), frozenset({ADAPTER_KEY, *(k for e in meta.lora for k in (e.a, e.b))}))
-        if meta.program_sha256 != program.sha256:
-            raise ValueError(f"{path}: its program does not hash to the {meta.program_sha256[:12]} its record names")
-        return program
+        parsed = read_pte(data, str(path), plans=False)
+        meta = adapter_record(parsed)
+        if meta is None:
+            raise ValueError(f"{path}: no lora-share adapter record ({ADAPTER_KEY})")
+        check_seal(parsed)
+        if not meta.content_bytes:
+            raise ValueError(f"{path}: not sealed, so its program cannot be taken for the one its record names")
+        keys = frozenset({ADAPTER_KEY, *(k for e in meta.lora for k in (e.a, e.b))})
+        return cls(data, str(path), keys, meta.program_sha256)
 
     def write(self, meta: AdapterMeta, tensors: dict[str, bytes]) -> bytes:
         """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
@@ -116,7 +126,7 @@ def read_record(data: bytes, what: str) -> AdapterMeta:
     from .formats.errors import BadFlatbuffer
     from .verify import adapter_record
 
-    meta = adapter_record(read_pte(data, what))
+    meta = adapter_record(read_pte(data, what, plans=False))
     if meta is None:
         raise BadFlatbuffer(what, f"no lora-share adapter record ({ADAPTER_KEY})")
     return meta

@@ -24,7 +24,8 @@ import yaml
 
 from .adapter_pte import Program
 from .adapters import load_adapter, load_peft
-from .config import config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors, load_config
+from .config import (BASE_NAME, config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors,
+                     load_config)
 from .eager import eager_model
 from .envelope import Envelope
 from .errors import UserError
@@ -174,6 +175,9 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
     for name, folder in peft_dirs:
         if name in existing:
             raise UserError(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
+        if name == BASE_NAME:
+            raise UserError(f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
+                            "runner, the C API and the server; pick another name (NAME=DIR)")
         if not Path(folder).is_dir():
             raise UserError(f"{folder}: no such folder (a PEFT adapter folder)")
         adapter = load_peft(name, Path(folder), args)

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from .config import BASE_NAME
 from .errors import UserError
 
 EPILOG = """examples:
@@ -17,8 +18,10 @@ EPILOG = """examples:
   lora-share run --pte out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd --prompt '1 2 3'
   lora-share inspect out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd
   lora-share verify --pte out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd
+  lora-share eval out/smollm2 notes.txt
   lora-share bench configs/llama_adapters.yaml
   lora-share bench-scale
+  lora-share bench-quality
   lora-share bench-peers
 """
 SHARED_HELP = ("the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
@@ -67,17 +70,20 @@ def _cmd_run(ns) -> int:
     if ns.tokens is not None:
         from .generate import parse_tokens
 
+        from .tokenizer_files import eos_ids_beside
+
         if ns.tokenizer is not None:
             raise UserError("--tokenizer is read only with --prompt or --chat, not with --tokens")
-        tokens, stop_ids, stream = parse_tokens(ns.tokens), (), None
+        tokens, stream = parse_tokens(ns.tokens), None
+        stop_ids = () if ns.ignore_eos else eos_ids_beside(ns.ptd)
     else:
         from .text import TextStream, chat_prompt, encode_prompt
         from .tokenizer_files import bind_tokenizer
 
         bound = bind_tokenizer(ns.ptd, ns.tokenizer)
         tokens = chat_prompt(bound, ns.chat) if ns.chat is not None else encode_prompt(bound, ns.prompt)
-        stop_ids = bound.eos_token_ids
-        stream = TextStream(bound.tokenizer, None if ns.json else _write_stdout, stop_ids)
+        stop_ids = () if ns.ignore_eos else bound.eos_token_ids
+        stream = TextStream(bound.tokenizer, None if ns.json else _write_stdout, bound.eos_token_ids)
     gen = run(ns.pte, ns.ptd, tokens, ns.max_new_tokens, ns.temperature, ns.seed, verify=not ns.no_verify,
               shared_ptd=ns.shared_ptd, stop_ids=stop_ids, on_token=stream and stream.push)
     text = stream.finish() if stream else None
@@ -137,6 +143,14 @@ def _cmd_verify(ns) -> int:
     return 0 if pairing.ok else 1
 
 
+def _cmd_eval(ns) -> int:
+    from .quality import evaluate, render
+
+    report = evaluate(ns.target, ns.text, ns.adapter, ns.max_tokens, ns.min_tokens, progress=not ns.quiet)
+    print(json.dumps(report.to_json(), indent=2) if ns.json else render(report))
+    return 0
+
+
 def _cmd_bench(ns) -> int:
     from .bench.run import run_from_args
 
@@ -147,6 +161,12 @@ def _cmd_bench_scale(ns) -> int:
     from .bench.scale import run_from_args
 
     return run_from_args(ns, "lora-share bench-scale " + " ".join(sys.argv[2:]))
+
+
+def _cmd_bench_quality(ns) -> int:
+    from .bench.quality import run_from_args
+
+    return run_from_args(ns)
 
 
 def _cmd_bench_peers(ns) -> int:
@@ -220,7 +240,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--ptd", required=True, help="foundation data file")
     r.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
     prompt = r.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--tokens", help="comma-separated prompt token ids, e.g. 1,17,42; prints the generated ids")
+    prompt.add_argument("--tokens", help="comma-separated prompt token ids, e.g. 1,17,42; prints the generated ids, "
+                                         "stopping after the build's end-of-sequence id (manifest.json beside --ptd)")
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the build's tokenizer (BOS "
                                                          "added where the model's tokenizer adds it); streams the "
                                                          "generated text, stopping at an end-of-sequence token")
@@ -229,6 +250,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--tokenizer", metavar="DIR", help="for --prompt/--chat: the build folder with manifest.json and "
                                                       "the tokenizer files (default: the --ptd's folder)")
     r.add_argument("--max-new-tokens", type=int, default=16, help="most tokens to generate (default 16)")
+    r.add_argument("--ignore-eos", action="store_true",
+                   help="generate --max-new-tokens tokens even past an end-of-sequence id")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     r.add_argument("--dump-logits", metavar="PATH", help=".npy float32 [steps, vocab]: row 0 at the last prompt "
@@ -259,6 +282,24 @@ def parser() -> argparse.ArgumentParser:
     vf.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
     vf.add_argument("--json", action="store_true", help='print {"compatible": ..., "problems": [...], ...}')
     vf.set_defaults(func=_cmd_verify)
+
+    ev = sub.add_parser("eval", help="perplexity and top-1 agreement with transformers float32 on a text, for the "
+                                     "foundation alone and each adapter (Python runtime)",
+                        epilog="examples:\n  lora-share eval out/smollm2 notes.txt\n"
+                               "  lora-share eval configs/smollm2.yaml notes.txt --adapter base --max-tokens 2048 --json",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("target", metavar="BUILD", help="output folder of `lora-share build`, or its config (built first, "
+                                                    "or kept as it is if nothing changed)")
+    ev.add_argument("text", metavar="TEXT_FILE", help="UTF-8 text, scored in windows of the build's max_seq_len tokens")
+    ev.add_argument("--adapter", action="append", metavar="NAME",
+                    help=f"an adapter of the build, or '{BASE_NAME}' for the foundation alone; repeatable "
+                         f"(default: {BASE_NAME} and every adapter)")
+    ev.add_argument("--max-tokens", type=int, metavar="N", help="score only the text's first N tokens")
+    ev.add_argument("--min-tokens", type=int, default=2, metavar="N",
+                    help="refuse a text of fewer tokens than N (default 2)")
+    ev.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ev.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    ev.set_defaults(func=_cmd_eval)
 
     bn = sub.add_parser("bench", help="measure disk, memory, load time, speed and build time against stand-alone "
                                       "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
@@ -295,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
     bb = sub.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C library): "
                                              "PSS against the budget, resident vs cold request latency, requests/s",
                         epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of the "
-                               "default config, a budget for 4\n"
+                               "synthetic config, a budget for 4\n"
                                "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 --requests 30",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     bb.add_argument("config", nargs="?", default="configs/llama_adapters.yaml",
@@ -310,6 +351,18 @@ def parser() -> argparse.ArgumentParser:
     bb.add_argument("--out", default="benchmarks/results/bench_budget.json", help="results JSON ('-': none)")
     bb.add_argument("--verbose", action="store_true", help="show the build's progress")
     bb.set_defaults(func=_cmd_bench_budget)
+
+    bq = sub.add_parser("bench-quality", help="perplexity and top-1 agreement with transformers float32 of the real "
+                                              "SmolLM2-135M-Instruct, fp32 and 8da4w foundations, alone and with an "
+                                              "adapter, on the Python tutorial (Debian's python3.11-doc)",
+                        epilog="examples:\n  lora-share bench-quality      # = make bench-quality; writes "
+                               "benchmarks/results/bench_quality.{json,md}\n"
+                               "  lora-share bench-quality --peft path/to/peft_dir --out /tmp/quality.json",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .bench.quality import add_arguments as add_quality_arguments
+
+    add_quality_arguments(bq)
+    bq.set_defaults(func=_cmd_bench_quality)
 
     s = sub.add_parser("schema", help="print the config's JSON Schema")
     s.set_defaults(func=_cmd_schema)

@@ -23,6 +23,8 @@ from .families import FAMILIES
 from .model import LORA_TARGETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The name the runners, the C API and the server give the foundation alone (no adapter).
+BASE_NAME = "base"
 
 
 def _f(help: str, default=dataclasses.MISSING, **meta):
@@ -65,6 +67,13 @@ class QuantizeConfig:
                          32, minimum=QUANT_GROUP_MULTIPLE)
     embedding: Optional[str] = _f("int8: token embeddings as int8 with one scale per row (default: float32)",
                                   None, choices=["int8"])
+    grid: str = _f("each group's int4 grid: symmetric (one scale, zero at the grid's centre: ExecuTorch's "
+                   "8da4w) or asymmetric (a scale and a float offset per group, as llama.cpp's Q4_1: a Q4_1 "
+                   "GGUF's weights are kept exactly; the offsets add one small float32 linear per linear)",
+                   "symmetric", choices=["symmetric", "asymmetric"])
+    lm_head: str = _f("the output projection's weights: int4 like every other linear, or int8 with one scale "
+                      "per row (keeps a Q8_0 or float embedding's precision in the logits; 2x its int4 bytes)",
+                      "int4", choices=["int4", "int8"])
 
 
 @dataclass
@@ -73,7 +82,8 @@ class FoundationConfig:
 
     checkpoint: Optional[Path] = _f(
         f"Hugging Face model folder ({', '.join(FAMILIES)}): config.json + model.safetensors (or shards + "
-        "index json)", None, path=True
+        "index json); or a GGUF file (architectures llama, qwen2, qwen3; any quantization type the gguf "
+        "package dequantizes)", None, path=True
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
     max_seq_len: int = _f("the context: KV cache length, the longest prompt + generation the program accepts",
@@ -252,8 +262,12 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
     if fnd is not None:
         if (fnd.checkpoint is None) == (fnd.synthetic is None):
             L.problem("foundation", "give exactly one of 'checkpoint' or 'synthetic'")
-        if fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
-            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face model folder)")
+        if fnd.checkpoint is not None and fnd.checkpoint.suffix == ".gguf":
+            if not fnd.checkpoint.is_file():
+                L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such file (a GGUF checkpoint)")
+        elif fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
+            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face model folder, "
+                                               "or a .gguf file)")
         s = fnd.synthetic
         if s is not None and None not in (s.dim, s.n_heads, s.n_kv_heads):
             if s.n_heads and s.dim % s.n_heads:
@@ -287,7 +301,10 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
             if a is None:
                 continue
             key = f"adapters[{i}]"
-            if a.name in seen:
+            if a.name == BASE_NAME:
+                L.problem(f"{key}.name", f"{BASE_NAME!r} is the name of the foundation alone (no adapter) "
+                                         "in the runner, the C API and the server: pick another name")
+            elif a.name in seen:
                 L.problem(f"{key}.name", f"{a.name!r} is already used by adapters[{seen[a.name]}]")
             elif a.name is not None:
                 seen[a.name] = i

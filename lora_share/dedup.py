@@ -57,7 +57,7 @@ def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_n
     sizes: dict[str, int] = {}
     per_adapter = {}
     for name, file in adapters.items():
-        pte = read_pte(Path(out_dir) / file)
+        pte = read_pte(Path(out_dir) / file, plans=False)
         stored = {e.key: e.size for e in pte.named_data if e.key != ADAPTER_KEY}
         for key, size in stored.items():
             holders.setdefault(key, []).append(name)

@@ -18,6 +18,7 @@ from .config import FoundationConfig, QuantizeConfig, SyntheticFoundation
 from .errors import UserError
 from .families import model_args, to_decoder_names
 from .files import sha256_file
+from .gguf_checkpoint import read_gguf
 from .model import LlamaLoRA, ModelArgs
 
 # Checkpoint keys that carry no weights (recomputed buffers some exporters save).
@@ -46,6 +47,9 @@ def load_foundation(cfg: FoundationConfig, where: str = "foundation") -> Foundat
     """Load the foundation described by ``cfg`` (validated config)."""
     if cfg.synthetic is not None:
         foundation = synthetic_foundation(cfg.synthetic, cfg.max_seq_len)
+    elif Path(cfg.checkpoint).suffix == ".gguf":
+        args, raw, source = read_gguf(cfg.checkpoint, cfg.max_seq_len)
+        foundation = Foundation(args, decoder_tensors(raw, args, cfg.checkpoint, "its metadata"), source)
     else:
         foundation = load_hf_checkpoint(cfg.checkpoint, cfg.max_seq_len)
     foundation.args = replace(foundation.args, prefill_chunk=cfg.prefill_chunk)
@@ -119,6 +123,26 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise UserError(f"{path}: not a readable safetensors file ({e}); the file may be truncated") from None
 
 
+def decoder_tensors(raw: dict[str, torch.Tensor], args: ModelArgs, where: Path, config: str) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors (Hugging Face names) as the decoder's, float32: every expected name with
+    its shape, nothing unexpected; ``config`` names what implied the shapes, for the messages."""
+    raw = to_decoder_names(raw, args, where)
+    tensors = {}
+    for name, shape in expected_shapes(args).items():
+        if name not in raw:
+            raise UserError(f"{where}: tensor {name!r} is missing from the checkpoint (expected shape {list(shape)})")
+        t = raw.pop(name)
+        if tuple(t.shape) != shape:
+            raise UserError(f"{where}: tensor {name!r} has shape {list(t.shape)}, {config} implies {list(shape)}")
+        tensors[name] = t.to(torch.float32).contiguous()
+    if args.tie_embeddings:
+        raw.pop("lm_head.weight", None)  # some exporters save the tied copy too
+    extra = [k for k in raw if not k.endswith(_IGNORED_SUFFIXES)]
+    if extra:
+        raise UserError(f"{where}: unexpected tensors for a {args.model_type} model: {', '.join(sorted(extra)[:5])}")
+    return tensors
+
+
 def load_hf_checkpoint(folder: Path, max_seq_len: int) -> Foundation:
     """Load a Hugging Face model folder (any family of families.py) and check every tensor's name and shape."""
     folder = Path(folder)
@@ -127,22 +151,6 @@ def load_hf_checkpoint(folder: Path, max_seq_len: int) -> Foundation:
     files = _weight_files(folder)
     for f in files:
         raw.update(read_safetensors(f))
-    raw = to_decoder_names(raw, args, folder)
-    expected = expected_shapes(args)
-    tensors = {}
-    for name, shape in expected.items():
-        if name not in raw:
-            raise UserError(f"{folder}: tensor {name!r} is missing from the checkpoint (expected shape {list(shape)})")
-        t = raw.pop(name)
-        if tuple(t.shape) != shape:
-            raise UserError(
-                f"{folder}: tensor {name!r} has shape {list(t.shape)}, config.json implies {list(shape)}"
-            )
-        tensors[name] = t.to(torch.float32).contiguous()
-    if args.tie_embeddings:
-        raw.pop("lm_head.weight", None)  # some exporters save the tied copy too
-    extra = [k for k in raw if not k.endswith(_IGNORED_SUFFIXES)]
-    if extra:
-        raise UserError(f"{folder}: unexpected tensors for a {args.model_type} model: {', '.join(sorted(extra)[:5])}")
+    tensors = decoder_tensors(raw, args, folder, "config.json")
     hashes = {f.name: sha256_file(f) for f in files}
     return Foundation(args, tensors, {"kind": "checkpoint", "path": str(folder), "sha256": hashes})

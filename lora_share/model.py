@@ -162,13 +162,30 @@ class Linear(nn.Linear):
     ``quantize_`` can replace the weight with a quantized tensor. A and B are forward inputs
     (module docstring), never parameters: they stay float, whatever the foundation is. Bias-free
     unless ``bias`` (Qwen2's q/k/v, ``attention_bias``, ``mlp_bias``).
+
+    An asymmetric int4 foundation (quantize.py) adds ``offsets``, one float per (output, group of
+    inputs): ``x W^T + (x S^T) offsets^T``, where ``S`` (``group_sum``) sums each group of inputs.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_parameter("offsets", None)
+        self.register_buffer("group_sum", None, persistent=False)
 
     def reset_parameters(self) -> None:
         """No random init: every foundation weight is copied in from the checkpoint."""
 
+    def set_group_offsets(self, offsets: torch.Tensor, group_sum: torch.Tensor) -> None:
+        """Add ``offsets`` ``[out, in / group]`` to every weight of its group (``group_sum``: ``[in / group,
+        in]``, 1 where an input is in the group). A matrix product, not a reshape and sum, so that XNNPACK
+        runs it inside the same delegate as the linear."""
+        self.offsets = nn.Parameter(offsets, requires_grad=False)
+        self.group_sum = group_sum
+
     def forward(self, x: torch.Tensor, lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
+        if self.offsets is not None:
+            y = y + F.linear(F.linear(x, self.group_sum), self.offsets)
         if lora is not None:
             y = y + F.linear(F.linear(x, lora[0]), lora[1])
         return y

@@ -40,7 +40,8 @@ class _Options(ctypes.Structure):
 
 
 class _GenerateOptions(ctypes.Structure):
-    _fields_ = [("max_new_tokens", ctypes.c_int64), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64)]
+    _fields_ = [("max_new_tokens", ctypes.c_int64), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64),
+                ("ignore_eos", ctypes.c_int)]
 
 
 class _Stats(ctypes.Structure):
@@ -142,10 +143,12 @@ class Runtime:
             _raise(self.lib, err)
         return Adapter(self, h)
 
-    def generate(self, adapter: Adapter | str, prompt: list[int], max_new_tokens: int = 16,
-                 temperature: float = 0.0, seed: int = 0, stop_after: int | None = None) -> list[int]:
-        """The generated ids. ``adapter`` a handle or a name (ls_generate_named); ``stop_after`` makes the
-        callback return nonzero after that many tokens."""
+    def generate(self, adapter: Adapter | str | None, prompt: list[int], max_new_tokens: int = 16,
+                 temperature: float = 0.0, seed: int = 0, stop_after: int | None = None,
+                 ignore_eos: bool = False) -> list[int]:
+        """The generated ids. ``adapter`` a handle, a name (ls_generate_named; "base" is the foundation
+        alone) or None (the foundation alone, a NULL handle); ``stop_after`` makes the callback return
+        nonzero after that many tokens; ``ignore_eos`` goes on past the build's EOS ids."""
         out: list[int] = []
 
         def on_token(token, _user):
@@ -154,13 +157,14 @@ class Runtime:
 
         callback = TOKEN_CALLBACK(on_token)
         ids = (ctypes.c_int64 * len(prompt))(*prompt)
-        opts = _GenerateOptions(max_new_tokens, temperature, seed)
+        opts = _GenerateOptions(max_new_tokens, temperature, seed, int(ignore_eos))
         err = _Error()
         if isinstance(adapter, str):
             status = self.lib.ls_generate_named(self.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts),
                                                 callback, None, ctypes.byref(err))
         else:
-            status = self.lib.ls_generate(self.handle, adapter.handle, ids, len(prompt), ctypes.byref(opts),
+            handle = None if adapter is None else adapter.handle
+            status = self.lib.ls_generate(self.handle, handle, ids, len(prompt), ctypes.byref(opts),
                                           callback, None, ctypes.byref(err))
         if status != 0:
             _raise(self.lib, err)

@@ -32,6 +32,7 @@ from .adapters import Adapter
 from .dedup import byte_report, report_lines
 from .envelope import Envelope
 from .export import EXPORTER_REVISION, FOUNDATION_TAG
+from .errors import UserError
 from .files import sha256_file, staged_dir
 from .formats import read_ptd
 from .formats.meta import SHARED_KEY
@@ -95,7 +96,7 @@ class ProgramSource:
         path = self.dep.out_dir / old["adapters"][0]["file"]
         try:
             program = Program.from_adapter_file(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, UserError):  # missing, damaged or unsealed: export again
             return None
         return program if program.sha256 == old["program"]["sha256"] else None
 

@@ -7,6 +7,7 @@ record names, with a zero rank-1 pair for each envelope slot the adapter leaves 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -62,9 +63,11 @@ def _explain(failure: Exception, native: list[str]) -> str:
 
 
 class LoadedAdapter:
-    """One adapter program loaded against a foundation data file (and a shared-tensors file)."""
+    """One adapter program loaded against a foundation data file (and a shared-tensors file).
 
-    def __init__(self, pte: Path, ptd: Path, shared_ptd: Path | None = None):
+    With ``lora=False`` it runs the foundation alone ("base"): every LoRA input a zero rank-1 pair."""
+
+    def __init__(self, pte: Path, ptd: Path, shared_ptd: Path | None = None, lora: bool = True):
         import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels: int8 embeddings)
         import torch  # noqa: F401  (registers tensor types the runtime returns)
         from executorch.runtime import Runtime
@@ -91,6 +94,8 @@ class LoadedAdapter:
         record = _record(self.pte)
         # The cache first: a program of an earlier contract is refused for its inputs, with the fix.
         self.cache = _runtime_cache(meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.pte)
+        if record is not None and not lora:
+            record = dataclasses.replace(record, lora=[])
         self.lora = lora_inputs(self.pte, record, shared, meta) if record else []
         self.load_s = time.perf_counter() - t0
 

@@ -22,6 +22,7 @@ from .chat_format import resolve_chat_format
 from .config import FoundationConfig
 from .errors import UserError
 from .files import sha256_file
+from .gguf_checkpoint import gguf_tokenizer_folder
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -92,10 +93,13 @@ def _generation_ids(config: dict, key: str, path: Path) -> list[int]:
 
 
 def tokenizer_folder(fnd: FoundationConfig) -> Optional[Path]:
-    """Where a build takes its tokenizer from: ``foundation.tokenizer``, else the checkpoint folder
-    when it has a tokenizer.json, else none (a synthetic foundation has no tokenizer)."""
+    """Where a build takes its tokenizer from: ``foundation.tokenizer``, else a GGUF checkpoint's own
+    (gguf_checkpoint.gguf_tokenizer_folder), else the checkpoint folder when it has a tokenizer.json,
+    else none (a synthetic foundation has no tokenizer)."""
     if fnd.tokenizer is not None:
         return fnd.tokenizer
+    if fnd.checkpoint is not None and fnd.checkpoint.suffix == ".gguf":
+        return gguf_tokenizer_folder(fnd.checkpoint)
     if fnd.checkpoint is not None and (fnd.checkpoint / TOKENIZER_JSON).is_file():
         return fnd.checkpoint
     return None
@@ -189,7 +193,8 @@ def _short(digest: str) -> str:
     return f"{digest[:12]}…"
 
 
-def _ptd_fingerprint(ptd: Path) -> str:
+def _ptd_fingerprint(ptd: Path, required: bool = True) -> Optional[str]:
+    """The foundation fingerprint recorded inside ``ptd``; without a record, None unless ``required``."""
     from .formats import FormatError, read_ptd
     from .verify import foundation_record
 
@@ -197,10 +202,36 @@ def _ptd_fingerprint(ptd: Path) -> str:
         record = foundation_record(read_ptd(ptd))
     except FormatError as e:
         raise UserError(f"--ptd {ptd}: {e}") from None
+    if record is None and not required:
+        return None
     if record is None:
         raise UserError(f"{ptd} has no lora-share foundation record, so no tokenizer can be bound to it: "
                         "rebuild it with lora-share build, or pass --tokens ids")
     return record.fingerprint
+
+
+def eos_ids_beside(ptd) -> list[int]:
+    """The end-of-sequence ids of the build ``ptd`` came from, for generation from token ids.
+
+    They are the tokenizer section of the manifest.json beside ``ptd`` (where every client, the C++
+    runner and library included, reads them): none without a manifest or a tokenizer in the build
+    (nothing stops early). A tokenizer section for another foundation is refused naming both files.
+    """
+    ptd = Path(ptd)
+    manifest_path = ptd.parent / MANIFEST
+    if not ptd.is_file() or not manifest_path.is_file():
+        return []  # a missing .ptd is the runtime's to report, with its flag
+    section = _read_json(manifest_path).get("tokenizer")
+    if not isinstance(section, dict):
+        return []
+    fingerprint = _ptd_fingerprint(ptd, required=False)
+    if fingerprint is None:
+        return []
+    if section.get("foundation_fingerprint") != fingerprint:
+        raise UserError(f"{manifest_path}: its tokenizer section (the EOS ids) is for foundation "
+                        f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
+                        f"{_short(fingerprint)}): copy manifest.json from the same build")
+    return [int(i) for i in section.get("eos_token_ids") or []]
 
 
 def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:

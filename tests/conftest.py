@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,47 @@ def text_build(tmp_path_factory) -> TextBuild:
     cfg = write_config(root, {"checkpoint": "llama", "max_seq_len": 64, "prefill_chunk": 16},
                        [{"name": TEXT_ADAPTER, "peft": "peft"}])
     return TextBuild(build_config(cfg), checkpoint, peft)
+
+
+# Longer than text_build's prefill chunk (16), so the prompt is fed in two calls.
+EOS_PROMPT = "The quick brown fox jumps over the lazy dog."
+EOS_NEW = 16
+
+
+@dataclass
+class EosBuild:
+    """A build whose generation_config.json names an EOS greedy decoding reaches: see ``eos_build``."""
+
+    eos: int  # the EOS id the build's generation_config.json names
+    greedy: list[int]  # transformers' greedy EOS_NEW tokens after EOS_PROMPT, no EOS stop
+    build: Build
+
+
+@pytest.fixture(scope="session")
+def eos_build(text_build, text_hf, tmp_path_factory) -> EosBuild:
+    """text_build rebuilt with foundation.tokenizer: the same tokenizer, but generation_config.json's
+    eos is the token greedy decoding of EOS_PROMPT reaches last for the first time (a plain word piece),
+    so generation stops before EOS_NEW tokens. The build records its EOS ids (manifest.json's tokenizer
+    section) as for any checkpoint. Do not modify the files: copy the output folder first."""
+    import shutil
+
+    from hf_files import hf_generate
+
+    tokenizer, model = text_hf
+    greedy = hf_generate(model, tokenizer(EOS_PROMPT)["input_ids"], EOS_NEW, eos=[])
+    eos = max(set(greedy[:EOS_NEW - 1]), key=greedy.index)  # generation then stops before EOS_NEW
+    root = tmp_path_factory.mktemp("eos")
+    tok_dir = root / "tokenizer"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(text_build.checkpoint / name, tok_dir / name)
+    (tok_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": eos}))
+    shutil.copytree(text_build.build.out_dir, root / "out")  # the same output folder: the adapter is reused
+    cfg = yaml.safe_load(text_build.build.config.read_text())
+    cfg["foundation"].update(checkpoint=str(text_build.checkpoint), tokenizer="tokenizer")
+    cfg["adapters"] = [{"name": TEXT_ADAPTER, "peft": str(text_build.peft)}]
+    (root / "deploy.yaml").write_text(yaml.safe_dump(cfg))
+    return EosBuild(eos, greedy, build_config(root / "deploy.yaml"))
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
-"""`make demo`'s deployment (configs/llama_adapters.yaml): its trained adapters write distinct, sensible text.
+"""The synthetic deployment (configs/llama_adapters.yaml): its trained adapters write distinct, sensible text.
 
-The default config's foundation is synthetic random weights; examples/demo/train_adapters.py trained
+Its foundation is synthetic random weights; examples/demo/train_adapters.py trained
 four PEFT adapters over it on toy tasks and a toy tokenizer. These tests build the config as shipped
 (into a temporary folder) and check, by generating through build/runner and `lora-share run`, that
 each adapter's reply to the demo prompt is real text (not one token repeated), that no two adapters
@@ -99,16 +99,19 @@ def test_adapters_were_trained_on_this_foundation(demo_build):
 
 @pytest.mark.slow
 def test_demo_prompt_gives_distinct_real_text(demo_build, runner_bin):
-    """What `make demo` prints: every adapter writes several different tokens and its own text."""
+    """What `make demo` prints: every adapter writes several different tokens and its own text, none of
+    them the foundation's alone ("base", asked first)."""
     answers = show.ask_all(demo_build, runner_bin, show.DEFAULT_PROMPT, 16)
+    base, answers = answers[0], answers[1:]
+    assert base["adapter"] == "base" and base["text"] not in [a["text"] for a in answers], base
     texts = {a["adapter"]: a["text"] for a in answers}
     assert set(texts) == set(HELD_OUT), texts
     for a in answers:
         assert len(set(a["tokens"])) > 1, f"{a['adapter']} repeats one token: {a['tokens']}"
         assert len(set(a["text"].split())) > 1, f"{a['adapter']}: {a['text']!r}"
     assert len(set(texts.values())) == len(texts), texts
-    table = show.table(show.DEFAULT_PROMPT, answers)
-    assert all(t in table for t in texts.values())
+    table = show.table(show.DEFAULT_PROMPT, [base, *answers])
+    assert all(t in table for t in texts.values()) and "\nbase " in table
     last = int(show.DEFAULT_PROMPT.split()[-1])
     assert texts == {name: expected(name, last) for name in texts}
 

@@ -169,8 +169,10 @@ def test_fingerprint_covers_the_quantization():
     q32 = _tiny_foundation({"scheme": "8da4w", "group_size": 32})
     q64 = _tiny_foundation({"scheme": "8da4w", "group_size": 64})
     q32e = _tiny_foundation({"scheme": "8da4w", "group_size": 32, "embedding": "int8"})
-    prints = {foundation_fingerprint(f) for f in (plain, q32, q64, q32e)}
-    assert len(prints) == 4
+    asym = _tiny_foundation({"scheme": "8da4w", "group_size": 32, "grid": "asymmetric"})
+    head8 = _tiny_foundation({"scheme": "8da4w", "group_size": 32, "lm_head": "int8"})
+    prints = {foundation_fingerprint(f) for f in (plain, q32, q64, q32e, asym, head8)}
+    assert len(prints) == 6
     assert foundation_fingerprint(q32) == foundation_fingerprint(_tiny_foundation({"scheme": "8da4w"}))
 
 
@@ -338,3 +340,108 @@ def test_two_adapters_share_the_quantized_foundation_in_memory(runner_bin, q_bui
     assert shared[1]["ok"], shared
     unshared = measure(runner_bin, q_build.ptd, ptes, "stock")
     assert unshared[1]["increment_bytes"] > bound, unshared
+
+
+# --- the asymmetric grid (llama.cpp's Q4_1) and an int8 lm_head ---------------------------------
+
+ASYM = {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8"}
+
+
+def q4_1_weights(out_f: int, in_f: int, seed: int = 0) -> torch.Tensor:
+    """Weights as a Q4_1 GGUF holds them: per group of 32, ``d * q + m`` with ``q`` in 0..15 (both ends
+    used, as llama.cpp's quantizer does), ``d`` and ``m`` float16 values (``d`` exact in bfloat16)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = in_f // 32
+    d = (torch.rand(out_f, groups, 1, generator=g) * 0.1 + 0.01).to(torch.bfloat16).float()
+    m = (-8 * d + torch.randn(out_f, groups, 1, generator=g) * 0.01).half().float()
+    q = torch.randint(0, 16, (out_f, groups, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * q + m).reshape(out_f, in_f)
+
+
+def test_asymmetric_grid_keeps_q4_1_weights():
+    """A Q4_1 group is ``d (q - 8) + (m + 8 d)``: the split gives back every weight; the symmetric grid
+    (ExecuTorch's default 8da4w) cannot, and rounds each by up to half a step."""
+    from lora_share.quantize import asymmetric_groups
+
+    w = q4_1_weights(64, 128)
+    sym, offsets = asymmetric_groups(w, 32)
+    again = (sym.reshape(64, 4, 32) + offsets[..., None]).reshape(64, 128)
+    assert torch.allclose(again, w, rtol=0, atol=1e-6)
+    steps = (sym.reshape(64, 4, 32) / (sym.reshape(64, 4, 32).amax(-1, keepdim=True) / 7)).round()
+    assert steps.min() == -8 and steps.max() == 7  # the int4 values are q - 8: the full symmetric range
+    b = w.reshape(64, 4, 32)
+    scale = b.abs().amax(-1, keepdim=True) / 7.5
+    symmetric = (torch.clamp(torch.round(b / scale), -8, 7) * scale).reshape(64, 128)
+    assert (symmetric - w).abs().max() > 100 * (again - w).abs().max()
+
+
+def test_asymmetric_quantized_model_holds_q4_1_weights_exactly():
+    """In the quantized eager model, every int4 linear's dequantized weight plus its group offsets is the
+    Q4_1 weight it was given, and the lm_head is int8 per row (within one int8 step of the float)."""
+    foundation = _tiny_foundation(ASYM, tie_embeddings=False)
+    args = foundation.args
+    originals = {}
+    for i, name in enumerate(n for n in foundation.tensors if n.endswith("proj.weight")):
+        originals[name] = foundation.tensors[name] = q4_1_weights(*foundation.tensors[name].shape, seed=i)
+    model = eager_model(foundation)
+    for fqn, lin in foundation_linears(model).items():
+        assert is_quantized(lin.weight), fqn
+        if fqn == "lm_head":
+            assert lin.offsets is None and lin.weight.qdata.abs().max() > 7  # int8, not int4
+            step = foundation.tensors["lm_head.weight"].abs().amax(1, keepdim=True) / 127
+            assert ((lin.weight.dequantize() - foundation.tensors["lm_head.weight"]).abs() <= step).all()
+            continue
+        w = lin.weight.dequantize()
+        again = (w.reshape(w.shape[0], -1, 32) + lin.offsets[..., None]).reshape(w.shape)
+        assert torch.allclose(again, originals[fqn + ".weight"], rtol=0, atol=1e-6), fqn
+    assert len(originals) == 7 * args.n_layers
+
+
+@pytest.fixture(scope="module")
+def asym_build(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("asymmetric")
+    foundation = {**Q_FOUNDATION, "quantize": {**ASYM, "embedding": "int8"},
+                  "synthetic": {**Q_FOUNDATION["synthetic"], "dim": 256, "hidden_dim": 512}}
+    return build_config(write_config(folder, foundation, Q_ADAPTERS[:2], name="asymmetric"))
+
+
+def test_asymmetric_export_matches_its_eager_model(runner_bin, asym_build, tmp_path):
+    """The asymmetric grid's offsets linear runs inside the export: lora_share.run and build/runner give
+    the eager quantized model's logits (same criteria as the symmetric build) and each other's."""
+    from test_cpp_runner import all_ptes, ids, run_runner
+
+    cfg = lora_share.validate(asym_build.config)
+    foundation = load_foundation(cfg.foundation)
+    prompts = accuracy_prompts(foundation.args.vocab_size, foundation.args.max_seq_len)
+    for a in cfg.adapters:
+        adapter = load_adapter(a, foundation.args)
+        quantized, floating = eager_model(foundation, adapter), eager_model(foundation, adapter, quantized=False)
+        assert any(lin.offsets is not None for lin in foundation_linears(quantized).values())
+        got = teacher_forced_logits(LoadedAdapter(asym_build.ptes[a.name], asym_build.ptd).step, prompts)
+        with single_threaded():
+            want = teacher_forced_logits(eager_step(quantized), prompts)
+            ref = teacher_forced_logits(eager_step(floating), prompts)
+        assert np.median(np.abs(got - want).max(axis=1)) <= 1e-3, a.name
+        assert math.sqrt(np.mean((got - want) ** 2)) <= 0.1 * math.sqrt(np.mean((want - ref) ** 2)), a.name
+        npy = tmp_path / f"{a.name}.npy"
+        proc = run_runner(runner_bin, *all_ptes(asym_build), "--ptd", asym_build.ptd, "--tokens", ids(PROMPT),
+                          "--max-new-tokens", NEW, "--adapter", a.name, "--dump-logits", npy)
+        assert proc.returncode == 0, proc.stderr
+        py = lora_share.run(asym_build.ptes[a.name], asym_build.ptd, PROMPT, NEW)
+        assert [int(t) for t in proc.stdout.split()] == py.tokens, a.name
+        assert np.abs(np.load(npy) - py.logits).max() <= 1e-4, a.name
+
+
+def test_asymmetric_grid_is_closer_to_float_on_float_weights():
+    """On float (not Q4_1) weights the asymmetric grid uses all 16 levels of each group's range: its
+    weight error is below the symmetric grid's, linear by linear."""
+    from lora_share.quantize import asymmetric_groups
+
+    w = torch.randn(256, 512, generator=torch.Generator().manual_seed(3))
+    sym, offsets = asymmetric_groups(w, 32)
+    asym_err = ((sym.reshape(256, 16, 32) + offsets[..., None]).reshape(256, 512) - w).pow(2).mean()
+    b = w.reshape(256, 16, 32)
+    scale = (b.abs().amax(-1, keepdim=True) / 7.5).to(torch.bfloat16).float()
+    sym_err = ((torch.clamp(torch.round(b / scale), -8, 7) * scale).reshape(256, 512) - w).pow(2).mean()
+    assert asym_err < 0.8 * sym_err, (asym_err, sym_err)

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import TEXT_ADAPTER, build_config, run_cli, write_config
+from conftest import TEXT_ADAPTER, run_cli, write_config
 from hf_files import hf_config, hf_generate, write_hf_llama, write_peft_lora
 from lora_share.errors import UserError
 from lora_share.files import sha256_file
@@ -120,29 +119,8 @@ def test_chat_matches_apply_chat_template(text_build, text_hf):
     assert got["tokens"] == hf_generate(model, got["prompt"], NEW)
 
 
-@pytest.fixture(scope="module")
-def eos_build(text_build, text_hf, tmp_path_factory):
-    """The text build rebuilt with foundation.tokenizer: the same tokenizer, but generation_config.json's
-    eos is the token greedy decoding of PROMPT reaches last for the first time (a plain word piece)."""
-    tokenizer, model = text_hf
-    greedy = hf_generate(model, tokenizer(PROMPT)["input_ids"], NEW)
-    eos = max(set(greedy[:NEW - 1]), key=greedy.index)  # generation then stops before max_new_tokens
-    root = tmp_path_factory.mktemp("eos")
-    tok_dir = root / "tokenizer"
-    tok_dir.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(text_build.checkpoint / name, tok_dir / name)
-    (tok_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": eos}))
-    _copy_build(text_build, root / "out")  # the same output folder: the adapter is reused, not exported
-    cfg = yaml.safe_load(text_build.build.config.read_text())
-    cfg["foundation"].update(checkpoint=str(text_build.checkpoint), tokenizer="tokenizer")
-    cfg["adapters"] = [{"name": TEXT_ADAPTER, "peft": str(text_build.peft)}]
-    (root / "deploy.yaml").write_text(yaml.safe_dump(cfg))
-    return eos, greedy, build_config(root / "deploy.yaml")
-
-
 def test_generation_stops_at_eos(eos_build, text_hf):
-    eos, greedy, build = eos_build
+    eos, greedy, build = eos_build.eos, eos_build.greedy, eos_build.build
     tokenizer, model = text_hf
     assert build.manifest["adapters"][0]["produced"] == "reused"
     eos_ids = build.manifest["tokenizer"]["eos_token_ids"]

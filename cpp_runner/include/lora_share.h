@@ -73,6 +73,10 @@
 extern "C" {
 #endif
 
+/* The name that asks for the foundation alone (no adapter): ls_generate_named
+ * and ls_check_request take it; no adapter may be called that. */
+#define LS_BASE_NAME "base"
+
 typedef enum {
   LS_OK = 0,
   LS_ERR_ARGUMENT = 1,  /* a NULL pointer, a bad option value */
@@ -111,6 +115,13 @@ typedef struct {
   int64_t max_new_tokens; /* default 16; at least 1 */
   double temperature;     /* default 0: greedy (argmax) */
   uint64_t seed;          /* sampling seed when temperature > 0 */
+  int ignore_eos;         /* 0 (default): stop after the build's end-of-
+                             sequence id (it is the last token on_token
+                             sees), as transformers' generate does; nonzero:
+                             generate max_new_tokens whatever comes. The EOS
+                             ids are the tokenizer section's of the
+                             manifest.json beside the foundation.ptd; a build
+                             without a tokenizer has none. */
 } ls_generate_options;
 
 /* Called with each generated token id, in order. Return 0 to go on, nonzero
@@ -136,13 +147,15 @@ typedef struct {
 
 /* Defaults: no shared file, verify on, no budget. */
 LS_API void ls_options_init(ls_options* options);
-/* Defaults: 16 new tokens, greedy, seed 0. */
+/* Defaults: 16 new tokens, greedy, seed 0, stop at EOS. */
 LS_API void ls_generate_options_init(ls_generate_options* options);
 /* "LS_OK", "LS_ERR_LOAD", ...; "unknown" for any other value. */
 LS_API const char* ls_status_name(ls_status code);
 
 /* Maps `ptd` (and options->shared_ptd). Adapters come with ls_load_adapter.
- * `options` may be NULL (defaults). */
+ * `options` may be NULL (defaults). The build's EOS ids are read from the
+ * manifest.json beside `ptd` (none without one); a manifest whose tokenizer
+ * section names another foundation is refused (LS_ERR_LOAD). */
 LS_API ls_runtime* ls_open(const char* ptd, const ls_options* options,
                            ls_error* error);
 /* A deployment folder: checks manifest.json, the foundation and every adapter
@@ -169,13 +182,17 @@ LS_API int ls_adapter_resident(const ls_adapter* adapter);
 
 /* Prefill `prompt` (n ids), then generate up to options->max_new_tokens,
  * calling on_token (may be NULL) with each. Loads the adapter first if it is
- * not resident. `options` may be NULL (defaults). */
+ * not resident. `options` may be NULL (defaults).
+ * A NULL `adapter` is the foundation alone ("base"): the program of the
+ * first adapter the runtime knows, every LoRA input a zero rank-1 pair (at
+ * least one adapter must be known: LS_ERR_REQUEST otherwise). */
 LS_API ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter,
                              const int64_t* prompt, size_t n,
                              const ls_generate_options* options,
                              ls_token_callback on_token, void* user_data,
                              ls_error* error);
-/* ls_generate for the adapter called `name`. */
+/* ls_generate for the adapter called `name`; "base" is the foundation alone
+ * (as a NULL adapter for ls_generate). */
 LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name,
                                    const int64_t* prompt, size_t n,
                                    const ls_generate_options* options,
@@ -183,7 +200,7 @@ LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name,
                                    ls_error* error);
 
 /* Whether ls_generate_named would accept this request, without loading the
- * adapter or generating: LS_ERR_NOT_FOUND for an unknown name, LS_ERR_REQUEST
+ * adapter or generating ("base" too): LS_ERR_NOT_FOUND for an unknown name, LS_ERR_REQUEST
  * (with ls_generate's message) for ids outside the vocabulary, an empty
  * prompt, max_new_tokens < 1 or a request longer than the context. A server
  * asks this before it answers, so a bad request gets an error, not a stream. */

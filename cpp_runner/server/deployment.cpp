@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../file_check.h"
-#include "../manifest.h"
-#include "../tokenizer/binding.h"
+#include "file_check.h"
+#include "manifest.h"
+#include "binding.h"
 
 namespace lora_share::server {
 namespace {
@@ -56,7 +56,7 @@ std::string trim(const std::string& text) {
 }  // namespace
 
 bool Deployment::knows(const std::string& name) const {
-  return std::find(adapters.begin(), adapters.end(), name) != adapters.end();
+  return name == "base" || std::find(adapters.begin(), adapters.end(), name) != adapters.end();
 }
 
 StatusOr<std::vector<int64_t>> Deployment::prompt_ids(const CompletionRequest& request) const {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "../status.h"
-#include "../tokenizer/tokenizer.h"
+#include "status.h"
+#include "tokenizer.h"
 #include "openai.h"
 
 namespace lora_share::server {
@@ -35,6 +35,7 @@ struct Deployment {
   std::vector<int64_t> eos_ids;
   std::optional<ChatFormat> chat;
 
+  // An adapter of the manifest, or "base" (the foundation alone).
   bool knows(const std::string& name) const;
   // The prompt's ids: encoded text, the ids as given, or rendered messages.
   // Usage errors say what the deployment lacks (a tokenizer, a chat format).

@@ -42,6 +42,7 @@ std::string next_id(bool chat) {
 // false when the client is gone, so generation stops there.
 struct Run {
   const Deployment* deployment = nullptr;
+  bool ignore_eos = false;
   std::optional<tok::StreamDecoder> decoder;
   Answer answer;
   std::function<bool(const std::string& piece, int64_t id)> on_piece;
@@ -50,7 +51,7 @@ struct Run {
   static int on_token(int64_t id, void* self) {
     auto* run = static_cast<Run*>(self);
     const auto& eos = run->deployment->eos_ids;
-    if (std::find(eos.begin(), eos.end(), id) != eos.end()) {
+    if (!run->ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) {
       run->answer.finish_reason = "stop";
       return 1;
     }
@@ -86,6 +87,7 @@ ls_generate_options generate_options(const CompletionRequest& request) {
   g.max_new_tokens = request.max_tokens;
   g.temperature = request.temperature;
   g.seed = request.seed;
+  g.ignore_eos = request.ignore_eos ? 1 : 0;
   return g;
 }
 
@@ -148,7 +150,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   const CompletionRequest& request = prepared->request;
   if (!deployment_.knows(request.model)) {
     return send_error(res, 404, "no adapter called '" + request.model +
-                                    "' in this deployment: GET /v1/models lists them");
+                                    "' in this deployment: GET /v1/models lists them ('base' is the foundation alone)");
   }
   auto ids = deployment_.prompt_ids(request);
   if (!ids.ok()) return send_error(res, 400, ids.status().message());
@@ -169,6 +171,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     ticket.wait();
     Run run;
     run.deployment = &deployment_;
+    run.ignore_eos = request.ignore_eos;
     if (deployment_.tokenizer) run.decoder.emplace(*deployment_.tokenizer, true);
     run.answer.finish_reason = "length";
     run.answer.prompt_tokens = static_cast<int64_t>(prepared->ids.size());
@@ -197,6 +200,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
         };
         Run run;
         run.deployment = &deployment_;
+        run.ignore_eos = rq.ignore_eos;
         if (deployment_.tokenizer) run.decoder.emplace(*deployment_.tokenizer, true);
         run.answer.finish_reason = "length";
         run.answer.prompt_tokens = static_cast<int64_t>(prepared->ids.size());

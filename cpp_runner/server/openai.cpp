@@ -109,6 +109,10 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
     if (!st->is_boolean()) return Status::usage("stream must be true or false, got " + st->dump());
     request->stream = st->get<bool>();
   }
+  if (auto ie = body.find("ignore_eos"); ie != body.end() && !ie->is_null()) {
+    if (!ie->is_boolean()) return Status::usage("ignore_eos must be true or false, got " + ie->dump());
+    request->ignore_eos = ie->get<bool>();
+  }
   return {};
 }
 

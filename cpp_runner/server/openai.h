@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "../status.h"
+#include "status.h"
 
 namespace lora_share::server {
 
@@ -20,7 +20,7 @@ struct ChatMessage {
 
 struct CompletionRequest {
   bool chat = false;        // /v1/chat/completions
-  std::string model;        // the adapter's name
+  std::string model;        // the adapter's name; "base": the foundation alone
   std::string prompt;       // completions: a text prompt
   std::vector<int64_t> prompt_ids;  // completions: a prompt of token ids
   bool prompt_is_ids = false;
@@ -29,6 +29,7 @@ struct CompletionRequest {
   double temperature = 0;   // greedy unless asked: answers are reproducible
   uint64_t seed = 0;
   bool stream = false;
+  bool ignore_eos = false;  // as vLLM's: generate max_tokens past any EOS id
 };
 
 // Parses and checks a request body. Every problem is a usage Status naming
@@ -38,7 +39,7 @@ StatusOr<CompletionRequest> parse_request(const std::string& body, bool chat);
 // One finished answer: what generation produced.
 struct Answer {
   std::string text;             // decoded text ("" without a tokenizer)
-  std::vector<int64_t> tokens;  // generated ids (an EOS that stopped it excluded)
+  std::vector<int64_t> tokens;  // generated ids (an EOS that stopped it excluded; kept with ignore_eos)
   std::string finish_reason;    // "stop" (EOS) or "length"
   int64_t prompt_tokens = 0;
 };

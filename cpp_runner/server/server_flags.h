@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "../status.h"
+#include "status.h"
 
 namespace lora_share::server {
 

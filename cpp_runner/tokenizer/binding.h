@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../status.h"
+#include "status.h"
 #include "tokenizer.h"
 
 namespace lora_share::tok {

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "../status.h"
+#include "status.h"
 #include "regex.h"
 
 namespace lora_share::tok {

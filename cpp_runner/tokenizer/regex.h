@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "../status.h"
+#include "status.h"
 
 namespace lora_share::tok {
 

@@ -11,7 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../status.h"
+#include "status.h"
 #include "added_tokens.h"
 #include "bpe.h"
 #include "components.h"

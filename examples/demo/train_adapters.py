@@ -44,8 +44,8 @@ WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
          "nineteen", "twenty"]
 DEMO_PROMPT = "1 2 3"
 
-# One recipe for the three counting adapters: lora-share exports it once and makes the others
-# from that program by substitution. The speller has its own (a second export, other targets).
+# One recipe for the three counting adapters, another for the speller: lora-share exports one
+# program for the envelope both span (o_proj and down_proj up to rank 16) and writes each as data.
 COUNT_RECIPE = {"r": 8, "lora_alpha": 16, "target_modules": ["o_proj", "down_proj"]}
 SPELL_RECIPE = {"r": 16, "lora_alpha": 16, "target_modules": ["down_proj"], "layers_to_transform": [4, 5, 6, 7]}
 

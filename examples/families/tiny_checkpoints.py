@@ -54,7 +54,7 @@ SPECS = {
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
         {"a": {"r": 4, "lora_alpha": 8, "target_modules": _ALL, "use_rslora": True,
                "exclude_modules": ["model.layers.0.mlp.down_proj"]}}, seed=10, embedding_std=0.3),
-    # Qwen2.5's layout: q/k/v biases, untied. Two adapters of one recipe: the second is substituted.
+    # Qwen2.5's layout: q/k/v biases, untied. Two adapters of one recipe, one program.
     "qwen2": Spec("Qwen2ForCausalLM", {**_TINY, "tie_word_embeddings": False,
                                        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
                   {name: {"r": 4, "lora_alpha": 8, "target_modules": _ALL, "rank_pattern": {"v_proj": 2},
@@ -75,7 +75,7 @@ SPECS = {
                   {"a": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear",
                          "exclude_modules": ["up_proj"]}}, seed=50, embedding_std=0.3 * 96**-0.5),
     # Phi-3's layout: fused qkv_proj and gate_up_proj, untied, LoRA on the fused linears. Two
-    # adapters of one recipe: the second is substituted (its A is shared by q, k and v).
+    # adapters of one recipe, one program (each one's A is shared by q, k and v).
     "phi3": Spec("Phi3ForCausalLM", {**_TINY, "tie_word_embeddings": False, "sliding_window": 48},
                  {name: {"r": 4, "lora_alpha": 8, "target_modules": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
                          "rank_pattern": {"qkv_proj": 8}, "alpha_pattern": {"gate_up_proj": 4}}

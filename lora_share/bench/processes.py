@@ -46,7 +46,9 @@ class Server:
         cmd = [str(runner)] + (["--ptd", str(ptd)] if ptd else [])
         for pte in ptes:
             cmd += ["--pte", str(pte)]
-        cmd += ["--serve", "--max-new-tokens", str(max_new_tokens), *extra]
+        # --ignore-eos: every request decodes max_new_tokens, so throughput is measured over the same
+        # number of tokens whatever the model says (a build with a tokenizer has EOS ids).
+        cmd += ["--serve", "--max-new-tokens", str(max_new_tokens), "--ignore-eos", *extra]
         self.cmd, self.names = cmd, [Path(p).stem for p in ptes]
         self._stderr = tempfile.NamedTemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .build_time import RECIPE, machine_info, resolve_foundation, timed_build, write_config
 from .memory import BenchError, packed_cache_starts
+from ..config import BASE_NAME
 from ..errors import UserError
 from . import processes, report, variants
 
@@ -111,7 +112,6 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
             row, manifest = timed_build(workdir / "builds" / f"n{n}", foundation_cfg, n)
         build_rows.append(row)
     ptd, ptes = top_dir / "out" / "foundation.ptd", [top_dir / "out" / a["file"] for a in manifest["adapters"]]
-    base_pte = variants.write_base(ptes[0], manifest["foundation"]["fingerprint"], workdir / "base")
 
     # 3. Stand-alone programs: one export with the weights inside, each adapter's data written into it.
     with progress.step("standalone", f"{n_max} stand-alone program(s) (weights inside)"):
@@ -156,9 +156,10 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
     alone_name = standalone[0].stem
     with progress.step("speed", f"speed: prefill {prompt_len} + decode {new_tokens} tokens, "
                                 f"{len(ptes) + 2} programs"):
-        with processes.Server(runner, [base_pte, *ptes], ptd, max_new_tokens=new_tokens) as server, \
+        with processes.Server(runner, ptes, ptd, max_new_tokens=new_tokens) as server, \
                 processes.Server(runner, standalone[:1], max_new_tokens=new_tokens) as alone_server:
-            programs = {n: (server, n) for n in [variants.BASE_NAME, *names]}
+            # "base": the foundation alone, through the deployment's program with every LoRA input zero.
+            programs = {n: (server, n) for n in [BASE_NAME, *names]}
             programs["standalone"] = (alone_server, alone_name)
             programs = processes.speeds(programs, prompt, SPEED_REPEATS)
     alone = programs.pop("standalone")

@@ -1,5 +1,5 @@
 """The scale benchmark: SmolLM-135M's shape at a 2,048-token context, where planned memory and
-attention cost show (the default config's 28 M parameters and 128 tokens hide both).
+attention cost show (the synthetic config's 28 M parameters and 128 tokens hide both).
 
     make bench-scale                      # = lora-share bench-scale; writes benchmarks/results/bench_scale.*
     lora-share bench-scale --shape tiny --out /tmp/scale   # the same steps on a tiny shape, in a minute

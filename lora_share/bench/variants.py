@@ -8,16 +8,14 @@
   program exported once with its foundation weights inside
   (``export_program(external=False)``) and each adapter's data written into it:
   what shipping one self-contained model per adapter costs.
-- base: the deployment's own program with no LoRA (every slot a zero rank-1 pair),
-  written like an adapter, no export.
+- base: the foundation alone, the runner's ``base`` (the deployment's program with
+  every LoRA input zero), no file of its own.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-
-BASE_NAME = "base"
 
 
 def load_models(config: Path):
@@ -29,23 +27,6 @@ def load_models(config: Path):
     cfg = load_config(config)
     foundation = load_foundation(cfg.foundation)
     return foundation, [load_adapter(a, foundation.args) for a in cfg.adapters]
-
-
-def write_base(deployment_pte: Path, fingerprint: str, folder: Path) -> Path:
-    """``folder/base.pte``: the program ``deployment_pte`` carries, with no adapter's data and an
-    adapter record of rank 0, so the runner checks it against foundation.ptd like any adapter."""
-    from ..adapter_pte import Program, read_record
-    from ..formats.meta import AdapterMeta
-
-    program = Program.from_adapter_file(deployment_pte)
-    record = read_record(deployment_pte.read_bytes(), str(deployment_pte))
-    meta = AdapterMeta(name=BASE_NAME, foundation_fingerprint=fingerprint, rank=0, alpha=0.0, targets=[], layers=[],
-                       use_rslora=False, source_kind="none", source="", envelope_max_rank=record.envelope_max_rank,
-                       envelope=record.envelope, lora=[])
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{BASE_NAME}.pte"
-    path.write_bytes(program.write(meta, {}))
-    return path
 
 
 def export_standalone(foundation, adapters: list, folder: Path) -> list[dict]:

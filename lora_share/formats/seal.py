@@ -5,7 +5,7 @@ The record's segment lies outside the Program flatbuffer and has a fixed,
 padded size, so sealing rewrites only the record's bytes: no offset moves. A
 flipped bit or a truncation anywhere else in the file (program, delegate
 payloads, LoRA weights, padding) no longer matches the seal. Readers that check
-it: ``lora_share.verify`` and the C++ runner (cpp_runner/file_check.cpp).
+it: ``lora_share.verify`` and the C++ runner (cpp_runner/formats/file_check.cpp).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def content_crc32(blob, start: int, end: int) -> int:
 
 def seal_pte(data: bytes) -> bytes:
     """``data`` (a .pte with an adapter record) with the seal written into its record."""
-    pte = read_pte(data, what="<pte to seal>")
+    pte = read_pte(data, what="<pte to seal>", plans=False)
     entry = pte.entry(ADAPTER_KEY)
     meta = decode(pte.data(ADAPTER_KEY), "<pte to seal>").adapter
     sealed = dataclasses.replace(meta, content_bytes=len(data),

@@ -1,0 +1,365 @@
+#include "flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+#include "file_stem.h"
+#include "lora_share.h"
+
+namespace lora_share {
+namespace {
+
+struct FlagSpec {
+  const char* name;        // without the leading "--"
+  const char* value_name;  // nullptr for a switch that takes no value
+  const char* default_text;
+  const char* help;
+  Status (*apply)(Options& options, const std::string& value);
+};
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n";
+  size_t begin = s.find_first_not_of(ws);
+  if (begin == std::string::npos) return "";
+  size_t end = s.find_last_not_of(ws);
+  return s.substr(begin, end - begin + 1);
+}
+
+// Strict integer parse: the whole text must be one base-10 number.
+bool parse_int64(const std::string& text, int64_t* out) {
+  std::string t = trim(text);
+  if (t.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(t.c_str(), &end, 10);
+  if (errno != 0 || end != t.c_str() + t.size()) return false;
+  *out = v;
+  return true;
+}
+
+Status bad_value(const char* flag, const std::string& value,
+                 const char* expected) {
+  return Status::usage(std::string("--") + flag + " '" + value +
+                       "': expected " + expected);
+}
+
+// The table. Order here is the order of --help.
+const FlagSpec kFlags[] = {
+    {"pte", "PATH", "(required)",
+     "adapter program (.pte); repeat to load several adapters at once",
+     [](Options& o, const std::string& v) {
+       o.ptes.push_back(v);
+       return Status();
+     }},
+    {"ptd", "PATH", "(none: self-contained .pte)",
+     "shared foundation data file (.ptd), mapped once for every adapter; "
+     "omit it only for programs with every weight inside",
+     [](Options& o, const std::string& v) {
+       o.ptd = v;
+       return Status();
+     }},
+    {"shared-ptd", "PATH", "(none)",
+     "adapter tensors several adapters share (adapters_shared.ptd, written "
+     "when the build config sets dedup.shared_adapter_tensors: hoist); "
+     "mapped once, like --ptd",
+     [](Options& o, const std::string& v) {
+       o.shared_ptd = v;
+       return Status();
+     }},
+    {"tokens", "IDS", "(this or --prompt, unless --serve)",
+     "prompt token ids, comma-separated, e.g. 1,17,42; generation stops "
+     "after the build's end-of-sequence id (its manifest.json beside --ptd) "
+     "unless --ignore-eos",
+     [](Options& o, const std::string& v) {
+       auto ids = parse_token_list(v, "--tokens");
+       if (!ids.ok()) return ids.status();
+       o.tokens = std::move(ids.value());
+       o.tokens_given = true;
+       return Status();
+     }},
+    {"prompt", "TEXT", "(this or --tokens, unless --serve)",
+     "prompt text, encoded with the build's tokenizer (BOS added where the "
+     "model has one); the reply is printed as text while it is generated "
+     "and stops at the model's end-of-sequence token",
+     [](Options& o, const std::string& v) {
+       o.prompt = v;
+       o.prompt_given = true;
+       return Status();
+     }},
+    {"tokenizer", "DIR", "(the --ptd's folder)",
+     "folder with the build's manifest.json and tokenizer.json, checked to "
+     "belong to the --ptd; for --prompt and --serve",
+     [](Options& o, const std::string& v) {
+       o.tokenizer_dir = v;
+       return Status();
+     }},
+    {"max-new-tokens", "N", "16", "number of tokens to generate (>= 1)",
+     [](Options& o, const std::string& v) {
+       int64_t n = 0;
+       if (!parse_int64(v, &n) || n < 1)
+         return bad_value("max-new-tokens", v, "an integer >= 1");
+       o.max_new_tokens = n;
+       return Status();
+     }},
+    {"temperature", "F", "0",
+     "sampling temperature; 0 = greedy (the only mode that matches Python "
+     "token for token)",
+     [](Options& o, const std::string& v) {
+       std::string t = trim(v);
+       char* end = nullptr;
+       errno = 0;
+       double f = t.empty() ? NAN : std::strtod(t.c_str(), &end);
+       if (t.empty() || errno != 0 || end != t.c_str() + t.size() ||
+           !std::isfinite(f) || f < 0)
+         return bad_value("temperature", v, "a finite number >= 0");
+       o.temperature = f;
+       return Status();
+     }},
+    {"seed", "N", "0", "random seed for sampling (reset for every request)",
+     [](Options& o, const std::string& v) {
+       int64_t n = 0;
+       if (!parse_int64(v, &n) || n < 0)
+         return bad_value("seed", v, "an integer >= 0");
+       o.seed = static_cast<uint64_t>(n);
+       return Status();
+     }},
+    {"adapter", "NAME", "(first --pte)",
+     "which loaded adapter answers: the .pte file stem, or 'base' for the "
+     "foundation alone (no LoRA; through the program the --pte files carry)",
+     [](Options& o, const std::string& v) {
+       o.adapter = v;
+       return Status();
+     }},
+    {"ignore-eos", nullptr, "off",
+     "generate max-new-tokens tokens even past the build's end-of-sequence "
+     "ids (--tokens, --prompt and --serve)",
+     [](Options& o, const std::string&) {
+       o.ignore_eos = true;
+       return Status();
+     }},
+    {"serve", nullptr, "off",
+     "read requests from stdin, one per line, either 'adapter<TAB>ids' or "
+     "JSON {\"adapter\": ..., \"prompt\": text | \"tokens\": [ids], "
+     "\"max_new_tokens\", \"temperature\", \"seed\" (optional)}; answer one "
+     "JSON line each (with \"text\" when the build has a tokenizer); "
+     "each stops after an end-of-sequence id unless --ignore-eos; the "
+     "adapter 'base' is the foundation alone; EOF ends. Requests run one at a time and each starts "
+     "at position 0: nothing of an earlier request (KV cache included) is "
+     "kept or read",
+     [](Options& o, const std::string&) {
+       o.serve = true;
+       return Status();
+     }},
+    {"dump-logits", "PATH", "(none)",
+     "write the logits rows as .npy float32 [max_new_tokens, vocab]",
+     [](Options& o, const std::string& v) {
+       o.dump_logits = v;
+       return Status();
+     }},
+    {"json", nullptr, "off",
+     "print one JSON object (tokens, timings, memory) instead of plain ids",
+     [](Options& o, const std::string&) {
+       o.json = true;
+       return Status();
+     }},
+    {"packed-cache", "PATH", "(none)",
+     "XNNPACK packed-weight file: written on the first run, mapped on later "
+     "runs to skip repacking",
+     [](Options& o, const std::string& v) {
+       o.packed_cache = v;
+       return Status();
+     }},
+    {"no-weight-cache", nullptr, "off",
+     "turn XNNPACK's shared weight cache off (each adapter packs its own "
+     "copy of the foundation; for benchmarks)",
+     [](Options& o, const std::string&) {
+       o.no_weight_cache = true;
+       return Status();
+     }},
+    {"stock", nullptr, "off",
+     "load each adapter through executorch::extension::Module(pte, {ptd, "
+     "shared-ptd}) with the weight cache off, as ExecuTorch's examples do "
+     "(for benchmarks)",
+     [](Options& o, const std::string&) {
+       o.stock = true;
+       return Status();
+     }},
+    {"private-arenas", nullptr, "off",
+     "give each adapter program its own planned memory (KV cache and "
+     "activations) instead of one arena for all, sized to the largest "
+     "(for benchmarks)",
+     [](Options& o, const std::string&) {
+       o.private_arenas = true;
+       return Status();
+     }},
+    {"no-verify", nullptr, "off",
+     "load adapters even if their recorded foundation fingerprint differs "
+     "from the --ptd's (the files are still checked for corruption)",
+     [](Options& o, const std::string&) {
+       o.no_verify = true;
+       return Status();
+     }},
+    {"verbose", nullptr, "off", "pass ExecuTorch's own log lines to stderr",
+     [](Options& o, const std::string&) {
+       o.verbose = true;
+       return Status();
+     }},
+    {"help", nullptr, "", "show this help and exit",
+     [](Options& o, const std::string&) {
+       o.help = true;
+       return Status();
+     }},
+};
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const FlagSpec& f : kFlags) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+// Combinations that would silently do something other than asked.
+Status check_combinations(const Options& o) {
+  if (o.help) return Status();
+  if (o.ptes.empty())
+    return Status::usage("--pte: give at least one adapter program (.pte)");
+  if (o.serve) {
+    if (o.tokens_given || o.prompt_given)
+      return Status::usage(std::string(o.tokens_given ? "--tokens" : "--prompt") +
+                           " is not used with --serve: each request line "
+                           "carries its own prompt");
+    if (!o.adapter.empty())
+      return Status::usage("--adapter is not used with --serve: each request "
+                           "line names its adapter");
+    if (!o.dump_logits.empty())
+      return Status::usage("--dump-logits is not supported with --serve");
+  } else if (o.tokens_given == o.prompt_given) {
+    return Status::usage(o.tokens_given
+                             ? "--tokens and --prompt are mutually exclusive: "
+                               "give the prompt one way"
+                             : "give the prompt as --tokens IDS (e.g. 1,17,42) "
+                               "or --prompt TEXT (or use --serve)");
+  }
+  if (!o.tokenizer_dir.empty() && o.tokens_given)
+    return Status::usage("--tokenizer is read only with --prompt or --serve, "
+                         "not with --tokens");
+  if (o.prompt_given && o.ptd.empty())
+    return Status::usage("--prompt needs the build's foundation.ptd (--ptd): "
+                         "its tokenizer is checked against it");
+  // Adapters are picked by file stem, so two files with one stem would make
+  // one unreachable. Checked here so a typo fails before minutes of loading.
+  std::set<std::string> names;
+  std::string listed;
+  for (const std::string& pte : o.ptes) {
+    std::string name = file_stem(pte);
+    if (name == LS_BASE_NAME)
+      return Status::usage("--pte " + pte + ": the name '" + std::string(LS_BASE_NAME) +
+                           "' (the file stem) is reserved for the foundation "
+                           "alone (--adapter base): rename the file");
+    if (!names.insert(name).second)
+      return Status::usage("--pte: two adapters are named '" + name +
+                           "' (the name is the file stem); rename one");
+    listed += (listed.empty() ? "" : ", ") + name;
+  }
+  if (!o.adapter.empty() && o.adapter != LS_BASE_NAME && !names.count(o.adapter))
+    return Status::usage("--adapter '" + o.adapter +
+                         "': no such adapter (loaded: " + listed + "; 'base' is the foundation alone)");
+  // The shared file holds LoRA tensors only: a program that reads it also
+  // reads foundation weights, so it is useless without --ptd.
+  if (!o.shared_ptd.empty() && o.ptd.empty())
+    return Status::usage("--shared-ptd is read beside the foundation: give "
+                         "the build's foundation.ptd with --ptd too");
+  if (!o.packed_cache.empty() && (o.no_weight_cache || o.stock))
+    return Status::usage("--packed-cache needs the weight cache, which "
+                         "--no-weight-cache/--stock turn off");
+  if (o.private_arenas && o.stock)
+    return Status::usage("--private-arenas is for the runner's own loading "
+                         "path; with --stock each Module has its own memory");
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text,
+                                                const std::string& what) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (trim(item).empty()) continue;
+    int64_t id = 0;
+    if (!parse_int64(item, &id))
+      return Status::usage(what + " '" + text +
+                           "': expected comma-separated integer token ids, "
+                           "e.g. 1,17,42");
+    ids.push_back(id);
+  }
+  if (ids.empty())
+    return Status::usage(what + ": give at least one token id, e.g. 1,17,42");
+  return ids;
+}
+
+StatusOr<Options> parse_flags(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2)
+      return Status::usage("unexpected argument '" + arg +
+                           "' (flags start with --; see --help)");
+    std::string name = arg.substr(2), value;
+    bool inline_value = false;
+    size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    const FlagSpec* flag = find_flag(name);
+    if (flag == nullptr)
+      return Status::usage("unknown flag --" + name + " (see --help)");
+    if (flag->value_name == nullptr) {
+      if (inline_value)
+        return Status::usage("--" + name + " takes no value");
+    } else if (!inline_value) {
+      if (i + 1 >= argc)
+        return Status::usage("--" + name + " needs a value (" +
+                             flag->value_name + ")");
+      value = argv[++i];
+    }
+    Status s = flag->apply(options, value);
+    if (!s.ok()) return s;
+  }
+  Status s = check_combinations(options);
+  if (!s.ok()) return s;
+  return options;
+}
+
+std::string usage_text(const char* program_name) {
+  std::ostringstream out;
+  out << "usage: " << program_name
+      << " --pte A.pte [--pte B.pte ...] [--ptd foundation.ptd "
+         "[--shared-ptd adapters_shared.ptd]] (--tokens IDS | --prompt TEXT | "
+         "--serve) "
+         "[flags]\n\n"
+         "Loads every adapter program against one shared, memory-mapped "
+         "foundation and generates tokens.\nRequests run one at a time and "
+         "each starts at position 0 (a prompt longer than the program's "
+         "prefill chunk is fed in several calls): nothing of an earlier "
+         "request, KV cache included, is kept or read.\n\nflags:\n";
+  for (const FlagSpec& f : kFlags) {
+    std::string left = std::string("  --") + f.name;
+    if (f.value_name) left += std::string(" ") + f.value_name;
+    out << left;
+    out << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ');
+    out << f.help;
+    if (f.default_text[0] != '\0') out << " [default: " << f.default_text << "]";
+    out << "\n";
+  }
+  out << "\nexit codes: 0 ok, 1 load/run error, 2 usage error\n";
+  return out.str();
+}
+
+}  // namespace lora_share

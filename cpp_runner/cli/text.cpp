@@ -1,0 +1,56 @@
+#include "text.h"
+
+#include <algorithm>
+
+#include "file_check.h"
+
+namespace lora_share {
+
+std::string tokenizer_folder(const Options& options) {
+  return options.tokenizer_dir.empty() ? tok::folder_of(options.ptd) : options.tokenizer_dir;
+}
+
+StatusOr<std::optional<tok::BoundTokenizer>> load_text_tokenizer(const Options& options) {
+  if (options.ptd.empty()) return std::optional<tok::BoundTokenizer>();
+  // The fingerprint recorded inside the .ptd: what the manifest must name.
+  auto ptd = check_ptd(options.ptd, "--ptd");
+  if (!ptd.ok()) return ptd.status();
+  std::string fingerprint = ptd->record.present ? ptd->record.fingerprint : "";
+  return tok::bind_tokenizer(options.ptd, fingerprint, tokenizer_folder(options));
+}
+
+StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenizer, const std::string& text,
+                                             const std::string& what) {
+  auto ids = tokenizer.tokenizer.encode(text, /*add_special_tokens=*/true);
+  if (!ids.ok()) return Status::usage(what + ": " + ids.status().message());
+  if (ids->empty()) return Status::usage(what + ": the text encodes to no tokens: give some text");
+  return ids;
+}
+
+std::optional<std::vector<int64_t>> stop_ids_for(const Options& options,
+                                                 const tok::BoundTokenizer* tokenizer) {
+  if (options.ignore_eos) return std::vector<int64_t>();
+  if (tokenizer != nullptr) return tokenizer->eos_token_ids;
+  return std::nullopt;
+}
+
+StatusOr<TextGeneration> generate_text(const RunnerRuntime& runtime, const AdapterView& adapter,
+                                       const tok::BoundTokenizer& tokenizer,
+                                       const GenerateRequest& request, const TextWriter& write) {
+  const std::vector<int64_t>& eos = tokenizer.eos_token_ids;
+  tok::StreamDecoder stream(tokenizer.tokenizer, /*skip_special_tokens=*/true);
+  std::vector<int64_t> text_ids;
+  std::function<void(int64_t)> on_token = [&](int64_t id) {
+    if (std::find(eos.begin(), eos.end(), id) != eos.end()) return;  // kept in tokens, not printed
+    text_ids.push_back(id);
+    std::string piece = stream.push(id);
+    if (write && !piece.empty()) write(piece);
+  };
+  auto g = runtime.generate(adapter, request, on_token);
+  if (!g.ok()) return g.status();
+  std::string rest = stream.finish();
+  if (write && !rest.empty()) write(rest);
+  return TextGeneration{std::move(g.value()), tokenizer.tokenizer.decode(text_ids, /*skip_special_tokens=*/true)};
+}
+
+}  // namespace lora_share

@@ -1,0 +1,140 @@
+/* lora_share_diag.h: what build/runner does beyond lora_share.h, for
+ * benchmarks and diagnostics. An application does not need it; any
+ * application may use it to do what the runner does:
+ *
+ *   - open with the loading variants a benchmark compares (ExecuTorch's stock
+ *     Module per adapter, one planned-memory arena per program, the XNNPACK
+ *     weight cache off, packed weights backed by a file) and load every
+ *     adapter up front (ls_diag_open);
+ *   - what loading did (ls_diag_loading_info), each adapter's shape and load
+ *     time (ls_diag_adapter_info), the process's memory (ls_diag_memory_stats);
+ *   - a request's timings and logits rows, with the ids it stops at chosen by
+ *     the caller (ls_diag_generate).
+ *
+ * Not a stable API: it follows the runner's flags. Errors, threads and the
+ * runtime's lock are as in lora_share.h.
+ */
+#ifndef LORA_SHARE_DIAG_H
+#define LORA_SHARE_DIAG_H
+
+#include "lora_share.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int stock;            /* nonzero: each adapter is an executorch::extension::
+                           Module(pte, ptd) of its own, with its own memory and
+                           the weight cache off, as ExecuTorch's examples load
+                           (runner --stock); no 'base' then */
+  int private_arenas;   /* nonzero: each program its own planned memory
+                           instead of one arena for all (--private-arenas) */
+  int weight_cache;     /* default 1; 0: every program packs its own copy of
+                           the foundation (--no-weight-cache) */
+  const char* packed_cache; /* NULL (default), or an XNNPACK packed-weight
+                           file: written after the first load, mapped on later
+                           ones (--packed-cache) */
+  int ignore_eos;       /* nonzero: read no EOS ids (the manifest.json beside
+                           the .ptd is not read); --ignore-eos */
+  int runner_messages;  /* nonzero: error messages name build/runner's flags
+                           (--pte, --ptd, --no-verify, ...) rather than the
+                           library's parameters */
+} ls_diag_options;
+
+/* Defaults: the library's loading (shared program, one arena, weight cache
+ * on, no packed cache), EOS ids read, the library's wording. */
+LS_API void ls_diag_options_init(ls_diag_options* options);
+
+/* The whole message of the last error a call on this thread reported:
+ * ls_error.message keeps at most 1023 bytes of it. Valid until the thread's
+ * next failing call. */
+LS_API const char* ls_diag_last_message(void);
+
+/* For a command-line program, first thing in main: ExecuTorch's log lines go
+ * to stderr when `verbose` (they are kept for error messages otherwise), and
+ * an ExecuTorch abort or a crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL) becomes one
+ * "error: ..." line on stderr and exit code 1; SIGPIPE is ignored. A library
+ * must not install these for its host: ls_open does not. */
+LS_API void ls_diag_init_process(int verbose);
+
+/* Opens `ptd` (NULL or "": programs that carry every weight themselves) and
+ * loads every `ptes[i]`, in order, named by its file stem; then, with
+ * diag->packed_cache, writes the packed weights. `options` (may be NULL):
+ * shared_ptd and verify as for ls_open; a budget is refused with
+ * diag->stock. Files given wrongly (an adapter for a foundation without
+ * `ptd`, a manifest.json of another build, a bad packed_cache path) are
+ * LS_ERR_ARGUMENT; a file that cannot be loaded is LS_ERR_LOAD. */
+LS_API ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes,
+                                const ls_options* options, const ls_diag_options* diag,
+                                ls_error* error);
+
+typedef struct {
+  const char* mode;  /* "shared" or "stock" (static strings) */
+  const char* arena; /* "shared" (one for every program), "private" (one per
+                        program) or "module" (stock: each Module its own) */
+  int weight_cache;  /* XNNPACK's weight cache, as the backend reports it */
+  int64_t workspace_sharing_mode; /* as the backend reports it; -1: unread */
+  int packed_cache_warm; /* the packed-cache file held data before loading */
+  uint64_t planned_bytes; /* planned memory the runtime allocated (arenas) */
+} ls_diag_loading;
+
+LS_API ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info,
+                                      ls_error* error);
+
+typedef struct {
+  const char* name; /* valid until ls_close */
+  const char* pte;  /* the file it is loaded from; valid until ls_close */
+  int64_t vocab_size;
+  int64_t max_seq_len;
+  int64_t prefill_chunk; /* most tokens one forward call takes */
+  double load_ms;        /* its most recent load; 0 when not resident */
+} ls_diag_adapter;
+
+/* `adapter` NULL: the foundation alone ('base'). */
+LS_API ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* adapter,
+                                      ls_diag_adapter* info, ls_error* error);
+
+/* The process's memory as the kernel accounts it (/proc/self/smaps_rollup
+ * and VmHWM); a field it cannot read is -1. */
+typedef struct {
+  int64_t rss_kb, pss_kb, anon_kb, file_kb, shmem_kb, peak_rss_kb;
+} ls_diag_memory;
+
+LS_API void ls_diag_memory_stats(ls_diag_memory* stats);
+
+typedef struct {
+  float* logits;           /* NULL (default), or room for max_new_tokens x
+                              vocab_size floats: row i is the logits token i
+                              was picked from */
+  const int64_t* stop_ids; /* with stop_ids_given: the ids generation stops
+                              after, instead of the build's EOS ids */
+  size_t n_stop_ids;
+  int stop_ids_given;
+  const char* prompt_label; /* names the prompt in request errors
+                               ("--tokens"); NULL (default): "prompt" */
+} ls_diag_generate_options;
+
+typedef struct {
+  size_t tokens;        /* generated */
+  int64_t logits_rows;  /* rows written to logits (0 without logits) */
+  double prefill_ms, decode_ms;
+  double prefill_tokens_per_s, decode_tokens_per_s; /* -1: nothing was timed */
+} ls_diag_generation;
+
+LS_API void ls_diag_generate_options_init(ls_diag_generate_options* options);
+
+/* ls_generate (NULL adapter: 'base'), with `diag` (may be NULL: defaults)
+ * and the request's figures in `out` (may be NULL). */
+LS_API ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter,
+                                  const int64_t* prompt, size_t n,
+                                  const ls_generate_options* options,
+                                  const ls_diag_generate_options* diag,
+                                  ls_token_callback on_token, void* user_data,
+                                  ls_diag_generation* out, ls_error* error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LORA_SHARE_DIAG_H */

@@ -1,0 +1,231 @@
+// The library's runtime: one foundation, mapped and packed once, and the
+// adapters it knows, of which those that fit a memory budget are resident.
+//
+// Adapters are registered (from a deployment folder's manifest.json, or one
+// by one) and checked against the foundation when registered; a request
+// loads its adapter on first use and, when the budget is full, first evicts
+// the least recently used resident adapters. Every program runs in one
+// planned-memory arena sized to the largest (planned_arena.h says why that is
+// correct: requests run one at a time, each from position 0).
+//
+// Every adapter of a deployment carries the same program: the pool loads each
+// distinct program once (by the sha256 its adapters' records name) and binds
+// an adapter to it by mapping its LoRA tensors (lora_data.h); loading or
+// evicting an adapter is mapping or unmapping its data.
+//
+// Budget accounting (lora_share.h, MEMORY BUDGET, is the contract):
+// foundation = its file sizes + 8 MiB of runtime state, plus each loaded
+// program (1.2 x its file without adapter data + 4 MiB); arena = its
+// allocated bytes; an adapter = 1.05 x its own LoRA bytes + an overhead
+// (512 KiB unless set). Eviction happens before a load, so the accounted
+// total never exceeds the budget.
+//
+// It is the one loading path: the C API's runtimes and build/runner's
+// (lora_share_diag.h) use it; the runner's variants (stock Modules, private
+// arenas, no weight cache, a packed-weight file, no .ptd) are PoolOptions.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "file_check.h"
+#include "foundation.h"
+#include "generate.h"
+#include "planned_arena.h"
+#include "shared_adapter.h"
+#include "status.h"
+#include "xnnpack_options.h"
+
+namespace lora_share {
+
+struct PoolOptions {
+  std::string ptd;
+  std::string shared_ptd;  // "" = none
+  bool verify = true;      // refuse adapters built for another foundation
+  uint64_t budget_bytes = 0;  // 0 = no budget
+  uint64_t adapter_overhead_bytes = uint64_t{512} << 10;  // see adapter_cost_bytes
+  // The loading variants benchmarks compare (lora_share_diag.h):
+  bool stock = false;           // each adapter a Module of its own (stock_adapter)
+  bool private_arenas = false;  // each program its own planned memory
+  bool weight_cache = true;     // XNNPACK's process-wide weight cache
+  std::string packed_cache;     // "" = none; else packed weights backed by this file
+  bool read_eos = true;         // false: no EOS ids, manifest.json unread
+};
+
+// What loading did, for the runner's report.
+struct LoadingInfo {
+  const char* mode = "shared";  // "shared" or "stock"
+  const char* arena = "shared"; // "shared", "private" or "module" (stock)
+  XnnpackState xnnpack;
+  bool packed_cache_warm = false;
+  uint64_t planned_bytes = 0;
+};
+
+// An adapter's program shape and last load, for the runner's report.
+struct AdapterInfo {
+  std::string name, pte;
+  int64_t vocab_size = 0, max_seq_len = 0, prefill_chunk = 0;
+  double load_ms = 0;  // 0 when not resident
+};
+
+struct PoolStats {
+  uint32_t known = 0, resident = 0;
+  uint64_t loads = 0, evictions = 0, hits = 0;
+  double last_load_ms = 0, total_load_ms = 0;
+  uint64_t budget_bytes = 0, foundation_bytes = 0, program_bytes = 0, arena_bytes = 0;
+  uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
+};
+
+// The accounted resident cost of an adapter whose own LoRA tensors are
+// `lora_bytes`: 1.05 x those + `overhead_bytes`.
+uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes);
+
+// The accounted cost of a loaded program whose file, without any adapter's
+// data, is `program_bytes`: 1.2 x those + 4 MiB (method and XNNPACK state).
+uint64_t program_cost_bytes(uint64_t program_bytes);
+
+class AdapterPool {
+ public:
+  // The index that stands for the foundation alone ("base"): the program of
+  // the first registered adapter, every LoRA input a zero rank-1 pair.
+  static constexpr size_t kBase = static_cast<size_t>(-1);
+
+  // The foundation alone; adapters come with add().
+  static StatusOr<std::unique_ptr<AdapterPool>> open(const PoolOptions& options);
+  // A deployment folder: registers (and checks) every adapter manifest.json
+  // lists and sizes the arena to the largest of them. Loads none.
+  static StatusOr<std::unique_ptr<AdapterPool>> open_dir(
+      const std::string& dir, PoolOptions options);
+  // The runner's way: `options.ptd` ("" = programs that carry every weight),
+  // then registers every `ptes` (named by file stem) and sizes the arena;
+  // load_all() then loads them.
+  static StatusOr<std::unique_ptr<AdapterPool>> open_files(
+      const std::vector<std::string>& ptes, const PoolOptions& options);
+  // Makes every registered adapter resident, in order, then writes the
+  // packed-weight file if options name one.
+  Status load_all();
+
+  // Registers `pte` (checking it against the foundation) if it is new, and
+  // returns its index; a path already registered returns the known index.
+  StatusOr<size_t> add(const std::string& pte);
+  // The index of the adapter called `name`, or -1 ("base" is kBase, not found here).
+  int64_t find(const std::string& name) const;
+  const std::string& name(size_t index) const { return entries_[index].name; }
+  const std::string& pte(size_t index) const { return entries_[index].pte; }
+  bool resident(size_t index) const {
+    return index == kBase ? base_ != nullptr : entries_[index].adapter != nullptr;
+  }
+  size_t size() const { return entries_.size(); }
+
+  // Makes adapter `index` resident (loading it, evicting others if the
+  // budget needs it) and marks it most recently used.
+  StatusOr<Adapter*> acquire(size_t index);
+
+  // check_request for adapter `index`, without loading it: the request's
+  // ids against its vocabulary, prompt + new tokens against its context.
+  // `prompt_label` names the prompt in messages.
+  Status check(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+               const std::string& prompt_label = "prompt") const;
+
+  // check, then generate, for adapter `index`, stopping after one of
+  // `stop_ids` (eos_ids(), or none, or the caller's). Usage errors are the
+  // request's; failures are loading's or running's.
+  StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt,
+                                int64_t max_new_tokens, double temperature, uint64_t seed,
+                                const std::vector<int64_t>& stop_ids, bool keep_logits,
+                                const TokenCallback& on_token,
+                                const std::string& prompt_label = "prompt");
+
+  // Adapter `index` (kBase: the foundation alone).
+  StatusOr<AdapterInfo> info(size_t index) const;
+  LoadingInfo loading() const;
+
+  // The build's end-of-sequence ids (manifest.h, read_eos_ids); may be none.
+  const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
+
+  PoolStats stats() const;
+
+ private:
+  // One distinct program: opened (its sizes known) when its first adapter is
+  // registered, its forward loaded into the arena on first use.
+  struct ProgramEntry {
+    std::string sha256, pte;  // pte: the adapter file it is loaded from
+    size_t lora_slots = 0;
+    uint64_t cost = 0;  // accounted bytes while loaded
+    std::vector<size_t> planned_sizes;  // its arena buffers: KV cache, then forward's planned buffers
+    int64_t vocab_size = 0, max_seq_len = 0, prefill_chunk = 0;
+    // With private_arenas: its own planned memory (else the pool's arena_).
+    // Before `program`, which points into it, so that it goes after.
+    std::unique_ptr<PlannedArena> own_arena;
+    std::unique_ptr<SharedProgram> program;  // null = to be opened again (after the arena grew)
+    bool loaded = false;
+  };
+  struct Entry {
+    std::string name, pte;
+    PteInfo info;  // its checked record and where its tensors are
+    size_t program = 0;  // index into programs_
+    uint64_t cost = 0;   // accounted bytes when resident
+    std::unique_ptr<Adapter> adapter;  // null = not resident
+    uint64_t last_used = 0;
+  };
+
+  // An adapter's program shape.
+  struct Limits {
+    int64_t vocab_size = 0, max_seq_len = 0, prefill_chunk = 0;
+  };
+
+  AdapterPool() = default;
+  Status open_foundation();
+  // After registering a folder's or the runner's adapters: the shared arena
+  // sized to the largest program (none with stock or private_arenas), then
+  // every adapter checked against the budget.
+  Status size_arena();
+  // A usage error if `name` (of `pte`) is 'base' or already registered.
+  Status check_new_name(const std::string& name, const std::string& pte) const;
+  StatusOr<Limits> limits(size_t index) const;
+  // The arena `program` runs in, grown if it cannot hold it (not with private_arenas).
+  Status ensure_arena(const ProgramEntry& program);
+  // check_pte + check_pair, then finds (or opens, to read its sizes) the
+  // program the adapter's record names.
+  StatusOr<Entry> inspect(const std::string& name, const std::string& pte);
+  StatusOr<size_t> program_for(const std::string& pte, const PteInfo& info);
+  // Opens (if needed) and loads program `index` into the arena.
+  Status load_program(size_t index);
+  // Makes the program of the first registered adapter loaded and returns
+  // the foundation-alone adapter over it.
+  StatusOr<Adapter*> acquire_base();
+  // The program entry `index` (an adapter's, or kBase's) runs.
+  StatusOr<size_t> program_of(size_t index) const;
+  Status check_budget_holds(const Entry& entry) const;
+  // Evicts LRU adapters until `incoming` more bytes fit.
+  void make_room(uint64_t incoming, size_t keep);
+  void evict(size_t index);
+  // A larger arena for `sizes`: every resident adapter is evicted and every
+  // program unloaded first.
+  Status grow_arena(const std::vector<size_t>& sizes);
+  uint64_t accounted_bytes() const;
+  uint64_t arena_bytes() const;  // every arena allocated
+  std::vector<size_t> arena_sizes() const;  // empty without an arena
+
+  // Declaration order is destruction order in reverse: adapters (in
+  // entries_) go before their programs, programs before the arena and the
+  // foundation they use.
+  PoolOptions options_;
+  XnnpackSettings xnnpack_;
+  DataFiles files_;
+  uint64_t foundation_bytes_ = 0;
+  XnnpackState xnnpack_state_;  // as configured, before loading
+  bool packed_cache_warm_ = false;
+  std::unique_ptr<Foundation> foundation_;
+  std::unique_ptr<PlannedArena> arena_;
+  std::vector<ProgramEntry> programs_;
+  std::vector<Entry> entries_;
+  std::unique_ptr<SharedAdapter> base_;  // over programs_[entries_[0].program], once used
+  std::vector<int64_t> eos_ids_;
+  uint64_t clock_ = 0;
+  PoolStats counters_;
+};
+
+}  // namespace lora_share

@@ -1,0 +1,165 @@
+#include "api_support.h"
+
+#include <cstring>
+#include <utility>
+
+#include "file_check.h"
+
+namespace lora_share::capi {
+namespace {
+
+// The checks the runner and the library share name the runner's flags; an
+// application knows the library's parameters instead.
+std::string library_wording(std::string text) {
+  static const std::pair<const char*, const char*> kRenames[] = {
+      {"; --no-verify skips this check", "; ls_options.verify = 0 skips this check"},
+      {"--max-new-tokens", "max_new_tokens"},
+      {"--shared-ptd", "shared_ptd"},
+      {"--ptd ", "ptd "},
+      {"--pte ", "adapter "},
+  };
+  for (const auto& [from, to] : kRenames) {
+    const std::string f(from), t(to);
+    for (size_t at = text.find(f); at != std::string::npos; at = text.find(f, at + t.size()))
+      text.replace(at, f.size(), t);
+  }
+  return text;
+}
+
+// Per thread, as the calls that set it may run on several at once.
+thread_local std::string g_last_message;
+
+}  // namespace
+
+const std::string& last_message() { return g_last_message; }
+
+void set_error(ls_error* error, ls_status code, const std::string& message,
+               bool runner_messages) {
+  g_last_message = printable(runner_messages ? message : library_wording(message));
+  if (error == nullptr) return;
+  error->code = code;
+  const std::string& line = g_last_message;
+  size_t n = std::min(line.size(), sizeof(error->message) - 1);
+  std::memcpy(error->message, line.data(), n);
+  error->message[n] = '\0';
+}
+
+void clear_error(ls_error* error) {
+  if (error == nullptr) return;
+  error->code = LS_OK;
+  error->message[0] = '\0';
+}
+
+ls_status report(ls_error* error, const Status& status, ls_status usage_code,
+                 ls_status failure_code, bool runner_messages) {
+  ls_status code = status.code() == ExitCode::kUsageError ? usage_code : failure_code;
+  set_error(error, code, status.message(), runner_messages);
+  return code;
+}
+
+bool is_budget_error(const Status& status) {
+  return status.code() == ExitCode::kUsageError &&
+         status.message().rfind("the memory budget", 0) == 0;
+}
+
+ls_status missing(ls_error* error, const char* what) {
+  set_error(error, LS_ERR_ARGUMENT, std::string(what) + " is NULL");
+  return LS_ERR_ARGUMENT;
+}
+
+ls_status check_owner(ls_runtime* runtime, const ls_adapter* adapter, ls_error* error) {
+  if (adapter == nullptr || adapter->runtime == runtime) return LS_OK;
+  set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name + "' belongs to another runtime");
+  return LS_ERR_ARGUMENT;
+}
+
+Guard::Guard(ls_runtime* rt) : rt_(rt) {
+  if (rt_->owner.load() == std::this_thread::get_id()) return;
+  rt_->lock.lock();
+  rt_->owner.store(std::this_thread::get_id());
+  held_ = true;
+}
+
+Guard::~Guard() {
+  if (!held_) return;
+  rt_->owner.store(std::thread::id());
+  rt_->lock.unlock();
+}
+
+ls_status busy(ls_error* error) {
+  set_error(error, LS_ERR_BUSY,
+            "called from inside this runtime's on_token callback: return from the "
+            "callback first (requests of one runtime run one at a time)");
+  return LS_ERR_BUSY;
+}
+
+ls_adapter* handle_for(ls_runtime* rt, size_t index) {
+  while (rt->handles.size() <= index) rt->handles.emplace_back();
+  if (!rt->handles[index])
+    rt->handles[index].reset(
+        new ls_adapter{rt, index, rt->pool->name(index), rt->pool->pte(index)});
+  return rt->handles[index].get();
+}
+
+PoolOptions pool_options(const ls_options* options) {
+  ls_options defaults;
+  ls_options_init(&defaults);
+  const ls_options& o = options ? *options : defaults;
+  PoolOptions p;
+  p.shared_ptd = o.shared_ptd ? o.shared_ptd : "";
+  p.verify = o.verify != 0;
+  p.budget_bytes = o.budget_bytes;
+  if (o.adapter_overhead_bytes != 0) p.adapter_overhead_bytes = o.adapter_overhead_bytes;
+  return p;
+}
+
+ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code,
+                        bool runner_messages, ls_error* error) {
+  if (!pool.ok()) {
+    report(error, pool.status(), is_budget_error(pool.status()) ? LS_ERR_BUDGET : usage_code,
+           LS_ERR_LOAD, runner_messages);
+    return nullptr;
+  }
+  auto* rt = new ls_runtime();
+  rt->pool = std::move(pool.value());
+  rt->runner_messages = runner_messages;
+  clear_error(error);
+  return rt;
+}
+
+ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, size_t n,
+                         const ls_generate_options* options, ls_token_callback on_token,
+                         void* user_data, const GenerateExtras& extras, ls_error* error) {
+  if (prompt == nullptr && n > 0) return missing(error, "prompt");
+  if (n == 0) {
+    set_error(error, LS_ERR_REQUEST, "the prompt is empty: give at least one token id");
+    return LS_ERR_REQUEST;
+  }
+  ls_generate_options defaults;
+  ls_generate_options_init(&defaults);
+  const ls_generate_options& o = options ? *options : defaults;
+  if (!(o.temperature >= 0)) {
+    set_error(error, LS_ERR_ARGUMENT, "temperature must be 0 (greedy) or more");
+    return LS_ERR_ARGUMENT;
+  }
+  TokenCallback callback;
+  if (on_token)
+    callback = [on_token, user_data](int64_t token) { return on_token(token, user_data) == 0; };
+  static const std::vector<int64_t> kNone;
+  const std::vector<int64_t>& stop_ids =
+      extras.stop_ids ? *extras.stop_ids : o.ignore_eos != 0 ? kNone : rt->pool->eos_ids();
+  auto g = rt->pool->generate(index, std::vector<int64_t>(prompt, prompt + n), o.max_new_tokens,
+                              o.temperature, o.seed, stop_ids, extras.keep_logits, callback,
+                              extras.prompt_label);
+  if (!g.ok()) {
+    // Usage errors come from the request's check; failures from loading or running.
+    bool loading = !rt->pool->resident(index);
+    return report(error, g.status(), LS_ERR_REQUEST, loading ? LS_ERR_LOAD : LS_ERR_RUN,
+                  rt->runner_messages);
+  }
+  if (extras.result) *extras.result = std::move(g.value());
+  clear_error(error);
+  return LS_OK;
+}
+
+}  // namespace lora_share::capi

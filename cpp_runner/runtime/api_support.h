@@ -1,0 +1,102 @@
+// What the two C headers' implementations share (c_api.cpp for lora_share.h,
+// diag_api.cpp for lora_share_diag.h): the handles, the lock that serialises
+// a runtime's calls, and Status -> ls_status with a one-line message. No C++
+// exception may leave an entry point: each catches what the standard library
+// may throw (bad_alloc) and reports it.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "adapter_pool.h"
+#include "lora_share.h"
+
+struct ls_adapter {
+  ls_runtime* runtime;
+  size_t index;
+  std::string name;
+  std::string pte;
+};
+
+struct ls_runtime {
+  std::unique_ptr<lora_share::AdapterPool> pool;
+  // Handles by pool index; unique_ptr so that handles stay where they are.
+  std::vector<std::unique_ptr<ls_adapter>> handles;
+  std::string base_pte;  // the file 'base' runs, once asked (ls_diag_adapter_info)
+  std::mutex lock;
+  std::atomic<std::thread::id> owner{};  // the thread holding `lock`
+  // Messages name build/runner's flags (ls_diag_options.runner_messages).
+  bool runner_messages = false;
+};
+
+namespace lora_share::capi {
+
+// Fills `error` (may be NULL) with `code` and `message` as one printable
+// line; the checks the runner and the library share name the runner's flags,
+// which are renamed to the library's parameters unless `runner_messages`.
+void set_error(ls_error* error, ls_status code, const std::string& message,
+               bool runner_messages = false);
+void clear_error(ls_error* error);
+
+// The whole text of this thread's last set_error (ls_diag_last_message).
+const std::string& last_message();
+
+// Status -> ls_status: a usage error of `usage_code`'s kind, else `failure_code`.
+ls_status report(ls_error* error, const Status& status, ls_status usage_code,
+                 ls_status failure_code, bool runner_messages = false);
+
+// Whether `status` is the memory budget's refusal (LS_ERR_BUDGET).
+bool is_budget_error(const Status& status);
+
+// LS_ERR_ARGUMENT for a NULL `what`.
+ls_status missing(ls_error* error, const char* what);
+
+// LS_ERR_ARGUMENT if `adapter` (may be NULL: 'base') is another runtime's, else LS_OK.
+ls_status check_owner(ls_runtime* runtime, const ls_adapter* adapter, ls_error* error);
+
+// Holds the runtime's lock for one call; refuses a call from inside this
+// runtime's own callback instead of deadlocking.
+class Guard {
+ public:
+  explicit Guard(ls_runtime* rt);
+  ~Guard();
+  bool held() const { return held_; }
+
+ private:
+  ls_runtime* rt_;
+  bool held_ = false;
+};
+
+// LS_ERR_BUSY: a call from inside this runtime's callback.
+ls_status busy(ls_error* error);
+
+// The handle of pool entry `index`, made on first ask.
+ls_adapter* handle_for(ls_runtime* rt, size_t index);
+
+// ls_options (NULL: defaults) as the pool's.
+PoolOptions pool_options(const ls_options* options);
+
+// A runtime over `pool`, or NULL with `error` set: the budget's refusal is
+// LS_ERR_BUDGET, another usage error `usage_code`, a failure LS_ERR_LOAD.
+ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code,
+                        bool runner_messages, ls_error* error);
+
+// What ls_diag_generate adds to a request; the defaults are ls_generate's.
+struct GenerateExtras {
+  const std::vector<int64_t>* stop_ids = nullptr;  // null: the build's EOS ids
+  bool keep_logits = false;
+  std::string prompt_label = "prompt";
+  Generation* result = nullptr;  // filled on success when given
+};
+
+// ls_generate for pool entry `index` (AdapterPool::kBase: the foundation
+// alone), with the runtime's lock held.
+ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, size_t n,
+                         const ls_generate_options* options, ls_token_callback on_token,
+                         void* user_data, const GenerateExtras& extras, ls_error* error);
+
+}  // namespace lora_share::capi

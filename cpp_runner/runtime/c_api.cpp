@@ -1,0 +1,228 @@
+// The C API (include/lora_share.h) over AdapterPool: argument checks, the
+// runtime's lock, and Status -> ls_status + message. No C++ exception leaves
+// this file: every entry point catches what the standard library may throw
+// (bad_alloc) and reports it as an error.
+#include "lora_share.h"
+
+#include <cstring>
+#include <string>
+
+#include "api_support.h"
+#include "et_platform.h"
+#include "memory_stats.h"
+
+using lora_share::AdapterPool;
+using lora_share::Status;
+using namespace lora_share::capi;
+
+extern "C" {
+
+void ls_options_init(ls_options* options) {
+  if (options == nullptr) return;
+  options->shared_ptd = nullptr;
+  options->verify = 1;
+  options->budget_bytes = 0;
+  options->adapter_overhead_bytes = 0;
+}
+
+void ls_generate_options_init(ls_generate_options* options) {
+  if (options == nullptr) return;
+  options->max_new_tokens = 16;
+  options->temperature = 0.0;
+  options->seed = 0;
+  options->ignore_eos = 0;
+}
+
+const char* ls_status_name(ls_status code) {
+  switch (code) {
+    case LS_OK: return "LS_OK";
+    case LS_ERR_ARGUMENT: return "LS_ERR_ARGUMENT";
+    case LS_ERR_NOT_FOUND: return "LS_ERR_NOT_FOUND";
+    case LS_ERR_LOAD: return "LS_ERR_LOAD";
+    case LS_ERR_REQUEST: return "LS_ERR_REQUEST";
+    case LS_ERR_RUN: return "LS_ERR_RUN";
+    case LS_ERR_BUDGET: return "LS_ERR_BUDGET";
+    case LS_ERR_BUSY: return "LS_ERR_BUSY";
+  }
+  return "unknown";
+}
+
+ls_runtime* ls_open(const char* ptd, const ls_options* options, ls_error* error) {
+  if (ptd == nullptr) return missing(error, "ptd"), nullptr;
+  try {
+    lora_share::init_platform_for_library();
+    lora_share::PoolOptions p = pool_options(options);
+    p.ptd = ptd;
+    return finish_open(AdapterPool::open(p), LS_ERR_LOAD, /*runner_messages=*/false, error);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_LOAD, std::string("ls_open: ") + e.what());
+    return nullptr;
+  }
+}
+
+ls_runtime* ls_open_dir(const char* dir, const ls_options* options, ls_error* error) {
+  if (dir == nullptr) return missing(error, "dir"), nullptr;
+  if (options != nullptr && options->shared_ptd != nullptr) {
+    set_error(error, LS_ERR_ARGUMENT,
+              "ls_open_dir reads adapters_shared.ptd from manifest.json: leave "
+              "options->shared_ptd NULL");
+    return nullptr;
+  }
+  try {
+    lora_share::init_platform_for_library();
+    return finish_open(AdapterPool::open_dir(dir, pool_options(options)), LS_ERR_LOAD,
+                       /*runner_messages=*/false, error);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_LOAD, std::string("ls_open_dir: ") + e.what());
+    return nullptr;
+  }
+}
+
+void ls_close(ls_runtime* runtime) {
+  if (runtime == nullptr) return;
+  if (runtime->owner.load() == std::this_thread::get_id()) return;  // from a callback: refused
+  delete runtime;
+}
+
+ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime"), nullptr;
+  if (pte == nullptr) return missing(error, "pte"), nullptr;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error), nullptr;
+  try {
+    auto index = runtime->pool->add(pte);
+    if (!index.ok()) {
+      report(error, index.status(), is_budget_error(index.status()) ? LS_ERR_BUDGET : LS_ERR_LOAD,
+             LS_ERR_LOAD, runtime->runner_messages);
+      return nullptr;
+    }
+    auto adapter = runtime->pool->acquire(index.value());
+    if (!adapter.ok()) {
+      report(error, adapter.status(), LS_ERR_LOAD, LS_ERR_LOAD, runtime->runner_messages);
+      return nullptr;
+    }
+    clear_error(error);
+    return handle_for(runtime, index.value());
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_LOAD, std::string("ls_load_adapter: ") + e.what());
+    return nullptr;
+  }
+}
+
+ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime"), nullptr;
+  if (name == nullptr) return missing(error, "name"), nullptr;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error), nullptr;
+  try {
+    int64_t index = runtime->pool->find(name);
+    if (index < 0) {
+      std::string known;
+      for (size_t i = 0; i < runtime->pool->size(); ++i)
+        known += (known.empty() ? "" : ", ") + runtime->pool->name(i);
+      set_error(error, LS_ERR_NOT_FOUND,
+                std::string("no adapter named '") + name + "' (known: " +
+                    (known.empty() ? "none" : known) +
+                    (std::strcmp(name, lora_share::kBaseName) == 0
+                         ? "; 'base', the foundation alone, has no handle: pass a NULL adapter to "
+                           "ls_generate)"
+                         : ")"));
+      return nullptr;
+    }
+    clear_error(error);
+    return handle_for(runtime, static_cast<size_t>(index));
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_NOT_FOUND, std::string("ls_adapter_by_name: ") + e.what());
+    return nullptr;
+  }
+}
+
+const char* ls_adapter_name(const ls_adapter* adapter) {
+  return adapter ? adapter->name.c_str() : "";
+}
+
+int ls_adapter_resident(const ls_adapter* adapter) {
+  if (adapter == nullptr) return 0;
+  Guard guard(adapter->runtime);
+  return adapter->runtime->pool->resident(adapter->index) ? 1 : 0;
+}
+
+ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt,
+                      size_t n, const ls_generate_options* options,
+                      ls_token_callback on_token, void* user_data, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    size_t index = adapter != nullptr ? adapter->index : AdapterPool::kBase;
+    return generate_index(runtime, index, prompt, n, options, on_token, user_data,
+                          GenerateExtras(), error);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_generate: ") + e.what());
+    return LS_ERR_RUN;
+  }
+}
+
+ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t* prompt,
+                            size_t n, const ls_generate_options* options,
+                            ls_token_callback on_token, void* user_data, ls_error* error) {
+  if (name != nullptr && std::strcmp(name, lora_share::kBaseName) == 0)
+    return ls_generate(runtime, nullptr, prompt, n, options, on_token, user_data, error);
+  ls_adapter* adapter = ls_adapter_by_name(runtime, name, error);
+  if (adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
+  return ls_generate(runtime, adapter, prompt, n, options, on_token, user_data, error);
+}
+
+ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt,
+                           size_t n, int64_t max_new_tokens, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (name == nullptr) return missing(error, "name");
+  bool base = std::strcmp(name, lora_share::kBaseName) == 0;
+  ls_adapter* adapter = base ? nullptr : ls_adapter_by_name(runtime, name, error);
+  if (!base && adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
+  if (prompt == nullptr && n > 0) return missing(error, "prompt");
+  if (n == 0) {
+    set_error(error, LS_ERR_REQUEST, "the prompt is empty: give at least one token id");
+    return LS_ERR_REQUEST;
+  }
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    Status s = runtime->pool->check(base ? AdapterPool::kBase : adapter->index,
+                                    std::vector<int64_t>(prompt, prompt + n), max_new_tokens);
+    if (!s.ok()) return report(error, s, LS_ERR_REQUEST, LS_ERR_REQUEST, runtime->runner_messages);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_check_request: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
+}
+
+ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (stats == nullptr) return missing(error, "stats");
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  lora_share::PoolStats s = runtime->pool->stats();
+  stats->adapters_known = s.known;
+  stats->adapters_resident = s.resident;
+  stats->loads = s.loads;
+  stats->evictions = s.evictions;
+  stats->hits = s.hits;
+  stats->last_load_ms = s.last_load_ms;
+  stats->total_load_ms = s.total_load_ms;
+  stats->budget_bytes = s.budget_bytes;
+  stats->foundation_bytes = s.foundation_bytes;
+  stats->program_bytes = s.program_bytes;
+  stats->arena_bytes = s.arena_bytes;
+  stats->resident_adapter_bytes = s.resident_adapter_bytes;
+  stats->largest_adapter_bytes = s.largest_adapter_bytes;
+  int64_t pss_kb = lora_share::read_memory_stats().pss_kb;
+  stats->process_pss_bytes = pss_kb < 0 ? -1 : pss_kb * 1024;
+  clear_error(error);
+  return LS_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,51 @@
+// Token generation, following lora_share/generate.py exactly: a prompt
+// longer than the program's prefill chunk is fed in calls of at most that
+// many tokens at positions 0, chunk, 2 * chunk, ...; row 0 of the logits is
+// taken at the last prompt position, row i (i >= 1) after feeding
+// generated token i; max_new_tokens tokens and rows come out, and the last
+// position used is len(prompt) + max_new_tokens - 2.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "adapter.h"
+#include "status.h"
+
+namespace lora_share {
+
+struct Generation {
+  std::vector<int64_t> tokens;
+  std::vector<float> logits;  // rows x vocab, row-major; empty unless kept
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  double prefill_ms = 0, decode_ms = 0;
+  std::optional<double> prefill_tokens_per_s, decode_tokens_per_s;
+};
+
+// Refuses requests the exported program cannot take (usage errors), with the
+// same wording as the Python check_request.
+// `tokens_label` names where the ids came from in the message.
+Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                     int64_t vocab_size, int64_t max_seq_len,
+                     const std::string& tokens_label = "--tokens");
+
+// Prefill then decode. Temperature 0 is greedy (argmax, first index on ties,
+// as numpy). Above 0 it samples from softmax(logits / temperature) with a
+// generator seeded by `seed`; the C++ and numpy random streams differ, so
+// sampled ids match Python only in distribution.
+// `on_token`, if given, sees each token as soon as it is picked; returning
+// false stops generation there (the tokens so far are the result).
+// A token in `stop_ids` (the build's EOS ids) ends generation after it, as
+// transformers' generate does: it is the last token (and on_token sees it).
+using TokenCallback = std::function<bool(int64_t token)>;
+StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
+                              int64_t max_new_tokens, double temperature,
+                              uint64_t seed, bool keep_logits,
+                              const TokenCallback& on_token = nullptr,
+                              const std::vector<int64_t>& stop_ids = {});
+
+}  // namespace lora_share

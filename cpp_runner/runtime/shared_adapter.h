@@ -1,0 +1,111 @@
+// The shared loading path: a deployment's program is loaded by hand
+// (Program + Method) once per process, resolving its external weights
+// against the ONE foundation map (foundation.h) and running in planned memory
+// the adapter pool owns (planned_arena.h), KV cache included. Each adapter is its
+// LoRA data (lora_data.h) bound to that program: the program's LoRA inputs
+// point at the adapter's mapped tensors, so another adapter costs its own
+// bytes. Loading a program takes two steps so that the pool can size one
+// arena for every program before any forward method is loaded.
+#pragma once
+
+#include <executorch/extension/data_loader/mmap_data_loader.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/runtime/core/hierarchical_allocator.h>
+#include <executorch/runtime/executor/memory_manager.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/program.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "adapter.h"
+#include "forward_io.h"
+#include "foundation.h"
+#include "lora_data.h"
+#include "planned_arena.h"
+
+namespace lora_share {
+
+// A method's allocators over planned buffers someone else owns.
+struct MethodMemory {
+  explicit MethodMemory(
+      executorch::runtime::Span<executorch::runtime::Span<uint8_t>> planned);
+  executorch::extension::MallocMemoryAllocator method_allocator;
+  executorch::extension::MallocMemoryAllocator temp_allocator;
+  executorch::runtime::HierarchicalAllocator planned;
+  executorch::runtime::MemoryManager manager;
+};
+
+// One loaded program, shared by every adapter whose record names it.
+class SharedProgram {
+ public:
+  // Step 1: maps and checks `pte` (any adapter file that carries the
+  // program), runs its constant methods and reads the sizes of forward's
+  // planned buffers, its KV cache and its `lora_slots` LoRA input pairs.
+  Status open(const std::string& pte, size_t lora_slots);
+  // The arena buffers forward needs: its KV cache's bytes, then its planned
+  // buffers in memory-id order (planned_arena.h says why in that order).
+  const std::vector<size_t>& planned_sizes() const { return planned_sizes_; }
+
+  // Step 2: loads forward against `foundation`, in `arena`'s buffers (which
+  // must hold planned_sizes() and outlive this program, as `foundation` must).
+  Status load_forward(PlannedArena& arena, const Foundation& foundation,
+                      const executorch::runtime::LoadBackendOptionsMap* backend_options);
+
+  // One forward call with an adapter's LoRA inputs (lora_input_tensors);
+  // `adapter_pte` names the adapter in errors.
+  Status step(const std::vector<executorch::extension::TensorPtr>& lora,
+              const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
+              const std::string& adapter_pte);
+
+  const std::string& pte() const { return pte_path_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t max_seq_len() const { return max_seq_len_; }
+  int64_t prefill_chunk() const { return prefill_chunk_; }
+  double load_ms() const { return load_ms_; }
+  const std::vector<LoraShape>& lora_shapes() const { return lora_shapes_; }
+  // Zeros for the LoRA slots an adapter leaves alone: one buffer for all.
+  const float* zeros() const { return zeros_.data(); }
+
+ private:
+  StatusOr<int64_t> run_constant_method(const char* method_name);
+  StatusOr<std::vector<executorch::runtime::EValue>> execute_forward(
+      const std::vector<executorch::runtime::EValue>& inputs, const std::string& what);
+  Status explain_load_failure(executorch::runtime::Error error,
+                              const Foundation& foundation);
+
+  std::string pte_path_;
+  int64_t vocab_size_ = 0, max_seq_len_ = 0, prefill_chunk_ = 0;
+  double load_ms_ = 0;
+  std::vector<LoraShape> lora_shapes_;
+  std::vector<float> zeros_;
+  // Declaration order is destruction order in reverse: the method goes
+  // first, then its allocators, then the program, then the file mapping.
+  std::unique_ptr<executorch::extension::MmapDataLoader> loader_;
+  std::unique_ptr<executorch::runtime::Program> program_;
+  std::unique_ptr<KeyRecordingDataMap> data_map_;
+  std::vector<size_t> planned_sizes_;
+  KvCache kv_;  // its data is arena buffer 0, set by load_forward
+  std::unique_ptr<MethodMemory> memory_;
+  std::unique_ptr<executorch::runtime::Method> forward_;
+};
+
+// An adapter of a loaded program: its LoRA data, bound to the program's inputs.
+class SharedAdapter final : public Adapter {
+ public:
+  // `program` must outlive the adapter. Its name is `name`, or the file stem
+  // of `pte` when empty; null `data` is the foundation alone (every LoRA
+  // input a zero rank-1 pair), then `pte` is the program's file.
+  SharedAdapter(const std::string& pte, SharedProgram* program, std::unique_ptr<LoraData> data,
+                double load_ms, const std::string& name = "");
+  Status step(const std::vector<int64_t>& tokens, int64_t pos,
+              std::vector<float>* logits) override;
+
+ private:
+  SharedProgram* program_;
+  std::unique_ptr<LoraData> data_;
+  std::vector<executorch::extension::TensorPtr> lora_;  // over data_'s tensors
+};
+
+}  // namespace lora_share

@@ -1,0 +1,257 @@
+"""The quality benchmark: perplexity and top-1 agreement with transformers float32 of the real
+SmolLM2-135M-Instruct, with a float32 and an 8da4w foundation, each alone ("base") and with an adapter.
+
+    make bench-quality          # = lora-share bench-quality; writes benchmarks/results/bench_quality.{json,md}
+    lora-share bench-quality --peft examples/smollm2/adapters/x   # a trained PEFT adapter instead
+
+The deployment is ``--config`` (default benchmarks/quality/smollm2.yaml), built as written (fp32) and with
+``foundation.quantize: {scheme: 8da4w}`` into ``--work``/fp32 and ``--work``/8da4w; `lora-share build`
+keeps each unchanged build as it is, so later runs export nothing. ``--peft`` replaces the config's
+adapters with one PEFT folder.
+
+The text is held out from everything lora-share does: the reST sources of the Python 3.11 tutorial from
+Debian's python3.11-doc package (PSF-2.0), /usr/share/doc/python3.11/html/_sources/tutorial/*.rst.txt,
+whole files in name order until the text has enough tokens, then cut to whole windows of the build's
+context: the fewest windows that score at least ``--tokens`` tokens. Each (foundation, adapter) pair is
+then measured by `lora-share eval` (quality.py) on that text in a process of its own, ``--jobs`` (2) at
+a time; the results files are rewritten after each measurement ("complete": false until the last).
+
+The check printed at the end (exit status 1 if it fails): the 8da4w foundation's perplexity is at most
+``--max-ratio`` (1.03) x the float32 foundation's, alone and with the adapter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from ..config import BASE_NAME
+from ..errors import UserError
+from .run import _git, _machine
+
+DOC_PACKAGE = "python3.11-doc"
+DOC_SOURCES = Path("/usr/share/doc/python3.11/html/_sources/tutorial")
+DOC_PATTERN = "*.rst.txt"
+VARIANTS = {"fp32": None, "8da4w": {"scheme": "8da4w"}}
+MAX_RATIO = 1.03
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="benchmarks/quality/smollm2.yaml",
+                   help="the deployment: a checkpoint foundation (float32) and its adapter "
+                        "(default benchmarks/quality/smollm2.yaml)")
+    p.add_argument("--peft", metavar="DIR", help="measure this PEFT adapter folder instead of the config's adapters")
+    p.add_argument("--work", default="out/bench_quality", help="where the builds are made and kept "
+                                                               "(default out/bench_quality)")
+    p.add_argument("--sources", default=str(DOC_SOURCES),
+                   help=f"folder of the text's files ({DOC_PATTERN}, in name order; default {DOC_SOURCES}, "
+                        f"from Debian's {DOC_PACKAGE})")
+    p.add_argument("--tokens", type=int, default=20000, help="tokens scored at least (default 20000)")
+    p.add_argument("--max-ratio", type=float, default=MAX_RATIO,
+                   help=f"most 8da4w perplexity / fp32 perplexity that passes (default {MAX_RATIO})")
+    p.add_argument("--jobs", type=int, default=2, help="measurements run at once, one process each (default 2)")
+    p.add_argument("--out", default="benchmarks/results/bench_quality.json",
+                   help="results JSON, with a Markdown table beside it ('-': none)")
+
+
+def variant_config(config: Path, work: Path, variant: str, peft: Path | None) -> Path:
+    """``config`` as the ``variant`` build in ``work``: its own output folder, paths made absolute (as
+    written, symbolic links kept: the build's export settings, which decide its reuse, hold them), the
+    foundation quantized as the variant says, the adapters replaced by ``peft`` if given."""
+    try:
+        cfg = yaml.safe_load(config.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{config}: no such config file") from None
+    fnd = cfg.get("foundation") or {}
+    for key in ("checkpoint", "tokenizer"):
+        if key in fnd:
+            fnd[key] = os.path.abspath(config.parent / fnd[key])
+    for adapter in cfg.get("adapters") or []:
+        if "peft" in adapter:
+            adapter["peft"] = os.path.abspath(config.parent / adapter["peft"])
+    fnd.pop("quantize", None)
+    if VARIANTS[variant] is not None:
+        fnd["quantize"] = VARIANTS[variant]
+    if peft is not None:
+        if not (peft / "adapter_config.json").is_file():
+            raise UserError(f"--peft {peft}: not a PEFT adapter folder (no adapter_config.json)")
+        cfg["adapters"] = [{"name": peft.resolve().name, "peft": str(peft.resolve())}]
+    cfg["output_dir"] = str((work / variant).resolve())
+    path = work / f"{variant}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def held_out_text(sources: Path, tokenizer_json: Path, tokens: int, window: int) -> tuple[str, list[str], int]:
+    """The text (whole files of ``sources`` in name order until it encodes to enough tokens), the
+    files, and how many of its tokens make the fewest whole windows that score ``tokens``."""
+    from tokenizers import Tokenizer
+
+    files = sorted(sources.glob(DOC_PATTERN))
+    if not files:
+        raise UserError(f"{sources}: no {DOC_PATTERN} files: install Debian's {DOC_PACKAGE} "
+                        f"(apt-get install {DOC_PACKAGE}; `make bench-quality` does), or give --sources")
+    windows = math.ceil(tokens / (window - 1))
+    needed = windows * window
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    text, used = "", []
+    for f in files:
+        text += f.read_text(encoding="utf-8")
+        used.append(f.name)
+        if len(tokenizer.encode(text, add_special_tokens=False).ids) >= needed:
+            return text, used, needed
+    raise UserError(f"{sources}: its {DOC_PATTERN} files make fewer than {needed} tokens")
+
+
+def run(ns) -> tuple[dict, bool]:
+    """Build, measure and check; writes the results after each measurement (``"complete": false``
+    until the last); returns them and whether the check passed."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    work = Path(ns.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    builds, build_s = {}, {}
+    for variant in VARIANTS:
+        cfg = variant_config(Path(ns.config), work, variant, Path(ns.peft) if ns.peft else None)
+        print(f"== building {variant}: {cfg} (kept as it is if nothing changed)", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "lora_share.cli", "build", str(cfg)])
+        if proc.returncode != 0:
+            raise UserError(f"building {cfg} failed (above)")
+        builds[variant] = work / variant
+        build_s[variant] = round(time.perf_counter() - start, 1)
+    manifest = json.loads((builds["fp32"] / "manifest.json").read_text())
+    window = int(manifest["foundation"]["args"]["max_seq_len"])
+    text, files, n_tokens = held_out_text(Path(ns.sources), builds["fp32"] / "tokenizer.json", ns.tokens, window)
+    text_path = work / "text.txt"
+    text_path.write_text(text, encoding="utf-8")
+    adapters = [BASE_NAME, *(a["name"] for a in manifest["adapters"])]
+    # The quantized foundation's measurement is the shorter: it goes first, so that with two jobs both
+    # foundations' base figures (the check) come before the adapters'.
+    jobs = [(variant, adapter) for adapter in adapters for variant in reversed(VARIANTS)]
+    results = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git": _git("rev-parse", "--short", "HEAD"), "machine": _machine(),
+        "config": str(ns.config), "adapter": ns.peft or "the config's",
+        "text": {"package": DOC_PACKAGE, "version": _package_version(DOC_PACKAGE), "license": "PSF-2.0",
+                 "sources": str(ns.sources), "files": files, "tokens": n_tokens,
+                 "sha256": hashlib.sha256(text.encode()).hexdigest()},
+        "build_s": build_s, "jobs": ns.jobs, "variants": {}, "checks": [], "complete": False,
+    }
+    done: dict[tuple[str, str], dict] = {}
+
+    def measure(variant: str, adapter: str) -> dict:
+        cmd = [sys.executable, "-m", "lora_share.cli", "eval", str(builds[variant]), str(text_path), "--adapter",
+               adapter, "--max-tokens", str(n_tokens), "--min-tokens", str(ns.tokens), "--json"]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise UserError(f"measuring {adapter} on the {variant} foundation failed (above): {' '.join(cmd)}")
+        return json.loads(proc.stdout)
+
+    with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
+        futures = {pool.submit(measure, *job): job for job in jobs}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            _collect(results, done, jobs, ns.max_ratio)
+            results["seconds"] = round(time.perf_counter() - t0, 1)
+            results["complete"] = len(done) == len(jobs)
+            _save(results, ns.out)
+    return results, all(c["ok"] for c in results["checks"])
+
+
+def _collect(results: dict, done: dict, jobs: list, max_ratio: float) -> None:
+    """The finished measurements into ``results``: each foundation's report, in the jobs' adapter order,
+    and the check of every adapter measured on both foundations."""
+    results["variants"] = {}
+    for variant in VARIANTS:
+        rows = [done[(v, a)] for v, a in jobs if v == variant and (v, a) in done]
+        if rows:
+            results["variants"][variant] = {**rows[0], "results": [r for row in rows for r in row["results"]]}
+    results["checks"] = []
+    for variant, adapter in jobs:
+        if variant != "fp32" or (variant, adapter) not in done or ("8da4w", adapter) not in done:
+            continue
+        fp32, q = done[("fp32", adapter)]["results"][0], done[("8da4w", adapter)]["results"][0]
+        ratio = q["perplexity"] / fp32["perplexity"]
+        results["checks"].append({"adapter": adapter, "fp32_perplexity": fp32["perplexity"],
+                                  "8da4w_perplexity": q["perplexity"], "ratio": ratio, "limit": max_ratio,
+                                  "ok": ratio <= max_ratio})
+
+
+def _save(results: dict, out: str) -> None:
+    if out == "-":
+        return
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, json.dumps(results, indent=2) + "\n")
+    _write(path.with_suffix(".md"), markdown(results))
+
+
+def _package_version(name: str) -> str:
+    try:
+        proc = subprocess.run(["dpkg-query", "-W", "-f=${Version}", name], capture_output=True, text=True, timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def markdown(results: dict) -> str:
+    """The results as the Markdown page written beside the JSON."""
+    t = results["text"]
+    lines = [
+        "# Quality: perplexity and top-1 agreement with transformers float32",
+        "",
+        f"Created {results['created']} at {results['git'] or 'an unknown commit'} by `make bench-quality` "
+        f"({results['seconds'] / 60:.0f} min with {results['jobs']} measurements at once; builds "
+        f"{', '.join(f'{k} {v:.0f} s' for k, v in results['build_s'].items())})"
+        f"{'' if results['complete'] else ': INCOMPLETE, measurements still running'}.",
+        "",
+        f"Text: {len(t['files'])} files of the Python 3.11 tutorial's reST sources ({', '.join(t['files'])}) from "
+        f"Debian's {t['package']} {t['version']} ({t['license']}), cut to {t['tokens']} tokens (sha256 of the "
+        f"text {t['sha256'][:12]}), scored in windows of the context, one token per forward call.",
+        "",
+        "| foundation | adapter | perplexity | transformers fp32 | ratio | top-1 agreement | max abs logit diff | tokens/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, report in results["variants"].items():
+        for r in report["results"]:
+            lines.append(f"| {variant} | {r['adapter']} | {r['perplexity']:.4f} | {r['reference_perplexity']:.4f} | "
+                         f"{r['ratio']:.4f} | {100 * r['top1_agreement']:.2f}% | {r['max_abs_logit_diff']:.2e} | "
+                         f"{r['tokens_per_s']:.1f} |")
+    lines += ["", "| check | measured | limit | |", "|---|---|---|---|"]
+    for c in results["checks"]:
+        lines.append(f"| 8da4w / fp32 perplexity, {c['adapter']} | {c['ratio']:.4f} | <= {c['limit']} | "
+                     f"{'ok' if c['ok'] else 'FAIL'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run_from_args(ns) -> int:
+    from ..quality import Report, Scores, render
+
+    results, ok = run(ns)
+    for report in results["variants"].values():
+        rows = [Scores(**{k: v for k, v in r.items() if k != "ratio"}) for r in report["results"]]
+        print(render(Report(report["build"], report["quantize"], report["text"], report["reference"], rows)))
+    for c in results["checks"]:
+        print(f"8da4w perplexity / fp32 perplexity ({c['adapter']}): {c['ratio']:.4f} <= {c['limit']}: "
+              f"{'ok' if c['ok'] else 'FAIL'}")
+    if ns.out != "-":
+        print(f"results: {ns.out}, {Path(ns.out).with_suffix('.md')}")
+    return 0 if ok else 1

