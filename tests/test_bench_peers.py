@@ -76,3 +76,27 @@ def test_checks_and_report(ours):
     assert md.count("PASS") == 2 and md.count("FAIL") == 3
     assert "| decode tokens/s, position ~10 | " in md and "| 2.00 |" in md
     json.dumps(result, default=str)
+
+
+# llama-perplexity's progress and result lines, in the formats its source prints them
+# (tools/perplexity/perplexity.cpp of llama-cpp-python 0.3.36's llama.cpp: "[%d]%.4lf," per chunk, then
+# "Final estimate: PPL = %.4lf +/- %.5lf"); the values are made up.
+PERPLEXITY_LOG = """\
+[1]10.2779,[2]11.6551,[3]12.0013,[4]11.6927,[5]11.7045,
+Final estimate: PPL = 11.7045 +/- 0.20416
+"""
+
+
+def test_perplexity_is_parsed_and_checked():
+    assert peers.parse_perplexity(PERPLEXITY_LOG) == pytest.approx(11.7045)
+    with pytest.raises(peers.BenchError, match="Final estimate"):
+        peers.parse_perplexity("no result")
+    ppl = {"tokens": 20480, "lora_share": {"fp32": 10.0, "8da4w": 10.25},
+           "llama_cpp": {"f32": 11.0, "q4_0": 12.1, "q4_1": 11.2, "q8_0": 11.01}}
+    verdict = [c["pass"] for c in peers.perplexity_checks(ppl)]
+    assert verdict == [True, True]  # 1.025 <= 1.03; 1.025 <= Q4_0's 1.1
+    ppl["lora_share"]["8da4w"] = 12.5  # 1.25: over 1.03 and over Q4_0's 1.1
+    assert [c["pass"] for c in peers.perplexity_checks(ppl)] == [False, False]
+    md = peers.report({"command": "x", "repeats": 1, "rows": {}, "perplexity": ppl,
+                       "checks": peers.perplexity_checks(ppl)})
+    assert "| lora-share 8da4w | 12.500 | 1.2500 |" in md and "| llama.cpp Q4_0 | 12.100 | 1.1000 |" in md

@@ -39,13 +39,17 @@ from ..errors import UserError
 from .memory import BenchError
 
 LLAMA_CPP_PYTHON = "0.3.36"
-LLAMA_TOOLS = ("llama-server", "llama-quantize")
+LLAMA_TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")
 CONTEXT = 2048
 PROMPT_TOKENS = 1000
 SHORT_PROMPT = 8
 NEW_TOKENS = 32
 ADAPTER = {"rank": 8, "target_modules": ["q_proj", "v_proj"]}
 TARGET_SPEED = 1.1
+# lora-share's 8da4w foundation on the grid of the model's own file: Q4_1 groups kept exactly
+# (asymmetric), the Q8_0 output projection and embedding at 8 bits, as llama.cpp runs the Q4_1 original.
+QUANTIZE = {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8", "embedding": "int8"}
+MAX_PPL_RATIO = 1.03
 
 
 def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
@@ -61,7 +65,10 @@ def llama_cpp(work: Path) -> dict[str, Path]:
     """llama.cpp's source (from the llama-cpp-python sdist) and its tools, built once in ``work``."""
     src, build = work / "src", work / "build"
     tools = {t: build / "bin" / t for t in LLAMA_TOOLS}
-    if all(p.is_file() for p in tools.values()):
+    # Built for this CPU (GGML_NATIVE): a build made on another machine can stop on an illegal
+    # instruction, so the CPU it was built for is stamped beside it and checked.
+    stamp, cpu = build / "cpu-flags.txt", cpu_flags()
+    if all(p.is_file() for p in tools.values()) and stamp.is_file() and stamp.read_text() == cpu:
         return {**tools, "src": src}
     if not (src / "convert_hf_to_gguf.py").is_file():
         sdist = work / "sdist"
@@ -76,7 +83,18 @@ def llama_cpp(work: Path) -> dict[str, Path]:
     sh(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
         "-DGGML_CUDA=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], work / "cmake.log")
     sh(["cmake", "--build", build, "-j2", "--target", *LLAMA_TOOLS], work / "build.log")
+    stamp.write_text(cpu)
     return {**tools, "src": src}
+
+
+def cpu_flags() -> str:
+    """This CPU's model and instruction-set flags (/proc/cpuinfo), what a native build depends on."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines))) + "\n"
 
 
 def hf_folder(gguf: Path, dest: Path) -> Path:
@@ -121,12 +139,12 @@ def write_adapter(hf_dir: Path, dest: Path, seed: int) -> Path:
     return dest
 
 
-def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, scheme: str | None) -> dict:
+def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: dict | None) -> dict:
     """``lora-share build`` of the HF folder with the adapters (reused when nothing changed)."""
     dest.mkdir(parents=True, exist_ok=True)
     foundation = {"checkpoint": str(hf_dir), "max_seq_len": CONTEXT, "prefill_chunk": 128}
-    if scheme:
-        foundation["quantize"] = {"scheme": scheme}
+    if quantize:
+        foundation["quantize"] = quantize
     config = dest / "config.yaml"
     config.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation,
                                       "adapters": [{"name": a.name, "peft": str(a)} for a in adapters]},
@@ -377,6 +395,18 @@ def report(result: dict) -> str:
             ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
             lines.append(f"| {what} | {a} | {b} | {ratio} |")
         lines.append("")
+    ppl = result.get("perplexity")
+    if ppl:
+        ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
+        lines += [f"## Perplexity, foundation alone, {ppl['tokens']} tokens of held-out text", "",
+                  "lora-share: `lora-share eval` (every token of each window); llama.cpp: `llama-perplexity` "
+                  "(the second half of each window). Each side's ratio is to its own float32.", "",
+                  "| | perplexity | / own float32 |", "|---|---:|---:|"]
+        for name, value in ours.items():
+            lines.append(f"| lora-share {name} | {value:.3f} | {value / ours['fp32']:.4f} |")
+        for name, value in theirs.items():
+            lines.append(f"| llama.cpp {name.upper()} | {value:.3f} | {value / theirs['f32']:.4f} |")
+        lines.append("")
     lines += ["## Checks", ""]
     for c in result["checks"]:
         lines.append(f"- {'PASS' if c['pass'] else 'FAIL'} [{c['pair']}] {c['check']}: {c['value']} (target {c['target']})")
@@ -394,7 +424,7 @@ def run_from_args(ns, command: str) -> int:
     if not gguf.is_file():
         raise UserError(f"--gguf {ns.gguf}: no such file; fetch it with `make model` (SmolLM2-135M-Instruct Q4_1)")
     try:
-        result = run_peers(runner, gguf, work, ns.adapters, ns.repeats)
+        result = run_peers(runner, gguf, work, ns.adapters, ns.repeats, Path(ns.sources), ns.ppl_tokens)
     except BenchError as e:
         from .run import BenchFailed
 
@@ -409,7 +439,8 @@ def run_from_args(ns, command: str) -> int:
     return 0 if all(c["pass"] for c in result["checks"]) else 1
 
 
-def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int) -> dict:
+def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, sources: Path,
+              ppl_tokens: int) -> dict:
     """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict."""
     print("llama.cpp ...", file=sys.stderr)
     tools = llama_cpp(work / "llama.cpp")
@@ -418,12 +449,60 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int)
     folders = [write_adapter(hf, work / "adapters" / f"a{i + 1}", i + 1) for i in range(adapters)]
     print("lora-share builds (fp32, 8da4w) ...", file=sys.stderr)
     builds = {"fp32": lora_share_build(hf, folders, work / "ls-fp32", None),
-              "8da4w": lora_share_build(hf, folders, work / "ls-8da4w", "8da4w")}
+              "8da4w": lora_share_build(hf, folders, work / "ls-8da4w", QUANTIZE)}
     print("llama.cpp's GGUFs ...", file=sys.stderr)
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
     rows = measure(runner, builds, tools, ggufs, work, repeats, log=lambda s: print(s, file=sys.stderr))
-    return {"repeats": repeats, "adapters": adapters, "rows": rows, "checks": checks(rows)}
+    print("perplexity ...", file=sys.stderr)
+    ppl = perplexity(tools, builds, ggufs, sources, ppl_tokens, work)
+    return {"repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": ppl,
+            "checks": checks(rows) + perplexity_checks(ppl)}
+
+
+def perplexity(tools: dict, builds: dict, ggufs: dict, sources: Path, tokens: int, work: Path) -> dict:
+    """Perplexity of each side's foundations on bench-quality's held-out text (the Python tutorial's
+    reST sources): lora-share's with ``lora-share eval`` (every token of each 2,048-token window, as
+    transformers scores it), llama.cpp's with ``llama-perplexity`` at the same context (the second half of
+    each window, its protocol). The two protocols differ, so each side's quantized figures are compared
+    as ratios to its own float32 figure."""
+    from .quality import held_out_text
+
+    text, _, n_tokens = held_out_text(sources, builds["fp32"]["ptd"].parent / "tokenizer.json", tokens, CONTEXT)
+    path = work / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    ours = {}
+    for name, b in builds.items():
+        cmd = [sys.executable, "-m", "lora_share.cli", "eval", str(b["ptd"].parent), str(path), "--adapter", "base",
+               "--max-tokens", str(n_tokens), "--json", "--quiet"]
+        proc = subprocess.run(["nice", "-n", "15", *cmd], stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} failed ({proc.returncode})")
+        ours[name] = json.loads(proc.stdout)["results"][0]["perplexity"]
+    theirs = {}
+    for name, model in ggufs["models"].items():
+        log = work / f"perplexity-{name}.log"
+        sh([tools["llama-perplexity"], "-m", model, "-f", path, "-c", CONTEXT, "-b", CONTEXT, "-t", "2"], log)
+        theirs[name] = parse_perplexity(log.read_text())
+    return {"tokens": n_tokens, "lora_share": ours, "llama_cpp": theirs}
+
+
+def parse_perplexity(log: str) -> float:
+    """llama-perplexity's result line, ``Final estimate: PPL = 13.1234 +/- 0.12345``."""
+    m = re.search(r"Final estimate: PPL = ([\d.]+)", log)
+    if not m:
+        raise BenchError("llama-perplexity printed no 'Final estimate: PPL = ...' line")
+    return float(m.group(1))
+
+
+def perplexity_checks(ppl: dict) -> list[dict]:
+    """8da4w perplexity <= 1.03 x lora-share fp32, and no further from float32 than llama.cpp's Q4_0."""
+    ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
+    q, q4_0 = ours["8da4w"] / ours["fp32"], theirs["q4_0"] / theirs["f32"]
+    return [{"pair": "8da4w vs fp32", "check": "perplexity: lora-share 8da4w / lora-share fp32", "value": round(q, 4),
+             "target": f"<= {MAX_PPL_RATIO}", "pass": q <= MAX_PPL_RATIO},
+            {"pair": "8da4w vs q4_0", "check": "perplexity / own float32: lora-share 8da4w <= llama.cpp Q4_0",
+             "value": f"{q:.4f} vs {q4_0:.4f}", "target": "<=", "pass": q <= q4_0}]
 
 
 def add_arguments(p) -> None:
@@ -437,6 +516,13 @@ def add_arguments(p) -> None:
                    help="adapters served for the PSS per extra adapter (>= 2; default 4)")
     p.add_argument("--repeats", type=_at_least(1), default=5, help="alternating requests per figure (default 5)")
     p.add_argument("--out", default="benchmarks/results", help="folder for bench_peers.{json,md}")
+    from .quality import DOC_PACKAGE, DOC_SOURCES
+
+    p.add_argument("--sources", default=str(DOC_SOURCES),
+                   help=f"the perplexity text's folder (default {DOC_SOURCES}, from Debian's {DOC_PACKAGE}, as "
+                        "bench-quality)")
+    p.add_argument("--ppl-tokens", type=_at_least(CONTEXT), default=20000,
+                   help="tokens of that text scored at least (default 20000)")
 
 
 def _at_least(low: int):
