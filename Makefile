@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo test bench bench-scale bench-budget bench-quality clean system-deps
+.PHONY: all setup runner model demo test bench bench-scale bench-budget bench-quality bench-peers held-out-text clean system-deps
 
 all: setup runner
 
@@ -103,10 +103,12 @@ bench-budget: setup runner
 # out/bench_quality and reused while nothing changed. Hours on a busy 2-core machine: every fp32 token is
 # one call of the 538 MB program (the two builds: 12 min more the first time).
 QUALITY_PEFT ?=
-bench-quality: setup model
+held-out-text:
 	@dpkg -s python3.11-doc >/dev/null 2>&1 || { \
 	  echo "installing the held-out text: Debian's python3.11-doc (the Python documentation, PSF-2.0)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-doc; }
+
+bench-quality: setup model held-out-text
 	$(VENV)/bin/lora-share bench-quality $(if $(QUALITY_PEFT),--peft $(QUALITY_PEFT))
 
 # --- Devices: the aarch64 build, its tests under emulation, the relocatable bundles --------------------
@@ -178,6 +180,13 @@ dist: $(DIST_X86) $(DIST_AARCH64)
 # bundles unpacked into empty folders (tests/test_dist.py).
 test-arm64: setup runner arm64 dist
 	$(PY) -m pytest -q -m "arm64 or dist" tests/test_arm64.py tests/test_dist.py
+
+# lora-share vs llama.cpp on SmolLM2-135M-Instruct (issue 23), one adapter applied on both sides. llama.cpp
+# comes from llama-cpp-python 0.3.36's sdist (PyPI) and is built once into out/peers (never committed). Also
+# perplexity on bench-quality's held-out text: lora-share eval against llama-perplexity.
+PEERS_GGUF ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+bench-peers: setup runner model held-out-text
+	$(VENV)/bin/lora-share bench-peers --gguf $(PEERS_GGUF)
 
 clean:
 	rm -rf build out .pytest_cache build-arm64 dist

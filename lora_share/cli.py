@@ -22,6 +22,7 @@ EPILOG = """examples:
   lora-share bench configs/llama_adapters.yaml
   lora-share bench-scale
   lora-share bench-quality
+  lora-share bench-peers
 """
 SHARED_HELP = ("the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
                "adapter that reads tensors it shares with other adapters from there")
@@ -166,6 +167,12 @@ def _cmd_bench_quality(ns) -> int:
     from .bench.quality import run_from_args
 
     return run_from_args(ns)
+
+
+def _cmd_bench_peers(ns) -> int:
+    from .bench.peers import run_from_args
+
+    return run_from_args(ns, "lora-share bench-peers " + " ".join(sys.argv[2:]))
 
 
 def _cmd_bench_budget(ns) -> int:
@@ -315,6 +322,16 @@ def parser() -> argparse.ArgumentParser:
 
     add_scale_arguments(bs)
     bs.set_defaults(func=_cmd_bench_scale)
+
+    bp = sub.add_parser("bench-peers", help="lora-share vs llama.cpp on SmolLM2-135M-Instruct, one adapter applied "
+                                            "on both sides: decode, prefill, first token, load, PSS, KV bytes",
+                        epilog="examples:\n  lora-share bench-peers     # = make bench-peers; builds llama.cpp once into "
+                               "out/peers, writes benchmarks/results/bench_peers.{json,md}",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .bench.peers import add_arguments as add_peers_arguments
+
+    add_peers_arguments(bp)
+    bp.set_defaults(func=_cmd_bench_peers)
 
     bb = sub.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C library): "
                                              "PSS against the budget, resident vs cold request latency, requests/s",

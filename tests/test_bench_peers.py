@@ -1,0 +1,102 @@
+"""`lora-share bench-peers` without llama.cpp: its options, lora-share's side measured for real on the tiny
+build (the same functions the benchmark calls), the checks and the report from those figures, and the
+parsing of llama-server's log."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO, TINY_FOUNDATION, run_cli
+from lora_share.bench import peers, processes
+
+# Captured from the llama-server this benchmark builds (llama-cpp-python 0.3.36's llama.cpp, -lv 4) with
+# SmolLM2-135M-Instruct F32, -c 2048 -np 1 and one --lora (the second line repeated for a second file).
+SERVER_LOG = """\
+0.00.498.972 I llama_adapter_lora_init: loading lora adapter from 'gguf/a1.gguf' ...
+0.00.498.990 I llama_adapter_lora_init: loading lora adapter from 'gguf/a2.gguf' ...
+0.00.501.729 I llama_kv_cache:        CPU KV buffer size =    45.00 MiB
+"""
+
+
+def test_options_are_checked_before_any_work(tmp_path):
+    few = run_cli("bench-peers", "--adapters", "1", "--workdir", tmp_path)
+    assert few.returncode == 2 and "--adapters" in few.stderr and "below 2" in few.stderr
+    missing = run_cli("bench-peers", "--gguf", tmp_path / "none.gguf", "--workdir", tmp_path / "w",
+                      "--runner", REPO / "pyproject.toml")
+    assert missing.returncode == 2 and "--gguf" in missing.stderr and "none.gguf" in missing.stderr
+    assert "Traceback" not in missing.stderr and not (tmp_path / "w" / "llama.cpp").exists()
+
+
+def test_server_log_is_parsed():
+    assert peers.parse_kv_bytes(SERVER_LOG) == 45 * 2**20
+    assert peers.parse_loras(SERVER_LOG) == ["gguf/a1.gguf", "gguf/a2.gguf"]
+    assert peers.parse_kv_bytes("no cache line") is None
+
+
+@pytest.fixture(scope="module")
+def ours(tiny_build, runner_bin):
+    """lora-share's figures for the tiny build, measured by the benchmark's own functions."""
+    b = {"ptd": tiny_build.ptd, "ptes": list(tiny_build.ptes.values()), "manifest": tiny_build.manifest}
+    short, long = [1, 2, 3], list(range(1, 21))
+    samples = {"short": [], "long": []}
+    with processes.Server(runner_bin, b["ptes"][:1], b["ptd"], max_new_tokens=4) as server:
+        name = server.names[0]
+        for _ in range(3):
+            samples["short"].append(peers.runner_answer(server.ask(name, short)[0]))
+            samples["long"].append(peers.runner_answer(server.ask(name, long)[0]))
+    return {"build": "fp32", **peers.summarize(samples), "kv_bytes": peers.kv_bytes_lora_share(b["manifest"]),
+            "pss_per_extra_adapter_kb": peers.extra_adapter_ours(runner_bin, b, short)}
+
+
+def test_lora_share_side_is_measured(ours):
+    f = TINY_FOUNDATION
+    assert ours["kv_bytes"] == 2 * f["n_layers"] * f["n_kv_heads"] * (f["dim"] // f["n_heads"]) * (32 + 1) * 4
+    for key in ("decode_10_tokens_per_s", "decode_1000_tokens_per_s", "prefill_tokens_per_s", "first_token_ms"):
+        assert ours[key] > 0, key
+    assert ours["pss_per_extra_adapter_kb"] > 0  # tiny_b and tiny_c cost pages of their own
+
+
+def test_checks_and_report(ours):
+    theirs = {"model": "f32", "decode_10_tokens_per_s": ours["decode_10_tokens_per_s"] / 2,  # ratio 2: passes
+              "decode_1000_tokens_per_s": ours["decode_1000_tokens_per_s"],  # ratio 1: below 1.1, fails
+              "prefill_tokens_per_s": ours["prefill_tokens_per_s"] / 1.1 * 1.001,  # just under 1.1: fails
+              "kv_bytes": ours["kv_bytes"] // 2,  # half of ours: fails
+              "pss_per_extra_adapter_kb": ours["pss_per_extra_adapter_kb"]}  # equal: passes
+    result = {"command": "lora-share bench-peers", "repeats": 3, "adapters": 3,
+              "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}}}
+    result["checks"] = peers.checks(result["rows"])
+    verdict = {c["check"].split(":")[0]: c["pass"] for c in result["checks"]}
+    assert verdict == {"decode tokens/s at ~10": True, "decode tokens/s at ~1,000": False,
+                       "prefill tokens/s of 1000": False, "KV bytes at context 2048": False,
+                       "PSS per extra adapter (kB)": True}
+    assert result["checks"][0]["value"] == pytest.approx(2.0, abs=0.01)
+    md = peers.report(result)
+    assert md.count("PASS") == 2 and md.count("FAIL") == 3
+    assert "| decode tokens/s, position ~10 | " in md and "| 2.00 |" in md
+    json.dumps(result, default=str)
+
+
+# llama-perplexity's progress and result lines, in the formats its source prints them
+# (tools/perplexity/perplexity.cpp of llama-cpp-python 0.3.36's llama.cpp: "[%d]%.4lf," per chunk, then
+# "Final estimate: PPL = %.4lf +/- %.5lf"); the values are made up.
+PERPLEXITY_LOG = """\
+[1]10.2779,[2]11.6551,[3]12.0013,[4]11.6927,[5]11.7045,
+Final estimate: PPL = 11.7045 +/- 0.20416
+"""
+
+
+def test_perplexity_is_parsed_and_checked():
+    assert peers.parse_perplexity(PERPLEXITY_LOG) == pytest.approx(11.7045)
+    with pytest.raises(peers.BenchError, match="Final estimate"):
+        peers.parse_perplexity("no result")
+    ppl = {"tokens": 20480, "lora_share": {"fp32": 10.0, "8da4w": 10.25},
+           "llama_cpp": {"f32": 11.0, "q4_0": 12.1, "q4_1": 11.2, "q8_0": 11.01}}
+    verdict = [c["pass"] for c in peers.perplexity_checks(ppl)]
+    assert verdict == [True, True]  # 1.025 <= 1.03; 1.025 <= Q4_0's 1.1
+    ppl["lora_share"]["8da4w"] = 12.5  # 1.25: over 1.03 and over Q4_0's 1.1
+    assert [c["pass"] for c in peers.perplexity_checks(ppl)] == [False, False]
+    md = peers.report({"command": "x", "repeats": 1, "rows": {}, "perplexity": ppl,
+                       "checks": peers.perplexity_checks(ppl)})
+    assert "| lora-share 8da4w | 12.500 | 1.2500 |" in md and "| llama.cpp Q4_0 | 12.100 | 1.1000 |" in md
