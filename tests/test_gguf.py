@@ -2,16 +2,19 @@
 
 Each tiny GGUF here is written with the ``gguf`` package's writer the way llama.cpp's converter
 writes a Hugging Face checkpoint (its tensor names, Q and K rows permuted for llama, dimensions
-innermost first, F32 or Q8_0 blocks), from a tiny random Hugging Face model: a llama (untied, GQA)
-and a Phi-3 (fused qkv_proj and gate_up_proj, kept fused as attn_qkv and ffn_up, with LoRA on the
-fused linears), each with a PEFT adapter. transformers then loads
+innermost first, F32 or Q8_0 blocks), from a tiny random Hugging Face model: a llama (untied, GQA),
+a Phi-3 (fused qkv_proj and gate_up_proj, kept fused as attn_qkv and ffn_up, with LoRA on the
+fused linears) and a Gemma 3 text model (llama.cpp's gemma3: its norm names, every norm weight
+stored as 1 + w, a sliding window of 4 shorter than the prompt, one key/value head, tied), each
+with a PEFT adapter. transformers then loads
 the same .gguf itself (``from_pretrained(dir, gguf_file=...)``, dequantizing with the same package)
 and is the reference: lora-share's eager model over the GGUF foundation, and a build of a config whose
 checkpoint is the .gguf run through ExecuTorch, must give its logits within 1e-4, with a PEFT adapter
 trained on the Hugging Face form applied unchanged (which fails if the permutation is not undone).
 Then what is refused: an unsupported architecture, an unknown tensor, a missing metadata key, a
-truncated file, and what the phi3 family refuses (LongRoPE factors, partial rotary embeddings, a
-sliding window shorter than the context), each with one message naming the file and the key.
+truncated file, what the phi3 family refuses (LongRoPE factors, partial rotary embeddings, a
+sliding window shorter than the context) and what a Gemma 3 file may lack or add (its sliding
+window, logit soft-capping), each with one message naming the file and the key.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ FAMILY = {"llama": "llama", "phi3": "phi3", "gemma3": "gemma3_text"}
 KV_HEADS = {"llama": 2, "phi3": 2, "gemma3": 1}
 
 
-def GEMMA3_CONFIG(config: dict) -> dict:
+def gemma3_as_gguf_says(config: dict) -> dict:
     """The tiny Gemma 3 of tiny_checkpoints (window 4, shorter than the prompt: the ring is used; one
     key/value head; tied) with what a GGUF does not say set as transformers' GGUF loader assumes:
     6 layers with no layer_types (layers 0-4 slide, 5 does not), query_pre_attn_scalar 256, local
@@ -167,7 +170,7 @@ def _tiny_model(arch: str, root: Path) -> dict:
     else:  # by transformers' Phi3ForCausalLM / Gemma3ForCausalLM, the adapter by peft on every linear
         spec = SPECS[FAMILY[arch]]
         if arch == "gemma3":
-            spec = replace(spec, config=GEMMA3_CONFIG(spec.config))
+            spec = replace(spec, config=gemma3_as_gguf_says(spec.config))
         write_checkpoint(replace(spec, adapters={"adapter": spec.adapters["a"]}), root)
         hf = root / "model"
     files = {q: write_gguf(hf, root / f"model-{q}.gguf", q, arch=arch) for q in ("F32", "Q8_0")}
@@ -269,4 +272,18 @@ def test_phi3_refusals(tiny_models, case):
     tiny = tiny_models("phi3")
     edits, needles = PHI3_REFUSED[case]
     path = write_gguf(tiny["hf"], tiny["root"] / f"{case}.gguf", arch="phi3", **edits)
+    _refused(tiny, path, *needles)
+
+
+GEMMA3_REFUSED = {  # what a Gemma 3 GGUF may say that lora-share cannot read: edits, then the words of the message
+    "no_sliding_window": ({"drop_key": "sliding_window"}, ["gemma3.attention.sliding_window", "missing"]),
+    "logit_softcapping": ({"final_logit_softcapping": 30.0}, ["gemma3.final_logit_softcapping", "30"]),
+}
+
+
+@pytest.mark.parametrize("case", list(GEMMA3_REFUSED))
+def test_gemma3_refusals(tiny_models, case):
+    tiny = tiny_models("gemma3")
+    edits, needles = GEMMA3_REFUSED[case]
+    path = write_gguf(tiny["hf"], tiny["root"] / f"{case}.gguf", arch="gemma3", **edits)
     _refused(tiny, path, *needles)
