@@ -88,7 +88,8 @@ class FoundationConfig:
 
     checkpoint: Optional[Path] = _f(
         f"Hugging Face model folder ({', '.join(FAMILIES)}): config.json + model.safetensors (or shards + "
-        "index json); or a GGUF file (architectures llama, qwen2, qwen3, phi3; any quantization type the gguf "
+        "index json); or a GGUF file (architectures llama, qwen2, qwen3, phi3, gemma3 (as gemma3_text); any "
+        "quantization type the gguf "
         "package dequantizes)", None, path=True
     )
     synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)

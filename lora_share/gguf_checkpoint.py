@@ -9,7 +9,11 @@ rows of a llama model's query and key projections (its RoPE pairs dimensions i a
 Face's i and i + head_dim/2); they are permuted back, so PEFT adapters trained on the Hugging Face
 model apply unchanged. Phi-3 is written unpermuted (llama.cpp rotates it NeoX-style, as Hugging Face
 does) with Hugging Face's fused linears (``attn_qkv`` is ``qkv_proj``, ``ffn_up`` holds gate and up,
-``gate_up_proj``), which the phi3 family splits at load time. Reading and dequantizing is the
+``gate_up_proj``), which the phi3 family splits at load time. Gemma 3 (llama.cpp's ``gemma3``, the
+text model of any Gemma 3 file) is written unpermuted too, with its four norms per layer under their
+own names (``ffn_norm`` is the norm before the MLP there) and every norm weight stored as 1 + w
+(llama.cpp's RMSNorm multiplies by the stored weight, Gemma's by 1 + w): 1 is taken off again, as
+transformers does, and the gemma3_text family adds it back. Reading and dequantizing is the
 ``gguf`` package's (llama.cpp's own Python reader; numpy dequantization of every quantization type
 it knows).
 """
@@ -28,8 +32,9 @@ from .model import ModelArgs
 
 # GGUF architecture -> Hugging Face model_type, for the families lora-share supports. llama covers
 # SmolLM and Llama 2/3; llama.cpp writes Mistral models as llama too; phi3 is Phi-3 (and Phi-4-mini,
-# whose partial rotary embeddings are refused).
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+# whose partial rotary embeddings are refused); gemma3 is Gemma 3's text model (transformers reads it as
+# gemma3_text too).
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
 # llama.cpp permutes Q and K rows for these (convert_hf_to_gguf.py, LlamaModel.permute).
 _PERMUTED = {"llama"}
 
@@ -43,7 +48,14 @@ _BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
 _FUSED_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                 "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                 "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
-_BLOCKS = {"phi3": _FUSED_BLOCK}
+# convert_hf_to_gguf.py's Gemma3Model (gguf's MODEL_TENSORS[MODEL_ARCH.GEMMA3]): the norms around
+# attention and the MLP; ffn_norm is the one before the MLP.
+_GEMMA3_BLOCK = {**_BLOCK, "post_attention_norm": "post_attention_layernorm",
+                 "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_BLOCKS = {"phi3": _FUSED_BLOCK, "gemma3": _GEMMA3_BLOCK}
+# Gemma3Model.modify_tensors stores every "*norm.weight" as 1 + w (transformers' Gemma2TensorProcessor,
+# which it uses for gemma3, subtracts 1 from the same tensors).
+_NORM_PLUS_ONE = {"gemma3"}
 
 
 def hf_name(name: str, arch: str) -> str | None:
@@ -104,6 +116,10 @@ def hf_config(reader, path: Path) -> dict:
     if factors is not None:  # llama.cpp's converter writes no scaling type for Phi-3's LongRoPE, only these
         raise UserError(f"{path}: tensor {factors}: LongRoPE (the 128k-context Phi-3 models) is not supported; "
                         "only plain RoPE is read from GGUF")
+    softcap = _value(reader, f"{arch}.final_logit_softcapping")
+    if softcap:
+        raise UserError(f"{path}: {arch}.final_logit_softcapping is {softcap}: soft-capping of the output logits "
+                        "is not supported by lora-share")
     heads = int(need("attention.head_count"))
     config = {
         "model_type": ARCHITECTURES[arch],
@@ -113,7 +129,7 @@ def hf_config(reader, path: Path) -> dict:
         "num_attention_heads": heads,
         "num_key_value_heads": int(_value(reader, f"{arch}.attention.head_count_kv") or heads),
         "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_value(reader, f"{arch}.rope.freq_base") or 10000.0),
+        "rope_theta": float(_value(reader, f"{arch}.rope.freq_base") or _ROPE_THETA.get(arch, 10000.0)),
         "max_position_embeddings": int(_value(reader, f"{arch}.context_length") or 2048),
         "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
         "hidden_act": "silu",
@@ -136,7 +152,27 @@ def hf_config(reader, path: Path) -> dict:
         config["sliding_window"] = int(window)
     if ARCHITECTURES[arch] == "qwen2":
         config["attention_bias"] = True
+    if arch == "gemma3":
+        config.update(_gemma3_config(reader, path, need))
     return config
+
+
+# rope.freq_base when the file lacks it: Gemma3TextConfig's default (convert_hf_to_gguf.py's too).
+_ROPE_THETA = {"gemma3": 1_000_000.0}
+
+
+def _gemma3_config(reader, path: Path, need) -> dict:
+    """What the gemma3_text family reads beyond the common keys. llama.cpp requires the sliding
+    window (gemma3.attention.sliding_window); the rest is not in the metadata, and the values are
+    transformers' GGUF loader's (Gemma3TextConfig's defaults), which are llama.cpp's too for the
+    Gemma 3 models of head size 256 (270M to 12B): sliding layers every layer but each sixth (no
+    layer_types: the family's pattern of 6), query_pre_attn_scalar 256 (llama.cpp scales by
+    head_dim ** -0.5, except for the 27B), a local RoPE base of 10000 unless the file has
+    rope.freq_base_swa (newer converters write it), and tanh GELU."""
+    local = _value(reader, "gemma3.rope.freq_base_swa")
+    return {"sliding_window": int(need("attention.sliding_window")), "query_pre_attn_scalar": 256,
+            "rope_local_base_freq": float(local) if local is not None else 10_000.0,
+            "hidden_activation": "gelu_pytorch_tanh"}
 
 
 def _dequantized(tensor, path: Path) -> torch.Tensor:
@@ -161,6 +197,7 @@ def read_gguf(path: Path, max_seq_len: int) -> tuple[ModelArgs, dict[str, torch.
     args = model_args(config, path, max_seq_len)
     arch = _value(reader, "general.architecture")
     permuted = arch in _PERMUTED
+    plus_one = arch in _NORM_PLUS_ONE
     raw: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name, arch)
@@ -171,6 +208,8 @@ def read_gguf(path: Path, max_seq_len: int) -> tuple[ModelArgs, dict[str, torch.
             t = unpermute(t, args.n_heads)
         elif permuted and ".k_proj." in name:
             t = unpermute(t, args.n_kv_heads)
+        elif plus_one and tensor.name.endswith("norm.weight"):
+            t = t - 1
         raw[name] = t
     return args, raw, {"kind": "gguf", "path": str(path), "sha256": {path.name: sha256_file(path)}}
 
