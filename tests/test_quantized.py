@@ -182,7 +182,8 @@ def test_fingerprint_covers_the_quantization():
 def test_manifest_records_quantization(q_build, q_models):
     foundation, _, _ = q_models
     m = q_build.manifest
-    assert m["foundation"]["quantize"] == {"scheme": "8da4w", "group_size": 32, "embedding": "int8"}
+    assert m["foundation"]["quantize"] == {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": "symmetric",
+                                           "lm_head": "int4"}
     assert m["foundation"]["fingerprint"] == foundation_fingerprint(foundation)
     # One program for every adapter: exported once, each adapter written as its data.
     assert m["program"]["produced"] == "exported"
