@@ -266,24 +266,16 @@ PHI3_REFUSED = {  # what the phi3 family refuses, as a Phi-3 GGUF says it: edits
     "short_sliding_window": ({"sliding_window": 8}, ["sliding_window", "8", "max_seq_len"]),
 }
 
-
-@pytest.mark.parametrize("case", list(PHI3_REFUSED))
-def test_phi3_refusals(tiny_models, case):
-    tiny = tiny_models("phi3")
-    edits, needles = PHI3_REFUSED[case]
-    path = write_gguf(tiny["hf"], tiny["root"] / f"{case}.gguf", arch="phi3", **edits)
-    _refused(tiny, path, *needles)
-
-
 GEMMA3_REFUSED = {  # what a Gemma 3 GGUF may say that lora-share cannot read: edits, then the words of the message
     "no_sliding_window": ({"drop_key": "sliding_window"}, ["gemma3.attention.sliding_window", "missing"]),
     "logit_softcapping": ({"final_logit_softcapping": 30.0}, ["gemma3.final_logit_softcapping", "30"]),
 }
+REFUSED = {"phi3": PHI3_REFUSED, "gemma3": GEMMA3_REFUSED}
 
 
-@pytest.mark.parametrize("case", list(GEMMA3_REFUSED))
-def test_gemma3_refusals(tiny_models, case):
-    tiny = tiny_models("gemma3")
-    edits, needles = GEMMA3_REFUSED[case]
-    path = write_gguf(tiny["hf"], tiny["root"] / f"{case}.gguf", arch="gemma3", **edits)
+@pytest.mark.parametrize("arch,case", [(arch, case) for arch, cases in REFUSED.items() for case in cases])
+def test_architecture_refusals(tiny_models, arch, case):
+    tiny = tiny_models(arch)
+    edits, needles = REFUSED[arch][case]
+    path = write_gguf(tiny["hf"], tiny["root"] / f"{case}.gguf", arch=arch, **edits)
     _refused(tiny, path, *needles)
