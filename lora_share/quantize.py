@@ -98,8 +98,8 @@ def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
     int4 = {n for n in linears if not (n == "lm_head" and qcfg.lm_head == "int8")}
     with torch.no_grad():
         if qcfg.grid == "asymmetric":
-            _split_group_offsets_({n: linears[n] for n in sorted(int4)}, qcfg.group_size)
-        # The tied lm_head gets its own weight; the embedding keeps (or int8-quantizes) its own.
+            _split_group_offsets_({n: linears[n] for n in int4}, qcfg.group_size)
+        # The tied lm_head gets its own weight; the embedding keeps (or quantizes) its own table.
         quantize_(
             model,
             Int8DynamicActivationIntxWeightConfig(
