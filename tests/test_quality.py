@@ -156,3 +156,16 @@ def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
     assert [c["adapter"] for c in results["checks"]] == ["base", TEXT_ADAPTER]
     assert (proc.returncode == 0) == all(c["ok"] for c in results["checks"])
     assert "8da4w / fp32 perplexity" in out.with_suffix(".md").read_text()
+    assert results["kept"] == []
+
+    # A re-run keeps every measurement whose build, adapter and text are unchanged, and measures again
+    # only what is missing.
+    (tmp_path / "work" / "measured" / f"fp32.{TEXT_ADAPTER}.json").unlink()
+    again = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
+                    sources, "--tokens", "100", "--out", out, timeout=1800)
+    assert again.returncode == proc.returncode, again.stderr
+    rerun = json.loads(out.read_text())
+    assert sorted(rerun["kept"]) == ["8da4w/base", f"8da4w/{TEXT_ADAPTER}", "fp32/base"]
+    assert [(c["adapter"], c["fp32_perplexity"], c["8da4w_perplexity"]) for c in rerun["checks"]] == [
+        (c["adapter"], pytest.approx(c["fp32_perplexity"], rel=1e-5), c["8da4w_perplexity"]) for c in results["checks"]]
+    assert rerun["complete"]

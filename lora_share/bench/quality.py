@@ -14,7 +14,9 @@ Debian's python3.11-doc package (PSF-2.0), /usr/share/doc/python3.11/html/_sourc
 whole files in name order until the text has enough tokens, then cut to whole windows of the build's
 context: the fewest windows that score at least ``--tokens`` tokens. Each (foundation, adapter) pair is
 then measured by `lora-share eval` (quality.py) on that text in a process of its own, ``--jobs`` (2) at
-a time; the results files are rewritten after each measurement ("complete": false until the last).
+a time; the results files are rewritten after each measurement ("complete": false until the last). Each
+measurement is also kept in ``--work``/measured with what it depends on (the sha256 of the foundation,
+program, tokenizer and adapter, and of the text): a re-run measures only what changed or is missing.
 
 The check printed at the end (exit status 1 if it fails): the 8da4w foundation's perplexity is at most
 ``--max-ratio`` (1.03) x the float32 foundation's, alone and with the adapter.
@@ -155,6 +157,17 @@ def run(ns) -> tuple[dict, bool]:
         "build_s": build_s, "jobs": ns.jobs, "variants": {}, "checks": [], "complete": False,
     }
     done: dict[tuple[str, str], dict] = {}
+    keys = {job: _measurement_key(builds[job[0]], job[1], results["text"]["sha256"], n_tokens) for job in jobs}
+    for job in jobs:
+        kept = _kept_measurement(work, job, keys[job])
+        if kept is not None:
+            print(f"== {job[1]} on {job[0]}: kept from an earlier run (same build, adapter and text)",
+                  file=sys.stderr, flush=True)
+            done[job] = kept
+    results["kept"] = [f"{v}/{a}" for v, a in done]
+    _collect(results, done, jobs, ns.max_ratio)
+    results["seconds"], results["complete"] = round(time.perf_counter() - t0, 1), len(done) == len(jobs)
+    _save(results, ns.out)
 
     def measure(variant: str, adapter: str) -> dict:
         cmd = [sys.executable, "-m", "lora_share.cli", "eval", str(builds[variant]), str(text_path), "--adapter",
@@ -162,10 +175,14 @@ def run(ns) -> tuple[dict, bool]:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise UserError(f"measuring {adapter} on the {variant} foundation failed (above): {' '.join(cmd)}")
-        return json.loads(proc.stdout)
+        measured = json.loads(proc.stdout)
+        _measurement_path(work, (variant, adapter)).parent.mkdir(exist_ok=True)
+        _write(_measurement_path(work, (variant, adapter)),
+               json.dumps({"key": keys[(variant, adapter)], "measured": measured}, indent=2) + "\n")
+        return measured
 
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
-        futures = {pool.submit(measure, *job): job for job in jobs}
+        futures = {pool.submit(measure, *job): job for job in jobs if job not in done}
         for future in as_completed(futures):
             done[futures[future]] = future.result()
             _collect(results, done, jobs, ns.max_ratio)
@@ -173,6 +190,32 @@ def run(ns) -> tuple[dict, bool]:
             results["complete"] = len(done) == len(jobs)
             _save(results, ns.out)
     return results, all(c["ok"] for c in results["checks"])
+
+
+def _measurement_key(build: Path, adapter: str, text_sha256: str, tokens: int) -> dict:
+    """What a measurement depends on, as the build's manifest records it (the foundation's, the program's,
+    the tokenizer's and the adapter's sha256) and the text. A measurement with the same key is the same
+    measurement."""
+    manifest = json.loads((build / "manifest.json").read_text())
+    adapters = {a["name"]: a["sha256"] for a in manifest["adapters"]}
+    return {"foundation": manifest["foundation"]["sha256"], "program": manifest["program"]["sha256"],
+            "tokenizer": manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"], "adapter": adapter,
+            "adapter_sha256": adapters.get(adapter), "text_sha256": text_sha256, "tokens": tokens}
+
+
+def _measurement_path(work: Path, job: tuple[str, str]) -> Path:
+    return work / "measured" / f"{job[0]}.{job[1]}.json"
+
+
+def _kept_measurement(work: Path, job: tuple[str, str], key: dict) -> dict | None:
+    """An earlier run's measurement of ``job`` if its key is ``key`` (measurements of the real model take
+    up to an hour each; a re-run measures only what changed or is missing)."""
+    path = _measurement_path(work, job)
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["measured"] if isinstance(saved, dict) and saved.get("key") == key else None
 
 
 def _collect(results: dict, done: dict, jobs: list, max_ratio: float) -> None:
@@ -218,7 +261,8 @@ def markdown(results: dict) -> str:
         "# Quality: perplexity and top-1 agreement with transformers float32",
         "",
         f"Created {results['created']} at {results['git'] or 'an unknown commit'} by `make bench-quality` "
-        f"({results['seconds'] / 60:.0f} min with {results['jobs']} measurements at once; builds "
+        f"({results['seconds'] / 60:.0f} min with {results['jobs']} measurements at once"
+        f"{'; kept from an earlier run: ' + ', '.join(results['kept']) if results.get('kept') else ''}; builds "
         f"{', '.join(f'{k} {v:.0f} s' for k, v in results['build_s'].items())})"
         f"{'' if results['complete'] else ': INCOMPLETE, measurements still running'}.",
         "",
