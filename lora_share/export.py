@@ -80,6 +80,27 @@ def _tag_foundation_constants(user_inputs: set[str]):
     return tag
 
 
+def _embedding_output_float32(gm: torch.fx.GraphModule):
+    """Edge pass: an int4 embedding's dequantize with float16 scales names its float32 output dtype.
+
+    torch.export drops the default ``output_dtype``, and ExecuTorch's quant fusion then picks
+    ``embedding_4bit``, whose kernel reads the scales in the output's dtype (float16 read as float32);
+    with the dtype named it picks ``embedding_4bit.dtype``, which reads float16 scales into float32 rows.
+    """
+    from executorch.exir.pass_base import PassResult
+
+    changed = False
+    for node in gm.graph.nodes:
+        if (node.op == "call_function" and "dequantize_affine" in str(node.target) and len(node.args) == 7
+                and node.args[2].meta["val"].dtype == torch.float16
+                and any("embedding" in str(u.target) for u in node.users)):
+            node.args = (*node.args, torch.float32)
+            changed = True
+    if changed:
+        gm.recompile()
+    return PassResult(gm, changed)
+
+
 @dataclass
 class Exported:
     pte: bytes
@@ -142,7 +163,8 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         with sharing_weights(weights):
             edge = to_edge_transform_and_lower(
                 ep,
-                transform_passes=[_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else None,
+                transform_passes=[_embedding_output_float32,
+                                  *([_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else [])],
                 partitioner=[_partitioner()],
                 # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),

@@ -127,6 +127,10 @@ def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
                 model,
                 IntxWeightOnlyConfig(weight_dtype=torch.int4 if int4_rows else torch.int8,
                                      granularity=PerGroup(qcfg.group_size) if int4_rows else PerAxis(0),
+                                     # An int4 table has a scale per group, not per row: float16 halves
+                                     # them (21 MB of Gemma 3's 262k x 640 table), and embedding_4bit's
+                                     # dtype variant reads float16 scales into a float32 output.
+                                     scale_dtype=torch.float16 if int4_rows else None,
                                      intx_choose_qparams_algorithm="affine"),
                 filter_fn=lambda m, fqn: isinstance(m, nn.Embedding),
             )
