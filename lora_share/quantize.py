@@ -21,9 +21,9 @@ torchao's ``quantize_``:
 - lm_head int8: the output projection as int8 with one scale per row (XNNPACK's
   per-channel 8-bit kernel), for an embedding stored at 8 bits or more.
 - embedding int8: one int8 row per token with a float32 scale per row, run by
-  ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; int4: a scale per
-  ``group_size`` of a row, run by its ``embedding_4bit`` kernel (half the bytes,
-  for a large vocabulary such as Gemma 3's 262k).
+  ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; int4: a float16
+  scale per ``group_size`` of a row, run by its ``embedding_4bit.dtype`` kernel
+  (about half the bytes, for a large vocabulary such as Gemma 3's 262k).
 
 LoRA A and B are never touched: they stay float32. How far quantization moves
 the logits is measured by quant_error.py.

@@ -26,8 +26,8 @@ def scale_run(tmp_path_factory, runner_bin):
 def test_results_are_written_and_printed(scale_run):
     root, first, _ = scale_run
     assert first.returncode in (0, 1), first.stderr
-    result = json.loads((root / "first" / "bench_scale.json").read_text())
-    md = (root / "first" / "bench_scale.md").read_text()
+    result = json.loads((root / "first" / "bench_scale_tiny.json").read_text())
+    md = (root / "first" / "bench_scale_tiny.md").read_text()
     assert first.stdout.strip() == md.strip()
     assert [v["name"] for v in result["variants"]] == ["fp32", "8da4w", "fp32-all16", "8da4w-all16"]
     for v in result["variants"]:
@@ -59,7 +59,7 @@ def test_shared_arena_adds_only_the_adapters_own_bytes(scale_run):
     """The enforced memory checks hold on the tiny shape too (its bound is mostly the 0.5 MiB slack;
     test_runner_arena checks the arena sizes themselves)."""
     root, first, _ = scale_run
-    result = json.loads((root / "first" / "bench_scale.json").read_text())
+    result = json.loads((root / "first" / "bench_scale_tiny.json").read_text())
     memory = [c for c in result["checks"] if "PSS" in c["check"]]
     assert memory and all(c["ok"] for c in memory), memory
     # The exit status follows the enforced checks (the speed ratios can go either way on a tiny shape).
@@ -70,8 +70,8 @@ def test_shared_arena_adds_only_the_adapters_own_bytes(scale_run):
 def test_second_run_reuses_the_builds(scale_run):
     root, first, second = scale_run
     assert second.returncode in (0, 1), second.stderr
-    one = json.loads((root / "first" / "bench_scale.json").read_text())
-    two = json.loads((root / "second" / "bench_scale.json").read_text())
+    one = json.loads((root / "first" / "bench_scale_tiny.json").read_text())
+    two = json.loads((root / "second" / "bench_scale_tiny.json").read_text())
     for a, b in zip(one["variants"], two["variants"]):
         assert a["export_s"] == b["export_s"]  # the recorded export, not a new one
     builds = {k: v for k, v in two["steps_s"].items() if k.startswith("build")}

@@ -83,8 +83,9 @@ class Shape:
     quantize: dict = field(default_factory=lambda: {"scheme": "8da4w"})  # the 8da4w variants' foundation.quantize
 
 
+DEFAULT_SHAPE = "smollm-135m"
 SHAPES = {
-    "smollm-135m": Shape(
+    DEFAULT_SHAPE: Shape(
         foundation={"dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "hidden_dim": 1536,
                     "vocab_size": 49152, "tie_embeddings": True, "seed": 0},
         context=2048, short_context=128, prefill_chunk=128, prompt_tokens=1000, new_tokens=64,
@@ -518,10 +519,13 @@ def markdown(result: dict) -> str:
 
 
 def write_results(result: dict, out_dir: Path) -> list[Path]:
+    """bench_scale.{json,md} for the default shape, bench_scale_<shape>.{json,md} for the others, so
+    that one shape's run never overwrites another's figures."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    shape = result["shape"]["name"]
+    stem = "bench_scale" if shape == DEFAULT_SHAPE else f"bench_scale_{shape}"
     written = []
-    for name, text in (("bench_scale.json", json.dumps(result, indent=2) + "\n"),
-                       ("bench_scale.md", markdown(result))):
+    for name, text in ((f"{stem}.json", json.dumps(result, indent=2) + "\n"), (f"{stem}.md", markdown(result))):
         path = out_dir / name
         tmp = path.with_name(name + ".tmp")
         tmp.write_text(text)
@@ -535,14 +539,16 @@ def write_results(result: dict, out_dir: Path) -> list[Path]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", choices=list(SHAPES), default="smollm-135m",
-                   help="the foundation's shape and request sizes (default smollm-135m; tiny for a smoke run)")
+    p.add_argument("--shape", choices=list(SHAPES), default=DEFAULT_SHAPE,
+                   help=f"the foundation's shape and request sizes (default {DEFAULT_SHAPE}; tiny for a smoke run)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="deployments to measure (default: all of "
                                                                   f"{', '.join(VARIANTS)})")
     p.add_argument("--counts", default="1,2,4,8", help="adapter counts, increasing (default 1,2,4,8)")
     p.add_argument("--repeats", type=int, default=3, help="speed rounds and load starts, medians (default 3)")
     p.add_argument("--workdir", help="where the builds are kept and reused (default out/bench_scale[_SHAPE])")
-    p.add_argument("--out", default="benchmarks/results", help="results folder (default benchmarks/results)")
+    p.add_argument("--out", default="benchmarks/results",
+                   help="results folder (default benchmarks/results): bench_scale.{json,md}, or "
+                        "bench_scale_SHAPE.{json,md} for another shape than the default")
     p.add_argument("--runner", default="build/runner", help="the C++ runner (default build/runner)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -560,7 +566,7 @@ def run_from_args(ns, command: str) -> int:
         raise UserError(f"--counts {ns.counts!r}: give increasing adapter counts starting at 1, e.g. 1,2,4,8")
     if ns.repeats < 1:
         raise UserError("--repeats must be at least 1")
-    suffix = "" if ns.shape == "smollm-135m" else f"_{ns.shape}"
+    suffix = "" if ns.shape == DEFAULT_SHAPE else f"_{ns.shape}"
     workdir = Path(ns.workdir or f"out/bench_scale{suffix}").resolve()
     try:
         result = run_scale(ns.shape, variants, counts, Path(ns.runner), workdir, ns.repeats, ns.quiet)
