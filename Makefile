@@ -183,9 +183,10 @@ test-arm64: setup runner arm64 dist
 
 # lora-share vs llama.cpp on SmolLM2-135M-Instruct (issue 23), one adapter applied on both sides. llama.cpp
 # comes from llama-cpp-python 0.3.36's sdist (PyPI) and is built once into out/peers (never committed). Also
-# perplexity on bench-quality's held-out text: lora-share eval against llama-perplexity.
+# perplexity on bench-quality's held-out text: bench-quality's lora-share eval figures (kept from its last
+# run when nothing changed, so this re-run measures nothing) against llama-perplexity.
 PEERS_GGUF ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-bench-peers: setup runner model held-out-text
+bench-peers: setup runner model bench-quality
 	$(VENV)/bin/lora-share bench-peers --gguf $(PEERS_GGUF)
 
 clean:

@@ -91,7 +91,7 @@ def test_perplexity_is_parsed_and_checked():
     assert peers.parse_perplexity(PERPLEXITY_LOG) == pytest.approx(11.7045)
     with pytest.raises(peers.BenchError, match="Final estimate"):
         peers.parse_perplexity("no result")
-    ppl = {"tokens": 20480, "lora_share": {"fp32": 10.0, "8da4w": 10.25},
+    ppl = {"tokens": 20480, "context": 512, "lora_share": {"fp32": 10.0, "8da4w": 10.25},
            "llama_cpp": {"f32": 11.0, "q4_0": 12.1, "q4_1": 11.2, "q8_0": 11.01}}
     verdict = [c["pass"] for c in peers.perplexity_checks(ppl)]
     assert verdict == [True, True]  # 1.025 <= 1.03; 1.025 <= Q4_0's 1.1
@@ -100,3 +100,34 @@ def test_perplexity_is_parsed_and_checked():
     md = peers.report({"command": "x", "repeats": 1, "rows": {}, "perplexity": ppl,
                        "checks": peers.perplexity_checks(ppl)})
     assert "| lora-share 8da4w | 12.500 | 1.2500 |" in md and "| llama.cpp Q4_0 | 12.100 | 1.1000 |" in md
+
+
+def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
+    """lora-share's perplexities are bench-quality's base rows, for the text it measured: a missing
+    results file, other 8da4w settings or a changed text are refused by name; llama-perplexity's runs
+    are kept in logs and read back."""
+    text = tmp_path / "text.txt"
+    text.write_text("held-out text")
+    import hashlib
+
+    digest = hashlib.sha256(text.read_bytes()).hexdigest()
+    info = {"path": str(text), "sha256": digest, "tokens": 20480, "window": 512}
+    quality = tmp_path / "bench_quality.json"
+    with pytest.raises(peers.BenchError, match="run `make bench-quality` first"):
+        peers.perplexity({}, {"models": {}}, quality, tmp_path)
+    results = {"variants": {"fp32": {"quantize": None, "text": info,
+                                     "results": [{"adapter": "base", "perplexity": 12.9}]},
+                            "8da4w": {"quantize": {**peers.QUANTIZE, "grid": "symmetric"}, "text": info,
+                                      "results": [{"adapter": "base", "perplexity": 13.1}]}}}
+    quality.write_text(json.dumps(results))
+    with pytest.raises(peers.BenchError, match="not this bench's"):
+        peers.perplexity({}, {"models": {}}, quality, tmp_path)
+    results["variants"]["8da4w"]["quantize"] = peers.QUANTIZE
+    quality.write_text(json.dumps(results))
+    (tmp_path / "perplexity-f32-c512.log").write_text(PERPLEXITY_LOG)  # a kept llama-perplexity run
+    ppl = peers.perplexity({}, {"models": {"f32": tmp_path / "model-f32.gguf"}}, quality, tmp_path)
+    assert ppl == {"tokens": 20480, "context": 512, "text_sha256": digest,
+                   "lora_share": {"fp32": 12.9, "8da4w": 13.1}, "llama_cpp": {"f32": pytest.approx(11.7045)}}
+    text.write_text("another text")
+    with pytest.raises(peers.BenchError, match="not the text"):
+        peers.perplexity({}, {"models": {}}, quality, tmp_path)

@@ -14,7 +14,11 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
 - Measured with 2 threads on both sides (lora-share's runner uses XNNPACK's default pool, one
   thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
   about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
-  load and per extra adapter, KV bytes at context 2048.
+  load and per extra adapter, KV bytes at context 2048. The results are written after these
+  ("complete": false) and again after the perplexity.
+- Perplexity on bench-quality's held-out text: lora-share's from bench-quality's results (the same
+  model and 8da4w settings: its hour of measuring is not repeated), llama.cpp's from llama-perplexity on
+  the same text at the same context (512), each side as a ratio to its own float32.
 """
 
 from __future__ import annotations
@@ -383,7 +387,8 @@ def report(result: dict) -> str:
     """The markdown: one table per pair (lora-share, llama.cpp, ratio), then the checks."""
     lines = ["# bench-peers: lora-share vs llama.cpp, SmolLM2-135M-Instruct, one rank-8 q/v adapter applied",
              "", f"Command: `{result['command']}`. llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
-             f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request.", ""]
+             f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request."
+             f"{'' if result.get('complete', True) else ' INCOMPLETE: perplexity still running.'}", ""]
     for pair, row in result["rows"].items():
         ours, theirs = row["lora_share"], row["llama_cpp"]
         lines += [f"## lora-share {ours['build']} vs llama.cpp {theirs['model']}", "",
@@ -398,9 +403,10 @@ def report(result: dict) -> str:
     ppl = result.get("perplexity")
     if ppl:
         ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
-        lines += [f"## Perplexity, foundation alone, {ppl['tokens']} tokens of held-out text", "",
-                  "lora-share: `lora-share eval` (every token of each window); llama.cpp: `llama-perplexity` "
-                  "(the second half of each window). Each side's ratio is to its own float32.", "",
+        lines += [f"## Perplexity, foundation alone, {ppl['tokens']} tokens of held-out text, context {ppl['context']}",
+                  "", "lora-share: `lora-share eval`, from `make bench-quality` (every token of each window); "
+                  "llama.cpp: `llama-perplexity` on the same text (the second half of each window). Each side's "
+                  "ratio is to its own float32.", "",
                   "| | perplexity | / own float32 |", "|---|---:|---:|"]
         for name, value in ours.items():
             lines.append(f"| lora-share {name} | {value:.3f} | {value / ours['fp32']:.4f} |")
@@ -423,25 +429,31 @@ def run_from_args(ns, command: str) -> int:
     gguf = Path(ns.gguf).resolve()
     if not gguf.is_file():
         raise UserError(f"--gguf {ns.gguf}: no such file; fetch it with `make model` (SmolLM2-135M-Instruct Q4_1)")
+    out = Path(ns.out)
+
+    def save(result: dict) -> None:
+        result["command"] = command
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in (("bench_peers.json", json.dumps(result, indent=2, default=str) + "\n"),
+                           ("bench_peers.md", report(result))):
+            tmp = out / (name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, out / name)
+
     try:
-        result = run_peers(runner, gguf, work, ns.adapters, ns.repeats, Path(ns.sources), ns.ppl_tokens)
+        result = run_peers(runner, gguf, work, ns.adapters, ns.repeats, Path(ns.quality), save)
     except BenchError as e:
         from .run import BenchFailed
 
         raise BenchFailed(str(e)) from None
-    result["command"] = command
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_peers.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    md = report(result)
-    (out / "bench_peers.md").write_text(md)
-    print(md)
+    print(report(result))
     return 0 if all(c["pass"] for c in result["checks"]) else 1
 
 
-def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, sources: Path,
-              ppl_tokens: int) -> dict:
-    """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict."""
+def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, quality: Path,
+              save=lambda result: None) -> dict:
+    """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict,
+    also handed to ``save`` after the speed and memory measurements ("complete": false) and at the end."""
     print("llama.cpp ...", file=sys.stderr)
     tools = llama_cpp(work / "llama.cpp")
     print("model and adapters ...", file=sys.stderr)
@@ -454,37 +466,49 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
     rows = measure(runner, builds, tools, ggufs, work, repeats, log=lambda s: print(s, file=sys.stderr))
+    result = {"repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": None, "checks": checks(rows),
+              "complete": False}
+    save(result)
     print("perplexity ...", file=sys.stderr)
-    ppl = perplexity(tools, builds, ggufs, sources, ppl_tokens, work)
-    return {"repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": ppl,
-            "checks": checks(rows) + perplexity_checks(ppl)}
+    result["perplexity"] = perplexity(tools, ggufs, quality, work / "gguf")
+    result["checks"] += perplexity_checks(result["perplexity"])
+    result["complete"] = True
+    save(result)
+    return result
 
 
-def perplexity(tools: dict, builds: dict, ggufs: dict, sources: Path, tokens: int, work: Path) -> dict:
+def perplexity(tools: dict, ggufs: dict, quality: Path, work: Path) -> dict:
     """Perplexity of each side's foundations on bench-quality's held-out text (the Python tutorial's
-    reST sources): lora-share's with ``lora-share eval`` (every token of each 2,048-token window, as
-    transformers scores it), llama.cpp's with ``llama-perplexity`` at the same context (the second half of
-    each window, its protocol). The two protocols differ, so each side's quantized figures are compared
-    as ratios to its own float32 figure."""
-    from .quality import held_out_text
+    reST sources). lora-share's figures are bench-quality's own (``quality``: its results file, for the
+    same model with QUANTIZE's 8da4w; an hour of measuring that is not repeated here), llama.cpp's are
+    ``llama-perplexity`` at the same context on the same text (it scores the second half of each window,
+    lora-share eval every token, as transformers does). The protocols differ, so each side's quantized
+    figures are compared as ratios to its own float32."""
+    try:
+        q = json.loads(quality.read_text())
+        ours = {name: next(r["perplexity"] for r in q["variants"][name]["results"] if r["adapter"] == "base")
+                for name in ("fp32", "8da4w")}
+        text, window, digest = Path(q["variants"]["fp32"]["text"]["path"]), q["variants"]["fp32"]["text"]["window"], \
+            q["variants"]["fp32"]["text"]["sha256"]
+        settings = q["variants"]["8da4w"]["quantize"]
+    except (OSError, ValueError, KeyError, StopIteration):
+        raise BenchError(f"{quality}: no bench-quality results with base perplexities for fp32 and 8da4w: "
+                         "run `make bench-quality` first (it measures lora-share's side)") from None
+    if settings != QUANTIZE:
+        raise BenchError(f"{quality}: its 8da4w foundation is {settings}, not this bench's {QUANTIZE}: "
+                         "run `make bench-quality` again")
+    import hashlib
 
-    text, _, n_tokens = held_out_text(sources, builds["fp32"]["ptd"].parent / "tokenizer.json", tokens, CONTEXT)
-    path = work / "text.txt"
-    path.write_text(text, encoding="utf-8")
-    ours = {}
-    for name, b in builds.items():
-        cmd = [sys.executable, "-m", "lora_share.cli", "eval", str(b["ptd"].parent), str(path), "--adapter", "base",
-               "--max-tokens", str(n_tokens), "--json", "--quiet"]
-        proc = subprocess.run(["nice", "-n", "15", *cmd], stdout=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            raise BenchError(f"{' '.join(cmd)} failed ({proc.returncode})")
-        ours[name] = json.loads(proc.stdout)["results"][0]["perplexity"]
+    if not text.is_file() or hashlib.sha256(text.read_bytes()).hexdigest() != digest:
+        raise BenchError(f"{text}: missing or not the text {quality} was measured on: run `make bench-quality` again")
     theirs = {}
     for name, model in ggufs["models"].items():
-        log = work / f"perplexity-{name}.log"
-        sh([tools["llama-perplexity"], "-m", model, "-f", path, "-c", CONTEXT, "-b", CONTEXT, "-t", "2"], log)
+        log = work / f"perplexity-{name}-c{window}.log"
+        if not log.is_file() or "Final estimate" not in log.read_text(errors="replace"):
+            sh([tools["llama-perplexity"], "-m", model, "-f", text, "-c", window, "-b", window, "-t", "2"], log)
         theirs[name] = parse_perplexity(log.read_text())
-    return {"tokens": n_tokens, "lora_share": ours, "llama_cpp": theirs}
+    return {"tokens": q["variants"]["fp32"]["text"]["tokens"], "context": window, "text_sha256": digest,
+            "lora_share": ours, "llama_cpp": theirs}
 
 
 def parse_perplexity(log: str) -> float:
@@ -516,13 +540,9 @@ def add_arguments(p) -> None:
                    help="adapters served for the PSS per extra adapter (>= 2; default 4)")
     p.add_argument("--repeats", type=_at_least(1), default=5, help="alternating requests per figure (default 5)")
     p.add_argument("--out", default="benchmarks/results", help="folder for bench_peers.{json,md}")
-    from .quality import DOC_PACKAGE, DOC_SOURCES
-
-    p.add_argument("--sources", default=str(DOC_SOURCES),
-                   help=f"the perplexity text's folder (default {DOC_SOURCES}, from Debian's {DOC_PACKAGE}, as "
-                        "bench-quality)")
-    p.add_argument("--ppl-tokens", type=_at_least(CONTEXT), default=20000,
-                   help="tokens of that text scored at least (default 20000)")
+    p.add_argument("--quality", default="benchmarks/results/bench_quality.json",
+                   help="bench-quality's results: lora-share's perplexities and the text llama-perplexity "
+                        "scores (default benchmarks/results/bench_quality.json, from `make bench-quality`)")
 
 
 def _at_least(low: int):
