@@ -71,7 +71,7 @@ class QuantizeConfig:
     group_size: int = _f("int4 weights per scale: a multiple of 32 that divides every linear's input width",
                          32, minimum=QUANT_GROUP_MULTIPLE)
     embedding: Optional[str] = _f("int8: token embeddings as int8 with one scale per row; int4: in groups of "
-                                  "group_size with a scale each, half int8's bytes, for a large vocabulary "
+                                  "group_size with a float16 scale each, about half int8's bytes, for a large vocabulary "
                                   "(Gemma 3's 262k) (default: float32)", None, choices=["int8", "int4"])
     grid: str = _f("each group's int4 grid: symmetric (one scale, zero at the grid's centre: ExecuTorch's "
                    "8da4w) or asymmetric (a scale and a float offset per group, as llama.cpp's Q4_1: a Q4_1 "
