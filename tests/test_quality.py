@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -158,9 +159,20 @@ def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
     assert "8da4w / fp32 perplexity" in out.with_suffix(".md").read_text()
     assert results["kept"] == []
 
-    # A re-run keeps every measurement whose build, adapter and text are unchanged, and measures again
-    # only what is missing.
-    (tmp_path / "work" / "measured" / f"fp32.{TEXT_ADAPTER}.json").unlink()
+    # A fresh machine (nothing kept in --work) takes every measurement from the results file, whose
+    # recorded keys (the builds' sha256s, the adapter, the text) still hold: the builds are deterministic.
+    shutil.rmtree(tmp_path / "work" / "measured")
+    fresh = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
+                    sources, "--tokens", "100", "--out", out, timeout=1800)
+    assert fresh.returncode == proc.returncode, fresh.stderr
+    assert sorted(json.loads(out.read_text())["kept"]) == sorted(f"{v}/{a}" for v in ("fp32", "8da4w")
+                                                                 for a in ("base", TEXT_ADAPTER))
+    assert not (tmp_path / "work" / "measured").exists()  # nothing was measured
+
+    # A re-run measures again only what neither --work nor the results file holds with the same key.
+    saved = json.loads(out.read_text())
+    saved["keys"][f"fp32/{TEXT_ADAPTER}"]["adapter_sha256"] = "0" * 64
+    out.write_text(json.dumps(saved))
     again = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
                     sources, "--tokens", "100", "--out", out, timeout=1800)
     assert again.returncode == proc.returncode, again.stderr

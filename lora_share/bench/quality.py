@@ -16,7 +16,9 @@ context: the fewest windows that score at least ``--tokens`` tokens. Each (found
 then measured by `lora-share eval` (quality.py) on that text in a process of its own, ``--jobs`` (2) at
 a time; the results files are rewritten after each measurement ("complete": false until the last). Each
 measurement is also kept in ``--work``/measured with what it depends on (the sha256 of the foundation,
-program, tokenizer and adapter, and of the text): a re-run measures only what changed or is missing.
+program, tokenizer and adapter, and of the text), and the results JSON records each measurement's
+key: a re-run, here or on a fresh machine from the committed results, measures only what changed or is
+missing.
 
 The check printed at the end (exit status 1 if it fails): the 8da4w foundation's perplexity is at most
 ``--max-ratio`` (1.03) x the float32 foundation's, alone and with the adapter.
@@ -158,14 +160,16 @@ def run(ns) -> tuple[dict, bool]:
     }
     done: dict[tuple[str, str], dict] = {}
     keys = {job: _measurement_key(builds[job[0]], job[1], results["text"]["sha256"], n_tokens) for job in jobs}
+    previous = _read_results(ns.out)
     for job in jobs:
-        kept = _kept_measurement(work, job, keys[job])
+        kept = _kept_measurement(work, job, keys[job]) or _kept_in_results(previous, job, keys[job])
         if kept is not None:
             print(f"== {job[1]} on {job[0]}: kept from an earlier run (same build, adapter and text)",
                   file=sys.stderr, flush=True)
             done[job] = kept
     results["kept"] = [f"{v}/{a}" for v, a in done]
     _collect(results, done, jobs, ns.max_ratio)
+    results["keys"] = {f"{v}/{a}": keys[(v, a)] for v, a in jobs if (v, a) in done}
     results["seconds"], results["complete"] = round(time.perf_counter() - t0, 1), len(done) == len(jobs)
     _save(results, ns.out)
 
@@ -186,6 +190,7 @@ def run(ns) -> tuple[dict, bool]:
         for future in as_completed(futures):
             done[futures[future]] = future.result()
             _collect(results, done, jobs, ns.max_ratio)
+            results["keys"] = {f"{v}/{a}": keys[(v, a)] for v, a in jobs if (v, a) in done}
             results["seconds"] = round(time.perf_counter() - t0, 1)
             results["complete"] = len(done) == len(jobs)
             _save(results, ns.out)
@@ -216,6 +221,29 @@ def _kept_measurement(work: Path, job: tuple[str, str], key: dict) -> dict | Non
     except (OSError, ValueError):
         return None
     return saved["measured"] if isinstance(saved, dict) and saved.get("key") == key else None
+
+
+def _read_results(out: str) -> dict:
+    """The results file an earlier run wrote at ``out`` (empty if none or unreadable)."""
+    try:
+        saved = json.loads(Path(out).read_text()) if out != "-" else {}
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _kept_in_results(previous: dict, job: tuple[str, str], key: dict) -> dict | None:
+    """``job``'s measurement from an earlier results file whose recorded key for it is ``key``: the
+    committed results carry their keys, so a fresh machine whose builds come out the same (the same
+    sha256 for foundation, program, tokenizer and adapter) measures only what changed."""
+    variant, adapter = job
+    report = (previous.get("variants") or {}).get(variant)
+    if (previous.get("keys") or {}).get(f"{variant}/{adapter}") != key or not isinstance(report, dict):
+        return None
+    rows = [r for r in report.get("results", []) if r.get("adapter") == adapter]
+    if len(rows) != 1:
+        return None
+    return {**{k: v for k, v in report.items() if k != "results"}, "results": rows}
 
 
 def _collect(results: dict, done: dict, jobs: list, max_ratio: float) -> None:
