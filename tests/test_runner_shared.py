@@ -26,7 +26,7 @@ from mutations import FILE_DAMAGE, damaged, write_damaged
 from test_cpp_runner import NEW, PROMPT, TIMEOUT, assert_clean_error, ids, rewrite_ptd, run_runner
 
 HOISTING = ["h_a", "h_b", "h_c"]  # the adapters that read from adapters_shared.ptd
-MODES = {"shared": [], "no-cache": ["--no-weight-cache"], "stock": ["--stock"]}
+MODES = {"shared": [], "no-cache": ["--no-weight-cache"], "stock": ["--stock"], "one-thread": ["--threads", "1"]}
 
 
 def pte_args(build) -> list:
@@ -288,3 +288,17 @@ def test_help_lists_shared_ptd(runner_bin):
     proc = run_runner(runner_bin, "--help")
     line = next(l for l in proc.stdout.splitlines() if l.strip().startswith("--shared-ptd "))
     assert "hoist" in line and "[default: (none)]" in line
+
+
+def test_threads_sets_the_pool_and_is_reported(runner_bin, hoisted_build):
+    """--threads N: ExecuTorch's threadpool runs N threads (the report says how many); 0 keeps one per
+    core; a negative count is a usage error naming the flag."""
+    base = ["--pte", hoisted_build.ptes["h_d"], "--ptd", hoisted_build.ptd, "--tokens", ids(PROMPT),
+            "--max-new-tokens", 2, "--json"]
+    for flag, expected in ((["--threads", "1"], 1), (["--threads", "3"], 3), ([], None)):
+        proc = run_runner(runner_bin, *base, *flag)
+        assert proc.returncode == 0, proc.stderr
+        threads = json.loads(proc.stdout)["loading"]["threads"]
+        assert threads == expected if expected else threads >= 1, flag
+    bad = run_runner(runner_bin, *base, "--threads", "-1")
+    assert bad.returncode == 2 and "--threads" in one_error_line(bad, 2)

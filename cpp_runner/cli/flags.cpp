@@ -195,6 +195,17 @@ const FlagSpec kFlags[] = {
        o.private_arenas = true;
        return Status();
      }},
+    {"threads", "N", "0",
+     "threads ExecuTorch runs each program's ops on, for the whole process; 0 = "
+     "one per core. On a host whose cores other work keeps busy, 1 decodes "
+     "faster: every op split across threads waits for all of them",
+     [](Options& o, const std::string& v) {
+       int64_t n = 0;
+       if (!parse_int64(v, &n) || n < 0 || n > 1024)
+         return bad_value("threads", v, "an integer from 0 to 1024");
+       o.threads = static_cast<int>(n);
+       return Status();
+     }},
     {"no-verify", nullptr, "off",
      "load adapters even if their recorded foundation fingerprint differs "
      "from the --ptd's (the files are still checked for corruption)",

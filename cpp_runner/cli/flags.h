@@ -31,6 +31,7 @@ struct Options {
   bool no_weight_cache = false;       // --no-weight-cache
   bool stock = false;                 // --stock
   bool private_arenas = false;        // --private-arenas
+  int threads = 0;                    // --threads (0 = one per core)
   bool no_verify = false;             // --no-verify
   bool verbose = false;               // --verbose
   bool help = false;                  // --help

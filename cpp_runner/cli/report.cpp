@@ -68,6 +68,7 @@ std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter,
       .key("packed_cache_warm").value(loading.packed_cache_warm != 0)
       .key("arena").value(loading.arena)
       .key("planned_bytes").value(static_cast<int64_t>(loading.planned_bytes))
+      .key("threads").value(static_cast<int64_t>(loading.threads))
       .end_object();
   j.key("ptd").value(runtime.ptd);
   j.key("shared_ptd");

@@ -54,6 +54,7 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
   diag.packed_cache = options.packed_cache.empty() ? nullptr : options.packed_cache.c_str();
   diag.ignore_eos = options.ignore_eos;
   diag.runner_messages = 1;
+  diag.threads = options.threads;
   std::vector<const char*> ptes;
   for (const std::string& pte : options.ptes) ptes.push_back(pte.c_str());
 

@@ -40,6 +40,9 @@ typedef struct {
   int runner_messages;  /* nonzero: error messages name build/runner's flags
                            (--pte, --ptd, --no-verify, ...) rather than the
                            library's parameters */
+  int threads;          /* ExecuTorch's threadpool, process-wide, set before
+                           the first program loads: 0 (default) one thread
+                           per core, else this many (--threads) */
 } ls_diag_options;
 
 /* Defaults: the library's loading (shared program, one arena, weight cache
@@ -77,6 +80,7 @@ typedef struct {
   int64_t workspace_sharing_mode; /* as the backend reports it; -1: unread */
   int packed_cache_warm; /* the packed-cache file held data before loading */
   uint64_t planned_bytes; /* planned memory the runtime allocated (arenas) */
+  int threads;       /* threads ExecuTorch's threadpool runs (--threads) */
 } ls_diag_loading;
 
 LS_API ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info,

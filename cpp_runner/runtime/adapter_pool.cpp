@@ -52,8 +52,11 @@ Status AdapterPool::open_foundation() {
   // for the process and the weight cache, so every adapter shares one packed
   // foundation. The stock path measures ExecuTorch as shipped: the
   // backend's default workspaces, no weight cache.
-  Status s = xnnpack_.configure(options_.weight_cache && !options_.stock,
-                                /*share_workspace=*/!options_.stock);
+  // Before any program loads: each XNNPACK runtime keeps the pool it was made with.
+  Status s = set_threads(options_.threads);
+  if (!s.ok()) return s;
+  s = xnnpack_.configure(options_.weight_cache && !options_.stock,
+                         /*share_workspace=*/!options_.stock);
   if (!s.ok()) return s;
   if (!options_.packed_cache.empty()) {
     struct stat st;

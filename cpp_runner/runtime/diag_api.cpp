@@ -24,6 +24,7 @@ void ls_diag_options_init(ls_diag_options* options) {
   options->packed_cache = nullptr;
   options->ignore_eos = 0;
   options->runner_messages = 0;
+  options->threads = 0;
 }
 
 const char* ls_diag_last_message(void) { return last_message().c_str(); }
@@ -51,6 +52,7 @@ ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes
     p.weight_cache = d.weight_cache != 0;
     p.packed_cache = d.packed_cache ? d.packed_cache : "";
     p.read_eos = d.ignore_eos == 0;
+    p.threads = d.threads;
     std::vector<std::string> files;
     for (size_t i = 0; i < n_ptes; ++i) {
       if (ptes[i] == nullptr) return missing(error, "ptes[i]"), nullptr;
@@ -84,6 +86,7 @@ ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info, ls_er
   info->workspace_sharing_mode = l.xnnpack.workspace_sharing_mode;
   info->packed_cache_warm = l.packed_cache_warm ? 1 : 0;
   info->planned_bytes = l.planned_bytes;
+  info->threads = l.xnnpack.threads;
   clear_error(error);
   return LS_OK;
 }

@@ -7,8 +7,48 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <string>
+
+// ExecuTorch's threadpool; its header (extension/threadpool/threadpool.h) is
+// not in the wheel, so the two members used here are declared as it declares
+// them (the library exports them).
+namespace executorch::extension::threadpool {
+class ThreadPool final {
+ public:
+  size_t get_thread_count() const;
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
 
 namespace lora_share {
+
+Status set_threads(int threads) {
+  // Replacing the pool frees the one every loaded XNNPACK runtime points at:
+  // only the first runtime of the process may choose; later ones take it as is.
+  static std::mutex mutex;
+  static bool in_use = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (threads < 0) return Status::usage("threads must be 0 (one per core) or more");
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  if (threads > 0 && (pool == nullptr || static_cast<int>(pool->get_thread_count()) != threads)) {
+    if (in_use)
+      return Status::usage("threads: this process already runs programs on " +
+                           std::to_string(thread_count()) +
+                           " thread(s); the count is set before the first runtime opens");
+    if (pool == nullptr || !pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads)))
+      return Status::failure("could not set ExecuTorch's threadpool to " + std::to_string(threads) +
+                             " thread(s)");
+  }
+  in_use = true;
+  return Status();
+}
+
+int thread_count() {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  return pool == nullptr ? 1 : static_cast<int>(pool->get_thread_count());
+}
 
 using executorch::runtime::BackendOption;
 using executorch::runtime::BackendOptions;
@@ -72,6 +112,7 @@ XnnpackState XnnpackSettings::read_state() const {
     options.get_option("weight_cache_enabled", state.weight_cache);
     options.get_option("workspace_sharing_mode", state.workspace_sharing_mode);
   }
+  state.threads = thread_count();
   return state;
 }
 

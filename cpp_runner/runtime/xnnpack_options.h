@@ -24,7 +24,21 @@ namespace lora_share {
 struct XnnpackState {
   bool weight_cache = false;
   int workspace_sharing_mode = -1;  // -1: could not be read
+  int threads = 0;  // ExecuTorch's threadpool (thread_count)
 };
+
+// Sets how many threads ExecuTorch's threadpool (XNNPACK's and the CPU
+// kernels') runs: `threads` >= 1, or 0 to keep its default (one per core).
+// Process-wide, and only before the first program loads: an XNNPACK runtime
+// keeps the pool it was created with. Each op a delegate parallelizes hands
+// work to the other threads and waits for them; a decoded token runs ~10
+// such ops per LoRA slot and linear, most of them tiny, so on a host whose
+// cores are busy with other work that hand-off, not the arithmetic, is most
+// of a small op's time (README, "Threads").
+Status set_threads(int threads);
+
+// The threads ExecuTorch's threadpool runs now.
+int thread_count();
 
 class XnnpackSettings {
  public:
