@@ -31,8 +31,8 @@ struct XnnpackState {
 // kernels') runs: `threads` >= 1, or 0 to keep its default (one per core).
 // Process-wide, and only before the first program loads: an XNNPACK runtime
 // keeps the pool it was created with. Each op a delegate parallelizes hands
-// work to the other threads and waits for them; a decoded token runs ~10
-// such ops per LoRA slot and linear, most of them tiny, so on a host whose
+// work to the other threads and waits for them; a decoded token runs a few
+// hundred such ops (three per LoRA slot), most of them tiny, so on a host whose
 // cores are busy with other work that hand-off, not the arithmetic, is most
 // of a small op's time (README, "Threads").
 Status set_threads(int threads);
