@@ -168,8 +168,7 @@ def run(ns) -> tuple[dict, bool]:
                   file=sys.stderr, flush=True)
             done[job] = kept
     results["kept"] = [f"{v}/{a}" for v, a in done]
-    _collect(results, done, jobs, ns.max_ratio)
-    results["keys"] = {f"{v}/{a}": keys[(v, a)] for v, a in jobs if (v, a) in done}
+    _collect(results, done, jobs, keys, ns.max_ratio)
     results["seconds"], results["complete"] = round(time.perf_counter() - t0, 1), len(done) == len(jobs)
     _save(results, ns.out)
 
@@ -189,8 +188,7 @@ def run(ns) -> tuple[dict, bool]:
         futures = {pool.submit(measure, *job): job for job in jobs if job not in done}
         for future in as_completed(futures):
             done[futures[future]] = future.result()
-            _collect(results, done, jobs, ns.max_ratio)
-            results["keys"] = {f"{v}/{a}": keys[(v, a)] for v, a in jobs if (v, a) in done}
+            _collect(results, done, jobs, keys, ns.max_ratio)
             results["seconds"] = round(time.perf_counter() - t0, 1)
             results["complete"] = len(done) == len(jobs)
             _save(results, ns.out)
@@ -246,9 +244,10 @@ def _kept_in_results(previous: dict, job: tuple[str, str], key: dict) -> dict | 
     return {**{k: v for k, v in report.items() if k != "results"}, "results": rows}
 
 
-def _collect(results: dict, done: dict, jobs: list, max_ratio: float) -> None:
+def _collect(results: dict, done: dict, jobs: list, keys: dict, max_ratio: float) -> None:
     """The finished measurements into ``results``: each foundation's report, in the jobs' adapter order,
-    and the check of every adapter measured on both foundations."""
+    each one's key (what it depends on), and the check of every adapter measured on both foundations."""
+    results["keys"] = {f"{v}/{a}": keys[(v, a)] for v, a in jobs if (v, a) in done}
     results["variants"] = {}
     for variant in VARIANTS:
         rows = [done[(v, a)] for v, a in jobs if v == variant and (v, a) in done]
