@@ -10,6 +10,7 @@ so the program runs on the stand-alone C++ runtime.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -20,6 +21,7 @@ import torch
 
 from .envelope import Envelope
 from .export_memory import sharing_weights
+from .export_speed import OneDecomposition, lean_xnnpack_passes
 from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, ring_window, slab_rows
 from .quantize import is_quantized
 
@@ -108,10 +110,11 @@ class Exported:
     seconds: float
 
 
-def _partitioner():
+def _partitioner(lean: bool):
     """XNNPACK's partitioner, where a linear whose weight is a graph input (attention's past keys,
     LoRA A and B) is taken with that weight as the delegate's input: XNNPACK packs it on every
-    call into its one shared workspace instead of once per program."""
+    call into its one shared workspace instead of once per program. ``lean``: one round of
+    decomposition where the second would change nothing (export_speed.py)."""
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
     from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -124,16 +127,21 @@ def _partitioner():
             return super()._get_weight_deps(node, ep, precision)
 
     configs = [InputWeightLinearConfig if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS]
-    return XnnpackPartitioner(configs=configs)
+    class LeanXnnpackPartitioner(OneDecomposition, XnnpackPartitioner):
+        pass
+
+    return (LeanXnnpackPartitioner if lean else XnnpackPartitioner)(configs=configs)
 
 
 def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
-                   named_data: dict[str, bytes] | None = None, external: bool = True) -> Exported:
+                   named_data: dict[str, bytes] | None = None, external: bool = True, lean: bool = True) -> Exported:
     """torch.export → XNNPACK → ExecuTorch: the .pte bytes, and foundation.ptd written into ``workdir``.
 
     ``model`` takes LoRA on ``envelope``'s slots (``LlamaLoRA(args, envelope.slots)``).
     ``named_data`` adds blobs to foundation.ptd (its record). ``external=False`` tags nothing:
     a stand-alone .pte with every foundation weight inside and no .ptd (the benchmark's baseline).
+    ``lean=False`` lowers exactly as ExecuTorch ships, skipping no re-tracing (export_speed.py): the
+    reference the lean lowering's bytes are tested against.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -160,12 +168,12 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], dynamic[1:]), strict=False)
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
-        with sharing_weights(weights):
+        with sharing_weights(weights), (lean_xnnpack_passes() if lean else contextlib.nullcontext()):
             edge = to_edge_transform_and_lower(
                 ep,
                 transform_passes=[_embedding_output_float32,
                                   *([_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else [])],
-                partitioner=[_partitioner()],
+                partitioner=[_partitioner(lean)],
                 # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),
                 constant_methods=constant_methods(args),

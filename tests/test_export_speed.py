@@ -1,0 +1,65 @@
+"""The lean lowering (export_speed.py) gives the program ExecuTorch's lowering as shipped gives, byte for
+byte, for each kind of graph lora-share exports: llama's at float32 and 8da4w (ExecuTorch's int4 grid,
+an int4 embedding table), Gemma 3's (sliding rings, q/k norms, gelu), Phi-3's (fused q/k/v and
+gate/up) at 8da4w on llama.cpp's Q4_1 grid with an int8 table and output projection."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+
+import pytest
+from conftest import REPO, TINY_FOUNDATION, write_config
+
+sys.path.insert(0, str(REPO / "examples" / "families"))
+from tiny_checkpoints import SPECS, write_checkpoint  # noqa: E402
+
+# LoRA inputs on an attention projection and an MLP one (each fused in Phi-3), and one layer where the
+# foundation is ours to shape: each node costs re-tracing time, and one of each kind is what counts.
+TARGETS = ["v_proj", "up_proj"]
+ONE_LAYER = {**TINY_FOUNDATION, "n_layers": 1}
+
+
+def _foundation(case: str, folder) -> dict:
+    if case == "llama fp32":
+        return {"synthetic": ONE_LAYER, "max_seq_len": 32}
+    if case == "llama 8da4w":  # ExecuTorch's grid, an int4 table, an int4 output projection of its own
+        return {"synthetic": {**ONE_LAYER, "tie_embeddings": False}, "max_seq_len": 32,
+                "quantize": {"scheme": "8da4w", "group_size": 32, "embedding": "int4"}}
+    family, _, precision = case.partition(" ")
+    spec = dataclasses.replace(SPECS[{"gemma3": "gemma3_text"}.get(family, family)], adapters={})
+    if family != "gemma3":  # Gemma 3 keeps its layers: sliding and global ones differ
+        spec = dataclasses.replace(spec, config={**spec.config, "num_hidden_layers": 1})
+    foundation = {"checkpoint": str(write_checkpoint(spec, folder / "inputs") / "model"), "max_seq_len": 32}
+    if precision:  # llama.cpp's Q4_1 grid, int8 table and output (bench-peers' build)
+        foundation["quantize"] = {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": "asymmetric",
+                                  "lm_head": "int8"}
+    return foundation
+
+
+def _export_both_ways(case: str, folder) -> tuple[dict, dict]:
+    from lora_share.config import load_config
+    from lora_share.eager import eager_model
+    from lora_share.envelope import Envelope
+    from lora_share.export import export_program
+    from lora_share.foundation import load_foundation
+
+    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}  # the envelope is what counts
+    config = write_config(folder, _foundation(case, folder), [adapter], lora_envelope={"targets": TARGETS, "max_rank": 4})
+    cfg = load_config(config)
+    foundation = load_foundation(cfg.foundation)
+    envelope = Envelope.resolve(cfg.lora_envelope, [], foundation.args)
+    model = eager_model(foundation, envelope=envelope)
+    out = {}
+    for lean in (True, False):
+        exported = export_program(model, envelope, folder / f"lean_{lean}", lean=lean)
+        out[lean] = {"pte": hashlib.sha256(exported.pte).hexdigest(),
+                     "ptd": hashlib.sha256(exported.ptd.read_bytes()).hexdigest(), "seconds": exported.seconds}
+    return out[True], out[False]
+
+
+@pytest.mark.parametrize("case", ["llama fp32", "llama 8da4w", "gemma3", "phi3 8da4w"])
+def test_lean_lowering_gives_the_shipped_program(case, tmp_path):
+    lean, shipped = _export_both_ways(case, tmp_path)
+    assert (lean["pte"], lean["ptd"]) == (shipped["pte"], shipped["ptd"])
