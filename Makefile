@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo test bench bench-scale bench-budget bench-quality bench-peers held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs test bench bench-scale bench-budget bench-quality bench-peers held-out-text clean system-deps
 
 all: setup runner
 
@@ -69,13 +69,17 @@ runner: $(RUNNER)
 # the OpenAI-compatible server answers one chat completion.
 DEMO_QUESTION ?= Why is the sky blue?
 
-demo: setup runner model
-	$(VENV)/bin/lora-share build $(CONFIG)
+# The export takes one core and the C++ build the other: on a fresh machine they run side by side.
+demo: setup model
+	$(MAKE) --no-print-directory -j2 runner demo-outputs
 	$(PY) examples/demo/show.py $(OUT) --chat '$(DEMO_QUESTION)' --max-new-tokens 64 --runner $(RUNNER) \
 	  --server build/lora-share-server --server-adapter json
 	@echo "--- lora-share run (Python runtime), brief:"
 	$(VENV)/bin/lora-share run --pte $(OUT)/brief.pte --ptd $(OUT)/foundation.ptd --chat '$(DEMO_QUESTION)' \
 	  --tokenizer $(OUT) --max-new-tokens 64
+
+demo-outputs: setup model
+	$(VENV)/bin/lora-share build $(CONFIG)
 
 test: setup runner model
 	$(PY) -m pytest -q -m "not arm64 and not dist"
