@@ -12,7 +12,10 @@ re-tracing the graph with symbolic shapes, once per pass, at a cost that grows w
   has about seven), each a full re-trace, though nine of them rewrite ops no lora-share graph
   has: convolutions, batch norm, upsampling, PReLU, padding, max-pooling, the channels-last
   layout those need, and the fused scaled-dot-product attention pattern (our attention is
-  explicit bmm and softmax). ``lean_xnnpack_passes`` skips those nine.
+  explicit bmm and softmax). ``lean_lowering`` skips those nine.
+
+And one cost is quadratic: after cutting out each partition ExecuTorch re-sorts the whole program
+by copying it (``_sort_in_place`` gives the same order without the copy).
 
 Both give the same program, byte for byte, as ExecuTorch's lowering as shipped: tests/test_export_speed.py
 exports each family and precision both ways and compares the bytes.
@@ -55,19 +58,75 @@ class OneDecomposition:
         return ops, check
 
 
+def _sort_in_place(gm):
+    """torch.fx's ``legalize_graph`` without its copy: the same order, the nodes moved where they are.
+
+    ExecuTorch sorts the whole program after cutting out each delegated partition (about six a
+    layer), and ``legalize_graph`` copies every node into a new graph and recompiles the module's
+    Python code each time: quadratic in the layers (about a minute of SmolLM2-135M's export). This
+    computes legalize_graph's order (Kahn's algorithm, its queue, the same prioritized ops first) and
+    moves the nodes into it; the code is regenerated once, when the lowered program is built.
+    """
+    import collections
+    import operator
+
+    import torch
+
+    prioritized = {operator.add, operator.mul, operator.sub, operator.floordiv, operator.truediv, operator.mod,
+                   operator.le, operator.lt, operator.ge, operator.gt, operator.eq, operator.ne,
+                   torch.ops.aten.sym_constrain_range.default, torch.ops.aten.sym_constrain_range_for_size.default,
+                   torch.ops.aten._assert_async.msg, torch.ops.aten.scalar_tensor.default,
+                   torch.ops.aten._assert_scalar.default}
+    nodes = list(gm.graph.nodes)
+    indeg = dict.fromkeys(nodes, 0)
+    for node in nodes:
+        for user in node.users:
+            indeg[user] += 1
+    queue = collections.deque(node for node in nodes if indeg[node] == 0)
+    order = []
+    while queue:
+        cur = queue.popleft()
+        order.append(cur)
+        for user in cur.users:
+            indeg[user] -= 1
+            if indeg[user] == 0:
+                if user.op == "call_function" and user.target in prioritized:
+                    queue.appendleft(user)
+                else:
+                    queue.append(user)
+    if len(order) < len(nodes):
+        raise RuntimeError(f"the graph has cycles: {[n for n in nodes if indeg[n] != 0]}")
+    cursor = gm.graph._root
+    for node in order:
+        if node.prev is not cursor:
+            cursor.append(node)
+        cursor = node
+    # A copy lists each node's users in the order they were created, the sorted order: the next sort
+    # walks them in that order, so keep it.
+    position = {node: i for i, node in enumerate(order)}
+    for node in order:
+        users = sorted(node.users, key=position.__getitem__)
+        if list(node.users) != users:
+            node.users.clear()
+            node.users.update(dict.fromkeys(users))
+    return gm
+
+
 @contextlib.contextmanager
-def lean_xnnpack_passes():
-    """Within the block, XNNPACK's preprocess runs its passes less ``SKIPPED_XNNPACK_PASSES``."""
+def lean_lowering():
+    """Within the block, XNNPACK's preprocess runs its passes less ``SKIPPED_XNNPACK_PASSES``, and
+    ExecuTorch sorts the program after each partition in place (``_sort_in_place``)."""
+    import executorch.exir.lowered_backend_module as lowered
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
 
-    init = XNNPACKPassManager.__init__
+    init, legalize = XNNPACKPassManager.__init__, lowered.legalize_graph
 
     def lean_init(self, exported_program, passes=None):
         init(self, exported_program, passes)
         self.passes = [p for p in self.passes if p.__name__ not in SKIPPED_XNNPACK_PASSES]
 
-    XNNPACKPassManager.__init__ = lean_init
+    XNNPACKPassManager.__init__, lowered.legalize_graph = lean_init, _sort_in_place
     try:
         yield
     finally:
-        XNNPACKPassManager.__init__ = init
+        XNNPACKPassManager.__init__, lowered.legalize_graph = init, legalize
