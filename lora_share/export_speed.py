@@ -17,7 +17,7 @@ re-tracing the graph with symbolic shapes, once per pass, at a cost that grows w
 And one cost is quadratic: after cutting out each partition ExecuTorch re-sorts the whole program
 by copying it (``_sort_in_place`` gives the same order without the copy).
 
-Both give the same program, byte for byte, as ExecuTorch's lowering as shipped: tests/test_export_speed.py
+All three give the same program, byte for byte, as ExecuTorch's lowering as shipped: tests/test_export_speed.py
 exports each family and precision both ways and compares the bytes.
 """
 
