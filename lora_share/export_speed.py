@@ -2,7 +2,7 @@
 
 Lowering with ExecuTorch 1.5.1 (the version pinned in pyproject.toml) spends most of an export
 re-tracing the graph with symbolic shapes, once per pass, at a cost that grows with every layer
-(SmolLM2-135M's 30 layers took 507 s). Two of those re-tracings do nothing for our graphs:
+(SmolLM2-135M's 30 layers took 507 s). Two kinds of those re-tracings do nothing for our graphs:
 
 - XNNPACK's partitioner asks for decomposition in two rounds so that it can re-check each op it
   keeps whole (linear, ...) after the first; when every such op of the graph already passes its
