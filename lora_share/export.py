@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .envelope import Envelope
-from .export_memory import sharing_weights
+from .export_memory import compact_dependencies, sharing_weights
 from .export_speed import OneDecomposition, lean_lowering
 from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, ring_window, slab_rows
 from .quantize import is_quantized
@@ -168,7 +168,7 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], dynamic[1:]), strict=False)
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
-        with sharing_weights(weights), (lean_lowering() if lean else contextlib.nullcontext()):
+        with sharing_weights(weights), compact_dependencies(), (lean_lowering() if lean else contextlib.nullcontext()):
             edge = to_edge_transform_and_lower(
                 ep,
                 transform_passes=[_embedding_output_float32,

@@ -6,9 +6,13 @@ weight twice more than it needs to, which put a 1B-parameter build past 24 GB:
 - ``to_edge_transform_and_lower`` deep-copies the exported program, state dict included, before
   its first passes; the original stays alive in the caller for the whole lowering;
 - XNNPACK's serializer hands each weight's bytes to the named-data store as a ``bytes`` copy, and
-  the store keeps it until the .ptd is written.
+  the store keeps it until the .ptd is written;
+- XNNPACK's partitioner (and torch.fx's, which it extends) keeps, for every node, the set of all
+  nodes downstream of it, and XNNPACK's also the set of all upstream: quadratic in the graph's
+  size (1.2 GB of sets for SmolLM-135M's 30 layers, six times its 8-bit foundation).
 
-``sharing_weights`` undoes both for the tensors it is given, for the length of the lowering:
+``compact_dependencies`` keeps the same two relations as one bit per node pair instead.
+``sharing_weights`` undoes both copies for the tensors it is given, for the length of the lowering:
 a deep copy of one of them is the tensor itself (the passes that follow build new tensors, they
 do not write into constants), and a named-data entry whose bytes equal one of them is stored as a
 view of that tensor's memory instead of a copy (``TensorBytes``: the store takes ``bytes`` or its
@@ -86,3 +90,75 @@ def sharing_weights(tensors):
     finally:
         torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = tensor_deepcopy, parameter_deepcopy
         NamedDataStore.add_named_data = add_named_data
+
+
+class _NodeBits:
+    """A set of graph nodes as the bits of an int (bit i: the graph's i-th node): what the
+    partitioner's cycle check reads (iteration, membership, size) at one bit per node."""
+
+    __slots__ = ("bits", "index", "nodes")
+
+    def __init__(self, bits: int, index: dict, nodes: list):
+        self.bits, self.index, self.nodes = bits, index, nodes
+
+    def __iter__(self):
+        import numpy as np
+
+        if not self.bits:
+            return iter(())
+        raw = np.frombuffer(self.bits.to_bytes((self.bits.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+        return (self.nodes[i] for i in np.flatnonzero(np.unpackbits(raw, bitorder="little")))
+
+    def __contains__(self, node) -> bool:
+        i = self.index.get(node)
+        return i is not None and bool(self.bits >> i & 1)
+
+    def __len__(self) -> int:
+        return self.bits.bit_count()
+
+
+class _CompactDependencyViewer:
+    """ExecuTorch's ``group_partitioner._DependencyViewer`` and torch.fx's ``partitioner._DependencyViewer``
+    (the transitive closures of every node's users and inputs, built in the same order), with each
+    closure held as bits."""
+
+    def __init__(self, graph_module):
+        nodes = list(graph_module.graph.nodes)
+        index = {node: i for i, node in enumerate(nodes)}
+        down, up = [0] * len(nodes), [0] * len(nodes)
+        for i in range(len(nodes) - 1, -1, -1):
+            for user in nodes[i].users:
+                j = index[user]
+                down[i] |= (1 << j) | down[j]
+        for i, node in enumerate(nodes):
+            for source in node.all_input_nodes:
+                j = index[source]
+                up[i] |= (1 << j) | up[j]
+        self._down, self._up, self._index, self._nodes = down, up, index, nodes
+
+    def _bits(self, closures: list[int], node) -> _NodeBits:
+        i = self._index.get(node)
+        return _NodeBits(0 if i is None else closures[i], self._index, self._nodes)
+
+    def downstreams_of(self, node) -> _NodeBits:
+        return self._bits(self._down, node)
+
+    def upstreams_of(self, node) -> _NodeBits:
+        return self._bits(self._up, node)
+
+
+@contextlib.contextmanager
+def compact_dependencies():
+    """Within the block, XNNPACK's partitioner keeps its dependency closures as bits (same partitions)."""
+    from executorch.exir.backend.canonical_partitioners import group_partitioner
+    from torch.fx.passes.infra import partitioner
+
+    modules = (group_partitioner, partitioner)
+    originals = [m._DependencyViewer for m in modules]
+    for m in modules:
+        m._DependencyViewer = _CompactDependencyViewer
+    try:
+        yield
+    finally:
+        for m, original in zip(modules, originals):
+            m._DependencyViewer = original
