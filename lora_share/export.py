@@ -140,8 +140,9 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     ``model`` takes LoRA on ``envelope``'s slots (``LlamaLoRA(args, envelope.slots)``).
     ``named_data`` adds blobs to foundation.ptd (its record). ``external=False`` tags nothing:
     a stand-alone .pte with every foundation weight inside and no .ptd (the benchmark's baseline).
-    ``lean=False`` lowers exactly as ExecuTorch ships, skipping no re-tracing (export_speed.py): the
-    reference the lean lowering's bytes are tested against.
+    ``lean=False`` lowers exactly as ExecuTorch ships, skipping no re-tracing (export_speed.py) and
+    with the partitioner's own dependency sets (export_memory.py): the reference the lean lowering's
+    bytes are tested against.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -168,7 +169,10 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], dynamic[1:]), strict=False)
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
-        with sharing_weights(weights), compact_dependencies(), (lean_lowering() if lean else contextlib.nullcontext()):
+        with sharing_weights(weights), contextlib.ExitStack() as lowering:
+            if lean:
+                lowering.enter_context(lean_lowering())
+                lowering.enter_context(compact_dependencies())
             edge = to_edge_transform_and_lower(
                 ep,
                 transform_passes=[_embedding_output_float32,

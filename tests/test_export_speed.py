@@ -63,3 +63,38 @@ def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
 def test_lean_lowering_gives_the_shipped_program(case, tmp_path):
     digests = _export_both_ways(case, tmp_path)
     assert digests[True] == digests[False]
+
+
+
+def test_compact_dependencies_hold_executorch_sets(tmp_path):
+    """The partitioner's dependency closures held as bits (export_memory.py) are ExecuTorch's and
+    torch.fx's sets, node for node, on the exported graph of a tiny program."""
+    import torch
+    from executorch.exir.backend.canonical_partitioners import group_partitioner
+    from torch.fx.passes.infra import partitioner
+
+    from lora_share.config import load_config
+    from lora_share.eager import eager_model
+    from lora_share.envelope import Envelope
+    from lora_share.export import example_inputs
+    from lora_share.export_memory import _CompactDependencyViewer
+    from lora_share.foundation import load_foundation
+
+    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}
+    cfg = load_config(write_config(tmp_path, {"synthetic": ONE_LAYER, "max_seq_len": 32}, [adapter],
+                                   lora_envelope={"targets": TARGETS, "max_rank": 4}))
+    foundation = load_foundation(cfg.foundation)
+    envelope = Envelope.resolve(cfg.lora_envelope, [], foundation.args)
+    model = eager_model(foundation, envelope=envelope)
+    gm = torch.export.export(model, example_inputs(foundation.args, envelope), strict=False).graph_module
+
+    compact = _CompactDependencyViewer(gm)
+    theirs, torch_fx = group_partitioner._DependencyViewer(gm), partitioner._DependencyViewer(gm)
+    nodes = list(gm.graph.nodes)
+    for node in nodes:
+        down = compact.downstreams_of(node)
+        assert set(down) == theirs.downstreams_of(node) == torch_fx.downstreams_of(node)
+        assert len(down) == len(theirs.downstreams_of(node))
+        assert all(n in down for n in theirs.downstreams_of(node))
+        assert set(compact.upstreams_of(node)) == theirs.upstreams_of(node)
+    assert max(len(compact.downstreams_of(n)) for n in nodes) > len(nodes) // 2  # not trivially small closures
