@@ -4,8 +4,9 @@ The program is exported once per foundation and LoRA envelope (export.py, envelo
 holds no adapter's weights, because LoRA A and B are forward's inputs. An adapter's .pte is that
 program with the adapter's tensors as the program's own named data (ExecuTorch's PteDataMap),
 each under the sha256 of its bytes, and lora-share's adapter record (formats/meta.py), which
-says which program the file carries and which key feeds which input. Writing one is
-serialization with ExecuTorch's own .pte writer, a fraction of a second, never an export.
+says which program the file carries and which key feeds which input. Writing one copies the
+program's bytes and writes the named data (formats/pte_write.py), a fraction of a second, never
+an export.
 
 Stock ExecuTorch runs such a file alone: the program loads as usual, and the caller feeds the
 LoRA inputs from the program's named data (the C++ runner's ``--stock``). lora-share's runtime
@@ -20,77 +21,30 @@ from pathlib import Path
 
 from .formats import read_pte
 from .formats.meta import ADAPTER_KEY, AdapterMeta, LoraTensors, encode_adapter
+from .formats.pte_write import Entry, Template
 from .formats.seal import seal_pte
 
 TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime reads in place
-
-
-def _serializer():
-    """ExecuTorch's .pte serializer module, without importing ExecuTorch's compiler.
-
-    ``executorch.exir``'s package ``__init__`` imports the whole compiler (capture, passes, the edge
-    dialect's op tables): 5-6 s on this machine, for a serializer that needs none of it, and most of
-    ``lora-share add``'s time. When the package is not imported yet, its submodules are imported
-    under a bare package module, which is then dropped: a later ``import executorch.exir`` runs its
-    ``__init__`` as usual and finds the same submodules.
-    """
-    import importlib
-    import importlib.util
-    import sys
-    import types
-
-    name = "executorch.exir._serialize._program"
-    if "executorch.exir" in sys.modules:
-        return importlib.import_module(name)
-    spec = importlib.util.find_spec("executorch.exir")
-    bare = types.ModuleType("executorch.exir")
-    bare.__path__, bare.__spec__ = list(spec.submodule_search_locations), spec
-    sys.modules["executorch.exir"] = bare
-    try:
-        return importlib.import_module(name)
-    finally:
-        if sys.modules.get("executorch.exir") is bare:
-            del sys.modules["executorch.exir"]
+RECORD_ALIGNMENT = 16
 
 
 class Program:
-    """A deployment's exported program without any adapter's data, ready to be written with any."""
+    """A deployment's exported program without any adapter's data, ready to be written with any.
+
+    Writing an adapter's file rewrites only the program's named data (formats/pte_write.py): no
+    ExecuTorch import, no deserialization; the program's bytes are copied as they are.
+    """
 
     def __init__(self, pte: bytes, what: str, adapter_keys: frozenset[str] = frozenset(), sha256: str | None = None):
         """``pte``: the exported program, or an adapter file whose own entries are ``adapter_keys``
         (its record and LoRA tensors), which are left out. Any other named data the program has
         (a stand-alone program's weights) stays with it. ``sha256``: the program's, when known
-        (from an intact adapter file's record); otherwise it is computed by serializing the program."""
-        self._file = _serializer().deserialize_pte_binary(pte)
-        named = self._file.named_data
-        self._own = [] if named is None else [
-            (key, named.buffers[e.buffer_index], e) for key, e in named.pte_data.items() if key not in adapter_keys]
-        self._file.named_data = self._named_data({}, None) if self._own else None
-        self.sha256 = sha256 or hashlib.sha256(self._serialize(self._file)).hexdigest()
+        (from an intact adapter file's record); otherwise the sha256 of the .pte ``write`` lays out
+        with no adapter data: the program's bytes, its own named data and nothing else, the same
+        bytes whether ``pte`` is the exported program or any adapter file written from it."""
+        self._template = Template(pte, what, adapter_keys)
+        self.sha256 = sha256 or hashlib.sha256(self._template.write([])).hexdigest()
         self.what = what
-
-    def _named_data(self, tensors: dict[str, bytes], record: bytes | None):
-        """The program's own named data, then ``tensors`` and ``record`` (the record last: no tensor
-        ends the file, so a kernel that reads a few bytes past the end of its input, as XNNPACK
-        may, stays inside the mapping)."""
-        serializer = _serializer()
-        NamedDataStoreOutput, DataEntry = serializer.NamedDataStoreOutput, serializer.DataEntry
-
-        buffers, entries = [], {}
-        for key, data, entry in self._own:
-            entries[key] = DataEntry(len(buffers), entry.alignment, entry.tensor_layout)
-            buffers.append(data)
-        for key, data in tensors.items():
-            entries[key] = DataEntry(len(buffers), TENSOR_ALIGNMENT, None)
-            buffers.append(data)
-        if record is not None:
-            entries[ADAPTER_KEY] = DataEntry(len(buffers), 16, None)
-            buffers.append(record)
-        return NamedDataStoreOutput(buffers=buffers, pte_data=entries, external_data={})
-
-    @staticmethod
-    def _serialize(pte_file) -> bytes:
-        return bytes(_serializer().serialize_pte_binary(pte_file, extract_delegate_segments=True))
 
     @classmethod
     def from_adapter_file(cls, path: Path) -> "Program":
@@ -114,11 +68,12 @@ class Program:
 
     def write(self, meta: AdapterMeta, tensors: dict[str, bytes]) -> bytes:
         """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
-        named data (the keys its record names that are not in adapters_shared.ptd)."""
+        named data (the keys its record names that are not in adapters_shared.ptd), then its record
+        (last: no tensor ends the file, so a kernel that reads a few bytes past the end of its input,
+        as XNNPACK may, stays inside the mapping)."""
         record = encode_adapter(dataclasses.replace(meta, program_sha256=self.sha256))
-        out = self._serialize(_serializer().PTEFile(program=self._file.program, mutable_data=self._file.mutable_data,
-                                      named_data=self._named_data(tensors, record)))
-        return seal_pte(out)
+        entries = [Entry(key, data, TENSOR_ALIGNMENT) for key, data in tensors.items()]
+        return seal_pte(self._template.write([*entries, Entry(ADAPTER_KEY, record, RECORD_ALIGNMENT)]))
 
 
 def read_record(data: bytes, what: str) -> AdapterMeta:

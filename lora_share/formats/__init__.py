@@ -22,11 +22,13 @@ directly. ``lora_share.formats.meta`` reads and writes lora-share's own
 metadata (schema/lora_share.fbs) stored as named data in both files;
 ``lora_share.formats.seal.seal_pte(bytes)`` writes an adapter .pte's seal (size
 and CRC-32 of everything but its record) into that record: call it last, after
-any in-place edit of a .pte.
+any in-place edit of a .pte. ``lora_share.formats.pte_write.Template(bytes, what,
+drop).write(entries)`` writes a .pte with a template's program, byte for byte,
+and other named data.
 """
 
-from .errors import (BadFlatbuffer, BadHeader, Damaged, FormatError, OffsetOutOfRange, TruncatedHeader,
-                     UnsupportedVersion, WrongMagic)
+from .errors import (BadFlatbuffer, BadHeader, Damaged, FormatError, NotRewritable, OffsetOutOfRange,
+                     TruncatedHeader, UnsupportedVersion, WrongMagic)
 from .layout import TensorLayout
 from .ptd import Ptd, PtdEntry, PtdHeader, Segment, read_ptd
 from .pte import Delegate, ExternalTensor, NamedData, Pte, PteHeader, read_pte
@@ -35,5 +37,5 @@ from .xnnpack import ConstantRef
 __all__ = [
     "read_ptd", "read_pte", "Ptd", "PtdEntry", "PtdHeader", "Pte", "PteHeader", "Segment", "NamedData",
     "Delegate", "ConstantRef", "ExternalTensor", "TensorLayout", "FormatError", "WrongMagic", "TruncatedHeader",
-    "BadHeader", "OffsetOutOfRange", "BadFlatbuffer", "UnsupportedVersion", "Damaged",
+    "BadHeader", "OffsetOutOfRange", "BadFlatbuffer", "UnsupportedVersion", "Damaged", "NotRewritable",
 ]

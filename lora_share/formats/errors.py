@@ -41,5 +41,9 @@ class Damaged(FormatError):
     """Well-formed, but not the bytes that were written: the size or checksum in its seal differs."""
 
 
+class NotRewritable(FormatError):
+    """A well-formed .pte whose named data cannot be replaced without moving its other segments."""
+
+
 class UnsupportedVersion(FormatError):
     """A well-formed file of a version this lora-share does not read."""

@@ -120,6 +120,11 @@ class Table:
         pos = self._field(slot, 8)
         return default if pos is None else struct.unpack_from("<d", self.fb.data, pos)[0]
 
+    def has(self, slot: int) -> bool:
+        """Whether field ``slot`` is present (its vtable entry is not 0), whatever its type."""
+        entry = 4 + 2 * slot
+        return entry + 2 <= self.vt_size and self.fb.u16(self.vtable + entry) != 0
+
     def _target(self, slot: int) -> Optional[int]:
         pos = self._field(slot, 4)
         if pos is None:
