@@ -9,11 +9,13 @@ re-tracing the graph with symbolic shapes, once per pass, at a cost that grows w
   check, the second round changes nothing. ``OneDecomposition`` runs that check up front and,
   when it holds, lets ExecuTorch take its single-round path; otherwise both rounds run as shipped.
 - XNNPACK's preprocess runs seventeen passes over every delegated partition (a layer of ours
-  has about six), each a full re-trace, though thirteen of them rewrite what no lora-share graph
+  has about six), each a full re-trace, though twelve of them rewrite what no lora-share graph
   has: convolutions, batch norm, upsampling, PReLU, padding, max-pooling, the channels-last
   layout those need, the fused scaled-dot-product attention pattern (our attention is explicit
-  bmm and softmax), activations fused into a linear (ours are silu and gelu), concatenations of
-  many inputs, back-to-back copies, ops on constants alone. ``lean_lowering`` skips those.
+  bmm and softmax), activations fused into a linear (ours are silu and gelu),
+  back-to-back copies, ops on constants alone. ``lean_lowering`` skips those. (It keeps the pass
+  that splits a concatenation of more inputs than XNNPACK takes: attention joins one block of
+  scores per key/value head, eight at Llama-3.2-1B's shape.)
 
 And one cost is quadratic: after cutting out each partition ExecuTorch re-sorts the whole program
 by copying it (``_sort_in_place`` gives the same order without the copy).
@@ -39,7 +41,6 @@ SKIPPED_XNNPACK_PASSES = frozenset({
     "ChannelsLastTaggedReshapePass", # the NHWC layout convolutions and pooling run in
     "ConvertToSDPAPass",             # the fused attention pattern; ours is bmm, softmax, bmm
     "FuseActivationPass",            # relu / hardtanh after a linear: our activations are silu and gelu
-    "DecomposeConcatenate",          # a cat of more inputs than XNNPACK takes: ours join two halves
     "RemoveRedundantCopyPass",       # back-to-back copies
     "ConstPropPass",                 # ops on constants alone
 })
