@@ -12,10 +12,10 @@ re-tracing the graph with symbolic shapes, once per pass, at a cost that grows w
   has about six), each a full re-trace, though twelve of them rewrite what no lora-share graph
   has: convolutions, batch norm, upsampling, PReLU, padding, max-pooling, the channels-last
   layout those need, the fused scaled-dot-product attention pattern (our attention is explicit
-  bmm and softmax), activations fused into a linear (ours are silu and gelu),
-  back-to-back copies, ops on constants alone. ``lean_lowering`` skips those. (It keeps the pass
-  that splits a concatenation of more inputs than XNNPACK takes: attention joins one block of
-  scores per key/value head, eight at Llama-3.2-1B's shape.)
+  bmm and softmax), activations fused into a linear (ours are silu and gelu), back-to-back
+  copies, ops on constants alone. ``lean_lowering`` skips those. (It keeps the pass that splits
+  a concatenation of more inputs than XNNPACK takes: attention joins one block of scores per
+  key/value head, eight at Llama-3.2-1B's shape.)
 
 And one cost is quadratic: after cutting out each partition ExecuTorch re-sorts the whole program
 by copying it (``_sort_in_place`` gives the same order without the copy).

@@ -1,7 +1,8 @@
 """The lean lowering (export_speed.py) gives the program ExecuTorch's lowering as shipped gives, byte for
 byte, for each kind of graph lora-share exports: llama's at float32 (with eight key/value heads) and
-8da4w (ExecuTorch's int4 grid, an int4 embedding table), Gemma 3's (sliding rings, q/k norms, gelu), Phi-3's (fused q/k/v and
-gate/up) at 8da4w on llama.cpp's Q4_1 grid with an int8 table and output projection."""
+8da4w (ExecuTorch's int4 grid, an int4 embedding table), Gemma 3's (sliding rings, q/k norms, gelu),
+Phi-3's (fused q/k/v and gate/up) at 8da4w on llama.cpp's Q4_1 grid with an int8 table and output
+projection."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ ONE_LAYER = {**TINY_FOUNDATION, "n_layers": 1}
 
 
 def _foundation(case: str, folder) -> dict:
-    if case == "llama fp32":  # eight key/value heads, as Llama-3.2-1B: attention joins more blocks than XNNPACK's cat takes
+    if case == "llama fp32":  # eight key/value heads, as Llama-3.2-1B: more blocks to join than XNNPACK's cat takes
         return {"synthetic": {**ONE_LAYER, "n_heads": 8, "n_kv_heads": 8}, "max_seq_len": 32}
     if case == "llama 8da4w":  # ExecuTorch's grid, an int4 table, an int4 output projection of its own
         return {"synthetic": {**ONE_LAYER, "tie_embeddings": False}, "max_seq_len": 32,
@@ -63,7 +64,6 @@ def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
 def test_lean_lowering_gives_the_shipped_program(case, tmp_path):
     digests = _export_both_ways(case, tmp_path)
     assert digests[True] == digests[False]
-
 
 
 def test_compact_dependencies_hold_executorch_sets(tmp_path):
