@@ -11,6 +11,10 @@ an export.
 Stock ExecuTorch runs such a file alone: the program loads as usual, and the caller feeds the
 LoRA inputs from the program's named data (the C++ runner's ``--stock``). lora-share's runtime
 recognises the same program across adapter files by ``program_sha256`` and loads it once.
+
+With ``lora_envelope.skip_absent`` an adapter's file carries a variant of the program in which the
+slots it leaves alone are dead code (formats/xnnpack_prune.py); its record names the variant by
+``program_sha256`` and keeps the rewrites, so the envelope program can be taken back from it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .formats import read_pte
 from .formats.meta import ADAPTER_KEY, AdapterMeta, LoraTensors, encode_adapter
 from .formats.pte_write import Entry, Template
 from .formats.seal import seal_pte
+from .formats.xnnpack_prune import Patch, apply as apply_patches, skip_patches
 
 TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime reads in place
 RECORD_ALIGNMENT = 16
@@ -45,12 +50,31 @@ class Program:
         self._template = Template(pte, what, adapter_keys)
         self.sha256 = sha256 or hashlib.sha256(self._template.write([])).hexdigest()
         self.what = what
+        self.patches: tuple[Patch, ...] = ()  # set on a variant: its rewrites of the envelope program
+        self._variants: dict[tuple[int, ...], "Program"] = {}
+
+    def skipping(self, absent: tuple[int, ...], n_slots: int) -> "Program":
+        """This program with the LoRA of envelope slots ``absent`` (of ``n_slots``) as dead code in its
+        XNNPACK payloads (formats/xnnpack_prune.py); itself when there is nothing to skip. Kept per
+        set of slots, so adapters with the same slots carry the same variant."""
+        if absent not in self._variants:
+            bare = self._template.write([])
+            patches = tuple(skip_patches(bare, self.what, list(absent), n_slots)) if absent else ()
+            if not patches:
+                self._variants[absent] = self
+            else:
+                variant = Program(apply_patches(bare, self.what, list(patches)), self.what)
+                variant.patches = patches
+                self._variants[absent] = variant
+        return self._variants[absent]
 
     @classmethod
     def from_adapter_file(cls, path: Path) -> "Program":
-        """The program an adapter .pte of this format carries. The file must match its seal (a CRC-32
-        over every byte but the record's, formats/seal.py): then its program is the one that was
-        written with the record's program_sha256, which is taken without serializing it again."""
+        """The envelope program an adapter .pte of this format was written from. The file must match
+        its seal (a CRC-32 over every byte but the record's, formats/seal.py): then its program is the
+        one that was written with the record's program_sha256, which is taken without serializing it
+        again; from a variant that skips absent slots, the record's rewrites are undone first and
+        the program is the one its envelope_program_sha256 names."""
         from .formats import read_pte
         from .formats.seal import check_seal
         from .verify import adapter_record
@@ -64,16 +88,29 @@ class Program:
         if not meta.content_bytes:
             raise ValueError(f"{path}: not sealed, so its program cannot be taken for the one its record names")
         keys = frozenset({ADAPTER_KEY, *(k for e in meta.lora for k in (e.a, e.b))})
+        if meta.program_patches:  # a variant: the envelope program is these rewrites undone
+            patches = meta.program_patches
+            undo = [Patch(*patches[i:i + 4]) for i in range(0, len(patches), 4)]
+            return cls(apply_patches(data, str(path), undo, revert=True), str(path), keys,
+                       meta.envelope_program_sha256)
         return cls(data, str(path), keys, meta.program_sha256)
 
-    def write(self, meta: AdapterMeta, tensors: dict[str, bytes]) -> bytes:
+    def write(self, meta: AdapterMeta, tensors: dict[str, bytes], skip_absent: bool = False) -> bytes:
         """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
         named data (the keys its record names that are not in adapters_shared.ptd), then its record
         (last: no tensor ends the file, so a kernel that reads a few bytes past the end of its input,
-        as XNNPACK may, stays inside the mapping)."""
-        record = encode_adapter(dataclasses.replace(meta, program_sha256=self.sha256))
+        as XNNPACK may, stays inside the mapping). ``skip_absent``: the program it carries skips the
+        envelope slots the adapter leaves alone (``skipping``)."""
+        program = self
+        if skip_absent:
+            have = {e.slot for e in meta.lora}
+            program = self.skipping(tuple(s for s in range(len(meta.envelope)) if s not in have), len(meta.envelope))
+        variant = {} if program is self else {
+            "envelope_program_sha256": self.sha256,
+            "program_patches": [v for p in program.patches for v in (p.segment, p.offset, p.old, p.new)]}
+        record = encode_adapter(dataclasses.replace(meta, program_sha256=program.sha256, **variant))
         entries = [Entry(key, data, TENSOR_ALIGNMENT) for key, data in tensors.items()]
-        return seal_pte(self._template.write([*entries, Entry(ADAPTER_KEY, record, RECORD_ALIGNMENT)]))
+        return seal_pte(program._template.write([*entries, Entry(ADAPTER_KEY, record, RECORD_ALIGNMENT)]))
 
 
 def read_record(data: bytes, what: str) -> AdapterMeta:

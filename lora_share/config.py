@@ -138,6 +138,10 @@ class EnvelopeConfig:
                                  "(default: the largest rank of this config's adapters)", None, minimum=1)
     layers: Optional[list[int]] = _f("decoder layers it takes LoRA on, or 'all' (default: all)", None,
                                      all_value=None)
+    skip_absent: bool = _f("each adapter's file carries a variant of the program that skips the slots it "
+                           "leaves alone (derived when the file is written, no export): it decodes as through "
+                           "a program of its own recipe; a process holds one program instance per distinct "
+                           "set of slots instead of one in all", False)
 
 
 HOIST = "hoist"

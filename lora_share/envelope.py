@@ -10,6 +10,12 @@ the adapter leaves alone gets a zero rank-1 pair, which adds exactly nothing.
 The build's envelope is ``lora_envelope`` from the config, or by default every linear some
 adapter of the config adapts, on every layer, at the config's largest rank. An adapter outside
 it is refused, naming the key to widen (``lora-share add`` never re-exports).
+
+With ``skip_absent`` (``lora_envelope.skip_absent``), an adapter that leaves slots alone ships a
+variant of the program in which those slots' LoRA nodes are dead code that XNNPACK drops
+(formats/xnnpack_prune.py): derived when its file is written, byte for byte in place, no export.
+It then decodes as through a program of its own recipe; adapters with the same slots share one
+variant in a process, and each distinct set of slots is one more program instance there.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ class Envelope:
 
     slots: tuple[tuple[int, str], ...]
     max_rank: int
+    skip_absent: bool = False  # adapters' files carry a program variant without their absent slots
 
     @classmethod
-    def make(cls, targets, layers, max_rank: int) -> "Envelope":
+    def make(cls, targets, layers, max_rank: int, skip_absent: bool = False) -> "Envelope":
         targets = sorted(set(targets), key=LORA_TARGETS.index)
-        return cls(tuple((layer, t) for layer in sorted(set(layers)) for t in targets), int(max_rank))
+        return cls(tuple((layer, t) for layer in sorted(set(layers)) for t in targets), int(max_rank),
+                   bool(skip_absent))
 
     @classmethod
     def resolve(cls, cfg, adapters, args: ModelArgs) -> "Envelope":
@@ -43,7 +51,7 @@ class Envelope:
         layers = getattr(cfg, "layers", None) or range(args.n_layers)
         max_rank = getattr(cfg, "max_rank", None) or max(
             (a_.shape[0] for a in adapters for a_, _ in a.weights.values()), default=1)
-        return cls.make(targets, layers, max_rank)
+        return cls.make(targets, layers, max_rank, bool(getattr(cfg, "skip_absent", False)))
 
     @property
     def targets(self) -> list[str]:
@@ -54,12 +62,14 @@ class Envelope:
         return sorted({layer for layer, _ in self.slots})
 
     def to_dict(self) -> dict:
-        """As the manifest records it."""
-        return {"targets": self.targets, "layers": self.layers, "max_rank": self.max_rank}
+        """As the manifest records it (``skip_absent`` only when set: it changes the adapters'
+        files, not the exported program, so a program signature leaves it out)."""
+        out = {"targets": self.targets, "layers": self.layers, "max_rank": self.max_rank}
+        return {**out, "skip_absent": True} if self.skip_absent else out
 
     @classmethod
     def from_dict(cls, d: dict) -> "Envelope":
-        return cls.make(d["targets"], d["layers"], d["max_rank"])
+        return cls.make(d["targets"], d["layers"], d["max_rank"], d.get("skip_absent", False))
 
     def misfits(self, adapter) -> list[str]:
         """What of ``adapter`` lies outside the envelope, as ``lora_envelope`` keys to widen."""

@@ -60,7 +60,7 @@ def program_signature(fingerprint: str, settings: dict, envelope: Envelope) -> s
     """What the exported program depends on: the foundation, the export settings, the exporter's
     revision and the envelope."""
     what = {"foundation": fingerprint, "export": settings, "exporter": EXPORTER_REVISION,
-            "envelope": envelope.to_dict()}
+            "envelope": {k: v for k, v in envelope.to_dict().items() if k != "skip_absent"}}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -187,7 +187,7 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
                 f"targets {','.join(meta.targets)}", quiet)
             t0 = time.perf_counter()
             own = {k: raw for k, raw in tensors.items() if k not in hoisted}
-            data = program.write(meta, own)
+            data = program.write(meta, own, skip_absent=dep.envelope.skip_absent)
             sha = hashlib.sha256(data).hexdigest()
             path, old = stage / f"{adapter.name}.pte", old_entries.get(adapter.name)
             if old and old.get("sha256") == sha and (dep.out_dir / old["file"]).is_file():

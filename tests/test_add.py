@@ -210,3 +210,87 @@ def test_add_refuses_an_adapter_for_another_model(deployment):
     assert "do not fit the foundation" in r.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert json.loads((out / "manifest.json").read_text()) == deployment["manifest"]
+
+
+@pytest.fixture(scope="module")
+def skipping(deployment):
+    """The envelope deployment rebuilt with lora_envelope.skip_absent (its program reused), then
+    ADDED put in with `lora-share add`: every file carries the program minus its absent slots."""
+    root, build = deployment["root"], deployment["build"]
+    config = yaml.safe_load(build.config.read_text())
+    config["output_dir"] = "skip_out"
+    config["lora_envelope"]["skip_absent"] = True
+    (root / "skip.yaml").write_text(yaml.safe_dump(config))
+    shutil.copytree(build.out_dir, root / "skip_out")
+    built = lora_share.build(root / "skip.yaml", quiet=True)
+    r = run_cli("add", "--to", root / "skip_out", *[f"{n}={root / n}" for n in ADDED])
+    assert r.returncode == 0, r.stderr
+    return {"out": root / "skip_out", "built": built, "manifest": read_manifest(root / "skip_out")}
+
+
+def test_skip_absent_reuses_the_program_and_rewrites_every_absent_slot(deployment, skipping):
+    from lora_share.adapter_pte import read_record
+
+    program = deployment["build"].manifest["program"]["sha256"]
+    for m in (skipping["built"], skipping["manifest"]):
+        assert m["program"]["produced"] == "reused" and m["program"]["sha256"] == program
+        assert m["program"]["envelope"]["skip_absent"] is True
+    variants = {}
+    for a in skipping["manifest"]["adapters"]:
+        record = read_record((skipping["out"] / a["file"]).read_bytes(), a["file"])
+        absent = len(record.envelope) - len(record.lora)
+        if absent == 0:  # all8_rslora: the envelope program itself
+            assert (record.program_sha256, record.program_patches) == (program, [])
+            continue
+        # Five rewrites per absent slot: each slot's nodes were found in the lowered program.
+        assert record.envelope_program_sha256 == program and record.program_sha256 != program
+        assert len(record.program_patches) == 4 * 5 * absent, a["name"]
+        variants[frozenset(e.slot for e in record.lora)] = record.program_sha256
+    assert len(set(variants.values())) == len(variants) == len(ADDED)  # one variant per set of slots
+
+
+def test_skip_absent_variant_gives_the_envelope_program_back(deployment, skipping):
+    from lora_share.adapter_pte import Program
+
+    plain = Program.from_adapter_file(deployment["out"] / "first.pte")
+    variant = Program.from_adapter_file(skipping["out"] / "first.pte")
+    assert variant.sha256 == plain.sha256
+    assert variant._template.write([]) == plain._template.write([])
+
+
+def test_skip_absent_answers_as_the_envelope_program(deployment, skipping, runner_bin):
+    """Every adapter gives the same logits through its variant as through the whole envelope program
+    (Python runtime), and the same sampled tokens through the C++ runner serving all of them in one
+    process, and through stock ExecuTorch (--stock)."""
+    names = ["rank1_q", "all8_rslora", "rank1_q", "patterns", "first", "layer1_kd"]
+    for name in dict.fromkeys(names):
+        plain = lora_share.run(deployment["out"] / f"{name}.pte", deployment["out"] / "foundation.ptd", PROMPT, NEW)
+        got = lora_share.run(skipping["out"] / f"{name}.pte", skipping["out"] / "foundation.ptd", PROMPT, NEW)
+        assert got.tokens == plain.tokens and np.abs(got.logits - plain.logits).max() <= 1e-5, name
+    lines = "".join(f"{n}\t{','.join(map(str, PROMPT))}\n" for n in names)
+    for mode in ([], ["--stock"]):
+        answers = []
+        for out in (deployment["out"], skipping["out"]):
+            ptes = [arg for n in dict.fromkeys(names) for arg in ("--pte", str(out / f"{n}.pte"))]
+            served = subprocess.run([str(runner_bin), *ptes, "--ptd", str(out / "foundation.ptd"), "--max-new-tokens",
+                                     str(NEW), "--temperature", "10", "--seed", "5", *mode, "--serve"], input=lines,
+                                    capture_output=True, text=True, timeout=120)
+            assert served.returncode == 0, served.stderr
+            answers.append([json.loads(line)["tokens"] for line in served.stdout.splitlines()])
+        assert answers[0] == answers[1] and len(answers[0]) == len(names), mode
+
+
+def test_program_patches_round_trip_and_refuse_a_damaged_file(deployment, skipping):
+    from lora_share.adapter_pte import read_record
+    from lora_share.formats.errors import FormatError
+    from lora_share.formats.xnnpack_prune import Patch, apply
+
+    data = (skipping["out"] / "rank1_q.pte").read_bytes()
+    flat = read_record(data, "rank1_q").program_patches
+    patches = [Patch(*flat[i:i + 4]) for i in range(0, len(flat), 4)]
+    reverted = apply(data, "rank1_q", patches, revert=True)
+    assert reverted != data and apply(reverted, "rank1_q", patches) == data
+    with pytest.raises(FormatError, match="another value"):
+        apply(data, "rank1_q", patches)  # already applied: the values it expects are not there
+    with pytest.raises(FormatError, match="past segment"):
+        apply(data, "rank1_q", [Patch(patches[0].segment, 1 << 30, 0, 0)])

@@ -39,6 +39,11 @@ def test_results_are_written_and_printed(scale_run):
             for mode in ("shared",) if wide else ("shared", "private", "processes"):
                 assert row[mode]["served"]["pss_kb"] > 0 and row[mode]["after_load"]["pss_kb"] > 0
         assert v["speed"]["prefill_tokens_per_s"] > 0 and v["speed"]["decode_far_tokens_per_s"] > 0
+        # The wide envelopes' files skip absent slots; the whole program is timed beside them.
+        assert v["envelope"].get("skip_absent", False) is wide
+        assert ("speed_whole_program" in v) is wide
+        if wide:
+            assert v["speed_whole_program"]["decode_near_tokens_per_s"] > 0
         assert v["export_s"] > 0 and v["build_peak_rss"] > 0
         # `lora-share add` on the wide envelopes: written as data over the deployment's program.
         assert [(a["adapter"], a["program"], a["produced"]) for a in v["adds"]] == (

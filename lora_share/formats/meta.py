@@ -36,7 +36,8 @@ SHARED_PAD = 256
 _M_VERSION, _M_FOUNDATION, _M_ADAPTER, _M_SHARED = 0, 1, 2, 3
 _F_FINGERPRINT, _F_TENSORS, _F_PARAMS, _F_BYTES, _F_TIED = 0, 1, 2, 3, 4
 (_A_NAME, _A_FINGERPRINT, _A_RANK, _A_ALPHA, _A_TARGETS, _A_LAYERS, _A_RSLORA, _A_KIND, _A_SOURCE, _A_HASHES,
- _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC, _A_PROGRAM, _A_MAX_RANK, _A_ENVELOPE, _A_LORA) = range(17)
+ _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC, _A_PROGRAM, _A_MAX_RANK, _A_ENVELOPE, _A_LORA,
+ _A_ENVELOPE_PROGRAM, _A_PATCHES) = range(19)
 _H_FILE, _H_SHA = 0, 1
 _E_LAYER, _E_TARGET = 0, 1
 _L_SLOT, _L_RANK, _L_A, _L_B = 0, 1, 2, 3
@@ -85,6 +86,10 @@ class AdapterMeta:
     envelope_max_rank: int = 0
     envelope: list[tuple[int, str]] = field(default_factory=list)  # (layer, linear) per slot, in input order
     lora: list[LoraTensors] = field(default_factory=list)  # the slots the adapter has, by envelope index
+    # When the file's program skips the slots the adapter leaves alone (xnnpack_prune): the program
+    # it was derived from, and 4 uint32 per rewrite (segment, offset, original value, value written).
+    envelope_program_sha256: str = ""
+    program_patches: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -169,13 +174,20 @@ def encode_adapter(m: AdapterMeta) -> bytes:
         lora.append(b.EndObject())
     lora_vec = _strings(b, lora)
     program = b.CreateString(m.program_sha256)
+    envelope_program = b.CreateString(m.envelope_program_sha256) if m.envelope_program_sha256 else None
+    patches = None
+    if m.program_patches:
+        b.StartVector(4, len(m.program_patches), 4)
+        for value in reversed(m.program_patches):
+            b.PrependUint32(value)
+        patches = b.EndVector()
     targets = _strings(b, [b.CreateString(t) for t in m.targets])
     b.StartVector(4, len(m.layers), 4)
     for layer in reversed(m.layers):
         b.PrependUint32(layer)
     layers = b.EndVector()
     name, fp, kind, source = (b.CreateString(s) for s in (m.name, m.foundation_fingerprint, m.source_kind, m.source))
-    b.StartObject(17)
+    b.StartObject(19)
     b.PrependUOffsetTRelativeSlot(_A_NAME, name, 0)
     b.PrependUOffsetTRelativeSlot(_A_FINGERPRINT, fp, 0)
     b.PrependUint32Slot(_A_RANK, m.rank, 0)
@@ -198,6 +210,10 @@ def encode_adapter(m: AdapterMeta) -> bytes:
     b.PrependUint32Slot(_A_MAX_RANK, m.envelope_max_rank, 0)
     b.PrependUOffsetTRelativeSlot(_A_ENVELOPE, envelope_vec, 0)
     b.PrependUOffsetTRelativeSlot(_A_LORA, lora_vec, 0)
+    if envelope_program is not None:
+        b.PrependUOffsetTRelativeSlot(_A_ENVELOPE_PROGRAM, envelope_program, 0)
+    if patches is not None:
+        b.PrependUOffsetTRelativeSlot(_A_PATCHES, patches, 0)
     return _finish(b, _M_ADAPTER, b.EndObject(), ADAPTER_PAD)
 
 
@@ -235,7 +251,11 @@ def decode(data: bytes, what: str) -> Metadata:
             a.u64(_A_LORA_BYTES), a.u64(_A_CONTENT_BYTES), a.u32(_A_CONTENT_CRC), _text(a, _A_PROGRAM),
             a.u32(_A_MAX_RANK), [(e.u32(_E_LAYER), _text(e, _E_TARGET)) for e in a.tables(_A_ENVELOPE, "EnvelopeSlot")],
             [LoraTensors(t.u32(_L_SLOT), t.u32(_L_RANK), _text(t, _L_A), _text(t, _L_B))
-             for t in a.tables(_A_LORA, "LoraTensors")])
+             for t in a.tables(_A_LORA, "LoraTensors")],
+            _text(a, _A_ENVELOPE_PROGRAM), a.scalars(_A_PATCHES, "I"))
+        if len(out.adapter.program_patches) % 4:
+            raise BadFlatbuffer(what, f"adapter record: {len(out.adapter.program_patches)} program patch values, "
+                                      "not a multiple of 4: the record is damaged")
     s = root.table(_M_SHARED, "Shared")
     if s is not None:
         out.shared = SharedMeta(_text(s, _S_FINGERPRINT), s.u32(_S_TENSORS), s.u64(_S_BYTES))

@@ -1,0 +1,262 @@
+"""Absent LoRA slots as dead code: a program variant that skips the slots an adapter leaves alone.
+
+An envelope program (envelope.py) computes every slot's LoRA on every token, as three XNNPACK
+nodes: ``h = FC(x, A)``, ``d = FC(h, B)``, ``out = Add(y, d)``, where ``y`` is the foundation
+linear's output and ``A``, ``B`` are forward inputs. For a slot the adapter leaves alone those
+three nodes add a zero rank-1 product, and at decode they cost about what the slot's linear does
+(a few microseconds each, a threadpool hand-off among them).
+
+This module rewrites a copy of the program so that XNNPACK drops them when it builds its runtime,
+with every byte in place (the same file layout, no re-serialization, no export):
+
+- the Add becomes a Copy of ``y`` into ``out`` (its type byte, and its id fields read with the
+  Copy's layout: input ``y``, output ``out``, flags 0);
+- the B product reads ``B`` where it read ``h``.
+
+XNNPACK's ``xnn_subgraph_optimize`` (run by ``xnn_create_runtime``) then finds ``d`` and ``h``
+without consumers and removes both products, and fuses the Copy into the foundation linear where
+``y`` is internal to the payload (the linear writes ``out`` itself); where it is not, the Copy
+moves one row per token. ``out`` keeps its id, so the rewrite holds whether or not it leaves the
+payload. Each rewrite is 4 bytes of the payload's flatbuffer (schema: ExecuTorch's
+backends/xnnpack/serialization/schema.fbs), recorded as a ``Patch`` so that the unpatched program
+can be restored exactly (``apply(..., revert=True)``). A slot whose nodes do not have that shape
+(a value with other readers or leaving the payload) is left as it is: the variant is always
+correct, at worst not faster.
+
+Which payload input is which forward input: a delegate call's arguments are its inputs, then its
+outputs, and argument k is the payload's value whose ``external_id`` is k (ExecuTorch's
+XNNExecutor binds them in that order).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import BadFlatbuffer
+from .flatbuf import FlatBuffer
+from .pte import read_header
+from .xnnpack import HEADER_MAGIC
+
+XNNPACK_ID = "XnnpackBackend"
+# Slots in ExecuTorch's program.fbs and the XNNPACK payload's schema.fbs.
+_P_PLANS, _P_SEGMENTS = 1, 4
+_PLAN_NAME, _PLAN_INPUTS, _PLAN_CHAINS, _PLAN_DELEGATES = 0, 3, 5, 7
+_CHAIN_INSTRUCTIONS = 2
+_INSTR_TYPE, _INSTR_ARGS, _DELEGATE_CALL = 0, 1, 2
+_DC_INDEX, _DC_ARGS = 0, 1
+_DEL_ID, _DEL_PROCESSED, _REF_LOCATION, _REF_INDEX, _SEGMENT = 0, 1, 0, 1, 1
+_SEG_OFFSET, _SEG_SIZE = 0, 1
+_G_NODES, _G_VALUES, _G_INPUTS, _G_OUTPUTS = 1, 2, 4, 5
+_NODE_TYPE, _NODE_UNION = 0, 1
+_VALUE_TYPE, _VALUE_UNION, _QUANTIZED_VALUE = 0, 1, 2
+_TV_EXTERNAL_ID, _TV_ID_OUT = 4, 6
+_NO_EXTERNAL = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One uint32 value id rewritten at ``offset`` bytes into program segment ``segment``."""
+
+    segment: int
+    offset: int
+    old: int
+    new: int
+
+
+@lru_cache(maxsize=1)
+def node_id_fields() -> dict[int, tuple[str, tuple[tuple[int, str], ...]]]:
+    """XNodeUnion member (its type byte) -> (node type, ((slot, field), ...) of its value-id fields),
+    read from the installed ExecuTorch's XNNPACK schema, so that the rewrite follows its layout."""
+    spec = importlib.util.find_spec("executorch")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    path = next((Path(r) / "backends/xnnpack/serialization/schema.fbs" for r in roots
+                 if (Path(r) / "backends/xnnpack/serialization/schema.fbs").is_file()), None)
+    if path is None:
+        raise RuntimeError("ExecuTorch's XNNPACK schema (backends/xnnpack/serialization/schema.fbs) is not "
+                           "installed: reinstall the project (make setup)")
+    text = re.sub(r"//[^\n]*", "", path.read_text())
+    tables = {m.group(1): [f.split(":")[0].strip() for f in m.group(2).split(";") if ":" in f]
+              for m in re.finditer(r"table\s+(\w+)\s*\{(.*?)\}", text, re.S)}
+    union = re.search(r"union\s+XNodeUnion\s*\{(.*?)\}", text, re.S).group(1)
+    out = {}
+    for i, member in enumerate(m.strip() for m in union.split(",") if m.strip()):
+        name, _, table = (s.strip() for s in member.partition(":"))
+        fields = tables[table or name]
+        out[i + 1] = (name, tuple((slot, f) for slot, f in enumerate(fields) if f.endswith("_id")))
+    return out
+
+
+def _copy_type() -> int:
+    """XNNCopy's type byte, and a check that it reads a 2x1 node's first three id fields as its own."""
+    by_name = {name: (kind, fields) for kind, (name, fields) in node_id_fields().items()}
+    kind, fields = by_name["XNNCopy"]
+    if [f for _, f in fields] != ["input_id", "output_id"] or [f for _, f in by_name["XNNAdd"][1]] != \
+            ["input1_id", "input2_id", "output_id"] or by_name["XNNAdd"][1][2][0] != 2:
+        raise RuntimeError("this ExecuTorch's XNNPACK schema lays out Add or Copy differently than lora-share "
+                           "expects: set lora_envelope.skip_absent to false")
+    return kind
+
+
+@dataclass
+class _Node:
+    type: str
+    type_pos: int  # absolute position of the XNode's union type byte
+    fields: dict[str, tuple[int, int]]  # value-id field -> (absolute position, id)
+
+    def inputs(self):
+        return [(pos, v) for f, (pos, v) in self.fields.items() if not f.startswith("output")]
+
+    def get(self, field: str) -> int | None:
+        return self.fields[field][1] if field in self.fields else None
+
+
+class _Payload:
+    """An XNNPACK payload's nodes and external values, read in place."""
+
+    def __init__(self, data, what: str, start: int, size: int):
+        if size < 30 or bytes(data[start + 4:start + 8]) != HEADER_MAGIC:
+            raise BadFlatbuffer(what, f"XNNPACK payload at byte {start} has no {HEADER_MAGIC!r} header")
+        _, fb_off, fb_size = struct.unpack_from("<HII", data, start + 8)
+        if fb_off + fb_size > size:
+            raise BadFlatbuffer(what, f"XNNPACK payload at byte {start}: its flatbuffer runs past its end")
+        self.data = data
+        graph = FlatBuffer(data, f"{what} (XNNPACK payload at byte {start})",
+                           start + fb_off, start + fb_off + fb_size).root("XNNGraph")
+        fields = node_id_fields()
+        self.nodes = []
+        for xnode in graph.tables(_G_NODES, "XNode"):
+            kind = xnode.u8(_NODE_TYPE)
+            if kind not in fields:
+                raise BadFlatbuffer(what, f"XNNPACK payload at byte {start}: node type {kind} is not in this "
+                                          "ExecuTorch's schema")
+            name, id_fields = fields[kind]
+            table = xnode.table(_NODE_UNION, name)
+            ids = {}
+            for slot, field in id_fields:
+                pos = table._field(slot, 4) if table is not None else None
+                if pos is not None:
+                    ids[field] = (pos, struct.unpack_from("<I", data, pos)[0])
+            self.nodes.append(_Node(name, xnode._field(_NODE_TYPE, 1), ids))
+        self.external = {}  # external id (delegate argument index) -> value id
+        for xvalue in graph.tables(_G_VALUES, "XValue"):
+            value = xvalue.table(_VALUE_UNION, "XValue")
+            if value is not None and xvalue.u8(_VALUE_TYPE) == _QUANTIZED_VALUE:
+                value = value.table(0, "XNNTensorValue")
+            if value is None:
+                continue
+            ext = value.u32(_TV_EXTERNAL_ID, _NO_EXTERNAL)
+            if ext != _NO_EXTERNAL:
+                self.external[ext] = value.u32(_TV_ID_OUT)
+        self.n_inputs = len(graph.scalars(_G_INPUTS, "I"))
+        self.outputs = set(graph.scalars(_G_OUTPUTS, "I"))
+
+    def readers(self, value: int) -> list[_Node]:
+        return [n for n in self.nodes if any(v == value for _, v in n.inputs())]
+
+    def skip_slot(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """(position, old, new) rewrites that make the slot whose A and B are values ``a``, ``b``
+        dead code, or [] when its nodes do not have the shape this module knows."""
+        a_fc = [n for n in self.nodes if n.type == "XNNFullyConnected" and n.get("filter_id") == a]
+        if len(a_fc) != 1:
+            return []
+        h = a_fc[0].get("output_id")
+        b_fc = self.readers(h)
+        if len(b_fc) != 1 or b_fc[0].type != "XNNFullyConnected" or b_fc[0].get("input1_id") != h \
+                or b_fc[0].get("filter_id") != b or h in self.outputs:
+            return []
+        d = b_fc[0].get("output_id")
+        add = self.readers(d)
+        if len(add) != 1 or add[0].type != "XNNAdd" or d in self.outputs:
+            return []
+        add = add[0]
+        y = add.get("input1_id") if add.get("input2_id") == d else add.get("input2_id")
+        out = add.get("output_id")
+        if y is None or y == d or out is None or add.type_pos is None \
+                or any(f not in add.fields for f in ("input1_id", "input2_id")):
+            return []
+        word = lambda pos: struct.unpack_from("<I", self.data, pos)[0]  # noqa: E731
+        type_word = word(add.type_pos)
+        return [(add.type_pos, type_word, (type_word & ~0xFF) | _copy_type()),
+                (add.fields["input1_id"][0], add.get("input1_id"), y),  # Copy's input_id
+                (add.fields["input2_id"][0], add.get("input2_id"), out),  # Copy's output_id
+                (add.fields["output_id"][0], out, 0),  # Copy's flags
+                (b_fc[0].fields["input1_id"][0], h, b)]
+
+
+def _segments(pte: bytes, what: str) -> list[tuple[int, int]]:
+    """(absolute start, size) of each of the program's segments."""
+    header = read_header(pte, what)
+    out = []
+    for t in FlatBuffer(pte, what).root("Program").tables(_P_SEGMENTS, "DataSegment"):
+        start, size = header.segment_base_offset + t.u64(_SEG_OFFSET), t.u64(_SEG_SIZE)
+        if start + size > len(pte):
+            raise BadFlatbuffer(what, f"a segment ends at byte {start + size}, past the file's end: it may be truncated")
+        out.append((start, size))
+    return out
+
+
+def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[Patch]:
+    """The patches that make LoRA slots ``slots`` (envelope indices, of ``n_slots``) dead code in
+    ``pte``'s XNNPACK payloads. The LoRA inputs come last, A and B per slot (model.py)."""
+    root = FlatBuffer(pte, what).root("Program")
+    plan = next((p for p in root.tables(_P_PLANS, "ExecutionPlan") if p.string(_PLAN_NAME) == "forward"), None)
+    if plan is None:
+        raise BadFlatbuffer(what, "no forward method")
+    inputs = plan.scalars(_PLAN_INPUTS, "i")
+    segments = _segments(pte, what)
+    delegates = plan.tables(_PLAN_DELEGATES, "BackendDelegate")
+    first = len(inputs) - 2 * n_slots
+    if first < 0 or any(not 0 <= s < n_slots for s in slots):
+        raise BadFlatbuffer(what, f"forward has {len(inputs)} inputs, too few for {n_slots} LoRA slots")
+    # A's value -> B's value, as the program's values
+    wanted = {inputs[first + 2 * s]: inputs[first + 2 * s + 1] for s in slots}
+    patches, taken = [], set()
+    for chain in plan.tables(_PLAN_CHAINS, "Chain"):
+        for instr in chain.tables(_CHAIN_INSTRUCTIONS, "Instruction"):
+            if instr.u8(_INSTR_TYPE) != _DELEGATE_CALL:
+                continue
+            call = instr.table(_INSTR_ARGS, "DelegateCall")
+            args = call.scalars(_DC_ARGS, "i")
+            index = call.i32(_DC_INDEX)
+            if not any(v in wanted for v in args) or not 0 <= index < len(delegates):
+                continue
+            delegate = delegates[index]
+            ref = delegate.table(_DEL_PROCESSED, "BackendDelegateDataReference")
+            if delegate.string(_DEL_ID) != XNNPACK_ID or ref is None or ref.u8(_REF_LOCATION) != _SEGMENT:
+                continue
+            segment = ref.u32(_REF_INDEX)
+            if segment >= len(segments):
+                raise BadFlatbuffer(what, f"delegate {index} points at segment {segment}, but there are {len(segments)}")
+            start, size = segments[segment]
+            payload = _Payload(pte, what, start, size)
+            arg_of = {v: k for k, v in enumerate(args[:payload.n_inputs])}
+            for a_value, b_value in wanted.items():
+                if a_value in arg_of and b_value in arg_of:
+                    a = payload.external.get(arg_of[a_value])
+                    b = payload.external.get(arg_of[b_value])
+                    rewrites = payload.skip_slot(a, b) if a is not None and b is not None else []
+                    if rewrites and not taken & {pos for pos, _, _ in rewrites}:  # one rewrite per id field
+                        taken |= {pos for pos, _, _ in rewrites}
+                        patches += [Patch(segment, pos - start, old, new) for pos, old, new in rewrites]
+    return patches
+
+
+def apply(pte: bytes, what: str, patches: list[Patch], revert: bool = False) -> bytes:
+    """``pte`` with ``patches`` applied (or, ``revert``, undone); each must find the value it expects."""
+    segments = _segments(pte, what)
+    out = bytearray(pte)
+    for p in patches:
+        expect, write = (p.new, p.old) if revert else (p.old, p.new)
+        if p.segment >= len(segments) or p.offset + 4 > segments[p.segment][1]:
+            raise BadFlatbuffer(what, f"a program patch points past segment {p.segment}: the file is damaged")
+        pos = segments[p.segment][0] + p.offset
+        if struct.unpack_from("<I", out, pos)[0] != expect:
+            raise BadFlatbuffer(what, f"segment {p.segment} holds another value at +{p.offset} than its record's "
+                                      "program patch expects: the file is damaged")
+        struct.pack_into("<I", out, pos, write)
+    return bytes(out)
