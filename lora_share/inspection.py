@@ -130,6 +130,9 @@ def render(r: dict) -> str:
             out.append(f"  program {a['program_sha256'][:16]}: LoRA envelope {', '.join(targets)} on {layers} layer(s), "
                        f"ranks 1..{a['envelope_max_rank']} ({len(a['envelope'])} slots); this adapter has "
                        f"{len(a['lora'])} of them")
+            if a.get("program_patches"):
+                out.append(f"    which skips the others: envelope program {a['envelope_program_sha256'][:16]} with "
+                           f"{len(a['program_patches']) // 4} words rewritten (lora_envelope.skip_absent)")
         out.append(f"  seal: {r['seal']}" + (f" (size {a['content_bytes']:,}, CRC-32 {a['content_crc32']:08x})"
                                              if r["seal"] == "sealed" else ""))
         ids = sorted({d["id"] for d in r["delegates"]})

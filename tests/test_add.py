@@ -247,6 +247,9 @@ def test_skip_absent_reuses_the_program_and_rewrites_every_absent_slot(deploymen
         assert len(record.program_patches) == 4 * 5 * absent, a["name"]
         variants[frozenset(e.slot for e in record.lora)] = record.program_sha256
     assert len(set(variants.values())) == len(variants) == len(ADDED)  # one variant per set of slots
+    shown = run_cli("inspect", skipping["out"] / "rank1_q.pte")
+    assert shown.returncode == 0 and f"which skips the others: envelope program {program[:16]} with 60 words" \
+        in shown.stdout, shown.stdout
 
 
 def test_skip_absent_variant_gives_the_envelope_program_back(deployment, skipping):
