@@ -12,6 +12,8 @@ weight twice more than it needs to, which put a 1B-parameter build past 24 GB:
   size (1.2 GB of sets for SmolLM-135M's 30 layers, six times its 8-bit foundation).
 
 ``compact_dependencies`` keeps the same two relations as one bit per node pair instead.
+``release_after_export`` hands what the lowering left behind back to the system before the build
+goes on to write and check the adapters.
 ``sharing_weights`` undoes both copies for the tensors it is given, for the length of the lowering:
 a deep copy of one of them is the tensor itself (the passes that follow build new tensors, they
 do not write into constants), and a named-data entry whose bytes equal one of them is stored as a
@@ -22,9 +24,28 @@ own file-backed buffers, which is what the view presents itself as).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import hashlib
 
 import torch
+
+
+def release_after_export() -> None:
+    """Collect the lowering's reference cycles now and return freed heap pages to the system.
+
+    The lowering's graphs and programs hold reference cycles, so they outlive the export until the
+    garbage collector happens to run; and glibc keeps freed heap pages. Measured on the 8da4w
+    build at SmolLM-135M's shape (30 layers, all-linear envelope, 8 adapters), the build's RSS stayed
+    near 2.0 GB after the export while each adapter's quantization error was measured on top of it
+    (about +0.5 GB each: the float reference and the program loaded once more), for a peak of
+    2.57 GB.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _tensor_bytes_class():

@@ -110,7 +110,10 @@ class ProgramSource:
         else:
             log(f"  exporting the program: LoRA on {', '.join(self.dep.envelope.targets)} of "
                 f"{len(self.dep.envelope.layers)} layer(s), ranks 1..{self.dep.envelope.max_rank}", self.quiet)
+            from .export_memory import release_after_export
+
             program, ptd = self.export(stage / ".work")
+            release_after_export()
             self.how = "exported"
             old_sha = (self.dep.previous or {}).get("foundation", {}).get("sha256")
             reuse_ptd = reuse_ptd and old_sha == sha256_file(ptd)
