@@ -179,8 +179,7 @@ class _Payload:
         if y is None or y == d or out is None or add.type_pos is None \
                 or any(f not in add.fields for f in ("input1_id", "input2_id")):
             return []
-        word = lambda pos: struct.unpack_from("<I", self.data, pos)[0]  # noqa: E731
-        type_word = word(add.type_pos)
+        type_word = struct.unpack_from("<I", self.data, add.type_pos)[0]  # the type byte is its low byte
         return [(add.type_pos, type_word, (type_word & ~0xFF) | _copy_type()),
                 (add.fields["input1_id"][0], add.get("input1_id"), y),  # Copy's input_id
                 (add.fields["input2_id"][0], add.get("input2_id"), out),  # Copy's output_id
