@@ -353,6 +353,16 @@ def slab_rows(args: ModelArgs) -> list[int]:
             for j in range(n_slabs(args))]
 
 
+def capped_rows(rows: list[int], ring: int, positions: int | None) -> list[int]:
+    """Slab rows for a caller that feeds at most ``positions`` positions (None: all of ``rows``): the
+    slabs over the whole context shortened to ``positions + 1`` rows, rings kept whole. A short slab
+    never has a ring's W + 1 rows, which is how a ring is told apart."""
+    if positions is None:
+        return list(rows)
+    cap = positions + 1 + (1 if ring and positions + 1 == ring + 1 else 0)
+    return [r if ring and r == ring + 1 else min(r, cap) for r in rows]
+
+
 class KVCache:
     """The caller's KV cache (module docstring): one slab per (layer, key or value, key/value head),
     ``[max_seq_len + 1, head_dim]``, or a ring of ``[W + 1, head_dim]`` for a sliding layer (``ring_window``)."""
@@ -362,8 +372,11 @@ class KVCache:
         self.ring = ring
 
     @classmethod
-    def for_model(cls, args: ModelArgs) -> "KVCache":
-        return cls(slab_rows(args), args.hd, ring_window(args))
+    def for_model(cls, args: ModelArgs, positions: int | None = None) -> "KVCache":
+        """The cache ``args``' program reads; with ``positions``, only big enough for that many
+        (``capped_rows``)."""
+        ring = ring_window(args)
+        return cls(capped_rows(slab_rows(args), ring, positions), args.hd, ring)
 
     def prefixes(self, pos: int) -> list[torch.Tensor]:
         """forward's slab inputs for a call at position ``pos``: each slab's first ``pos + 1`` rows; a
@@ -486,11 +499,15 @@ class LlamaLoRA(nn.Module):
         and the bound LoRA inputs (the export contract, run in PyTorch); the logits ``[vocab]``
         after the last one."""
         if self._cache is None:
-            self._cache = KVCache.for_model(self.args)
+            self.reset_cache()
         out = self(*forward_inputs(tokens, pos, self._cache, self._lora))
         self._cache.write(pos, out[1:])
         return out[0].reshape(-1)
 
-    def reset_cache(self) -> None:
-        if self._cache is not None:
+    def reset_cache(self, positions: int | None = None) -> None:
+        """Empty the KV cache ``step`` uses; with ``positions``, a new one for at most that many
+        positions (a short check need not hold the whole context)."""
+        if positions is not None or self._cache is None:
+            self._cache = KVCache.for_model(self.args, positions)
+        else:
             self._cache.clear()

@@ -65,9 +65,12 @@ def _explain(failure: Exception, native: list[str]) -> str:
 class LoadedAdapter:
     """One adapter program loaded against a foundation data file (and a shared-tensors file).
 
-    With ``lora=False`` it runs the foundation alone ("base"): every LoRA input a zero rank-1 pair."""
+    With ``lora=False`` it runs the foundation alone ("base"): every LoRA input a zero rank-1 pair.
+    ``positions``: the most positions it will be fed (default: the program's context), which sizes
+    its KV cache."""
 
-    def __init__(self, pte: Path, ptd: Path, shared_ptd: Path | None = None, lora: bool = True):
+    def __init__(self, pte: Path, ptd: Path, shared_ptd: Path | None = None, lora: bool = True,
+                 positions: int | None = None):
         import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels: int8 embeddings)
         import torch  # noqa: F401  (registers tensor types the runtime returns)
         from executorch.runtime import Runtime
@@ -96,7 +99,7 @@ class LoadedAdapter:
         record = _record(self.pte)
         # The cache first: a program of an earlier contract is refused for its inputs, with the fix.
         self.cache = _runtime_cache(meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.ring,
-                                    self.pte)
+                                    self.pte, positions)
         if record is not None and not lora:
             record = dataclasses.replace(record, lora=[])
         self.lora = lora_inputs(self.pte, record, shared, meta) if record else []
@@ -165,10 +168,10 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
     return out
 
 
-def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path):
+def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path, positions: int | None = None):
     """The KV cache forward reads in place (model.py): one slab per input between the tokens and
     the LoRA inputs; with a sliding window ``ring`` (W), the slab inputs of W + 1 rows are rings."""
-    from .model import KVCache
+    from .model import KVCache, capped_rows
 
     slabs = meta.num_inputs() - 1 - n_lora
     first = meta.input_tensor_meta(1) if slabs > 0 else None
@@ -177,7 +180,7 @@ def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path):
                         "runtime's KV cache): rebuild it with this version")
     rows = [ring + 1 if ring and meta.input_tensor_meta(1 + j).sizes()[0] == ring + 1 else max_seq_len + 1
             for j in range(slabs)]
-    return KVCache(rows, first.sizes()[1], ring)
+    return KVCache(capped_rows(rows, ring, positions), first.sizes()[1], ring)
 
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
