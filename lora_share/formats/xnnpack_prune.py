@@ -39,18 +39,17 @@ from pathlib import Path
 
 from .errors import BadFlatbuffer
 from .flatbuf import FlatBuffer
-from .pte import read_header
+from .pte import _segments as program_segments, read_header
 from .xnnpack import HEADER_MAGIC
 
 XNNPACK_ID = "XnnpackBackend"
 # Slots in ExecuTorch's program.fbs and the XNNPACK payload's schema.fbs.
-_P_PLANS, _P_SEGMENTS = 1, 4
+_P_PLANS = 1
 _PLAN_NAME, _PLAN_INPUTS, _PLAN_CHAINS, _PLAN_DELEGATES = 0, 3, 5, 7
 _CHAIN_INSTRUCTIONS = 2
 _INSTR_TYPE, _INSTR_ARGS, _DELEGATE_CALL = 0, 1, 2
 _DC_INDEX, _DC_ARGS = 0, 1
 _DEL_ID, _DEL_PROCESSED, _REF_LOCATION, _REF_INDEX, _SEGMENT = 0, 1, 0, 1, 1
-_SEG_OFFSET, _SEG_SIZE = 0, 1
 _G_NODES, _G_VALUES, _G_INPUTS, _G_OUTPUTS = 1, 2, 4, 5
 _NODE_TYPE, _NODE_UNION = 0, 1
 _VALUE_TYPE, _VALUE_UNION, _QUANTIZED_VALUE = 0, 1, 2
@@ -188,15 +187,9 @@ class _Payload:
 
 
 def _segments(pte: bytes, what: str) -> list[tuple[int, int]]:
-    """(absolute start, size) of each of the program's segments."""
-    header = read_header(pte, what)
-    out = []
-    for t in FlatBuffer(pte, what).root("Program").tables(_P_SEGMENTS, "DataSegment"):
-        start, size = header.segment_base_offset + t.u64(_SEG_OFFSET), t.u64(_SEG_SIZE)
-        if start + size > len(pte):
-            raise BadFlatbuffer(what, f"a segment ends at byte {start + size}, past the file's end: it may be truncated")
-        out.append((start, size))
-    return out
+    """(absolute start, size) of each of the program's segments (pte.py's reader and its checks)."""
+    root = FlatBuffer(pte, what).root("Program")
+    return [(s.start, s.size) for s in program_segments(root, read_header(pte, what), what)]
 
 
 def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[Patch]:
