@@ -64,11 +64,21 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
     if (fd >= 0) ::close(fd);
     return Status::failure(pte + ": cannot read the file");
   }
-  // The whole file, read-only: only the pages of the tensors read below ever
-  // become resident; the program's own pages stay on disk.
-  data->map_size_ = static_cast<uint64_t>(st.st_size);
-  void* p = data->map_size_ ? mmap(nullptr, data->map_size_, PROT_READ, MAP_PRIVATE, fd, 0)
-                            : MAP_FAILED;
+  // Only the file's own entries (its tensors, then its record: the end of the
+  // file) are mapped, read-only, from the page the first one starts on, so no
+  // fault can bring in the program's pages. A file its writer has just written
+  // sits in the page cache in large folios, and a whole-file mapping took the
+  // program along (2.41 MiB per served 8da4w adapter at SmolLM-135M's shape:
+  // the whole file, against 1.79 MiB, its tensors).
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t first = file_size;
+  for (const auto& entry : info.own_ranges) first = std::min(first, entry.second.first);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  data->map_offset_ = first / page * page;
+  data->map_size_ = file_size - data->map_offset_;
+  void* p = data->map_size_ ? mmap(nullptr, data->map_size_, PROT_READ, MAP_PRIVATE, fd,
+                                   static_cast<off_t>(data->map_offset_))
+                            : nullptr;
   ::close(fd);
   if (p == MAP_FAILED) return Status::failure(pte + ": could not map the file");
   data->map_ = static_cast<const uint8_t*>(p);
@@ -80,14 +90,14 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
     auto own = info.own_ranges.find(key);
     if (own != info.own_ranges.end()) {
       auto [start, size] = own->second;
-      if (size < bytes || start + size > data->map_size_)
+      if (size < bytes || start < data->map_offset_ || start + size > data->map_offset_ + data->map_size_)
         return Status::failure(pte + " holds " + std::to_string(size) + " bytes for its " +
                                what + ", which needs " + std::to_string(bytes) +
                                ": the file is corrupt");
       // The writer aligns every tensor to 64 bytes.
       if (start % alignof(float) != 0)
         return Status::failure(pte + ": its " + what + " is not aligned: the file is corrupt");
-      *out = reinterpret_cast<const float*>(data->map_ + start);
+      *out = reinterpret_cast<const float*>(data->map_ + (start - data->map_offset_));
       data->own_bytes_ += bytes;
       return Status();
     }

@@ -67,6 +67,7 @@ class LoraData {
   LoraData() = default;
   const uint8_t* map_ = nullptr;
   uint64_t map_size_ = 0;
+  uint64_t map_offset_ = 0;  // the file offset map_ starts at (a page boundary)
   std::vector<executorch::runtime::FreeableBuffer> shared_;
   std::vector<Slot> slots_;
   uint64_t own_bytes_ = 0;
