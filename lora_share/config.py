@@ -99,6 +99,9 @@ class FoundationConfig:
                             "planned activation memory scales with chunk x context, not context squared "
                             "(capped at max_seq_len)", 128, minimum=2)
     quantize: Optional[QuantizeConfig] = _f("quantize the foundation (default: float32)", None)
+    kv_cache: str = _f("the KV cache's element type: float16 halves its bytes (llama.cpp's default) and runs "
+                       "attention in float16 (XNNPACK's float16 products accumulate in float32); float32 keeps "
+                       "attention exactly as the eager model computes it", "float32", choices=["float32", "float16"])
     tokenizer: Optional[Path] = _f(
         "folder with the model's tokenizer.json (+ tokenizer_config.json, generation_config.json, ...), copied "
         "beside foundation.ptd so `run --prompt` can encode text (default: the checkpoint folder's, if it has "

@@ -24,6 +24,7 @@ from .export_memory import compact_dependencies, sharing_weights
 from .export_speed import OneDecomposition, lean_lowering
 from .model import KVCache, LlamaLoRA, ModelArgs, forward_inputs, ring_window, slab_rows
 from .quantize import is_quantized
+from .xnnpack_ops import inferred_views, partitioner_configs, xnnpack_visitors
 
 FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # The revision of the exported graph. Part of every program's signature and of the check that
@@ -33,7 +34,8 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 3: the KV cache belongs to the runtime and is handed to forward in place, one slab per layer, K/V
 #    and key/value head; past keys and LoRA weights are the delegate's inputs (model.py, _partitioner).
 # 4: LoRA weights are forward's inputs, one program per envelope (envelope.py); adapters are data.
-EXPORTER_REVISION = 4
+# 5: views, static slices and float32 <-> float16 casts run inside XNNPACK (xnnpack_ops.py).
+EXPORTER_REVISION = 5
 
 
 def example_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
@@ -126,7 +128,7 @@ def _partitioner(lean: bool):
                 return True, []
             return super()._get_weight_deps(node, ep, precision)
 
-    configs = [InputWeightLinearConfig if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS]
+    configs = partitioner_configs([InputWeightLinearConfig if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS])
     class LeanXnnpackPartitioner(OneDecomposition, XnnpackPartitioner):
         pass
 
@@ -158,7 +160,7 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     # own, up to the whole context; so is each LoRA slot's rank.
     # A sliding layer's ring (model.ring_window) is its window's size whatever the position.
     past = Dim("past", min=1, max=args.max_seq_len)
-    full = args.max_seq_len + 1
+    full = args.max_seq_len
     dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, *({0: past} if rows == full else {} for rows in slab_rows(args)),
                *envelope.dynamic_shapes())
     example = example_inputs(args, envelope)
@@ -169,13 +171,13 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], dynamic[1:]), strict=False)
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
-        with sharing_weights(weights), contextlib.ExitStack() as lowering:
+        with sharing_weights(weights), xnnpack_visitors(), contextlib.ExitStack() as lowering:
             if lean:
                 lowering.enter_context(lean_lowering())
                 lowering.enter_context(compact_dependencies())
             edge = to_edge_transform_and_lower(
                 ep,
-                transform_passes=[_embedding_output_float32,
+                transform_passes=[_embedding_output_float32, inferred_views,
                                   *([_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else [])],
                 partitioner=[_partitioner(lean)],
                 # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.

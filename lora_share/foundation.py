@@ -52,7 +52,7 @@ def load_foundation(cfg: FoundationConfig, where: str = "foundation") -> Foundat
         foundation = Foundation(args, decoder_tensors(raw, args, cfg.checkpoint, "its metadata"), source)
     else:
         foundation = load_hf_checkpoint(cfg.checkpoint, cfg.max_seq_len)
-    foundation.args = replace(foundation.args, prefill_chunk=cfg.prefill_chunk)
+    foundation.args = replace(foundation.args, prefill_chunk=cfg.prefill_chunk, kv_dtype=cfg.kv_cache)
     foundation.quantize = cfg.quantize
     return foundation
 

@@ -10,10 +10,12 @@ LoRA weights are not parameters: they are forward's inputs (below). Only standar
 ATen ops are used, so the exported program runs on the stand-alone ExecuTorch runtime.
 
 The KV cache belongs to the caller (the runner, ``lora-share run``, ``KVCache`` here), not to
-the program: one float buffer of ``n_slabs`` slabs, one per (layer, key or value, key/value head)
+the program: one buffer of ``n_slabs`` slabs of ``kv_dtype`` (float32, or float16: half the bytes,
+attention then runs in float16; ``ModelArgs.kv_dtype``), one per (layer, key or value, key/value head)
 in that order (layer 0's keys of heads 0, 1, .., then its values, then layer 1's ...), each
-``[max_seq_len + 1, head_dim]``. Row 0 of a slab is a sink that stays zero and is masked (it
-keeps an input from being empty at position 0); position p lives at row p + 1. A sliding layer
+``[max_seq_len, head_dim]``. Row 0 of a slab is a sink that stays zero and is masked (it
+keeps an input from being empty at position 0); position p lives at row p + 1, except the last
+position's (no later call reads it, so it is not kept). A sliding layer
 (Gemma 3) whose window W is shorter than the context keeps a ring instead (``ring_window``):
 ``[W + 1, head_dim]``, position p at row 1 + p % W, passed whole on every call; the program
 masks each slot by the position it holds, which it computes from the past length P.
@@ -55,6 +57,9 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(_GELU_BETA * (x + 0.044715 * (x * x * x))))
 
 
+# The KV cache's element type by its config name (``ModelArgs.kv_dtype``).
+KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
 # The MLP's activation by Hugging Face's name for it (``hidden_act``).
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
 
@@ -92,6 +97,12 @@ class ModelArgs:
     sliding_window: int | None = None  # the sliding layers' window: a query sees its own and the window - 1 before
     sliding_layers: tuple[int, ...] = ()  # which layers attend over the window only (Gemma 3)
     local_rope_theta: float | None = None  # the sliding layers' RoPE base (Gemma 3's rope_local_base_freq)
+    kv_dtype: str = "float32"  # the KV cache's element type, a key of KV_DTYPES: float16 runs attention in float16
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The KV cache's element type, and attention's."""
+        return KV_DTYPES[self.kv_dtype]
 
     @property
     def chunk(self) -> int:
@@ -240,9 +251,15 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
             self.k_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
         self.register_buffer("rotate_half", rotate_half_matrix(self.hd), persistent=False)
+        self.kv_dtype = args.kv_torch_dtype
 
     def rope(self, x, cos, sin):
         return x * cos + F.linear(x, self.rotate_half) * sin
+
+    def _to_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` in the KV cache's element type: attention's products and softmax run in it (XNNPACK's
+        float16 kernels accumulate in float32); the casts are of this call's rows only, never the cache."""
+        return x if self.kv_dtype == torch.float32 else x.to(self.kv_dtype)
 
     def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
         """``rope_q``, ``rope_k``: (cos, sin) ``[T, 1, head_dim]`` for queries (already scaled by
@@ -259,10 +276,11 @@ class Attention(nn.Module):
         q = self.rope(self.q_norm(q) if self.qk_norm else q, *rope_q)
         k = self.k_proj(x, lora.get("k_proj")).view(1, t, n_kv, hd)
         k = permute(self.rope(self.k_norm(k) if self.qk_norm else k, *rope_k).view(t, n_kv, hd), [1, 0, 2])
-        v = permute(self.v_proj(x, lora.get("v_proj")).view(t, n_kv, hd), [1, 0, 2])
+        k = self._to_kv(k)
+        v = self._to_kv(permute(self.v_proj(x, lora.get("v_proj")).view(t, n_kv, hd), [1, 0, 2]))
         # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
         # rows of ``bias``.
-        q_rows = permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd)
+        q_rows = self._to_kv(permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd))
         past_s = torch.cat([F.linear(q_rows[h:h + 1], keys[h]) for h in range(n_kv)], dim=0)
         new_s = torch.bmm(q_rows, permute(k, [0, 2, 1]))  # [n_kv, rows, T]
         probs = torch.softmax(torch.cat([past_s, new_s], dim=2) + bias, dim=-1)
@@ -270,6 +288,7 @@ class Attention(nn.Module):
         out = torch.bmm(p_new, v) + torch.cat(
             [torch.bmm(p_past[h:h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0)
         out = permute(out.view(n_kv, rep, t, hd), [2, 0, 1, 3]).view(1, t, self.n_heads * hd)
+        out = out if self.kv_dtype == torch.float32 else out.to(torch.float32)
         return self.o_proj(out, lora.get("o_proj")), k, v
 
 
@@ -337,7 +356,7 @@ def ring_window(args: ModelArgs) -> int:
 
     A sliding layer never reads a position W or more before the one it computes, so its slabs are a
     ring of W slots after the sink (``[W + 1, head_dim]``), position p at row 1 + p % W, instead of
-    ``[max_seq_len + 1, head_dim]``. Only when W + 1 is shorter than the context (so a ring's W + 1 rows
+    ``[max_seq_len, head_dim]``. Only when W + 1 is shorter than the context (so a ring's W + 1 rows
     tell it from the other slabs, whose inputs have at most max_seq_len rows), and when some layer
     attends over the whole context: the program reads the past length from that layer's slabs."""
     w = args.sliding_window
@@ -347,9 +366,10 @@ def ring_window(args: ModelArgs) -> int:
 
 
 def slab_rows(args: ModelArgs) -> list[int]:
-    """Rows of each KV slab, in slab order: ``max_seq_len + 1``, or ``W + 1`` for a sliding layer's ring."""
+    """Rows of each KV slab, in slab order: ``max_seq_len`` (the sink, then every position but the
+    last, which no call reads), or ``W + 1`` for a sliding layer's ring."""
     ring, per_layer = ring_window(args), 2 * args.n_kv_heads
-    return [ring + 1 if ring and j // per_layer in args.sliding_layers else args.max_seq_len + 1
+    return [ring + 1 if ring and j // per_layer in args.sliding_layers else args.max_seq_len
             for j in range(n_slabs(args))]
 
 
@@ -365,10 +385,10 @@ def capped_rows(rows: list[int], ring: int, positions: int | None) -> list[int]:
 
 class KVCache:
     """The caller's KV cache (module docstring): one slab per (layer, key or value, key/value head),
-    ``[max_seq_len + 1, head_dim]``, or a ring of ``[W + 1, head_dim]`` for a sliding layer (``ring_window``)."""
+    ``[max_seq_len, head_dim]``, or a ring of ``[W + 1, head_dim]`` for a sliding layer (``ring_window``)."""
 
-    def __init__(self, rows: list[int], head_dim: int, ring: int = 0):
-        self.slabs = [torch.zeros(n, head_dim) for n in rows]
+    def __init__(self, rows: list[int], head_dim: int, ring: int = 0, dtype: torch.dtype = torch.float32):
+        self.slabs = [torch.zeros(n, head_dim, dtype=dtype) for n in rows]
         self.ring = ring
 
     @classmethod
@@ -376,7 +396,7 @@ class KVCache:
         """The cache ``args``' program reads; with ``positions``, only big enough for that many
         (``capped_rows``)."""
         ring = ring_window(args)
-        return cls(capped_rows(slab_rows(args), ring, positions), args.hd, ring)
+        return cls(capped_rows(slab_rows(args), ring, positions), args.hd, ring, args.kv_torch_dtype)
 
     def prefixes(self, pos: int) -> list[torch.Tensor]:
         """forward's slab inputs for a call at position ``pos``: each slab's first ``pos + 1`` rows; a
@@ -397,8 +417,9 @@ class KVCache:
                 if self._is_ring(slab):
                     for i in range(rows.shape[1]):  # in order: a later position overwrites an earlier one
                         slab[1 + (pos + i) % self.ring] = rows[h, i]
-                else:
-                    slab[pos + 1:pos + 1 + rows.shape[1]] = rows[h]
+                else:  # the context's last position has no row: no later call reads it
+                    kept = min(rows.shape[1], slab.shape[0] - pos - 1)
+                    slab[pos + 1:pos + 1 + kept] = rows[h, :kept]
 
     def clear(self) -> None:
         for slab in self.slabs:
@@ -447,7 +468,8 @@ class LlamaLoRA(nn.Module):
         repeated for the query heads that share a key/value head, so each layer adds it with a
         broadcast over its leading dimension only."""
         rep = self.args.n_heads // self.args.n_kv_heads
-        return torch.zeros(hidden.shape).masked_fill(hidden, float("-inf")).repeat(rep, 1).unsqueeze(0)
+        bias = torch.zeros(hidden.shape, dtype=self.args.kv_torch_dtype)
+        return bias.masked_fill(hidden, float("-inf")).repeat(rep, 1).unsqueeze(0)
 
     def forward(self, tokens: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = self.args

@@ -113,7 +113,9 @@ class LoadedAdapter:
         return out[0].reshape(-1).numpy().astype(np.float32)
 
 
-_ET_FLOAT = 6  # ExecuTorch's ScalarType::Float, as a method's tensor metadata reports dtypes
+# A KV cache's element types by ExecuTorch's ScalarType (Half 5, Float 6), as a method's tensor
+# metadata reports them.
+_ET_KV_DTYPES = {6: "float32", 5: "float16"}
 
 
 def _record(pte: Path):
@@ -171,16 +173,17 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
 def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path, positions: int | None = None):
     """The KV cache forward reads in place (model.py): one slab per input between the tokens and
     the LoRA inputs; with a sliding window ``ring`` (W), the slab inputs of W + 1 rows are rings."""
-    from .model import KVCache, capped_rows
+    from .model import KV_DTYPES, KVCache, capped_rows
 
     slabs = meta.num_inputs() - 1 - n_lora
     first = meta.input_tensor_meta(1) if slabs > 0 else None
-    if first is None or first.dtype() != _ET_FLOAT or len(first.sizes()) != 2:
+    if first is None or first.dtype() not in _ET_KV_DTYPES or len(first.sizes()) != 2:
         raise UserError(f"{pte}: built by an older lora-share (its forward takes cache positions, not the "
                         "runtime's KV cache): rebuild it with this version")
-    rows = [ring + 1 if ring and meta.input_tensor_meta(1 + j).sizes()[0] == ring + 1 else max_seq_len + 1
+    rows = [ring + 1 if ring and meta.input_tensor_meta(1 + j).sizes()[0] == ring + 1 else max_seq_len
             for j in range(slabs)]
-    return KVCache(capped_rows(rows, ring, positions), first.sizes()[1], ring)
+    return KVCache(capped_rows(rows, ring, positions), first.sizes()[1], ring,
+                   KV_DTYPES[_ET_KV_DTYPES[first.dtype()]])
 
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,

@@ -52,7 +52,7 @@ def ours(tiny_build, runner_bin):
 
 def test_lora_share_side_is_measured(ours):
     f = TINY_FOUNDATION
-    assert ours["kv_bytes"] == 2 * f["n_layers"] * f["n_kv_heads"] * (f["dim"] // f["n_heads"]) * (32 + 1) * 4
+    assert ours["kv_bytes"] == 2 * f["n_layers"] * f["n_kv_heads"] * (f["dim"] // f["n_heads"]) * 32 * 4
     for key in ("decode_10_tokens_per_s", "decode_1000_tokens_per_s", "prefill_tokens_per_s", "first_token_ms"):
         assert ours[key] > 0, key
     assert ours["pss_per_extra_adapter_kb"] > 0  # tiny_b and tiny_c cost pages of their own

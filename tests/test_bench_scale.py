@@ -50,8 +50,8 @@ def test_results_are_written_and_printed(scale_run):
             [("r4_qko", "reused", "written"), ("r16_all", "reused", "written")] if wide else [])
         assert all(0 < a["add_s"] < a["wall_s"] for a in v["adds"])
         args = result["shape"]
-        # K and V, layers, kv heads, head dim, and every position plus each slab's sink row
-        assert v["kv_cache_bytes"] == 2 * 2 * 2 * 16 * (args["context"] + 1) * 4
+        # K and V, layers, kv heads, head dim, and each slab's sink row plus every position but the last
+        assert v["kv_cache_bytes"] == 2 * 2 * 2 * 16 * args["context"] * 4
     # The large shape is built only; its fp32 foundation.ptd holds at least every fp32 weight once.
     big = {b["name"]: b for b in result["big"]["builds"]}
     assert set(big) == {"fp32", "8da4w"} and all(b["build_peak_rss"] > 0 for b in big.values())

@@ -2,6 +2,7 @@
 // inputs over it, and the program's outputs read back.
 #include "forward_io.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace lora_share {
@@ -24,13 +25,13 @@ Status cache_positions_program(const std::string& pte) {
 
 Status not_a_slab(const std::string& pte, size_t input) {
   return Status::failure(pte + ": forward's input " + std::to_string(input) +
-                         " is not a KV slab like input 1 (float32 [rows, head_dim]), "
+                         " is not a KV slab like input 1 (float32 or float16 [rows, head_dim]), "
                          "as the export contract requires");
 }
 
 bool is_slab(const TensorInfo& info) {
-  return info.scalar_type() == ScalarType::Float && info.sizes().size() == 2 &&
-         info.sizes()[1] > 0;
+  return (info.scalar_type() == ScalarType::Float || info.scalar_type() == ScalarType::Half) &&
+         info.sizes().size() == 2 && info.sizes()[1] > 0;
 }
 
 // forward's inputs for `tokens` at positions pos..: the ids, rows 0..pos of
@@ -65,7 +66,7 @@ ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
     tensors_.push_back(make_tensor_ptr(
         {static_cast<SizesType>(kv.is_ring[j] ? kv.ring + 1 : pos + 1),
          static_cast<SizesType>(kv.head_dim)},
-        cache.data + kv.offsets[j], ScalarType::Float));
+        cache.data + kv.offsets[j] * kv.value_bytes(), kv.dtype));
   for (const TensorPtr& t : tensors_) values_.emplace_back(*t);
   for (const TensorPtr& t : lora) values_.emplace_back(*t);
 }
@@ -109,30 +110,34 @@ Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
                       int64_t pos, size_t count, const std::string& what) {
   const KvLayout& kv = cache.layout;
   int64_t heads = kv.slabs_per_group();
-  size_t floats = count * static_cast<size_t>(kv.head_dim);
+  size_t row = static_cast<size_t>(kv.head_dim) * kv.value_bytes();  // bytes
+  size_t block_bytes = count * row;  // one slab's new rows
   for (int64_t g = 0; g < kv.groups; ++g) {
     const EValue& value = outputs[static_cast<size_t>(g) + 1];
-    if (!value.isTensor() || value.toTensor().scalar_type() != ScalarType::Float ||
-        static_cast<size_t>(value.toTensor().numel()) != floats * heads)
+    if (!value.isTensor() || value.toTensor().scalar_type() != kv.dtype ||
+        static_cast<size_t>(value.toTensor().numel()) != count * kv.head_dim * heads)
       return Status::failure(what + ": output " + std::to_string(g + 1) + " is not " +
                              std::to_string(heads) + " x " + std::to_string(count) +
-                             " x " + std::to_string(kv.head_dim) +
-                             " float32 values (the new rows of KV slabs " +
+                             " x " + std::to_string(kv.head_dim) + " " +
+                             (kv.dtype == ScalarType::Half ? "float16" : "float32") +
+                             " values (the new rows of KV slabs " +
                              std::to_string(g * heads) + ".." +
                              std::to_string(g * heads + heads - 1) + ")");
-    const float* block = value.toTensor().const_data_ptr<float>();
-    size_t row = static_cast<size_t>(kv.head_dim);
+    const uint8_t* block =
+        static_cast<const uint8_t*>(value.toTensor().const_data_ptr());
     for (int64_t h = 0; h < heads; ++h) {
       int64_t slab = g * heads + h;
-      float* base = cache.data + kv.offsets[slab];
+      uint8_t* base = cache.data + kv.offsets[slab] * kv.value_bytes();
       if (!kv.is_ring[slab]) {
-        std::memcpy(base + (pos + 1) * row, block + h * floats, floats * sizeof(float));
+        // The context's last position has no row: no later call reads it.
+        size_t kept = std::min<size_t>(count, static_cast<size_t>(kv.max_seq_len - pos - 1));
+        std::memcpy(base + (pos + 1) * row, block + h * block_bytes, kept * row);
         continue;
       }
       int64_t n = static_cast<int64_t>(count);
       for (int64_t i = n > kv.ring ? n - kv.ring : 0; i < n; ++i)
-        std::memcpy(base + (1 + (pos + i) % kv.ring) * row, block + h * floats + i * row,
-                    row * sizeof(float));
+        std::memcpy(base + (1 + (pos + i) % kv.ring) * row, block + h * block_bytes + i * row,
+                    row);
     }
   }
   return Status();
@@ -141,14 +146,16 @@ Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
 }  // namespace
 
 int64_t KvLayout::rows(int64_t slab) const {
-  return is_ring[slab] ? ring + 1 : max_seq_len + 1;
+  return is_ring[slab] ? ring + 1 : max_seq_len;
 }
 
 int64_t KvLayout::slabs_per_group() const { return groups > 0 ? slabs / groups : 0; }
 
-size_t KvLayout::floats() const { return offsets.empty() ? 0 : offsets.back(); }
+size_t KvLayout::values() const { return offsets.empty() ? 0 : offsets.back(); }
 
-size_t KvLayout::bytes() const { return floats() * sizeof(float); }
+size_t KvLayout::value_bytes() const { return dtype == ScalarType::Half ? 2 : 4; }
+
+size_t KvLayout::bytes() const { return values() * value_bytes(); }
 
 StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len,
                                   int64_t ring, size_t lora_inputs, const std::string& pte) {
@@ -168,12 +175,17 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
     return Status::failure(pte + ": get_sliding_window() returned " + std::to_string(ring) +
                            "; a ring is shorter than max_seq_len - 1 (" +
                            std::to_string(max_seq_len - 1) + ")");
-  KvLayout layout{static_cast<int64_t>(inputs - 1), first->sizes()[1], max_seq_len};
+  KvLayout layout;
+  layout.slabs = static_cast<int64_t>(inputs - 1);
+  layout.head_dim = first->sizes()[1];
+  layout.max_seq_len = max_seq_len;
+  layout.dtype = first->scalar_type();
   layout.ring = ring;
   layout.offsets.push_back(0);
   for (size_t i = 1; i < inputs; ++i) {
     auto info = forward.input_tensor_meta(i);
-    if (!info.ok() || !is_slab(info.get()) || info->sizes()[1] != layout.head_dim)
+    if (!info.ok() || !is_slab(info.get()) || info->sizes()[1] != layout.head_dim ||
+        info->scalar_type() != layout.dtype)
       return not_a_slab(pte, i);
     // A ring's input is W + 1 rows; every other slab's at most max_seq_len.
     layout.is_ring.push_back(ring > 0 && info->sizes()[0] == ring + 1);

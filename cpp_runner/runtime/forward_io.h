@@ -2,9 +2,11 @@
 // runtime owns, with a clear error when the program does not follow the
 // export contract (lora_share/model.py):
 //
-//   forward(tokens [1, T] int64, slab_0 [P + 1, hd] f32, ..., slab_{N-1},
+//   forward(tokens [1, T] int64, slab_0 [P + 1, hd] kv, ..., slab_{N-1},
 //           A_0 [r_0, in_0] f32, B_0 [out_0, r_0] f32, ...)
-//     -> (logits [1, vocab] f32, new_0 [H, T, hd] f32, ..., new_{G-1})
+//     -> (logits [1, vocab] f32, new_0 [H, T, hd] kv, ..., new_{G-1})
+//
+// where kv, the cache's element type, is f32 or f16 (foundation.kv_cache),
 //
 // feeds T tokens at positions P.. . There is one slab per layer, K or V, and
 // KV head, in that order (N = 2 * n_layers * n_kv_heads); slab j's input is
@@ -29,8 +31,10 @@
 
 namespace lora_share {
 
-// The runtime's KV cache: one buffer of `slabs` slabs, each max_seq_len + 1
-// rows of head_dim floats. Position p lives at row p + 1. Row 0 of every slab
+// The runtime's KV cache: one buffer of `slabs` slabs, each max_seq_len
+// rows of head_dim values of `dtype` (float32, or float16 when the program
+// runs attention in float16). Position p lives at row p + 1, but for the
+// context's last position, which no later call reads. Row 0 of every slab
 // is a sink row that stays zero: the program masks it, and it exists only so
 // that a slab input is never empty (it is all there is at position 0).
 // A program with get_sliding_window (W, `ring`; Gemma 3's sliding layers)
@@ -39,18 +43,20 @@ namespace lora_share {
 // outside each query's window from the past length it reads off the others.
 struct KvLayout {
   int64_t slabs = 0, head_dim = 0, max_seq_len = 0;
+  executorch::aten::ScalarType dtype = executorch::aten::ScalarType::Float;
   int64_t groups = 0;  // new-rows outputs: one per layer and K or V
   int64_t ring = 0;    // W, or 0: no ring slabs
   std::vector<bool> is_ring;    // per slab
-  std::vector<size_t> offsets;  // per slab, its first float; then the end
+  std::vector<size_t> offsets;  // per slab, its first value; then the end
   int64_t slabs_per_group() const;  // the KV heads
-  int64_t rows(int64_t slab) const;  // ring + 1 or max_seq_len + 1
-  size_t floats() const;       // the whole cache
+  int64_t rows(int64_t slab) const;  // ring + 1 or max_seq_len
+  size_t values() const;       // the whole cache
+  size_t value_bytes() const;  // 4 (float32) or 2 (float16)
   size_t bytes() const;
 };
 
 // forward's KV layout, read from its method meta (N = inputs - 1 -
-// `lora_inputs`, hd = input 1's second dimension; with `ring` W > 0, the
+// `lora_inputs`, hd = input 1's second dimension, the element type input 1's; with `ring` W > 0, the
 // slab inputs of W + 1 rows are rings); refuses a program whose inputs and
 // outputs do not follow the contract above, and names the fix for one built
 // before it.
@@ -58,11 +64,11 @@ StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward
                                   int64_t max_seq_len, int64_t ring, size_t lora_inputs,
                                   const std::string& pte);
 
-// A KV cache: layout.floats() floats at `data`, zeroed when allocated and
+// A KV cache: layout.bytes() bytes at `data`, zeroed when allocated and
 // owned by the caller.
 struct KvCache {
   KvLayout layout;
-  float* data = nullptr;
+  uint8_t* data = nullptr;
 };
 
 // Sets forward's inputs, runs it and returns its outputs, however the

@@ -113,7 +113,7 @@ Status SharedProgram::load_forward(PlannedArena& arena, const Foundation& founda
     return Status::failure(pte_path_ + ": its planned memory does not fit the arena");
   memory_ = std::make_unique<MethodMemory>(
       arena.spans(planned_sizes_.size() - 1, /*first=*/1));
-  kv_.data = reinterpret_cast<float*>(arena.buffer(0).data());
+  kv_.data = reinterpret_cast<uint8_t*>(arena.buffer(0).data());
   // No foundation (no --ptd): the program's own named data is all there is.
   if (foundation.data_map() != nullptr)
     data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());

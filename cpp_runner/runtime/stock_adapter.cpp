@@ -36,7 +36,7 @@ class StockAdapter final : public Adapter {
   StatusOr<std::vector<EValue>> execute_forward(const std::vector<EValue>& inputs);
 
   std::unique_ptr<Module> module_;
-  std::vector<float> kv_storage_;
+  std::vector<uint8_t> kv_storage_;
   KvCache kv_;  // over kv_storage_
   std::unique_ptr<LoraData> lora_data_;
   std::vector<float> zeros_;
@@ -128,7 +128,7 @@ Status StockAdapter::allocate_kv_cache() {
   auto layout = read_kv_layout(meta.get(), max_seq_len_, ring, lora_.size(), pte_path_);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
-  kv_storage_.assign(kv_.layout.floats(), 0.0f);
+  kv_storage_.assign(kv_.layout.bytes(), 0);
   kv_.data = kv_storage_.data();
   return Status();
 }

@@ -256,17 +256,21 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
 
 
 def kv_cache_bytes(args: dict) -> int:
-    """Bytes of the runtime's fp32 KV cache for one program (model.py): keys and values of every layer
+    """Bytes of the runtime's KV cache for one program (model.py): keys and values of every layer
     and key/value head for every context position, plus each slab's sink row; a sliding layer's slabs
-    are rings of its window (model.slab_rows)."""
+    are rings of its window (model.slab_rows); 4 bytes a value, 2 in a float16 cache."""
     from ..model import ModelArgs, slab_rows
 
-    return sum(slab_rows(ModelArgs(**args))) * args["head_dim"] * 4
+    model_args = ModelArgs(**args)
+    return sum(slab_rows(model_args)) * args["head_dim"] * model_args.kv_torch_dtype.itemsize
 
 
 def full_kv_cache_bytes(args: dict) -> int:
     """The same cache with every layer over the whole context (no rings): the yardstick for the rings."""
-    return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * (args["max_seq_len"] + 1) * 4
+    from ..model import ModelArgs
+
+    value_bytes = ModelArgs(**args).kv_torch_dtype.itemsize
+    return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * value_bytes
 
 
 def memory_rows(runner: Path, d: Deployment, counts: list[int], prompt: list[int], new_tokens: int,
