@@ -54,6 +54,8 @@ TARGET_SPEED = 1.1
 # (asymmetric), the Q8_0 output projection and embedding at 8 bits, as llama.cpp runs the Q4_1 original.
 QUANTIZE = {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8", "embedding": "int8"}
 MAX_PPL_RATIO = 1.03
+# lora-share's KV cache in float16, as llama.cpp keeps its own by default (its f16 K and V).
+KV_CACHE = "float16"
 
 
 def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
@@ -70,8 +72,9 @@ def llama_cpp(work: Path) -> dict[str, Path]:
     src, build = work / "src", work / "build"
     tools = {t: build / "bin" / t for t in LLAMA_TOOLS}
     # Built for this CPU (GGML_NATIVE): a build made on another machine can stop on an illegal
-    # instruction, so the CPU it was built for is stamped beside it and checked.
-    stamp, cpu = build / "cpu-flags.txt", cpu_flags()
+    # instruction, so the CPU it was built for (and the flags) is stamped beside it and checked.
+    flags = compiler_flags(cpu_flags())
+    stamp, cpu = build / "cpu-flags.txt", cpu_flags() + " ".join(flags) + "\n"
     if all(p.is_file() for p in tools.values()) and stamp.is_file() and stamp.read_text() == cpu:
         return {**tools, "src": src}
     if not (src / "convert_hf_to_gguf.py").is_file():
@@ -85,10 +88,19 @@ def llama_cpp(work: Path) -> dict[str, Path]:
         (next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp").rename(src)
         shutil.rmtree(tmp)
     sh(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-        "-DGGML_CUDA=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], work / "cmake.log")
+        "-DGGML_CUDA=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+        f"-DCMAKE_C_FLAGS={' '.join(flags)}", f"-DCMAKE_CXX_FLAGS={' '.join(flags)}"], work / "cmake.log")
     sh(["cmake", "--build", build, "-j2", "--target", *LLAMA_TOOLS], work / "build.log")
     stamp.write_text(cpu)
     return {**tools, "src": src}
+
+
+def compiler_flags(cpu: str) -> list[str]:
+    """Extra compiler flags for llama.cpp's native build: without AMX where the CPU lists it. A virtual
+    machine can list AMX (Sapphire Rapids) without enabling its tile state: llama.cpp's AMX kernels
+    (Q4_0, Q4_1, Q8_0) then stop llama-server on an illegal instruction (measured here: SIGILL at
+    warm-up with Q4_0), so the build keeps to AVX-512, what the F32 path and XNNPACK use too."""
+    return ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"] if " amx_tile" in cpu else []
 
 
 def cpu_flags() -> str:
@@ -146,7 +158,7 @@ def write_adapter(hf_dir: Path, dest: Path, seed: int) -> Path:
 def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: dict | None) -> dict:
     """``lora-share build`` of the HF folder with the adapters (reused when nothing changed)."""
     dest.mkdir(parents=True, exist_ok=True)
-    foundation = {"checkpoint": str(hf_dir), "max_seq_len": CONTEXT, "prefill_chunk": 128}
+    foundation = {"checkpoint": str(hf_dir), "max_seq_len": CONTEXT, "prefill_chunk": 128, "kv_cache": KV_CACHE}
     if quantize:
         foundation["quantize"] = quantize
     config = dest / "config.yaml"
@@ -287,7 +299,7 @@ def runner_answer(answer: dict) -> dict:
 
 
 def kv_bytes_lora_share(manifest: dict) -> int:
-    """lora-share's fp32 KV cache for one program, from the build's manifest."""
+    """lora-share's KV cache for one program, from the build's manifest."""
     from .scale import kv_cache_bytes
 
     return kv_cache_bytes(manifest["foundation"]["args"])
