@@ -131,3 +131,10 @@ def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
     text.write_text("another text")
     with pytest.raises(peers.BenchError, match="not the text"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)
+
+
+def test_llama_cpp_is_built_without_amx_where_the_cpu_lists_it():
+    """A VM can list AMX without enabling it: llama.cpp's AMX kernels then die on SIGILL (Q4_0 here)."""
+    amx = "flags\t\t: fpu avx2 avx512f amx_bf16 avx512_fp16 amx_tile amx_int8\n"
+    assert {"-mno-amx-tile", "-mno-amx-int8"} <= set(peers.compiler_flags(amx))
+    assert peers.compiler_flags("flags\t\t: fpu avx2 avx512f\n") == []
