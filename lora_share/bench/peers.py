@@ -398,7 +398,10 @@ def checks(rows: dict) -> list[dict]:
 def report(result: dict) -> str:
     """The markdown: one table per pair (lora-share, llama.cpp, ratio), then the checks."""
     lines = ["# bench-peers: lora-share vs llama.cpp, SmolLM2-135M-Instruct, one rank-8 q/v adapter applied",
-             "", f"Command: `{result['command']}`. llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
+             "", f"{result.get('created', '')}, commit {result.get('commit', 'unknown')}, "
+             f"{result.get('machine', {}).get('cpu', 'unknown CPU')}, {result.get('machine', {}).get('cpus', '?')} CPUs. "
+             f"Command: `{result['command']}`. lora-share's KV cache {result.get('kv_cache', 'float32')}. "
+             f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
              f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request."
              f"{'' if result.get('complete', True) else ' INCOMPLETE: perplexity still running.'}", ""]
     for pair, row in result["rows"].items():
@@ -478,8 +481,14 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
     rows = measure(runner, builds, tools, ggufs, work, repeats, log=lambda s: print(s, file=sys.stderr))
-    result = {"repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": None, "checks": checks(rows),
-              "complete": False}
+    from datetime import datetime, timezone
+
+    from .run import _git, _machine
+
+    result = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "commit": _git("rev-parse", "--short", "HEAD") or "unknown", "machine": _machine(),
+              "kv_cache": KV_CACHE, "repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": None,
+              "checks": checks(rows), "complete": False}
     save(result)
     print("perplexity ...", file=sys.stderr)
     result["perplexity"] = perplexity(tools, ggufs, quality, work / "gguf")
