@@ -22,7 +22,7 @@ from lora_share.eager import eager_model
 from lora_share.foundation import load_foundation
 from lora_share.generate import generate
 from lora_share.runtime import LoadedAdapter
-from test_cpp_runner import ids, run_runner
+from test_cpp_runner import all_ptes, ids, run_runner
 
 PROMPT = [(7 * i + 5) % 256 for i in range(2 * TINY_CHUNK + 3)]  # three prefill calls
 NEW = 8
@@ -81,8 +81,7 @@ def test_program_matches_eager(half_build, name):
 def test_cpp_runner_matches_python(runner_bin, half_build, tmp_path, mode):
     for name, pte in half_build.ptes.items():
         npy = tmp_path / f"{name}.npy"
-        proc = run_runner(runner_bin, *[a for p in half_build.ptes.values() for a in ("--pte", p)],
-                          "--ptd", half_build.ptd, "--tokens", ids(PROMPT), "--max-new-tokens", NEW,
+        proc = run_runner(runner_bin, *all_ptes(half_build), "--ptd", half_build.ptd, "--tokens", ids(PROMPT), "--max-new-tokens", NEW,
                           "--adapter", name, "--dump-logits", npy, *mode)
         assert proc.returncode == 0, proc.stderr
         ref = lora_share.run(pte, half_build.ptd, PROMPT, NEW)

@@ -73,8 +73,9 @@ def llama_cpp(work: Path) -> dict[str, Path]:
     tools = {t: build / "bin" / t for t in LLAMA_TOOLS}
     # Built for this CPU (GGML_NATIVE): a build made on another machine can stop on an illegal
     # instruction, so the CPU it was built for (and the flags) is stamped beside it and checked.
-    flags = compiler_flags(cpu_flags())
-    stamp, cpu = build / "cpu-flags.txt", cpu_flags() + " ".join(flags) + "\n"
+    cpu = cpu_flags()
+    flags = compiler_flags(cpu)
+    stamp, cpu = build / "cpu-flags.txt", cpu + " ".join(flags) + "\n"
     if all(p.is_file() for p in tools.values()) and stamp.is_file() and stamp.read_text() == cpu:
         return {**tools, "src": src}
     if not (src / "convert_hf_to_gguf.py").is_file():

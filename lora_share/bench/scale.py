@@ -257,7 +257,7 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
 
 def kv_cache_bytes(args: dict) -> int:
     """Bytes of the runtime's KV cache for one program (model.py): keys and values of every layer
-    and key/value head for every context position, plus each slab's sink row; a sliding layer's slabs
+    and key/value head, each slab's sink row and every context position but the last; a sliding layer's slabs
     are rings of its window (model.slab_rows); 4 bytes a value, 2 in a float16 cache."""
     from ..model import ModelArgs, slab_rows
 
