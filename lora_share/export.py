@@ -35,7 +35,8 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 #    and key/value head; past keys and LoRA weights are the delegate's inputs (model.py, _partitioner).
 # 4: LoRA weights are forward's inputs, one program per envelope (envelope.py); adapters are data.
 # 5: views, static slices and float32 <-> float16 casts run inside XNNPACK (xnnpack_ops.py).
-EXPORTER_REVISION = 5
+# 6: an asymmetric int4 grid's group sums by a row of ones, once per input (model.Linear.group_sums).
+EXPORTER_REVISION = 6
 
 
 def example_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:

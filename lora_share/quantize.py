@@ -70,16 +70,12 @@ def asymmetric_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.
 
 def _split_group_offsets_(linears: dict[str, nn.Module], group: int) -> None:
     """Give each linear its asymmetric grid (``asymmetric_groups``): the symmetric part as its weight,
-    the offsets as ``Linear.set_group_offsets``; linears of one input width share one group-sum matrix.
-    A tied lm_head gets its own weight here (the embedding keeps the table), as quantize_ gives it."""
-    sums: dict[int, torch.Tensor] = {}
+    the offsets as ``Linear.set_group_offsets``. A tied lm_head gets its own weight here (the
+    embedding keeps the table), as quantize_ gives it."""
     for lin in linears.values():
         sym, offsets = asymmetric_groups(lin.weight.detach().float(), group)
-        in_f = lin.in_features
-        if in_f not in sums:
-            sums[in_f] = torch.repeat_interleave(torch.eye(in_f // group), group, dim=1)
         lin.weight = nn.Parameter(sym, requires_grad=False)
-        lin.set_group_offsets(offsets, sums[in_f])
+        lin.set_group_offsets(offsets, group)
 
 
 def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
