@@ -78,6 +78,21 @@ def test_checks_and_report(ours):
     json.dumps(result, default=str)
 
 
+def test_decode_ceiling_is_bandwidth_over_the_f32_file(tmp_path, monkeypatch):
+    """The fp32 decode ceiling is the measured read bandwidth over the F32 file's bytes, and the report
+    states it beside both sides' decode at ~10."""
+    f32 = tmp_path / "model-f32.gguf"
+    f32.write_bytes(b"\0" * 1_000_000)
+    assert 0.1 < peers.read_bandwidth(mib=64, repeats=2) < 10_000  # GB/s: a real measurement, not a constant
+    monkeypatch.setattr(peers, "read_bandwidth", lambda: 20.0)
+    ceiling = peers.decode_ceiling({"models": {"f32": f32}}, log=lambda s: None)
+    assert ceiling == {"read_gb_s": 20.0, "f32_bytes": 1_000_000, "fp32_decode_tokens_per_s": 20_000.0}
+    row = {"lora_share": {"build": "fp32", "decode_10_tokens_per_s": 41.5},
+           "llama_cpp": {"model": "f32", "decode_10_tokens_per_s": 42.5}}
+    md = peers.report({"command": "x", "repeats": 1, "ceiling": ceiling, "rows": {"fp32 vs f32": row}, "checks": []})
+    assert "neither decodes faster than 20000.0 tokens/s (decode at ~10: lora-share 41.5, llama.cpp 42.5)" in md
+
+
 # llama-perplexity's progress and result lines, in the formats its source prints them
 # (tools/perplexity/perplexity.cpp of llama-cpp-python 0.3.36's llama.cpp: "[%d]%.4lf," per chunk, then
 # "Final estimate: PPL = %.4lf +/- %.5lf"); the values are made up.

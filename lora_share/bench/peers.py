@@ -359,6 +359,36 @@ def extra_adapter_theirs(tools: dict, ggufs: dict, model: str, prompt: list[int]
     return round((pss[1] - pss[0]) / (len(ggufs["loras"]) - 1), 1)
 
 
+def read_bandwidth(threads: int = 2, mib: int = 512, repeats: int = 5) -> float:
+    """This machine's memory read bandwidth, GB/s: the fastest of ``repeats`` sums of a ``mib`` MiB
+    float32 tensor on ``threads`` threads (the benchmark's thread count), far larger than any cache."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        data = torch.ones(mib * 2 ** 20 // 4)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            data.sum()
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return mib * 2 ** 20 / best / 1e9
+
+
+def decode_ceiling(ggufs: dict, log=print) -> dict:
+    """The fastest fp32 decode memory allows here: every F32 weight is read once per token (the tied
+    embedding as the output projection), on both sides, so no runtime decodes faster than the read
+    bandwidth over the F32 file's bytes."""
+    f32_bytes = Path(ggufs["models"]["f32"]).stat().st_size
+    gb_s = read_bandwidth()
+    ceiling = gb_s * 1e9 / f32_bytes
+    log(f"read bandwidth {gb_s:.1f} GB/s over {f32_bytes / 1e6:.0f} MB of F32 weights: fp32 decode <= {ceiling:.1f} tokens/s")
+    return {"read_gb_s": round(gb_s, 2), "f32_bytes": f32_bytes, "fp32_decode_tokens_per_s": round(ceiling, 2)}
+
+
 def _prompt(n: int, vocab: int) -> list[int]:
     from .run import _prompt as prompt
 
@@ -416,6 +446,15 @@ def report(result: dict) -> str:
             ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
             lines.append(f"| {what} | {a} | {b} | {ratio} |")
         lines.append("")
+    ceiling = result.get("ceiling")
+    if ceiling:
+        f32 = next((r for r in result["rows"].values() if r["llama_cpp"]["model"] == "f32"), None)
+        lines += ["## The memory ceiling of fp32 decode", "",
+                  f"Memory read bandwidth here, 2 threads: {ceiling['read_gb_s']} GB/s. Both sides read every one of the "
+                  f"F32 model's {ceiling['f32_bytes'] / 1e6:.0f} MB once per decoded token, so neither decodes faster than "
+                  f"{ceiling['fp32_decode_tokens_per_s']} tokens/s"
+                  + (f" (decode at ~10: lora-share {f32['lora_share']['decode_10_tokens_per_s']}, "
+                     f"llama.cpp {f32['llama_cpp']['decode_10_tokens_per_s']})." if f32 else ".") , ""]
     ppl = result.get("perplexity")
     if ppl:
         ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
@@ -481,6 +520,7 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
     print("llama.cpp's GGUFs ...", file=sys.stderr)
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
+    ceiling = decode_ceiling(ggufs, log=lambda s: print(s, file=sys.stderr))
     rows = measure(runner, builds, tools, ggufs, work, repeats, log=lambda s: print(s, file=sys.stderr))
     from datetime import datetime, timezone
 
@@ -488,7 +528,8 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
 
     result = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": _git("rev-parse", "--short", "HEAD") or "unknown", "machine": _machine(),
-              "kv_cache": KV_CACHE, "repeats": repeats, "adapters": adapters, "rows": rows, "perplexity": None,
+              "kv_cache": KV_CACHE, "repeats": repeats, "adapters": adapters, "ceiling": ceiling, "rows": rows,
+              "perplexity": None,
               "checks": checks(rows), "complete": False}
     save(result)
     print("perplexity ...", file=sys.stderr)
