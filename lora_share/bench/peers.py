@@ -14,8 +14,9 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
 - Measured with 2 threads on both sides (lora-share's runner uses XNNPACK's default pool, one
   thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
   about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
-  load and per extra adapter, KV bytes at context 2048. The results are written after these
-  ("complete": false) and again after the perplexity.
+  load and per extra adapter, KV bytes at context 2048; and the machine's read bandwidth, over the
+  F32 weights every fp32 token reads: the fastest either side's fp32 decode can be. The results are
+  written after these ("complete": false) and again after the perplexity.
 - Perplexity on bench-quality's held-out text: lora-share's from bench-quality's results (the same
   model and 8da4w settings: its hour of measuring is not repeated), llama.cpp's from llama-perplexity on
   the same text at the same context (512), each side as a ratio to its own float32.
@@ -454,7 +455,7 @@ def report(result: dict) -> str:
                   f"F32 model's {ceiling['f32_bytes'] / 1e6:.0f} MB once per decoded token, so neither decodes faster than "
                   f"{ceiling['fp32_decode_tokens_per_s']} tokens/s"
                   + (f" (decode at ~10: lora-share {f32['lora_share']['decode_10_tokens_per_s']}, "
-                     f"llama.cpp {f32['llama_cpp']['decode_10_tokens_per_s']})." if f32 else ".") , ""]
+                     f"llama.cpp {f32['llama_cpp']['decode_10_tokens_per_s']})." if f32 else "."), ""]
     ppl = result.get("perplexity")
     if ppl:
         ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
