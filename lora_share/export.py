@@ -36,7 +36,8 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 4: LoRA weights are forward's inputs, one program per envelope (envelope.py); adapters are data.
 # 5: views, static slices and float32 <-> float16 casts run inside XNNPACK (xnnpack_ops.py).
 # 6: an asymmetric int4 grid's group sums by a row of ones, once per input (model.Linear.group_sums).
-EXPORTER_REVISION = 6
+# 7: a quantized foundation's q/k/v and gate/up as one linear each (model.fused_linear).
+EXPORTER_REVISION = 7
 
 
 def example_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:

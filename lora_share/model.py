@@ -221,9 +221,35 @@ class Linear(nn.Linear):
         y = F.linear(x, self.weight, self.bias)
         if self.offsets is not None:
             y = y + F.linear(self.group_sums(x) if sums is None else sums, self.offsets)
-        if lora is not None:
-            y = y + F.linear(F.linear(x, lora[0]), lora[1])
-        return y
+        return add_lora(y, x, lora)
+
+
+def add_lora(y: torch.Tensor, x: torch.Tensor, lora: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """``y + (x A^T) B^T`` for ``lora`` = (A, B); ``y`` without."""
+    return y if lora is None else y + F.linear(F.linear(x, lora[0]), lora[1])
+
+
+def fused_linear(parts: list[Linear]) -> Linear:
+    """One linear computing ``parts`` (linears of one input) side by side: their outputs concatenated.
+    Each part's rows are kept as they are, quantized ones too (torchao's int4/int8 tensors concatenate
+    their int data, scales and zero points; an asymmetric grid's offsets its rows), so the fused linear
+    gives each part's output exactly: one product, one activation quantization and one offsets product
+    for the input instead of one per part."""
+    first = parts[0]
+    fused = Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None)
+    weights = [p.weight for p in parts]
+    if type(weights[0]) is nn.Parameter or type(weights[0]) is torch.Tensor:
+        weight = torch.cat([w.detach() for w in weights])
+    else:  # a torchao quantized tensor: aten.cat is not implemented for it
+        cls = type(weights[0])
+        data = [torch.cat([getattr(w, n) for w in weights]) for n in cls.tensor_data_names]
+        weight = cls(*data, *(getattr(weights[0], n) for n in cls.tensor_attribute_names))
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if first.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    if first.offsets is not None:
+        fused.set_group_offsets(torch.cat([p.offsets.detach() for p in parts]), first.group_ones.shape[1])
+    return fused
 
 
 def rotate_half_matrix(hd: int) -> torch.Tensor:
@@ -265,6 +291,23 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.hd, args.norm_eps, args.norm_offset)
         self.register_buffer("rotate_half", rotate_half_matrix(self.hd), persistent=False)
         self.kv_dtype = args.kv_torch_dtype
+        self.qkv_proj: Linear | None = None  # after fuse(): q, k and v as one linear
+
+    def fuse(self) -> None:
+        """Compute q, k and v by one linear (``fused_linear``); LoRA stays per linear."""
+        self.qkv_proj = fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _project(self, x, lora):
+        """q, k and v of ``x`` ``[1, T, dim]``, each with its LoRA: ``[1, T, heads * head_dim]``."""
+        if self.qkv_proj is not None:
+            qkv, nq, nk = self.qkv_proj(x), self.n_heads * self.hd, self.n_kv * self.hd
+            return (add_lora(qkv[..., :nq], x, lora.get("q_proj")),
+                    add_lora(qkv[..., nq:nq + nk], x, lora.get("k_proj")),
+                    add_lora(qkv[..., nq + nk:], x, lora.get("v_proj")))
+        sums = self.q_proj.group_sums(x)  # q, k and v read one input: its group sums once
+        return (self.q_proj(x, lora.get("q_proj"), sums), self.k_proj(x, lora.get("k_proj"), sums),
+                self.v_proj(x, lora.get("v_proj"), sums))
 
     def rope(self, x, cos, sin):
         return x * cos + F.linear(x, self.rotate_half) * sin
@@ -285,13 +328,13 @@ class Attention(nn.Module):
         past, rows = keys[0].shape[0], rep * t
         # permute_copy, not permute + reshape: the result is contiguous, so no extra copy node.
         permute = torch.ops.aten.permute_copy.default
-        sums = self.q_proj.group_sums(x)  # q, k and v read one input: its group sums once
-        q = self.q_proj(x, lora.get("q_proj"), sums).view(1, t, self.n_heads, hd)
+        q, k, v = self._project(x, lora)
+        q = q.view(1, t, self.n_heads, hd)
         q = self.rope(self.q_norm(q) if self.qk_norm else q, *rope_q)
-        k = self.k_proj(x, lora.get("k_proj"), sums).view(1, t, n_kv, hd)
+        k = k.view(1, t, n_kv, hd)
         k = permute(self.rope(self.k_norm(k) if self.qk_norm else k, *rope_k).view(t, n_kv, hd), [1, 0, 2])
         k = self._to_kv(k)
-        v = self._to_kv(permute(self.v_proj(x, lora.get("v_proj"), sums).view(t, n_kv, hd), [1, 0, 2]))
+        v = self._to_kv(permute(v.view(t, n_kv, hd), [1, 0, 2]))
         # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
         # rows of ``bias``.
         q_rows = self._to_kv(permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd))
@@ -313,10 +356,20 @@ class MLP(nn.Module):
             out_f, in_f = args.linear_shape(t)
             setattr(self, t, Linear(in_f, out_f, args.has_bias(t)))
         self.act = ACTIVATIONS[args.activation]
+        self.gate_up_proj: Linear | None = None  # after fuse(): gate and up as one linear
+
+    def fuse(self) -> None:
+        """Compute gate and up by one linear (``fused_linear``); LoRA stays per linear."""
+        self.gate_up_proj = fused_linear([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x, lora):
-        sums = self.gate_proj.group_sums(x)
-        gate, up = self.gate_proj(x, lora.get("gate_proj"), sums), self.up_proj(x, lora.get("up_proj"), sums)
+        if self.gate_up_proj is not None:
+            both, h = self.gate_up_proj(x), self.gate_up_proj.out_features // 2
+            gate, up = add_lora(both[..., :h], x, lora.get("gate_proj")), add_lora(both[..., h:], x, lora.get("up_proj"))
+        else:
+            sums = self.gate_proj.group_sums(x)
+            gate, up = self.gate_proj(x, lora.get("gate_proj"), sums), self.up_proj(x, lora.get("up_proj"), sums)
         return self.down_proj(self.act(gate) * up, lora.get("down_proj"))
 
 
@@ -523,6 +576,15 @@ class LlamaLoRA(nn.Module):
             new_rows += [k, v]
         h = self.model.norm(h[:, -1, :])
         return (self.lm_head(h), *new_rows)
+
+    def fuse_projections(self) -> "LlamaLoRA":
+        """Every layer's q, k and v, and gate and up, as one linear each (``fused_linear``): same outputs,
+        fewer ops per layer. For a quantized foundation, after quantizing (the fused weights are the
+        quantized ones side by side, so no float copy is made)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def bind(self, lora: tuple[torch.Tensor, ...]) -> "LlamaLoRA":
         """Use these LoRA inputs (two per slot, ``envelope.Envelope.inputs``) in ``step``."""

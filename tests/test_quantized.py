@@ -123,7 +123,9 @@ def test_only_foundation_linears_are_quantized(tied):
     adapter = load_adapter(AdapterConfig(name="a", synthetic=synthetic), foundation.args)
     model = eager_model(foundation, adapter)
     linears = foundation_linears(model)
-    assert len(linears) == 7 * foundation.args.n_layers + 1 and "lm_head" in linears
+    # q, k and v, and gate and up, fused into one linear each (model.fused_linear): 4 a layer
+    assert len(linears) == 4 * foundation.args.n_layers + 1 and "lm_head" in linears
+    assert "model.layers.0.self_attn.qkv_proj" in linears and "model.layers.0.mlp.gate_up_proj" in linears
     assert all(is_quantized(lin.weight) for lin in linears.values())
     assert is_quantized(model.model.embed_tokens.weight)
     # LoRA A and B are forward inputs, never parameters: none of the model's parameters is LoRA, and
@@ -135,6 +137,24 @@ def test_only_foundation_linears_are_quantized(tied):
     assert torch.equal(model._lora[2 * i], a) and torch.equal(model._lora[2 * i + 1], b)
     assert all(t.dtype == torch.float32 and not is_quantized(t) for t in model._lora)
     assert not any(is_quantized(p) for p in eager_model(foundation, adapter, quantized=False).parameters())
+
+
+@pytest.mark.parametrize("grid", ["symmetric", "asymmetric"])
+def test_fused_projections_give_the_same_logits(grid):
+    """The quantized eager model fuses q/k/v and gate/up into one linear each (model.fused_linear): its
+    logits are the unfused quantized model's exactly, LoRA on fused and unfused linears included."""
+    from lora_share.config import AdapterConfig, SyntheticAdapter
+
+    foundation = _tiny_foundation({"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": grid,
+                                   "lm_head": "int8"})
+    synthetic = SyntheticAdapter(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
+    adapter = load_adapter(AdapterConfig(name="a", synthetic=synthetic), foundation.args)
+    fused = eager_model(foundation, adapter)
+    assert fused.model.layers[0].self_attn.qkv_proj is not None and fused.model.layers[0].mlp.gate_up_proj is not None
+    unfused = quantize_foundation_(eager_model(foundation, adapter, quantized=False), foundation.quantize)
+    assert unfused.model.layers[0].self_attn.qkv_proj is None
+    for pos, tokens in ((0, [5, 6, 7]), (3, [9]), (4, [1, 2])):
+        assert torch.equal(fused.step(tokens, pos), unfused.step(tokens, pos))
 
 
 def test_quantization_is_deterministic():
@@ -223,7 +243,7 @@ def test_foundation_bytes_only_in_ptd(q_build, q_models):
     buffers = _ptd_buffers(q_build.ptd)
     big = {k: b for k, b in buffers.items() if len(b) >= 64}
     # int4 weights and their scales (XNNPACK's keys), the int8 embedding, the norms: all in the .ptd ...
-    assert sum(k.startswith("scale_") for k in big) == 7 * 2 + 1
+    assert sum(k.startswith("scale_") for k in big) == 4 * 2 + 1  # q/k/v and gate/up fused: 4 a layer
     assert sum(len(b) for b in big.values()) > 0.95 * len(ptd) - 64 * 1024
     for key, blob in big.items():
         for name, pte in ptes.items():
@@ -395,7 +415,10 @@ def test_asymmetric_quantized_model_holds_q4_1_weights_exactly():
             continue
         w = lin.weight.dequantize()
         again = (w.reshape(w.shape[0], -1, 32) + lin.offsets[..., None]).reshape(w.shape)
-        assert torch.allclose(again, originals[fqn + ".weight"], rtol=0, atol=1e-6), fqn
+        parts = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+        prefix, name = fqn.rsplit(".", 1)
+        want = torch.cat([originals[f"{prefix}.{p}.weight"] for p in parts.get(name, (name,))])
+        assert torch.allclose(again, want, rtol=0, atol=1e-6), fqn
     assert len(originals) == 7 * args.n_layers
 
 
