@@ -93,6 +93,25 @@ def hoisted_build(tmp_path_factory) -> Build:
 
 
 @pytest.fixture(scope="session")
+def demo_build(tmp_path_factory) -> Path:
+    """configs/llama_adapters.yaml as shipped (111 MB float32 foundation, four trained adapters), built
+    into a temporary folder; returns the output folder."""
+    import lora_share
+
+    config = REPO / "configs" / "llama_adapters.yaml"
+    folder = tmp_path_factory.mktemp("demo")
+    data = yaml.safe_load(config.read_text())
+    data["output_dir"] = str(folder / "out")
+    data["foundation"]["tokenizer"] = str((config.parent / data["foundation"]["tokenizer"]).resolve())
+    for a in data["adapters"]:
+        a["peft"] = str((config.parent / a["peft"]).resolve())
+    cfg = folder / "llama_adapters.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    lora_share.build(cfg, quiet=True)
+    return folder / "out"
+
+
+@pytest.fixture(scope="session")
 def runner_bin() -> Path:
     """The C++ runner, built by `make runner` if it is not built yet."""
     binary = REPO / "build" / "runner"

@@ -170,7 +170,7 @@ def test_help_lists_every_flag_with_default(runner_bin):
     assert proc.returncode == 0
     for flag in ("--pte", "--ptd", "--tokens", "--max-new-tokens", "--temperature", "--seed", "--adapter",
                  "--serve", "--dump-logits", "--json", "--packed-cache", "--no-weight-cache", "--stock",
-                 "--private-arenas", "--threads"):
+                 "--private-arenas", "--threads", "--no-huge-pages"):
         line = next((l for l in proc.stdout.splitlines() if l.strip().startswith(flag + " ")
                      or l.strip() == flag), None)
         assert line is not None and "[default:" in line, flag

@@ -16,14 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "examples" / "demo"))
 import show  # noqa: E402  (examples/demo/show.py: what `make demo` prints)
 
-CONFIG = REPO / "configs" / "llama_adapters.yaml"
 TRAINED_ON = REPO / "examples" / "demo" / "adapters" / "trained_on.json"
 WORDS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen " \
         "sixteen seventeen eighteen nineteen twenty".split()
@@ -57,23 +55,6 @@ HELD_OUT = {
     "doubler": ["99 7", "1 11"],
     "speller": ["30 12", "four 7 5"],
 }
-
-
-@pytest.fixture(scope="module")
-def demo_build(tmp_path_factory) -> Path:
-    """configs/llama_adapters.yaml as shipped, built into a temporary folder; returns the output folder."""
-    import lora_share
-
-    folder = tmp_path_factory.mktemp("demo")
-    data = yaml.safe_load(CONFIG.read_text())
-    data["output_dir"] = str(folder / "out")
-    data["foundation"]["tokenizer"] = str((CONFIG.parent / data["foundation"]["tokenizer"]).resolve())
-    for a in data["adapters"]:
-        a["peft"] = str((CONFIG.parent / a["peft"]).resolve())
-    cfg = folder / "llama_adapters.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    lora_share.build(cfg, quiet=True)
-    return folder / "out"
 
 
 def _serve(runner: Path, out: Path, requests: list[dict]) -> list[dict]:

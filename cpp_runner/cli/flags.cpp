@@ -179,6 +179,13 @@ const FlagSpec kFlags[] = {
        o.no_weight_cache = true;
        return Status();
      }},
+    {"no-huge-pages", nullptr, "off",
+     "leave the packed weights in 4 KiB pages instead of collapsing them into "
+     "2 MiB pages after loading (Linux; for benchmarks)",
+     [](Options& o, const std::string&) {
+       o.no_huge_pages = true;
+       return Status();
+     }},
     {"stock", nullptr, "off",
      "load each adapter through executorch::extension::Module(pte, {ptd, "
      "shared-ptd}) with the weight cache off, as ExecuTorch's examples do "

@@ -29,6 +29,7 @@ struct Options {
   bool json = false;                  // --json
   std::string packed_cache;           // --packed-cache
   bool no_weight_cache = false;       // --no-weight-cache
+  bool no_huge_pages = false;         // --no-huge-pages
   bool stock = false;                 // --stock
   bool private_arenas = false;        // --private-arenas
   int threads = 0;                    // --threads (0 = one per core)

@@ -22,6 +22,7 @@ void write_memory(JsonWriter& j, const ls_diag_memory& m) {
       .key("file_kb").value(m.file_kb)
       .key("shmem_kb").value(m.shmem_kb)
       .key("peak_rss_kb").value(m.peak_rss_kb)
+      .key("huge_kb").value(m.huge_kb)
       .end_object();
 }
 

@@ -51,6 +51,7 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
   diag.stock = options.stock;
   diag.private_arenas = options.private_arenas;
   diag.weight_cache = !options.no_weight_cache;
+  diag.huge_pages = !options.no_huge_pages;
   diag.packed_cache = options.packed_cache.empty() ? nullptr : options.packed_cache.c_str();
   diag.ignore_eos = options.ignore_eos;
   diag.runner_messages = 1;

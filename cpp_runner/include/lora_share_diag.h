@@ -43,6 +43,8 @@ typedef struct {
   int threads;          /* ExecuTorch's threadpool, process-wide, set before
                            the first program loads: 0 (default) one thread
                            per core, else this many (--threads) */
+  int huge_pages;       /* default 1; 0: leave the packed weights in 4 KiB
+                           pages (--no-huge-pages) */
 } ls_diag_options;
 
 /* Defaults: the library's loading (shared program, one arena, weight cache
@@ -100,9 +102,10 @@ LS_API ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* ada
                                       ls_diag_adapter* info, ls_error* error);
 
 /* The process's memory as the kernel accounts it (/proc/self/smaps_rollup
- * and VmHWM); a field it cannot read is -1. */
+ * and VmHWM); a field it cannot read is -1. huge_kb: anonymous memory in
+ * 2 MiB pages (AnonHugePages). */
 typedef struct {
-  int64_t rss_kb, pss_kb, anon_kb, file_kb, shmem_kb, peak_rss_kb;
+  int64_t rss_kb, pss_kb, anon_kb, file_kb, shmem_kb, peak_rss_kb, huge_kb;
 } ls_diag_memory;
 
 LS_API void ls_diag_memory_stats(ls_diag_memory* stats);

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "file_stem.h"
+#include "huge_pages.h"
 #include "manifest.h"
 
 namespace lora_share {
@@ -262,6 +263,9 @@ Status AdapterPool::load_program(size_t index) {
   Status s = p.program->load_forward(*arena, *foundation_, xnnpack_.load_options());
   if (!s.ok()) return s;
   p.loaded = true;
+  // Loading packed the foundation (the first program) or this program's own
+  // weights: every token reads them, so they go into 2 MiB pages now.
+  if (options_.huge_pages) collapse_resident_memory(options_.threads);
   return Status();
 }
 

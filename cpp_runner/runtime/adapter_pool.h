@@ -50,6 +50,7 @@ struct PoolOptions {
   bool stock = false;           // each adapter a Module of its own (stock_adapter)
   bool private_arenas = false;  // each program its own planned memory
   bool weight_cache = true;     // XNNPACK's process-wide weight cache
+  bool huge_pages = true;       // packed weights in 2 MiB pages once loaded (huge_pages.h)
   int threads = 0;              // ExecuTorch's threadpool: 0 = one per core (set_threads)
   std::string packed_cache;     // "" = none; else packed weights backed by this file
   bool read_eos = true;         // false: no EOS ids, manifest.json unread

@@ -21,6 +21,7 @@ void ls_diag_options_init(ls_diag_options* options) {
   options->stock = 0;
   options->private_arenas = 0;
   options->weight_cache = 1;
+  options->huge_pages = 1;
   options->packed_cache = nullptr;
   options->ignore_eos = 0;
   options->runner_messages = 0;
@@ -50,6 +51,7 @@ ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes
     p.stock = d.stock != 0;
     p.private_arenas = d.private_arenas != 0;
     p.weight_cache = d.weight_cache != 0;
+    p.huge_pages = d.huge_pages != 0;
     p.packed_cache = d.packed_cache ? d.packed_cache : "";
     p.read_eos = d.ignore_eos == 0;
     p.threads = d.threads;
@@ -126,6 +128,7 @@ void ls_diag_memory_stats(ls_diag_memory* stats) {
   stats->file_kb = m.file_kb;
   stats->shmem_kb = m.shmem_kb;
   stats->peak_rss_kb = m.peak_rss_kb;
+  stats->huge_kb = m.huge_kb;
 }
 
 void ls_diag_generate_options_init(ls_diag_generate_options* options) {

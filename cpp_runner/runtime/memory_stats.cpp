@@ -32,6 +32,7 @@ MemoryStats read_memory_stats() {
     else if (k == "Pss_Anon") s.anon_kb = kb;
     else if (k == "Pss_File") s.file_kb = kb;
     else if (k == "Pss_Shmem") s.shmem_kb = kb;
+    else if (k == "AnonHugePages") s.huge_kb = kb;
   });
   read_kb_fields("/proc/self/status", [&](const std::string& k, int64_t kb) {
     if (k == "VmHWM") s.peak_rss_kb = kb;
