@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import platform
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from test_cpp_runner import run_runner
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -35,9 +36,8 @@ def kernel_has_madv_collapse() -> bool:
 
 
 def run(runner_bin: Path, out: Path, npy: Path, *flags: str) -> dict:
-    done = subprocess.run([str(runner_bin), "--pte", str(out / "counter.pte"), "--ptd", str(out / "foundation.ptd"),
-                           "--tokens", "1,2,3", "--max-new-tokens", "4", "--ignore-eos", "--json",
-                           "--dump-logits", str(npy), *flags], capture_output=True, text=True, timeout=300)
+    done = run_runner(runner_bin, "--pte", out / "counter.pte", "--ptd", out / "foundation.ptd", "--tokens", "1,2,3",
+                      "--max-new-tokens", 4, "--ignore-eos", "--json", "--dump-logits", npy, *flags)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -69,19 +70,17 @@ std::vector<uintptr_t> resident_chunks(const std::vector<Range>& ranges) {
 
 }  // namespace
 
-uint64_t collapse_resident_memory(int threads) {
+void collapse_resident_memory(int threads) {
   static_assert(sizeof(uintptr_t) == sizeof(unsigned long), "maps addresses are unsigned long");
   std::vector<uintptr_t> chunks = resident_chunks(anonymous_ranges());
   // The kernel copies each range into a new page (~2.7 ms per 2 MiB measured
   // here): the threads the programs run on share the work.
   std::atomic<size_t> next{0};
-  std::atomic<uint64_t> collapsed{0};
   std::atomic<bool> unsupported{false};
   auto work = [&] {
     for (size_t i = next++; i < chunks.size() && !unsupported; i = next++) {
-      if (madvise(reinterpret_cast<void*>(chunks[i]), kHugePage, MADV_COLLAPSE) == 0)
-        collapsed += kHugePage;
-      else if (errno == EINVAL || errno == EPERM)
+      if (madvise(reinterpret_cast<void*>(chunks[i]), kHugePage, MADV_COLLAPSE) != 0 &&
+          (errno == EINVAL || errno == EPERM))
         unsupported = true;  // no MADV_COLLAPSE here, or THP disabled: stop asking
     }
   };
@@ -91,12 +90,11 @@ uint64_t collapse_resident_memory(int threads) {
   for (unsigned t = 1; t < n; ++t) helpers.emplace_back(work);
   work();
   for (std::thread& t : helpers) t.join();
-  return collapsed;
 }
 
 #else
 
-uint64_t collapse_resident_memory(int) { return 0; }
+void collapse_resident_memory(int) {}
 
 #endif
 

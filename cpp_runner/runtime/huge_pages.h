@@ -11,16 +11,15 @@
 // +0.25 s for 450 MB collapsed.
 #pragma once
 
-#include <cstdint>
-
 namespace lora_share {
 
 // Collapses into 2 MiB pages every 2 MiB-aligned range of private anonymous
 // memory whose 4 KiB pages are all resident (MADV_COLLAPSE, Linux 6.1+): the
 // packed weights once a program has loaded, without growing the process (a
-// range with one page absent is left as it is). Returns the bytes collapsed;
-// 0 where the kernel has no MADV_COLLAPSE or transparent huge pages are off.
+// range with one page absent is left as it is). Nothing changes where the
+// kernel has no MADV_COLLAPSE or transparent huge pages are off; the kernel's
+// AnonHugePages (memory_stats.h, huge_kb) says what was collapsed.
 // `threads` share the kernel's copying (0: one per core, at most 8).
-uint64_t collapse_resident_memory(int threads);
+void collapse_resident_memory(int threads);
 
 }  // namespace lora_share

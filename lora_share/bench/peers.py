@@ -15,7 +15,7 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
   thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
   about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
   load and per extra adapter, KV bytes at context 2048; and the machine's read bandwidth, over the
-  F32 weights every fp32 token reads: the fastest either side's fp32 decode can be. The results are
+  F32 weights every fp32 token reads: the rate it allows fp32 decode (a guide: it is measured once). The results are
   written after these ("complete": false) and again after the perplexity.
 - Perplexity on bench-quality's held-out text: lora-share's from bench-quality's results (the same
   model and 8da4w settings: its hour of measuring is not repeated), llama.cpp's from llama-perplexity on
