@@ -37,15 +37,16 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 5: views, static slices and float32 <-> float16 casts run inside XNNPACK (xnnpack_ops.py).
 # 6: an asymmetric int4 grid's group sums by a row of ones, once per input (model.Linear.group_sums).
 # 7: a quantized foundation's q/k/v and gate/up as one linear each (model.fused_linear).
-EXPORTER_REVISION = 7
+# 8: the position is forward's input; the slabs' views may be longer than the past (model.kv_view_rows).
+EXPORTER_REVISION = 8
 
 
 def example_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
-    """forward's example inputs for torch.export: a few tokens after four earlier positions (so that
-    the two dynamic sizes, tokens and cache prefix, differ and are not taken to be one), and the
-    envelope's LoRA inputs."""
+    """forward's example inputs for torch.export: a few tokens after four earlier positions, the slabs'
+    views exactly the past (so that the two dynamic sizes, tokens and slab rows, differ and are not
+    taken to be one), and the envelope's LoRA inputs."""
     return forward_inputs(range(1, min(3, args.chunk) + 1), 4, KVCache.for_model(args),
-                          envelope.example_inputs(args))
+                          envelope.example_inputs(args), block=1)
 
 
 def constant_methods(args: ModelArgs) -> dict[str, int]:
@@ -158,8 +159,8 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     args = model.args
     # One forward call takes at most a prefill chunk of tokens: activations are planned for
     # chunk x context, not context x context (the runners feed longer prompts chunk by chunk).
-    # The cache prefix (the sink row and the positions before this call) is a dynamic size of its
-    # own, up to the whole context; so is each LoRA slot's rank.
+    # The slabs' rows (the sink row, the positions before this call, and maybe a few more: model.py)
+    # are a dynamic size of their own, up to the whole context; so is each LoRA slot's rank.
     # A sliding layer's ring (model.ring_window) is its window's size whatever the position.
     past = Dim("past", min=1, max=args.max_seq_len)
     full = args.max_seq_len
@@ -171,7 +172,7 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     fuse_quant = is_quantized(model.model.embed_tokens.weight)
     with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
-        ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], dynamic[1:]), strict=False)
+        ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False)
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
         with sharing_weights(weights), xnnpack_visitors(), contextlib.ExitStack() as lowering:
             if lean:

@@ -18,12 +18,17 @@ keeps an input from being empty at position 0); position p lives at row p + 1, e
 position's (no later call reads it, so it is not kept). A sliding layer
 (Gemma 3) whose window W is shorter than the context keeps a ring instead (``ring_window``):
 ``[W + 1, head_dim]``, position p at row 1 + p % W, passed whole on every call; the program
-masks each slot by the position it holds, which it computes from the past length P.
+masks each slot by the position it holds, which it computes from P.
 
-``forward(tokens [1, T] int64, *slabs) -> (logits [1, vocab], *new_rows)`` feeds T tokens at
-positions P .. P+T-1 and returns the logits at the last one. Slab input j is slab j's first P + 1
-rows, ``[P + 1, head_dim]`` (a ring: all its ``W + 1``): the export leaves inputs out of planned memory, so the runtime hands
-the program its cache in place, without a copy, and attention reads exactly the written prefix.
+``forward(tokens [1, T] int64, pos [1] int64, *slabs) -> (logits [1, vocab], *new_rows)`` feeds T
+tokens at positions P .. P+T-1 (P = ``pos``) and returns the logits at the last one. Slab input j is
+slab j's first S rows, ``[S, head_dim]``, for any S with P + 1 <= S <= its rows (a ring: all its
+``W + 1``): the program masks rows P + 1 and later, so they may hold anything finite. The export
+leaves inputs out of planned memory, so the runtime hands the program its cache in place, without a
+copy. The runtimes pass S = P + 1 rounded up to a multiple of ``KV_ROW_BLOCK`` (``kv_view_rows``):
+XNNPACK re-plans a delegate's memory whenever an input grows, so a length that grew at every token
+cost every decoded token that re-plan (4-5% of an 8da4w token at SmolLM2-135M's shape); llama.cpp
+pads its KV view the same way.
 ``new_rows`` has one ``[n_kv_heads, T, head_dim]`` tensor per (layer, key or value): this call's
 keys or values for that group's slabs, head by head, which the caller writes at rows P + 1 .. P + T
 (of a ring: at 1 + p % W, in order). ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
@@ -46,6 +51,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .quantize import is_quantized
+
+# The runtimes pass each slab's rows in blocks of this many (module docstring, ``kv_view_rows``); the
+# C++ runtime's kKvRowBlock is the same.
+KV_ROW_BLOCK = 32
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _GELU_BETA = math.sqrt(2.0 / math.pi)
@@ -422,7 +431,7 @@ def ring_window(args: ModelArgs) -> int:
     ring of W slots after the sink (``[W + 1, head_dim]``), position p at row 1 + p % W, instead of
     ``[max_seq_len, head_dim]``. Only when W + 1 is shorter than the context (so a ring's W + 1 rows
     tell it from the other slabs, whose inputs have at most max_seq_len rows), and when some layer
-    attends over the whole context: the program reads the past length from that layer's slabs."""
+    attends over the whole context: the program counts its key slots from that layer's slabs."""
     w = args.sliding_window
     if not args.sliding_layers or w is None or w + 1 >= args.max_seq_len or len(args.sliding_layers) == args.n_layers:
         return 0
@@ -462,10 +471,11 @@ class KVCache:
         ring = ring_window(args)
         return cls(capped_rows(slab_rows(args), ring, positions), args.hd, ring, args.kv_torch_dtype)
 
-    def prefixes(self, pos: int) -> list[torch.Tensor]:
-        """forward's slab inputs for a call at position ``pos``: each slab's first ``pos + 1`` rows; a
-        ring whole."""
-        return [slab if self._is_ring(slab) else slab[:pos + 1] for slab in self.slabs]
+    def prefixes(self, pos: int, block: int = KV_ROW_BLOCK) -> list[torch.Tensor]:
+        """forward's slab inputs for a call at position ``pos``: each slab's first ``kv_view_rows`` rows
+        (``block`` 1: exactly ``pos + 1``); a ring whole."""
+        return [slab if self._is_ring(slab) else slab[:kv_view_rows(pos, slab.shape[0], block)]
+                for slab in self.slabs]
 
     def _is_ring(self, slab: torch.Tensor) -> bool:
         return self.ring > 0 and slab.shape[0] == self.ring + 1
@@ -490,10 +500,19 @@ class KVCache:
             slab.zero_()
 
 
-def forward_inputs(tokens, pos: int, cache: KVCache, lora=()) -> tuple[torch.Tensor, ...]:
+def kv_view_rows(pos: int, rows: int, block: int = KV_ROW_BLOCK) -> int:
+    """Rows of a slab (of ``rows``) that a call at position ``pos`` is given: ``pos + 1`` (the sink and
+    the past) rounded up to a multiple of ``block``, at most ``rows``. The length then changes once
+    every ``block`` positions, not at every token (module docstring)."""
+    return min(-(-(pos + 1) // block) * block, rows)
+
+
+def forward_inputs(tokens, pos: int, cache: KVCache, lora=(), block: int = KV_ROW_BLOCK) -> tuple[torch.Tensor, ...]:
     """``forward``'s inputs for ``tokens`` (ids) fed at positions ``pos``, ``pos + 1``, ..., with the
-    LoRA inputs ``lora`` (``envelope.Envelope.inputs``: A, B per slot)."""
-    return (torch.tensor([list(tokens)], dtype=torch.int64), *cache.prefixes(pos), *lora)
+    LoRA inputs ``lora`` (``envelope.Envelope.inputs``: A, B per slot); the slabs' views in blocks of
+    ``block`` rows (``kv_view_rows``)."""
+    return (torch.tensor([list(tokens)], dtype=torch.int64), torch.tensor([pos], dtype=torch.int64),
+            *cache.prefixes(pos, block), *lora)
 
 
 class LlamaLoRA(nn.Module):
@@ -514,7 +533,7 @@ class LlamaLoRA(nn.Module):
             self.register_buffer(f"{name}_cos", emb.cos(), persistent=False)
             self.register_buffer(f"{name}_sin", emb.sin(), persistent=False)
         self.ring = ring_window(args)
-        # The past length is read from the first slab of a layer over the whole context.
+        # The slots' count is read from the first slab of a layer over the whole context.
         first_full = next(i for i in range(args.n_layers) if not self.ring or i not in args.sliding_layers)
         self.full_slab = 2 * args.n_kv_heads * first_full
         self._cache: KVCache | None = None
@@ -535,30 +554,34 @@ class LlamaLoRA(nn.Module):
         bias = torch.zeros(hidden.shape, dtype=self.args.kv_torch_dtype)
         return bias.masked_fill(hidden, float("-inf")).repeat(rep, 1).unsqueeze(0)
 
-    def forward(self, tokens: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = self.args
         slabs, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
         per_layer: list[dict] = [{} for _ in self.model.layers]
         for i, (layer, target) in enumerate(self.lora_slots):
             per_layer[layer][target] = (lora[2 * i], lora[2 * i + 1])
-        t, past = tokens.shape[1], slabs[self.full_slab].shape[0]
-        positions = torch.arange(t) + (past - 1)
+        t = tokens.shape[1]
+        positions = torch.arange(t) + pos
         scale = args.attn_scale if args.attn_scale is not None else 1.0 / math.sqrt(args.hd)
         rope = {False: self._rope("rope", positions, scale)}
-        # Hidden: a key slot after the query's position, or the sink (slot s holds position s - 1, this
-        # call's keys follow the past); once per call for all layers of a kind. A sliding layer also
-        # hides the positions W or more before the query's (transformers: key > query - W).
-        slots = torch.arange(past + t)
-        bias = {False: self._bias((slots.unsqueeze(0) > positions.unsqueeze(1) + 1) | (slots == 0).unsqueeze(0))}
+        # Each key slot's position, or -1 where it holds none: slot s of a slab over the context holds
+        # position s - 1 if that is before this call's (the sink and rows P + 1.. none), this call's keys
+        # follow the slab's rows. Hidden: a key after the query's position or none; once per call for all
+        # layers of a kind. A sliding layer also hides the positions W or more before the query's
+        # (transformers: key > query - W).
+        cached = torch.arange(slabs[self.full_slab].shape[0]) - 1
+        query = positions.unsqueeze(1)
+        key = torch.cat([torch.where(cached < pos, cached, -1), positions]).unsqueeze(0)
+        bias = {False: self._bias((key > query) | (key < 0))}
         if args.sliding_layers:
             rope[True] = self._rope("rope_local", positions, scale)
-            window, query, key = args.sliding_window, positions.unsqueeze(1), (slots - 1).unsqueeze(0)
+            window = args.sliding_window
             if self.ring:
                 # Ring slot s (1..W) holds the latest position before this call that is s - 1 modulo W,
                 # or none yet (negative); the sink none. The remainder's operand is kept non-negative:
                 # ExecuTorch's int64 remainder takes C's sign, not Python's.
                 s = torch.arange(1, window + 1)
-                ring = (past - 2) - torch.remainder((past - 1 + window) - s, window)
+                ring = (pos - 1) - torch.remainder((pos + window) - s, window)
                 key = torch.cat([torch.full((1,), -1), ring, positions]).unsqueeze(0)
             bias[True] = self._bias((key > query) | (key < 0) | (key <= query - window))
         h = self.model.embed_tokens(tokens)

@@ -136,7 +136,7 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
 
     data = Path(pte).read_bytes()
     n, first = len(record.envelope), meta.num_inputs() - 2 * len(record.envelope)
-    if first < 2:
+    if first < 3:
         raise UserError(f"{pte}: its record names {n} LoRA slots, but forward takes {meta.num_inputs()} inputs")
     own, files = read_pte(data, str(pte)), [read_ptd(shared_ptd)] if shared_ptd else []
 
@@ -171,16 +171,23 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
 
 
 def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path, positions: int | None = None):
-    """The KV cache forward reads in place (model.py): one slab per input between the tokens and
+    """The KV cache forward reads in place (model.py): one slab per input between the position and
     the LoRA inputs; with a sliding window ``ring`` (W), the slab inputs of W + 1 rows are rings."""
     from .model import KV_DTYPES, KVCache, capped_rows
 
-    slabs = meta.num_inputs() - 1 - n_lora
-    first = meta.input_tensor_meta(1) if slabs > 0 else None
-    if first is None or first.dtype() not in _ET_KV_DTYPES or len(first.sizes()) != 2:
+    def is_slab(i: int) -> bool:
+        info = meta.input_tensor_meta(i) if i < meta.num_inputs() else None
+        return info is not None and info.dtype() in _ET_KV_DTYPES and len(info.sizes()) == 2
+
+    slabs = meta.num_inputs() - 2 - n_lora
+    if meta.num_inputs() > 1 and is_slab(1):
+        raise UserError(f"{pte}: built by an older lora-share (its forward reads the position off the KV "
+                        "cache's length, not an input): rebuild it with this version")
+    if slabs < 1 or not is_slab(2):
         raise UserError(f"{pte}: built by an older lora-share (its forward takes cache positions, not the "
                         "runtime's KV cache): rebuild it with this version")
-    rows = [ring + 1 if ring and meta.input_tensor_meta(1 + j).sizes()[0] == ring + 1 else max_seq_len
+    first = meta.input_tensor_meta(2)
+    rows = [ring + 1 if ring and meta.input_tensor_meta(2 + j).sizes()[0] == ring + 1 else max_seq_len
             for j in range(slabs)]
     return KVCache(capped_rows(rows, ring, positions), first.sizes()[1], ring,
                    KV_DTYPES[_ET_KV_DTYPES[first.dtype()]])

@@ -2,7 +2,7 @@
 
 Every op the partitioner refuses runs on ExecuTorch's portable kernels and cuts the delegate in
 two: one more delegate call per token, each re-shaping its XNNPACK runtime for the call's sizes.
-At the model's dynamic sizes (tokens per call, past length: model.py) it refuses three kinds that
+At the model's dynamic sizes (tokens per call, slab rows: model.py) it refuses three kinds that
 XNNPACK itself takes, and lora-share's lowering hands them over:
 
 - a view whose new shape has a symbolic size: XNNPACK's reshape infers one size (its 0, PyTorch's
@@ -17,7 +17,7 @@ XNNPACK itself takes, and lora-share's lowering hands them over:
   and its output back, never the cache.
 
 A decoder layer was about six delegate calls with views and slices between them; with these it is
-two (the slices of attention's probabilities at the dynamic past length stay outside). Each kind is
+two (the slices of attention's probabilities at the dynamic slab length stay outside). Each kind is
 exact: the float32 programs give the same logits bit for bit (tests/test_xnnpack_ops.py).
 """
 

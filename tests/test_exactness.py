@@ -86,3 +86,33 @@ def test_one_foundation_for_all_adapters(tiny_build):
         assert entry["size"] == path.stat().st_size and entry["sha256"] == sha256_file(path)
     assert [a["rank"] for a in m["adapters"]] == [4, 8, 2]
     assert m["adapters"][2]["layers"] == [1] and m["adapters"][2]["targets"] == ["k_proj", "up_proj"]
+
+
+@pytest.mark.parametrize("name", ["tiny_a", "tiny_b"])
+def test_rows_after_the_position_are_masked(tiny_build, name):
+    """forward at position P reads slab views of any length above P (model.kv_view_rows): the program
+    masks rows P + 1 and later, so views of exactly P + 1 rows and whole slabs whose rows after P hold
+    large garbage give the same logits and new rows."""
+    from lora_share.model import forward_inputs
+    from lora_share.runtime import LoadedAdapter
+
+    adapter = LoadedAdapter(tiny_build.ptes[name], tiny_build.ptd)
+    adapter.step(PROMPT, 0)
+    pos, g = len(PROMPT), torch.Generator().manual_seed(3)
+    exact = adapter.forward.execute(list(forward_inputs([5, 6], pos, adapter.cache, adapter.lora, block=1)))
+    for slab in adapter.cache.slabs:
+        slab[pos + 1:] = (torch.rand(slab[pos + 1:].shape, generator=g) * 2000 - 1000).to(slab.dtype)
+    whole = adapter.forward.execute(list(forward_inputs([5, 6], pos, adapter.cache, adapter.lora, block=10**6)))
+    assert adapter.cache.slabs[0].shape[0] > pos + 1 + 2
+    for a, b in zip(exact, whole):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5, rtol=1e-6)  # sums of other lengths
+    eager = eager_model(*_foundation_and_adapter(tiny_build, name))
+    eager.step(PROMPT, 0)
+    ref = eager(*forward_inputs([5, 6], pos, eager._cache, eager._lora, block=1))[0]
+    assert np.abs(ref.detach().numpy() - exact[0].numpy()).max() <= 1e-4
+
+
+def _foundation_and_adapter(tiny_build, name):
+    cfg = lora_share.validate(tiny_build.config)
+    foundation = load_foundation(cfg.foundation)
+    return foundation, load_adapter(next(a for a in cfg.adapters if a.name == name), foundation.args)

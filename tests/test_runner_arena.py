@@ -196,9 +196,18 @@ class _CachePositionsContract(_InputPosContract):
         return self.head(self.embed(tokens)[:, -1, :]) + cache_positions.sum()
 
 
+class _PositionFromCacheContract(_InputPosContract):
+    """forward(tokens, slab [P + 1, hd], ...) -> (logits, new rows): the runtime's KV cache, the
+    position read off its length (EXPORTER_REVISION 3 to 7)."""
+
+    def forward(self, tokens, slab):
+        return self.head(self.embed(tokens)[:, -1, :]) + slab.sum(), slab[:1].unsqueeze(0)
+
+
 @pytest.mark.parametrize("contract,second,methods", [
-    (_InputPosContract, [0], {}), (_CachePositionsContract, [0, 1], {"get_prefill_chunk": 2})],
-    ids=["input_pos", "cache_positions"])
+    (_InputPosContract, [0], {}), (_CachePositionsContract, [0, 1], {"get_prefill_chunk": 2}),
+    (_PositionFromCacheContract, [[0.0, 0.0, 0.0, 0.0]] * 3, {"get_prefill_chunk": 2})],
+    ids=["input_pos", "cache_positions", "position_from_cache"])
 def test_a_program_of_an_earlier_contract_is_refused(runner_bin, tiny_build, tmp_path, contract, second, methods):
     """A program exported for an earlier forward contract cannot be fed the runtime's KV cache: both
     loading paths of the runner and `lora-share run` refuse it with the fix, not a failed forward later."""

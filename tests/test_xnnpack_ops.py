@@ -91,8 +91,8 @@ def test_same_outputs_as_shipped(programs, past):
     dtype = model.args.kv_torch_dtype
     slabs = [torch.randn(past + 1, model.args.hd, generator=g).to(dtype) for _ in range(n_slabs(model.args))]
     lora = [t.normal_(generator=g) * 0.1 for t in envelope.example_inputs(model.args)]
-    tokens = torch.tensor([[3, 1, 4, 1, 5]])
-    a, b = run(ours, [tokens, *slabs, *lora]), run(shipped, [tokens, *slabs, *lora])
+    tokens, pos = torch.tensor([[3, 1, 4, 1, 5]]), torch.tensor([past])
+    a, b = run(ours, [tokens, pos, *slabs, *lora]), run(shipped, [tokens, pos, *slabs, *lora])
     assert len(a) == len(b) == 1 + 2 * LAYERS
     for x, y in zip(a, b):
         assert x.dtype == y.dtype and torch.equal(x, y)

@@ -23,9 +23,15 @@ Status cache_positions_program(const std::string& pte) {
                          "version");
 }
 
+Status position_from_cache_program(const std::string& pte) {
+  return Status::failure(pte +
+                         ": built by an older lora-share (its forward reads the position off "
+                         "the KV cache's length, not an input): rebuild it with this version");
+}
+
 Status not_a_slab(const std::string& pte, size_t input) {
   return Status::failure(pte + ": forward's input " + std::to_string(input) +
-                         " is not a KV slab like input 1 (float32 or float16 [rows, head_dim]), "
+                         " is not a KV slab like input 2 (float32 or float16 [rows, head_dim]), "
                          "as the export contract requires");
 }
 
@@ -34,8 +40,8 @@ bool is_slab(const TensorInfo& info) {
          info.sizes().size() == 2 && info.sizes()[1] > 0;
 }
 
-// forward's inputs for `tokens` at positions pos..: the ids, rows 0..pos of
-// each slab of `cache`, then the adapter's LoRA inputs. The export leaves
+// forward's inputs for `tokens` at positions pos..: the ids, pos, each slab's
+// first kv_view_rows rows of `cache`, then the adapter's LoRA inputs. The export leaves
 // graph inputs out of memory planning, so set_input points the method at this
 // memory instead of copying it: the cache and the LoRA weights are read in
 // place, and this object (and `lora`) must outlive execute().
@@ -52,19 +58,21 @@ class ForwardInputs {
 
  private:
   std::vector<int64_t> ids_;
+  int64_t pos_;
   std::vector<TensorPtr> tensors_;
   std::vector<EValue> values_;
 };
 
 ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
                              const KvCache& cache, const std::vector<TensorPtr>& lora)
-    : ids_(tokens) {
+    : ids_(tokens), pos_(pos) {
   const KvLayout& kv = cache.layout;
   tensors_.push_back(make_tensor_ptr({1, static_cast<SizesType>(ids_.size())},
                                      ids_.data(), ScalarType::Long));
+  tensors_.push_back(make_tensor_ptr({1}, &pos_, ScalarType::Long));
   for (int64_t j = 0; j < kv.slabs; ++j)
     tensors_.push_back(make_tensor_ptr(
-        {static_cast<SizesType>(kv.is_ring[j] ? kv.ring + 1 : pos + 1),
+        {static_cast<SizesType>(kv.is_ring[j] ? kv.ring + 1 : kv_view_rows(pos, kv.rows(j))),
          static_cast<SizesType>(kv.head_dim)},
         cache.data + kv.offsets[j] * kv.value_bytes(), kv.dtype));
   for (const TensorPtr& t : tensors_) values_.emplace_back(*t);
@@ -145,6 +153,10 @@ Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
 
 }  // namespace
 
+int64_t kv_view_rows(int64_t pos, int64_t rows) {
+  return std::min((pos + kKvRowBlock) / kKvRowBlock * kKvRowBlock, rows);
+}
+
 int64_t KvLayout::rows(int64_t slab) const {
   return is_ring[slab] ? ring + 1 : max_seq_len;
 }
@@ -160,14 +172,30 @@ size_t KvLayout::bytes() const { return values() * value_bytes(); }
 StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len,
                                   int64_t ring, size_t lora_inputs, const std::string& pte) {
   size_t inputs = forward.num_inputs() >= lora_inputs ? forward.num_inputs() - lora_inputs : 0;
-  if (inputs < 2)
+  auto slab_at = [&forward](size_t i) {
+    if (i >= forward.num_inputs()) return false;
+    auto info = forward.input_tensor_meta(i);
+    return info.ok() && is_slab(info.get());
+  };
+  // Earlier contracts, refused with the fix: the position read off the slabs'
+  // length (input 1 a slab), or cache positions (int64, no slab after them).
+  if (slab_at(1)) return position_from_cache_program(pte);
+  if (forward.num_inputs() > 1 && !slab_at(2)) {
+    auto second = forward.input_tensor_meta(1);
+    if (second.ok() && second->scalar_type() == ScalarType::Long)
+      return cache_positions_program(pte);
+  }
+  if (inputs < 3)
     return Status::failure(pte + ": forward takes " + std::to_string(inputs) +
-                           " input(s); the export contract gives it the tokens "
+                           " input(s); the export contract gives it the tokens, the position "
                            "and one KV slab per layer, K/V and KV head");
-  auto first = forward.input_tensor_meta(1);
-  if (first.ok() && first->scalar_type() == ScalarType::Long)
-    return cache_positions_program(pte);
-  if (!first.ok() || !is_slab(first.get())) return not_a_slab(pte, 1);
+  auto position = forward.input_tensor_meta(1);
+  if (!position.ok() || position->scalar_type() != ScalarType::Long ||
+      position->sizes().size() != 1 || position->sizes()[0] != 1)
+    return Status::failure(pte + ": forward's input 1 is not the position (int64 [1]), "
+                           "as the export contract requires");
+  auto first = forward.input_tensor_meta(2);
+  if (!first.ok() || !is_slab(first.get())) return not_a_slab(pte, 2);
   if (max_seq_len < 1)
     return Status::failure(pte + ": get_max_seq_len() returned " +
                            std::to_string(max_seq_len) + "; it must be at least 1");
@@ -176,20 +204,20 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
                            "; a ring is shorter than max_seq_len - 1 (" +
                            std::to_string(max_seq_len - 1) + ")");
   KvLayout layout;
-  layout.slabs = static_cast<int64_t>(inputs - 1);
+  layout.slabs = static_cast<int64_t>(inputs - 2);
   layout.head_dim = first->sizes()[1];
   layout.max_seq_len = max_seq_len;
   layout.dtype = first->scalar_type();
   layout.ring = ring;
   layout.offsets.push_back(0);
-  for (size_t i = 1; i < inputs; ++i) {
+  for (size_t i = 2; i < inputs; ++i) {
     auto info = forward.input_tensor_meta(i);
     if (!info.ok() || !is_slab(info.get()) || info->sizes()[1] != layout.head_dim ||
         info->scalar_type() != layout.dtype)
       return not_a_slab(pte, i);
     // A ring's input is W + 1 rows; every other slab's at most max_seq_len.
     layout.is_ring.push_back(ring > 0 && info->sizes()[0] == ring + 1);
-    size_t rows = static_cast<size_t>(layout.rows(static_cast<int64_t>(i) - 1));
+    size_t rows = static_cast<size_t>(layout.rows(static_cast<int64_t>(i) - 2));
     layout.offsets.push_back(layout.offsets.back() + rows * static_cast<size_t>(layout.head_dim));
   }
   size_t groups = forward.num_outputs() > 1 ? forward.num_outputs() - 1 : 0;

@@ -2,15 +2,16 @@
 // runtime owns, with a clear error when the program does not follow the
 // export contract (lora_share/model.py):
 //
-//   forward(tokens [1, T] int64, slab_0 [P + 1, hd] kv, ..., slab_{N-1},
-//           A_0 [r_0, in_0] f32, B_0 [out_0, r_0] f32, ...)
+//   forward(tokens [1, T] int64, pos [1] int64, slab_0 [S, hd] kv, ...,
+//           slab_{N-1}, A_0 [r_0, in_0] f32, B_0 [out_0, r_0] f32, ...)
 //     -> (logits [1, vocab] f32, new_0 [H, T, hd] kv, ..., new_{G-1})
 //
 // where kv, the cache's element type, is f32 or f16 (foundation.kv_cache),
 //
-// feeds T tokens at positions P.. . There is one slab per layer, K or V, and
-// KV head, in that order (N = 2 * n_layers * n_kv_heads); slab j's input is
-// its cache rows 0..P. There is one new-rows output per layer and K or V
+// feeds T tokens at positions P.. (P = pos). There is one slab per layer, K
+// or V, and KV head, in that order (N = 2 * n_layers * n_kv_heads); slab j's
+// input is its cache rows 0..S-1 for any S > P (kv_view_rows): the program
+// masks the rows after P. There is one new-rows output per layer and K or V
 // (G = 2 * n_layers, H = N / G): new_g holds the rows for positions
 // P..P+T-1 of slabs g * H.. g * H + H - 1, which the runtime writes back into
 // the cache before the next call (KvLayout). The LoRA inputs, two per slot of
@@ -40,7 +41,7 @@ namespace lora_share {
 // A program with get_sliding_window (W, `ring`; Gemma 3's sliding layers)
 // takes those layers' slabs as rings of W + 1 rows, passed whole on every
 // call: position p lives at row 1 + p % W, and the program masks the rows
-// outside each query's window from the past length it reads off the others.
+// outside each query's window from the position.
 struct KvLayout {
   int64_t slabs = 0, head_dim = 0, max_seq_len = 0;
   executorch::aten::ScalarType dtype = executorch::aten::ScalarType::Float;
@@ -55,8 +56,18 @@ struct KvLayout {
   size_t bytes() const;
 };
 
-// forward's KV layout, read from its method meta (N = inputs - 1 -
-// `lora_inputs`, hd = input 1's second dimension, the element type input 1's; with `ring` W > 0, the
+// The rows of a slab (of `rows`) forward is given at position pos: pos + 1
+// rounded up to a multiple of kKvRowBlock, at most `rows`. XNNPACK re-plans
+// a delegate's memory whenever an input grows; a length that grew at every
+// token cost every decoded token that (4-5% of an 8da4w token at
+// SmolLM2-135M's shape), one that grows once per block costs it once per
+// block. llama.cpp pads its KV view the same way. lora_share/model.py's
+// KV_ROW_BLOCK is the same.
+constexpr int64_t kKvRowBlock = 32;
+int64_t kv_view_rows(int64_t pos, int64_t rows);
+
+// forward's KV layout, read from its method meta (N = inputs - 2 -
+// `lora_inputs`, hd = input 2's second dimension, the element type input 2's; with `ring` W > 0, the
 // slab inputs of W + 1 rows are rings); refuses a program whose inputs and
 // outputs do not follow the contract above, and names the fix for one built
 // before it.
