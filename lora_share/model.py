@@ -275,7 +275,7 @@ def rotate_half_matrix(hd: int) -> torch.Tensor:
 class Attention(nn.Module):
     """Grouped-query attention over the caller's KV cache (batch 1).
 
-    Each key/value head has its own slabs (module docstring), so its written prefix is one
+    Each key/value head has its own slabs (module docstring), so its rows are one
     contiguous input that the products read where it lies; a cache laid out per layer would put
     the heads side by side and need a copy to separate them. Each head's past keys are the weight
     of a linear (``q K^T``): XNNPACK packs a weight that is an input with its fast row-wise packer,
@@ -326,7 +326,7 @@ class Attention(nn.Module):
     def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
         """``rope_q``, ``rope_k``: (cos, sin) ``[T, 1, head_dim]`` for queries (already scaled by
         ``1 / sqrt(head_dim)``) and keys. ``keys``, ``values``: each key/value head's slab input,
-        ``[P + 1, head_dim]``. ``bias`` ``[1, rep * T, P + 1 + T]`` is 0 where a query row may see a
+        ``[S, head_dim]`` (S > P: module docstring). ``bias`` ``[1, rep * T, S + T]`` is 0 where a query row may see a
         slot, -inf where not. ``lora``: this layer's (A, B) by linear name, for the linears the
         envelope has. Returns the output and this call's keys and values, ``[n_kv, T, head_dim]`` each."""
         _, t, _ = x.shape
