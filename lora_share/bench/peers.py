@@ -202,7 +202,9 @@ class LlamaServer:
     """llama-server with every adapter loaded at scale 0; each request switches its own adapter on."""
 
     def __init__(self, binary: Path, model: Path, loras: list[Path], port: int, log: Path):
-        cmd = ["nice", "-n", "15", binary, "-m", model, "-t", "2", "-tb", "2", "-c", CONTEXT, "-np", "1",
+        # The runner's priority, not the build steps' low one (sh): under it llama-server's threads lost
+        # the CPU to the runner's idle pool (llama.cpp F32 decode 10% slower with a runner alive).
+        cmd = [binary, "-m", model, "-t", "2", "-tb", "2", "-c", CONTEXT, "-np", "1",
                "--port", port, "--no-webui", "--lora-init-without-apply",
                "-lv", "4"]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
         for lora in loras:
