@@ -180,7 +180,7 @@ def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path, po
         return info is not None and info.dtype() in _ET_KV_DTYPES and len(info.sizes()) == 2
 
     slabs = meta.num_inputs() - 2 - n_lora
-    if meta.num_inputs() > 1 and is_slab(1):
+    if is_slab(1):
         raise UserError(f"{pte}: built by an older lora-share (its forward reads the position off the KV "
                         "cache's length, not an input): rebuild it with this version")
     if slabs < 1 or not is_slab(2):

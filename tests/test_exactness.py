@@ -89,7 +89,7 @@ def test_one_foundation_for_all_adapters(tiny_build):
 
 
 @pytest.mark.parametrize("name", ["tiny_a", "tiny_b"])
-def test_rows_after_the_position_are_masked(tiny_build, name):
+def test_rows_after_the_position_are_masked(tiny_build, tiny_models, name):
     """forward at position P reads slab views of any length above P (model.kv_view_rows): the program
     masks rows P + 1 and later, so views of exactly P + 1 rows and whole slabs whose rows after P hold
     large garbage give the same logits and new rows."""
@@ -106,13 +106,8 @@ def test_rows_after_the_position_are_masked(tiny_build, name):
     assert adapter.cache.slabs[0].shape[0] > pos + 1 + 2
     for a, b in zip(exact, whole):
         np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-5, rtol=1e-6)  # sums of other lengths
-    eager = eager_model(*_foundation_and_adapter(tiny_build, name))
+    eager = tiny_models[1][name]
+    eager.reset_cache()
     eager.step(PROMPT, 0)
     ref = eager(*forward_inputs([5, 6], pos, eager._cache, eager._lora, block=1))[0]
     assert np.abs(ref.detach().numpy() - exact[0].numpy()).max() <= 1e-4
-
-
-def _foundation_and_adapter(tiny_build, name):
-    cfg = lora_share.validate(tiny_build.config)
-    foundation = load_foundation(cfg.foundation)
-    return foundation, load_adapter(next(a for a in cfg.adapters if a.name == name), foundation.args)
