@@ -99,7 +99,8 @@ def sharing_weights(tensors):
     ids = {id(t) for t in tensors}
     by_digest = {}
     for t in tensors:
-        raw = t.detach().view(torch.uint8).numpy().reshape(-1) if t.numel() else None
+        # reshape first: a 0-dim tensor (a scalar constant) has no last dimension to view as bytes.
+        raw = t.detach().reshape(-1).view(torch.uint8).numpy() if t.numel() else None
         if raw is not None:
             digest = hashlib.sha256(raw)
             by_digest.setdefault(digest.hexdigest(), (memoryview(raw).toreadonly(), digest.digest()))

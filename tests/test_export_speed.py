@@ -98,3 +98,26 @@ def test_compact_dependencies_hold_executorch_sets(tmp_path):
         assert all(n in down for n in theirs.downstreams_of(node))
         assert set(compact.upstreams_of(node)) == theirs.upstreams_of(node)
     assert max(len(compact.downstreams_of(n)) for n in nodes) > len(nodes) // 2  # not trivially small closures
+
+
+def test_sharing_weights_takes_scalar_constants():
+    """A 0-dim constant (a scalar a graph may carry) is shared like any weight: deepcopy keeps the
+    tensor itself, and the named-data store gets the tensor's own bytes under their sha256, not a copy."""
+    import copy
+
+    import torch
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    from lora_share.export_memory import sharing_weights
+
+    scalar, row = torch.tensor(1.5), torch.arange(4, dtype=torch.float32)
+    with sharing_weights([scalar, row]):
+        assert copy.deepcopy(scalar) is scalar and copy.deepcopy(row) is row
+        store = NamedDataStore()
+        for t in (scalar, row):
+            raw = t.numpy().tobytes()
+            store.add_named_data(hashlib.sha256(raw).hexdigest(), raw)
+        stored = [store.get_named_data_store_output().buffers[i] for i in range(2)]
+    assert [b.to_bytes() for b in stored] == [scalar.numpy().tobytes(), row.numpy().tobytes()]
+    assert all(not isinstance(b, bytes) for b in stored)  # read from the tensors, not copied
+    assert copy.deepcopy(scalar) is not scalar  # the block's sharing ends with it
