@@ -78,6 +78,26 @@ def test_checks_and_report(ours):
     json.dumps(result, default=str)
 
 
+def test_samples_give_each_pairs_ratio():
+    """Every request's figure is kept in order, and the report states the lowest and highest ratio of
+    the alternating pairs beside the ratio of the medians."""
+    def answers(decode, prefill):
+        return [{"decode_tokens_per_s": d, "prefill_tokens_per_s": p, "first_token_ms": 10.0}
+                for d, p in zip(decode, prefill)]
+
+    ours = {"build": "fp32", **peers.summarize({"short": answers([30, 33, 36], [1, 1, 1]),
+                                                  "long": answers([20, 22, 24], [500, 600, 700])})}
+    theirs = {"model": "f32", **peers.summarize({"short": answers([30, 30, 40], [1, 1, 1]),
+                                                   "long": answers([20, 20, 20], [500, 500, 500])})}
+    assert ours["decode_10_tokens_per_s"] == 33 and ours["samples"]["decode_10_tokens_per_s"] == [30, 33, 36]
+    assert peers.pair_ratios(ours, theirs, "decode_10_tokens_per_s") == pytest.approx([1.0, 1.1, 0.9])
+    assert peers.pair_ratios(ours, {"model": "f32"}, "decode_10_tokens_per_s") == []
+    md = peers.report({"command": "x", "repeats": 3, "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}},
+                       "checks": []})
+    assert ("lowest-highest: decode tokens/s, position ~10 0.90-1.10; decode tokens/s, position ~1,000 1.00-1.20; "
+            "prefill tokens/s, 1000 tokens 1.00-1.40.") in md
+
+
 def test_decode_ceiling_is_bandwidth_over_the_f32_file(tmp_path, monkeypatch):
     """fp32 decode at the memory's rate is the measured read bandwidth over the F32 file's bytes, and the
     report states it beside both sides' decode at ~10, as a share of it."""

@@ -285,13 +285,26 @@ def _median(rows: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in rows), 2)
 
 
+# The speed figures: (key, request kind, field of each answer).
+SPEEDS = [("decode_10_tokens_per_s", "short", "decode_tokens_per_s"),
+          ("decode_1000_tokens_per_s", "long", "decode_tokens_per_s"),
+          ("prefill_tokens_per_s", "long", "prefill_tokens_per_s")]
+SPEED_KEYS = {key for key, _, _ in SPEEDS}
+
+
 def summarize(samples: dict[str, list[dict]]) -> dict:
-    """Medians of the speed samples: decode at ~10 (short prompt), prefill and decode at ~1,000 (long)."""
-    short, long = samples["short"], samples["long"]
-    return {"decode_10_tokens_per_s": _median(short, "decode_tokens_per_s"),
-            "decode_1000_tokens_per_s": _median(long, "decode_tokens_per_s"),
-            "prefill_tokens_per_s": _median(long, "prefill_tokens_per_s"),
-            "first_token_ms": _median(short, "first_token_ms")}
+    """Medians of the speed samples: decode at ~10 (short prompt), prefill and decode at ~1,000 (long);
+    under "samples", every request's figure in the order they ran (so the spread can be read)."""
+    figures = {key: _median(samples[kind], field) for key, kind, field in SPEEDS}
+    return {**figures, "first_token_ms": _median(samples["short"], "first_token_ms"),
+            "samples": {key: [round(r[field], 2) for r in samples[kind]] for key, kind, field in SPEEDS}}
+
+
+def pair_ratios(ours: dict, theirs: dict, key: str) -> list[float]:
+    """lora-share / llama.cpp for each alternating pair of requests (the i-th of each side ran one after
+    the other), or [] when either side kept no samples."""
+    a, b = ours.get("samples", {}).get(key, []), theirs.get("samples", {}).get(key, [])
+    return [x / y for x, y in zip(a, b) if y] if len(a) == len(b) else []
 
 
 def runner_answer(answer: dict) -> dict:
@@ -459,6 +472,10 @@ def report(result: dict) -> str:
                 continue
             ratio = f"{a / b:.2f}" if a is not None and b else "n/a"
             lines.append(f"| {what} | {a} | {b} | {ratio} |")
+        spread = [(what, pair_ratios(ours, theirs, key)) for key, what in ROWS if key in SPEED_KEYS]
+        if all(r for _, r in spread):
+            lines += ["", "Ratio of each alternating pair of requests, lowest-highest: "
+                      + "; ".join(f"{what} {min(r):.2f}-{max(r):.2f}" for what, r in spread) + "."]
         lines.append("")
     ceiling = result.get("ceiling")
     if ceiling:
