@@ -78,6 +78,19 @@ def test_checks_and_report(ours):
     json.dumps(result, default=str)
 
 
+def test_llama_answer_counts_decode_steps_as_the_runner_does():
+    """llama-server's timings (the fields server-common.cpp's server_slot_stats::to_json writes; made-up
+    values): 32 tokens predicted in 310 ms are 31 decode steps of 10 ms after the prompt's 50 ms, so the
+    first token after one step lands at 60 ms, as the runner's prefill + decode_ms / (tokens - 1)."""
+    answer = {"content": "x", "timings": {"prompt_n": 8, "prompt_ms": 50.0, "prompt_per_second": 160.0,
+                                          "predicted_n": 32, "predicted_ms": 310.0, "predicted_per_second": 100.0}}
+    got = peers.llama_answer(answer)
+    assert got["first_token_ms"] == pytest.approx(60.0) and got["decode_tokens_per_s"] == 100.0
+    ours = peers.runner_answer({"prefill_ms": 50.0, "decode_ms": 310.0, "tokens": list(range(32)),
+                                "prefill_tokens_per_s": 160.0, "decode_tokens_per_s": 100.0})
+    assert ours["first_token_ms"] == pytest.approx(got["first_token_ms"])
+
+
 def test_samples_give_each_pairs_ratio():
     """Every request's figure is kept in order, and the report states the lowest and highest ratio of
     the alternating pairs beside the ratio of the medians."""

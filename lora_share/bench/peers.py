@@ -243,11 +243,7 @@ class LlamaServer:
         req = urllib.request.Request(self.url + "/completion", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
-            answer = json.loads(r.read())
-        t = answer["timings"]
-        return {"prefill_tokens_per_s": t["prompt_per_second"], "decode_tokens_per_s": t["predicted_per_second"],
-                "prefill_ms": t["prompt_ms"], "first_token_ms": t["prompt_ms"] + t["predicted_ms"] / max(t["predicted_n"], 1),
-                "prompt_n": t["prompt_n"], "text": answer.get("content", "")}
+            return llama_answer(json.loads(r.read()))
 
     def memory(self) -> dict:
         return processes.process_memory(self.proc.pid)
@@ -305,6 +301,18 @@ def pair_ratios(ours: dict, theirs: dict, key: str) -> list[float]:
     the other), or [] when either side kept no samples."""
     a, b = ours.get("samples", {}).get(key, []), theirs.get("samples", {}).get(key, [])
     return [x / y for x, y in zip(a, b) if y] if len(a) == len(b) else []
+
+
+def llama_answer(answer: dict) -> dict:
+    """A llama-server /completion answer in the fields the runner's are read into. Its ``predicted_ms``
+    spans ``predicted_n - 1`` decode steps (the first token comes from the prompt's logits, and
+    ``predicted_per_second`` counts those steps: server-common.h, ``n_gen_steps``), so one step is
+    ``predicted_ms / (predicted_n - 1)``, as the runner's ``decode_ms / (tokens - 1)``."""
+    t = answer["timings"]
+    step_ms = t["predicted_ms"] / max(t["predicted_n"] - 1, 1)
+    return {"prefill_tokens_per_s": t["prompt_per_second"], "decode_tokens_per_s": t["predicted_per_second"],
+            "prefill_ms": t["prompt_ms"], "first_token_ms": t["prompt_ms"] + step_ms,
+            "prompt_n": t["prompt_n"], "text": answer.get("content", "")}
 
 
 def runner_answer(answer: dict) -> dict:
