@@ -187,3 +187,12 @@ def test_llama_cpp_is_built_without_amx_where_the_cpu_lists_it():
     amx = "flags\t\t: fpu avx2 avx512f amx_bf16 avx512_fp16 amx_tile amx_int8\n"
     assert {"-mno-amx-tile", "-mno-amx-int8"} <= set(peers.compiler_flags(amx))
     assert peers.compiler_flags("flags\t\t: fpu avx2 avx512f\n") == []
+
+
+def test_llama_cpp_step_starts_in_a_fresh_workdir(tmp_path, monkeypatch):
+    """On a new machine out/peers does not exist: the first step (the sdist's download, here a command that
+    fails at once) must fail with its own message and log, not on the log file's missing folder."""
+    monkeypatch.setattr(peers.sys, "executable", "false")
+    with pytest.raises(peers.BenchError, match="failed"):
+        peers.llama_cpp(tmp_path / "out" / "peers" / "llama.cpp")
+    assert (tmp_path / "out" / "peers" / "llama.cpp" / "pip.log").is_file()

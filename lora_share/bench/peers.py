@@ -71,6 +71,7 @@ def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
 def llama_cpp(work: Path) -> dict[str, Path]:
     """llama.cpp's source (from the llama-cpp-python sdist) and its tools, built once in ``work``."""
     src, build = work / "src", work / "build"
+    work.mkdir(parents=True, exist_ok=True)
     tools = {t: build / "bin" / t for t in LLAMA_TOOLS}
     # Built for this CPU (GGML_NATIVE): a build made on another machine can stop on an illegal
     # instruction, so the CPU it was built for (and the flags) is stamped beside it and checked.
