@@ -60,7 +60,10 @@ KV_CACHE = "float16"
 
 
 def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
-    """Run one step at low priority; its output goes to ``log``; a failure raises with the log's tail."""
+    """Run one step at low priority; its output goes to ``log`` (its folder made if missing: a step may be
+    the first to write into a new work folder); a failure raises with the log's tail."""
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
     with open(log or os.devnull, "w") as out:
         proc = subprocess.run(["nice", "-n", "15", *map(str, cmd)], stdout=out, stderr=subprocess.STDOUT, **kw)
     if proc.returncode != 0:
@@ -71,7 +74,6 @@ def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
 def llama_cpp(work: Path) -> dict[str, Path]:
     """llama.cpp's source (from the llama-cpp-python sdist) and its tools, built once in ``work``."""
     src, build = work / "src", work / "build"
-    work.mkdir(parents=True, exist_ok=True)
     tools = {t: build / "bin" / t for t in LLAMA_TOOLS}
     # Built for this CPU (GGML_NATIVE): a build made on another machine can stop on an illegal
     # instruction, so the CPU it was built for (and the flags) is stamped beside it and checked.
