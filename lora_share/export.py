@@ -38,14 +38,15 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 6: an asymmetric int4 grid's group sums by a row of ones, once per input (model.Linear.group_sums).
 # 7: a quantized foundation's q/k/v and gate/up as one linear each (model.fused_linear).
 # 8: the position is forward's input; the slabs' views may be longer than the past (model.kv_view_rows).
-EXPORTER_REVISION = 8
+# 9: a second method, decode: one token, each layer's attention one lora_share::attend call.
+EXPORTER_REVISION = 9
 
 
-def example_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
-    """forward's example inputs for torch.export: a few tokens after four earlier positions, the slabs'
-    views exactly the past (so that the two dynamic sizes, tokens and slab rows, differ and are not
-    taken to be one), and the envelope's LoRA inputs."""
-    return forward_inputs(range(1, min(3, args.chunk) + 1), 4, KVCache.for_model(args),
+def example_inputs(args: ModelArgs, envelope: Envelope, tokens: int = 3) -> tuple[torch.Tensor, ...]:
+    """forward's example inputs for torch.export: a few tokens (``tokens``, at most a chunk) after four
+    earlier positions, the slabs' views exactly the past (so that the two dynamic sizes, tokens and
+    slab rows, differ and are not taken to be one), and the envelope's LoRA inputs."""
+    return forward_inputs(range(1, min(tokens, args.chunk) + 1), 4, KVCache.for_model(args),
                           envelope.example_inputs(args), block=1)
 
 
@@ -166,22 +167,29 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     full = args.max_seq_len
     dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, *({0: past} if rows == full else {} for rows in slab_rows(args)),
                *envelope.dynamic_shapes())
-    example = example_inputs(args, envelope)
     # Float exports take exactly the float path. An int8 embedding is torchao's dequantize +
     # embedding; ExecuTorch's quant fusion turns that into its quantized embedding_byte kernel.
     fuse_quant = is_quantized(model.model.embed_tokens.weight)
     with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
-        ep = torch.export.export(model, example, dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False)
+        # forward: 1 to a chunk of tokens, attention by XNNPACK's products (prefill); decode: one token,
+        # attention by lora_share::attend (model.LlamaLoRA.decoding). Same inputs and weights.
+        programs = {"forward": torch.export.export(model, example_inputs(args, envelope),
+                                                   dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False)}
+        with model.decoding():
+            programs["decode"] = torch.export.export(model, example_inputs(args, envelope, tokens=1),
+                                                     dynamic_shapes=(None, None, dynamic[1:]), strict=False)
+        ep = programs["forward"]
+        user_inputs = {name for p in programs.values() for name in p.graph_signature.user_inputs}
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
         with sharing_weights(weights), xnnpack_visitors(), contextlib.ExitStack() as lowering:
             if lean:
                 lowering.enter_context(lean_lowering())
                 lowering.enter_context(compact_dependencies())
             edge = to_edge_transform_and_lower(
-                ep,
+                programs,
                 transform_passes=[_embedding_output_float32, inferred_views,
-                                  *([_tag_foundation_constants(set(ep.graph_signature.user_inputs))] if external else [])],
+                                  *([_tag_foundation_constants(user_inputs)] if external else [])],
                 partitioner=[_partitioner(lean)],
                 # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),

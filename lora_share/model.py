@@ -34,6 +34,12 @@ keys or values for that group's slabs, head by head, which the caller writes at 
 (of a ring: at 1 + p % W, in order). ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
 prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement the caller's side.
 
+``decode``, the program's second method, is forward for T = 1 (same inputs, outputs and weights) with
+each layer's scores, softmax and weighted values computed by one ``lora_share::attend`` call
+(decode_attention.py), which reads the cache where it lies, where forward's products take the past as
+XNNPACK weights and pack them again on every call. The C++ runtime decodes with it; prompts, and the
+Python runtime, take forward (``LlamaLoRA.decoding`` traces it).
+
 LoRA weights are inputs too, so one program serves every adapter of its envelope (envelope.py):
 after the slabs come two inputs per envelope slot (layer, linear), in the envelope's order,
 ``A [r, in]`` and ``B [out, r]`` (the LoRA scale folded into B) with ``1 <= r <= max_rank``.
@@ -42,6 +48,7 @@ An adapter without LoRA on a slot passes a zero rank-1 pair there (exactly nothi
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -50,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .decode_attention import attend
 from .quantize import is_quantized
 
 # The runtimes pass each slab's rows in blocks of this many (module docstring, ``kv_view_rows``); the
@@ -323,12 +331,14 @@ class Attention(nn.Module):
         float16 kernels accumulate in float32); the casts are of this call's rows only, never the cache."""
         return x if self.kv_dtype == torch.float32 else x.to(self.kv_dtype)
 
-    def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
+    def forward(self, x, rope_q, rope_k, bias, keys, values, lora, fused: bool = False):
         """``rope_q``, ``rope_k``: (cos, sin) ``[T, 1, head_dim]`` for queries (already scaled by
         ``1 / sqrt(head_dim)``) and keys. ``keys``, ``values``: each key/value head's slab input,
         ``[S, head_dim]`` (S > P: module docstring). ``bias`` ``[1, rep * T, S + T]`` is 0 where a query row may see a
         slot, -inf where not. ``lora``: this layer's (A, B) by linear name, for the linears the
-        envelope has. Returns the output and this call's keys and values, ``[n_kv, T, head_dim]`` each."""
+        envelope has. ``fused``: scores, softmax and weighted values by one ``lora_share::attend`` call
+        (decode_attention.py; the decode method's) instead of XNNPACK's products. Returns the output and
+        this call's keys and values, ``[n_kv, T, head_dim]`` each."""
         _, t, _ = x.shape
         n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
         past, rows = keys[0].shape[0], rep * t
@@ -344,15 +354,24 @@ class Attention(nn.Module):
         # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
         # rows of ``bias``.
         q_rows = self._to_kv(permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd))
+        if fused:
+            return self._output(attend(q_rows, k, v, bias, keys, values), t, lora), k, v
         past_s = torch.cat([F.linear(q_rows[h:h + 1], keys[h]) for h in range(n_kv)], dim=0)
         new_s = torch.bmm(q_rows, permute(k, [0, 2, 1]))  # [n_kv, rows, T]
         probs = torch.softmax(torch.cat([past_s, new_s], dim=2) + bias, dim=-1)
         p_past, p_new = probs[:, :, :past], probs[:, :, past:]
         out = torch.bmm(p_new, v) + torch.cat(
             [torch.bmm(p_past[h:h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0)
-        out = permute(out.view(n_kv, rep, t, hd), [2, 0, 1, 3]).view(1, t, self.n_heads * hd)
+        return self._output(out, t, lora), k, v
+
+    def _output(self, out: torch.Tensor, t: int, lora) -> torch.Tensor:
+        """o_proj of attention's rows ``[n_kv, rep * T, head_dim]`` (in the cache's dtype), back in
+        position order and float32: ``[1, T, dim]``."""
+        rep, hd = self.n_heads // self.n_kv, self.hd
+        out = torch.ops.aten.permute_copy.default(out.view(self.n_kv, rep, t, hd), [2, 0, 1, 3])
+        out = out.view(1, t, self.n_heads * hd)
         out = out if self.kv_dtype == torch.float32 else out.to(torch.float32)
-        return self.o_proj(out, lora.get("o_proj")), k, v
+        return self.o_proj(out, lora.get("o_proj"))
 
 
 class MLP(nn.Module):
@@ -394,8 +413,8 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
             self.post_feedforward_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
 
-    def forward(self, x, rope_q, rope_k, bias, keys, values, lora):
-        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values, lora)
+    def forward(self, x, rope_q, rope_k, bias, keys, values, lora, fused: bool = False):
+        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values, lora, fused)
         if self.sandwich:
             h = x + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h), lora)), k, v
@@ -538,6 +557,8 @@ class LlamaLoRA(nn.Module):
         self.full_slab = 2 * args.n_kv_heads * first_full
         self._cache: KVCache | None = None
         self._lora: tuple[torch.Tensor, ...] = ()
+        # True while tracing the decode method: attention by lora_share::attend (``decoding``).
+        self.fused_attention = False
 
     def _rope(self, name: str, positions: torch.Tensor, scale: float):
         """(queries' (cos, sin), keys' (cos, sin)) ``[T, 1, hd]``: one rotation per position, for every
@@ -591,10 +612,22 @@ class LlamaLoRA(nn.Module):
         for i, layer in enumerate(self.model.layers):
             mine = slabs[2 * n_kv * i:2 * n_kv * (i + 1)]
             local = i in args.sliding_layers
-            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i])
+            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i],
+                            self.fused_attention)
             new_rows += [k, v]
         h = self.model.norm(h[:, -1, :])
         return (self.lm_head(h), *new_rows)
+
+    @contextlib.contextmanager
+    def decoding(self):
+        """Within: ``forward`` is the program's ``decode`` method (module docstring), each layer's
+        attention one ``lora_share::attend`` call. Same inputs, outputs and parameters as forward, so
+        the two methods share every weight."""
+        self.fused_attention = True
+        try:
+            yield self
+        finally:
+            self.fused_attention = False
 
     def fuse_projections(self) -> "LlamaLoRA":
         """Every layer's q, k and v, and gate and up, as one linear each (``fused_linear``): same outputs,

@@ -260,7 +260,7 @@ Status AdapterPool::load_program(size_t index) {
     }
     arena = p.own_arena.get();
   }
-  Status s = p.program->load_forward(*arena, *foundation_, xnnpack_.load_options());
+  Status s = p.program->load_methods(*arena, *foundation_, xnnpack_.load_options());
   if (!s.ok()) return s;
   p.loaded = true;
   // Loading packed the foundation (the first program) or this program's own

@@ -1,5 +1,6 @@
 #include "shared_adapter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -82,6 +83,15 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
   prefill_chunk_ = chunk.value();
   auto sizes = planned_buffer_sizes(*program_, "forward");
   if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
+  // Programs exported before decode existed have forward alone.
+  has_decode_ = program_->method_meta("decode").ok();
+  if (has_decode_) {
+    auto decode_sizes = planned_buffer_sizes(*program_, "decode");
+    if (!decode_sizes.ok()) return Status::failure(pte + ": " + decode_sizes.status().message());
+    if (decode_sizes->size() > sizes->size()) sizes->resize(decode_sizes->size(), 0);
+    for (size_t i = 0; i < decode_sizes->size(); ++i)
+      (*sizes)[i] = std::max((*sizes)[i], (*decode_sizes)[i]);
+  }
   auto forward = program_->method_meta("forward");
   if (!forward.ok()) return Status::failure(pte + ": the program has no method 'forward'");
   auto shapes = read_lora_shapes(forward.get(), lora_slots, pte);
@@ -103,7 +113,7 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
   return Status();
 }
 
-Status SharedProgram::load_forward(PlannedArena& arena, const Foundation& foundation,
+Status SharedProgram::load_methods(PlannedArena& arena, const Foundation& foundation,
                                    const LoadBackendOptionsMap* backend_options) {
   auto t0 = std::chrono::steady_clock::now();
   set_phase("loading " + pte_path_ + " against " +
@@ -112,6 +122,8 @@ Status SharedProgram::load_forward(PlannedArena& arena, const Foundation& founda
   if (!arena.holds(planned_sizes_))
     return Status::failure(pte_path_ + ": its planned memory does not fit the arena");
   memory_ = std::make_unique<MethodMemory>(
+      arena.spans(planned_sizes_.size() - 1, /*first=*/1));
+  decode_memory_ = std::make_unique<MethodMemory>(
       arena.spans(planned_sizes_.size() - 1, /*first=*/1));
   kv_.data = reinterpret_cast<uint8_t*>(arena.buffer(0).data());
   // No foundation (no --ptd): the program's own named data is all there is.
@@ -124,6 +136,16 @@ Status SharedProgram::load_forward(PlannedArena& arena, const Foundation& founda
                             backend_options);
   if (!method.ok()) return explain_load_failure(method.error(), foundation);
   forward_ = std::make_unique<Method>(std::move(method.get()));
+  if (has_decode_) {
+    // Its weights are forward's (the same foundation keys): XNNPACK's weight
+    // cache packs each once for both methods.
+    Result<Method> decode =
+        program_->load_method("decode", &decode_memory_->manager,
+                              /*event_tracer=*/nullptr, data_map_.get(),
+                              backend_options);
+    if (!decode.ok()) return explain_load_failure(decode.error(), foundation);
+    decode_ = std::make_unique<Method>(std::move(decode.get()));
+  }
   load_ms_ += ms_since(t0);
   set_phase("running " + pte_path_);
   return Status();
@@ -194,9 +216,12 @@ Status SharedProgram::explain_load_failure(Error error,
 Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& lora,
                            const std::vector<int64_t>& tokens, int64_t pos,
                            std::vector<float>* logits, const std::string& adapter_pte) {
-  std::string what = adapter_pte + ": forward";
+  Method& method = tokens.size() == 1 && decode_ ? *decode_ : *forward_;
+  std::string what = adapter_pte + (&method == decode_.get() ? ": decode" : ": forward");
   return run_forward(
-      [this, &what](const std::vector<EValue>& inputs) { return execute_forward(inputs, what); },
+      [this, &method, &what](const std::vector<EValue>& inputs) {
+        return execute(method, inputs, what);
+      },
       kv_, lora, tokens, pos, vocab_size_, what, logits);
 }
 
@@ -218,18 +243,18 @@ Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
   return program_->step(lora_, tokens, pos, logits, pte_path_);
 }
 
-StatusOr<std::vector<EValue>> SharedProgram::execute_forward(
-    const std::vector<EValue>& inputs, const std::string& what) {
-  if (forward_->set_inputs(executorch::aten::ArrayRef<EValue>(inputs.data(),
-                                                              inputs.size())) != Error::Ok)
+StatusOr<std::vector<EValue>> SharedProgram::execute(
+    Method& method, const std::vector<EValue>& inputs, const std::string& what) {
+  if (method.set_inputs(executorch::aten::ArrayRef<EValue>(inputs.data(),
+                                                           inputs.size())) != Error::Ok)
     return Status::failure(what + " rejected its inputs (" + last_runtime_error() + ")");
-  Error err = forward_->execute();
+  Error err = method.execute();
   if (err != Error::Ok)
     return Status::failure(what + " failed (" +
                            executorch::runtime::to_string(err) + ": " +
                            last_runtime_error() + ")");
-  std::vector<EValue> outputs(forward_->outputs_size());
-  if (forward_->get_outputs(outputs.data(), outputs.size()) != Error::Ok)
+  std::vector<EValue> outputs(method.outputs_size());
+  if (method.get_outputs(outputs.data(), outputs.size()) != Error::Ok)
     return Status::failure(what + ": its outputs could not be read");
   return outputs;
 }

@@ -41,19 +41,24 @@ struct MethodMemory {
 class SharedProgram {
  public:
   // Step 1: maps and checks `pte` (any adapter file that carries the
-  // program), runs its constant methods and reads the sizes of forward's
+  // program), runs its constant methods and reads the sizes of its methods'
   // planned buffers, its KV cache and its `lora_slots` LoRA input pairs.
   Status open(const std::string& pte, size_t lora_slots);
-  // The arena buffers forward needs: its KV cache's bytes, then its planned
-  // buffers in memory-id order (planned_arena.h says why in that order).
+  // The arena buffers the methods need: the KV cache's bytes, then each
+  // planned buffer (memory-id order, planned_arena.h says why) at the larger
+  // of forward's and decode's sizes: one call runs at a time, so the two
+  // methods take turns in the same buffers.
   const std::vector<size_t>& planned_sizes() const { return planned_sizes_; }
 
-  // Step 2: loads forward against `foundation`, in `arena`'s buffers (which
-  // must hold planned_sizes() and outlive this program, as `foundation` must).
-  Status load_forward(PlannedArena& arena, const Foundation& foundation,
+  // Step 2: loads forward (and decode, when the program has it) against
+  // `foundation`, in `arena`'s buffers (which must hold planned_sizes() and
+  // outlive this program, as `foundation` must).
+  Status load_methods(PlannedArena& arena, const Foundation& foundation,
                       const executorch::runtime::LoadBackendOptionsMap* backend_options);
 
-  // One forward call with an adapter's LoRA inputs (lora_input_tensors);
+  // One call with an adapter's LoRA inputs (lora_input_tensors): decode for
+  // one token when the program has it (its attention is one lora_share::attend
+  // kernel per layer, which reads the cache in place), forward otherwise;
   // `adapter_pte` names the adapter in errors.
   Status step(const std::vector<executorch::extension::TensorPtr>& lora,
               const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
@@ -70,7 +75,8 @@ class SharedProgram {
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);
-  StatusOr<std::vector<executorch::runtime::EValue>> execute_forward(
+  StatusOr<std::vector<executorch::runtime::EValue>> execute(
+      executorch::runtime::Method& method,
       const std::vector<executorch::runtime::EValue>& inputs, const std::string& what);
   Status explain_load_failure(executorch::runtime::Error error,
                               const Foundation& foundation);
@@ -86,9 +92,10 @@ class SharedProgram {
   std::unique_ptr<executorch::runtime::Program> program_;
   std::unique_ptr<KeyRecordingDataMap> data_map_;
   std::vector<size_t> planned_sizes_;
-  KvCache kv_;  // its data is arena buffer 0, set by load_forward
-  std::unique_ptr<MethodMemory> memory_;
-  std::unique_ptr<executorch::runtime::Method> forward_;
+  bool has_decode_ = false;
+  KvCache kv_;  // its data is arena buffer 0, set by load_methods
+  std::unique_ptr<MethodMemory> memory_, decode_memory_;
+  std::unique_ptr<executorch::runtime::Method> forward_, decode_;
 };
 
 // An adapter of a loaded program: its LoRA data, bound to the program's inputs.

@@ -5,6 +5,8 @@
 // foundation's delegated weights. The KV cache is the adapter's own vector
 // (forward_io.h); the Module keeps forward's planned memory to itself. Its
 // LoRA inputs are its own mapped tensors (lora_data.h), as on the shared path.
+// It runs forward alone, decode included: without the weight cache a decode
+// method would pack the foundation a second time.
 #include <executorch/extension/module/module.h>
 
 #include <chrono>
