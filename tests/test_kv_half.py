@@ -86,7 +86,12 @@ def test_cpp_runner_matches_python(runner_bin, half_build, tmp_path, mode):
         assert proc.returncode == 0, proc.stderr
         ref = lora_share.run(pte, half_build.ptd, PROMPT, NEW)
         assert [int(t) for t in proc.stdout.split()] == ref.tokens, name
-        assert np.abs(np.load(npy) - ref.logits).max() <= 1e-4, name
+        got = np.load(npy)
+        # The prompt's logits come from forward in both runtimes: the same arithmetic. The runner then
+        # decodes with the decode method, whose attention (lora_share::attend) reads the float16 cache
+        # in float32 where forward's runs in XNNPACK's float16: within float16's precision.
+        assert np.abs(got[0] - ref.logits[0]).max() <= 1e-4, name
+        assert np.abs(got - ref.logits).max() <= 2e-3 * np.abs(ref.logits).max(), name
 
 
 def test_runner_arena_holds_the_smaller_cache(runner_bin, half_build, tiny_build):

@@ -192,22 +192,37 @@ def _segments(pte: bytes, what: str) -> list[tuple[int, int]]:
     return [(s.start, s.size) for s in program_segments(root, read_header(pte, what), what)]
 
 
+# The methods that take LoRA inputs (model.py): forward, and decode where the program has it.
+LORA_METHODS = ("forward", "decode")
+
+
 def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[Patch]:
     """The patches that make LoRA slots ``slots`` (envelope indices, of ``n_slots``) dead code in
-    ``pte``'s XNNPACK payloads. The LoRA inputs come last, A and B per slot (model.py)."""
+    ``pte``'s XNNPACK payloads, in every method that takes LoRA inputs (``LORA_METHODS``). The LoRA
+    inputs come last, A and B per slot (model.py)."""
     root = FlatBuffer(pte, what).root("Program")
-    plan = next((p for p in root.tables(_P_PLANS, "ExecutionPlan") if p.string(_PLAN_NAME) == "forward"), None)
-    if plan is None:
+    plans = {p.string(_PLAN_NAME): p for p in root.tables(_P_PLANS, "ExecutionPlan")}
+    if "forward" not in plans:
         raise BadFlatbuffer(what, "no forward method")
-    inputs = plan.scalars(_PLAN_INPUTS, "i")
     segments = _segments(pte, what)
+    patches, taken = [], set()  # taken: one rewrite per id field, whichever method reaches it first
+    for name in LORA_METHODS:
+        if name in plans:
+            patches += _plan_patches(pte, what, plans[name], name, slots, n_slots, segments, taken)
+    return patches
+
+
+def _plan_patches(pte: bytes, what: str, plan, name: str, slots: list[int], n_slots: int,
+                  segments: list[tuple[int, int]], taken: set[int]) -> list[Patch]:
+    """``skip_patches`` of one method (``plan``, called ``name``)."""
+    inputs = plan.scalars(_PLAN_INPUTS, "i")
     delegates = plan.tables(_PLAN_DELEGATES, "BackendDelegate")
     first = len(inputs) - 2 * n_slots
     if first < 0 or any(not 0 <= s < n_slots for s in slots):
-        raise BadFlatbuffer(what, f"forward has {len(inputs)} inputs, too few for {n_slots} LoRA slots")
+        raise BadFlatbuffer(what, f"{name} has {len(inputs)} inputs, too few for {n_slots} LoRA slots")
     # A's value -> B's value, as the program's values
     wanted = {inputs[first + 2 * s]: inputs[first + 2 * s + 1] for s in slots}
-    patches, taken = [], set()
+    patches = []
     for chain in plan.tables(_PLAN_CHAINS, "Chain"):
         for instr in chain.tables(_CHAIN_INSTRUCTIONS, "Instruction"):
             if instr.u8(_INSTR_TYPE) != _DELEGATE_CALL:
@@ -232,7 +247,7 @@ def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[
                     a = payload.external.get(arg_of[a_value])
                     b = payload.external.get(arg_of[b_value])
                     rewrites = payload.skip_slot(a, b) if a is not None and b is not None else []
-                    if rewrites and not taken & {pos for pos, _, _ in rewrites}:  # one rewrite per id field
+                    if rewrites and not taken & {pos for pos, _, _ in rewrites}:
                         taken |= {pos for pos, _, _ in rewrites}
                         patches += [Patch(segment, pos - start, old, new) for pos, old, new in rewrites]
     return patches
