@@ -7,8 +7,11 @@ stays as it is, so ``Template.write`` builds a new flatbuffer with the ``flatbuf
 
 - holds the template's program region (below) verbatim, as a ubyte vector created first: the
   Builder lays a buffer out back to front, so the region ends the buffer, and it starts at the
-  same position modulo ``FLATBUFFER_ALIGNMENT`` as in the template, so every relative offset
-  inside it stays valid and every aligned field aligned;
+  same position modulo 8 (the largest alignment of a field in it; modulo ``FLATBUFFER_ALIGNMENT``
+  when it holds bytes of a force_align(16) vector, which lora-share's programs keep in segments)
+  as in the template, so every relative offset inside it stays valid and every aligned field
+  aligned (ExecuTorch's own writer puts a program's vectors at either phase modulo 16, depending
+  on what follows them);
 - writes a new root table: the template's version; ``execution_plan``, ``constant_buffer`` and
   ``backend_delegate_data`` pointing into the region; ``constant_segment`` and
   ``mutable_data_segments`` written again with the template's values (a segment index and a few
@@ -23,8 +26,8 @@ as ExecuTorch's ``serialize_pte_binary`` places segments, from a segment base al
 new entry's alignment as well.
 
 The program region is the template's flatbuffer from the lowest of the three vectors it
-points into, rounded down to ``FLATBUFFER_ALIGNMENT``, to the flatbuffer's end, zero-padded to
-a multiple of ``FLATBUFFER_ALIGNMENT``. Flatbuffer offsets to tables, vectors and strings are
+points into, rounded down to that alignment (the bytes below the vector zeroed), to the
+flatbuffer's end, zero-padded to a multiple of ``FLATBUFFER_ALIGNMENT``. Flatbuffer offsets to tables, vectors and strings are
 unsigned and point forward, and a Builder writes a table's vtable just below the table (above
 its parent) or reuses one written earlier (higher), so the region holds everything those
 vectors reach. In a file this module wrote, the region is exactly the embedded vector: writing
@@ -59,6 +62,8 @@ PROGRAM_FIELDS = ("version", "execution_plan", "constant_buffer", "backend_deleg
                   "constant_segment", "mutable_data_segments", "named_data")
 _VERSION, _PLANS, _SEGMENTS, _CONSTANT_SEGMENT, _MUTABLE, _NAMED = 0, 1, 4, 5, 6, 7
 _EMBEDDED = (1, 2, 3)  # vectors pointed at in the embedded program region
+_CONSTANT_BUFFERS, _INLINE_DELEGATES = 2, 3  # Buffer and BackendDelegateInlineData: one ubyte vector each
+_INNER_ALIGNMENT = 8  # the largest alignment of program.fbs's fields but its force_align(16) vectors
 _DS_OFFSET, _DS_SIZE = 0, 1  # DataSegment
 _ND_KEY, _ND_SEGMENT = 0, 1  # NamedData
 
@@ -143,12 +148,24 @@ class Template:
             if (vector := root.vector(slot, 4)) is not None:  # checked to lie inside the flatbuffer
                 targets[slot] = vector[0] - 4  # its length
                 low = min(low, targets[slot])
-        start = low - low % FLATBUFFER_ALIGNMENT
+        phase = _INNER_ALIGNMENT if not self._inline_data(root) else FLATBUFFER_ALIGNMENT
+        start = low - low % phase
         if start < 8 + header.length:
             raise BadFlatbuffer(self.what, f"the program's fields reach byte {low}, inside its header")
-        region = pte[start:header.program_size]
+        # The bytes below the lowest vector belong to no kept field: zeros, whatever the template had there.
+        region = bytes(low - start) + pte[low:header.program_size]
         region += bytes(-len(region) % FLATBUFFER_ALIGNMENT)
         return region, {slot: t - start for slot, t in targets.items()}
+
+    @staticmethod
+    def _inline_data(root: Table) -> bool:
+        """Whether the region holds bytes of a force_align(16) vector (a constant buffer's storage, a
+        delegate's inline payload): then it keeps the template's phase modulo 16. lora-share's programs
+        keep both in segments, so their region keeps the phase of its 8-byte fields only, the same
+        whichever file it is read from (module docstring)."""
+        buffers = root.tables(_CONSTANT_BUFFERS, "Buffer")
+        inline = root.tables(_INLINE_DELEGATES, "BackendDelegateInlineData")
+        return any((v := t.vector(0, 1)) is not None and v[1] > 0 for t in [*buffers, *inline])
 
     def write(self, entries: Sequence[Entry]) -> bytes:
         """The .pte of the template's program with its kept named data, then ``entries`` in order,
