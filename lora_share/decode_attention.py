@@ -44,10 +44,6 @@ def attend_reference(q, k_new, v_new, bias, keys, values) -> torch.Tensor:
     return torch.bmm(probs, v).to(q.dtype)
 
 
-def _attend(q, k_new, v_new, bias, keys, values):
-    return attend_reference(q, k_new, v_new, bias, keys, values)
-
-
 def _attend_out(q, k_new, v_new, bias, keys, values, *, out):
     out.resize_(q.shape).copy_(attend_reference(q, k_new, v_new, bias, keys, values))
     return out
@@ -61,7 +57,7 @@ def _attend_out_meta(q, k_new, v_new, bias, keys, values, *, out):
     return out
 
 
-_lib.impl("attend", _attend, "CompositeExplicitAutograd")
+_lib.impl("attend", attend_reference, "CompositeExplicitAutograd")
 _lib.impl("attend.out", _attend_out, "CompositeExplicitAutograd")
 _lib.impl("attend", _attend_meta, "Meta")
 _lib.impl("attend.out", _attend_out_meta, "Meta")
