@@ -12,6 +12,7 @@ Fixtures (tests/conftest.py): `runner_bin` (path of the built runner) and
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -150,6 +151,31 @@ def test_json_report(runner_bin, tiny_build):
     assert out["loading"]["arena"] == "shared" and out["loading"]["planned_bytes"] > 0
     assert 1 <= out["prefill_chunk"] <= out["max_seq_len"]
     assert [a["name"] for a in out["adapters"]] == list(tiny_build.ptes)
+
+
+def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_build, tmp_path):
+    """The library answers XNNPACK's per-call re-plan at once when no input changed shape
+    (runtime/xnnpack_reshape.h): a prompt over two prefill chunks (forward's inputs change shape
+    between them) then decoded tokens give the same logits, bit for bit, as re-planning every call,
+    with fewer re-plans run."""
+    first = next(iter(tiny_build.ptes.values()))
+    probe = json.loads(run_runner(runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", "1",
+                                  "--max-new-tokens", 1, "--json").stdout)
+    prompt = [1 + i % 50 for i in range(probe["prefill_chunk"] + 3)]
+    runs = {}
+    for mode in ("skip", "every-call"):
+        npy = tmp_path / f"{mode}.npy"
+        proc = subprocess.run([str(runner_bin), "--pte", str(first), "--ptd", str(tiny_build.ptd), "--tokens", ids(prompt),
+                               "--max-new-tokens", str(NEW), "--ignore-eos", "--dump-logits", str(npy), "--json"],
+                              capture_output=True, text=True, timeout=TIMEOUT,
+                              env={**os.environ, "LORA_SHARE_XNNPACK_RESHAPE": mode})
+        assert proc.returncode == 0, proc.stderr
+        runs[mode] = (json.loads(proc.stdout)["xnnpack_reshapes"], np.load(npy))
+    (skip, skip_logits), (every, every_logits) = runs["skip"], runs["every-call"]
+    assert np.array_equal(skip_logits, every_logits)
+    assert every["skipped"] == 0 and every["run"] == skip["run"] + skip["skipped"]
+    # Every decoded token after the first re-plans nothing: one call per delegate each.
+    assert skip["skipped"] >= NEW - 2 and skip["run"] < every["run"]
 
 
 def test_packed_cache_cold_then_warm(runner_bin, tiny_build, tmp_path):

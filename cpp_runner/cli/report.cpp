@@ -71,6 +71,12 @@ std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter,
       .key("planned_bytes").value(static_cast<int64_t>(loading.planned_bytes))
       .key("threads").value(static_cast<int64_t>(loading.threads))
       .end_object();
+  ls_diag_reshapes reshapes;
+  ls_diag_xnnpack_reshapes(&reshapes);
+  j.key("xnnpack_reshapes").begin_object()
+      .key("run").value(static_cast<int64_t>(reshapes.run))
+      .key("skipped").value(static_cast<int64_t>(reshapes.skipped))
+      .end_object();
   j.key("ptd").value(runtime.ptd);
   j.key("shared_ptd");
   if (runtime.shared_ptd.empty()) j.null();

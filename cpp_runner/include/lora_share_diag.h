@@ -7,7 +7,8 @@
  *     weight cache off, packed weights backed by a file) and load every
  *     adapter up front (ls_diag_open);
  *   - what loading did (ls_diag_loading_info), each adapter's shape and load
- *     time (ls_diag_adapter_info), the process's memory (ls_diag_memory_stats);
+ *     time (ls_diag_adapter_info), the process's memory (ls_diag_memory_stats),
+ *     how often XNNPACK re-planned its runtimes (ls_diag_xnnpack_reshapes);
  *   - a request's timings and logits rows, with the ids it stops at chosen by
  *     the caller (ls_diag_generate).
  *
@@ -109,6 +110,16 @@ typedef struct {
 } ls_diag_memory;
 
 LS_API void ls_diag_memory_stats(ls_diag_memory* stats);
+
+/* Calls to XNNPACK's xnn_reshape_runtime since the library loaded, process-
+ * wide: `run` passed to XNNPACK (a runtime's first call, or an input changed
+ * shape), `skipped` answered at once (no input changed shape: every decoded
+ * token). LORA_SHARE_XNNPACK_RESHAPE=every-call runs them all. */
+typedef struct {
+  uint64_t run, skipped;
+} ls_diag_reshapes;
+
+LS_API void ls_diag_xnnpack_reshapes(ls_diag_reshapes* counts);
 
 typedef struct {
   float* logits;           /* NULL (default), or room for max_new_tokens x

@@ -10,6 +10,7 @@
 #include "api_support.h"
 #include "et_platform.h"
 #include "memory_stats.h"
+#include "xnnpack_reshape.h"
 
 using lora_share::AdapterPool;
 using namespace lora_share::capi;
@@ -129,6 +130,13 @@ void ls_diag_memory_stats(ls_diag_memory* stats) {
   stats->shmem_kb = m.shmem_kb;
   stats->peak_rss_kb = m.peak_rss_kb;
   stats->huge_kb = m.huge_kb;
+}
+
+void ls_diag_xnnpack_reshapes(ls_diag_reshapes* counts) {
+  if (counts == nullptr) return;
+  const lora_share::ReshapeCounts c = lora_share::reshape_counts();
+  counts->run = c.run;
+  counts->skipped = c.skipped;
 }
 
 void ls_diag_generate_options_init(ls_diag_generate_options* options) {
