@@ -39,7 +39,8 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 7: a quantized foundation's q/k/v and gate/up as one linear each (model.fused_linear).
 # 8: the position is forward's input; the slabs' views may be longer than the past (model.kv_view_rows).
 # 9: a second method, decode: one token, each layer's attention one lora_share::attend call.
-EXPORTER_REVISION = 9
+# 10: decode's attention from the projections to o_proj's input one lora_share::rope_attend call.
+EXPORTER_REVISION = 10
 
 
 def example_inputs(args: ModelArgs, envelope: Envelope, tokens: int = 3) -> tuple[torch.Tensor, ...]:
@@ -173,7 +174,7 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")
         # forward: 1 to a chunk of tokens, attention by XNNPACK's products (prefill); decode: one token,
-        # attention by lora_share::attend (model.LlamaLoRA.decoding). Same inputs and weights.
+        # attention by lora_share::rope_attend (model.LlamaLoRA.decoding). Same inputs and weights.
         programs = {"forward": torch.export.export(model, example_inputs(args, envelope),
                                                    dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False)}
         with model.decoding():

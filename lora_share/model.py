@@ -35,9 +35,10 @@ keys or values for that group's slabs, head by head, which the caller writes at 
 prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement the caller's side.
 
 ``decode``, the program's second method, is forward for T = 1 (same inputs, outputs and weights) with
-each layer's scores, softmax and weighted values computed by one ``lora_share::attend`` call
-(decode_attention.py), which reads the cache where it lies, where forward's products take the past as
-XNNPACK weights and pack them again on every call. The C++ runtime decodes with it; prompts, and the
+each layer's attention, from the q, k, v projections to o_proj's input (RoPE, the heads' layout, the
+casts to and from the cache's dtype, scores, softmax, weighted values), computed by one
+``lora_share::rope_attend`` call (decode_attention.py), which reads the cache where it lies, where
+forward's products take the past as XNNPACK weights and pack them again on every call. The C++ runtime decodes with it; prompts, and the
 Python runtime, take forward (``LlamaLoRA.decoding`` traces it).
 
 LoRA weights are inputs too, so one program serves every adapter of its envelope (envelope.py):
@@ -57,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .decode_attention import attend
+from .decode_attention import rope_attend
 from .quantize import is_quantized
 
 # The runtimes pass each slab's rows in blocks of this many (module docstring, ``kv_view_rows``); the
@@ -336,8 +337,8 @@ class Attention(nn.Module):
         ``1 / sqrt(head_dim)``) and keys. ``keys``, ``values``: each key/value head's slab input,
         ``[S, head_dim]`` (S > P: module docstring). ``bias`` ``[1, rep * T, S + T]`` is 0 where a query row may see a
         slot, -inf where not. ``lora``: this layer's (A, B) by linear name, for the linears the
-        envelope has. ``fused``: scores, softmax and weighted values by one ``lora_share::attend`` call
-        (decode_attention.py; the decode method's) instead of XNNPACK's products. Returns the output and
+        envelope has. ``fused`` (the decode method's; T = 1): everything between the projections and
+        o_proj by one ``lora_share::rope_attend`` call (decode_attention.py). Returns the output and
         this call's keys and values, ``[n_kv, T, head_dim]`` each."""
         _, t, _ = x.shape
         n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
@@ -345,6 +346,14 @@ class Attention(nn.Module):
         # permute_copy, not permute + reshape: the result is contiguous, so no extra copy node.
         permute = torch.ops.aten.permute_copy.default
         q, k, v = self._project(x, lora)
+        if fused:
+            if t != 1:
+                raise ValueError(f"the decode method takes one token per call, not {t}")
+            if self.qk_norm:
+                q = self.q_norm(q.view(1, t, self.n_heads, hd)).view(1, t, self.n_heads * hd)
+                k = self.k_norm(k.view(1, t, n_kv, hd)).view(1, t, n_kv * hd)
+            out, k, v = rope_attend(q, k, v, rope_q, rope_k, bias, keys, values)
+            return self.o_proj(out, lora.get("o_proj")), k, v
         q = q.view(1, t, self.n_heads, hd)
         q = self.rope(self.q_norm(q) if self.qk_norm else q, *rope_q)
         k = k.view(1, t, n_kv, hd)
@@ -354,8 +363,6 @@ class Attention(nn.Module):
         # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
         # rows of ``bias``.
         q_rows = self._to_kv(permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd))
-        if fused:
-            return self._output(attend(q_rows, k, v, bias, keys, values), t, lora), k, v
         past_s = torch.cat([F.linear(q_rows[h:h + 1], keys[h]) for h in range(n_kv)], dim=0)
         new_s = torch.bmm(q_rows, permute(k, [0, 2, 1]))  # [n_kv, rows, T]
         probs = torch.softmax(torch.cat([past_s, new_s], dim=2) + bias, dim=-1)
@@ -557,7 +564,7 @@ class LlamaLoRA(nn.Module):
         self.full_slab = 2 * args.n_kv_heads * first_full
         self._cache: KVCache | None = None
         self._lora: tuple[torch.Tensor, ...] = ()
-        # True while tracing the decode method: attention by lora_share::attend (``decoding``).
+        # True while tracing the decode method: attention by lora_share::rope_attend (``decoding``).
         self.fused_attention = False
 
     def _rope(self, name: str, positions: torch.Tensor, scale: float):
@@ -621,7 +628,7 @@ class LlamaLoRA(nn.Module):
     @contextlib.contextmanager
     def decoding(self):
         """Within: ``forward`` is the program's ``decode`` method (module docstring), each layer's
-        attention one ``lora_share::attend`` call. Same inputs, outputs and parameters as forward, so
+        attention one ``lora_share::rope_attend`` call. Same inputs, outputs and parameters as forward, so
         the two methods share every weight."""
         self.fused_attention = True
         try:

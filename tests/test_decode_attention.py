@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from lora_share.decode_attention import attend, attend_reference
+from lora_share.decode_attention import attend, attend_reference, rope_attend, rope_attend_reference
 from lora_share.model import LlamaLoRA, ModelArgs
 
 LLAMA = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=48,
@@ -130,6 +130,68 @@ def test_kernel_matches_the_reference(kernel_runtime, heads, rows, new, hd, dtyp
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol, msg=f"past {past}")
 
 
+class RopeOneCall(torch.nn.Module):
+    """A program of one lora_share::rope_attend call over ``heads`` key/value heads."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, q, k, v, cos_q, sin_q, cos_k, sin_k, bias, *slabs):
+        return rope_attend(q, k, v, (cos_q, sin_q), (cos_k, sin_k), bias, slabs[:self.heads], slabs[self.heads:])
+
+
+def rope_inputs(heads, rep, hd, past, dtype, gen, window: int | None = None):
+    """One token's float32 q, k, v and rotations; a float32 or float16 cache of ``past`` rows."""
+    _, _, _, bias, *slabs = inputs(heads, rep, 1, hd, past, dtype, gen, window)
+    angle = torch.rand(hd // 2, generator=gen) * 6.0
+    cos, sin = torch.cat([angle.cos()] * 2).view(1, 1, hd), torch.cat([angle.sin()] * 2).view(1, 1, hd)
+    scale = hd ** -0.5
+    q, k, v = (torch.randn(1, 1, n * hd, generator=gen) for n in (heads * rep, heads, heads))
+    return (q, k, v, cos * scale, sin * scale, cos, sin, bias, *slabs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("heads,rep,hd", [(3, 3, 64), (1, 4, 40), (2, 1, 256)])
+def test_rope_attend_kernel_matches_the_reference(kernel_runtime, heads, rep, hd, dtype):
+    """The decode method's operator: this token's keys and values bit for bit (the same roundings as
+    the reference's float32 ops), its output as attend's."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from torch.export import Dim
+
+    past = Dim("past", min=1, max=1500)
+    example = rope_inputs(heads, rep, hd, 5, dtype, torch.Generator().manual_seed(0))
+    ep = torch.export.export(RopeOneCall(heads), example, strict=False,
+                             dynamic_shapes=(None,) * 7 + ({2: past + 1}, ({0: past},) * (2 * heads)))
+    buffer = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    method = kernel_runtime.load_program(buffer).load_method("forward")
+    gen = torch.Generator().manual_seed(3)
+    for past_rows, window in ((1, None), (40, None), (700, 100), (1500, None)):
+        args = rope_inputs(heads, rep, hd, past_rows, dtype, gen, window)
+        got = method.execute(list(args))
+        want = rope_attend_reference(*args[:8], args[8:8 + heads], args[8 + heads:])
+        assert [g.dtype for g in got] == [torch.float32, dtype, dtype]
+        assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"past {past_rows}"
+        tol = 1e-5 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got[0], want[0], atol=tol, rtol=tol, msg=f"past {past_rows}")
+
+
+def test_rope_attend_refuses_mismatched_inputs(kernel_runtime):
+    """A cos of another head size than the cache's: an error from the kernel, not a wrong read."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    example = rope_inputs(2, 2, 64, 5, torch.float32, torch.Generator().manual_seed(4))
+    ep = torch.export.export(RopeOneCall(2), example, strict=False)
+    method = kernel_runtime.load_program(
+        to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    ).load_method("forward")
+    args = list(example)
+    args[3] = args[3][..., :32].contiguous()  # cos_q of half the head size
+    with pytest.raises(RuntimeError):
+        method.execute(args)
+
+
 def test_kernel_refuses_mismatched_inputs(kernel_runtime):
     """Keys of another length than the bias says: an error from the kernel, not a wrong read."""
     program = kernel_runtime.load_program(one_call_program(2, 2, 1, 64, torch.float32, 64))
@@ -151,7 +213,7 @@ def test_the_program_decodes_with_one_call_per_layer(tiny_build):
     def calls(plan) -> int:
         ops = [plan.operators[i.instr_args.op_index].name for i in plan.chains[0].instructions
                if type(i.instr_args).__name__ == "KernelCall"]
-        return ops.count("lora_share::attend")
+        return ops.count("lora_share::rope_attend")
 
     layers = tiny_build.manifest["foundation"]["args"]["n_layers"]
     assert (calls(plans["decode"]), calls(plans["forward"])) == (layers, 0)

@@ -25,6 +25,8 @@
 // vectorises them for NEON). LORA_SHARE_ATTEND_ISA=avx512|avx2|portable in the
 // environment forces one (testing); a request the CPU cannot run falls back.
 
+#include "attend_kernel.h"
+
 #include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
 #include <executorch/runtime/core/exec_aten/exec_aten.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
@@ -57,7 +59,6 @@ namespace {
 using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
 using executorch::aten::TensorList;
-using half_t = uint16_t;  // float16 storage; converted to float32 for arithmetic
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kChunk = 64;     // keys per online-softmax step
@@ -74,29 +75,6 @@ inline int prefetch_rows(int64_t row_bytes) {
 constexpr int64_t kParallelMinWork = 32 * 1024;
 // A key block handed to a thread covers at least this many positions.
 constexpr int64_t kMinBlock = 128;
-
-// ---- float16 <-> float32, portable ------------------------------------------------
-
-inline float half_to_float(half_t h) {
-#if defined(__aarch64__)
-  __fp16 v;
-  std::memcpy(&v, &h, sizeof v);
-  return static_cast<float>(v);
-#else
-  return c10::detail::fp16_ieee_to_fp32_value(h);
-#endif
-}
-
-inline half_t float_to_half(float f) {  // round to nearest even
-#if defined(__aarch64__)
-  __fp16 v = static_cast<__fp16>(f);
-  half_t h;
-  std::memcpy(&h, &v, sizeof h);
-  return h;
-#else
-  return c10::detail::fp16_ieee_from_fp32_value(f);
-#endif
-}
 
 // ---- portable ------------------------------------------------------------------------
 // GCC/Clang vector extensions: four floats, NEON on aarch64, SSE2 on x86-64.
@@ -1084,6 +1062,8 @@ const Impl& impl() {
   return chosen;
 }
 
+}  // namespace
+
 bool is_contiguous(const Tensor& t) {
   const auto sizes = t.sizes();
   const auto strides = t.strides();
@@ -1095,7 +1075,26 @@ bool is_contiguous(const Tensor& t) {
   return true;
 }
 
-}  // namespace
+void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q,
+                 const void* k_new, const void* v_new, const void* bias, TensorList keys, TensorList values,
+                 void* out) {
+  Problem P;
+  P.n_kv = n_kv;
+  P.R = R;
+  P.hd = hd;
+  P.hdp = (hd + 15) / 16 * 16;
+  P.S = S;
+  P.T = T;
+  P.q = q;
+  P.k_new = k_new;
+  P.v_new = v_new;
+  P.bias = bias;
+  P.out = out;
+  P.keys = keys;
+  P.values = values;
+  const Impl& run = impl();
+  (half ? run.f16 : run.f32)(P);
+}
 
 executorch::aten::Tensor& attend_out(executorch::runtime::KernelRuntimeContext& ctx, const Tensor& q,
                                      const Tensor& k_new, const Tensor& v_new, const Tensor& bias,
@@ -1155,22 +1154,8 @@ executorch::aten::Tensor& attend_out(executorch::runtime::KernelRuntimeContext& 
   ET_KERNEL_CHECK_MSG(ctx, is_contiguous(out), InvalidArgument, out, "attend: out must be contiguous");
   if (out.numel() == 0) return out;
 
-  Problem P;
-  P.n_kv = n_kv;
-  P.R = R;
-  P.hd = hd;
-  P.hdp = (hd + 15) / 16 * 16;
-  P.S = S;
-  P.T = T;
-  P.q = q.const_data_ptr();
-  P.k_new = k_new.const_data_ptr();
-  P.v_new = v_new.const_data_ptr();
-  P.bias = bias.const_data_ptr();
-  P.out = out.mutable_data_ptr();
-  P.keys = keys;
-  P.values = values;
-  const Impl& run = impl();
-  (dtype == ScalarType::Half ? run.f16 : run.f32)(P);
+  attend_rows(dtype == ScalarType::Half, n_kv, R, hd, S, T, q.const_data_ptr(), k_new.const_data_ptr(),
+              v_new.const_data_ptr(), bias.const_data_ptr(), keys, values, out.mutable_data_ptr());
   return out;
 }
 

@@ -1,0 +1,47 @@
+// What attend_kernel.cpp shares with the other decode kernels in this folder
+// (rope_attend_kernel.cpp): the attention itself on raw buffers, and the
+// float16 conversions it rounds with.
+#pragma once
+
+#include <executorch/runtime/core/exec_aten/exec_aten.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace lora_share {
+
+using half_t = uint16_t;  // float16 storage; converted to float32 for arithmetic
+
+inline float half_to_float(half_t h) {
+#if defined(__aarch64__)
+  __fp16 v;
+  std::memcpy(&v, &h, sizeof v);
+  return static_cast<float>(v);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+
+inline half_t float_to_half(float f) {  // round to nearest even, as XNNPACK's convert
+#if defined(__aarch64__)
+  __fp16 v = static_cast<__fp16>(f);
+  half_t h;
+  std::memcpy(&h, &v, sizeof h);
+  return h;
+#else
+  return c10::detail::fp16_ieee_from_fp32_value(f);
+#endif
+}
+
+// attend (attend_kernel.cpp's header comment) on contiguous buffers of float16
+// (`half`) or float32, every shape already checked by the caller: q and out
+// [n_kv, R, hd], k_new and v_new [n_kv, T, hd], bias [R, S + T], keys[h] and
+// values[h] [S, hd].
+void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q,
+                 const void* k_new, const void* v_new, const void* bias,
+                 executorch::aten::TensorList keys, executorch::aten::TensorList values, void* out);
+
+// True when every dimension of `t` of size > 1 is laid out densely, in order.
+bool is_contiguous(const executorch::aten::Tensor& t);
+
+}  // namespace lora_share
