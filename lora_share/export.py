@@ -178,8 +178,9 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         programs = {"forward": torch.export.export(model, example_inputs(args, envelope),
                                                    dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False)}
         with model.decoding():
-            programs["decode"] = torch.export.export(model, example_inputs(args, envelope, tokens=1),
-                                                     dynamic_shapes=(None, None, dynamic[1:]), strict=False)
+            programs["decode"] = _without_unread_constants(
+                torch.export.export(model, example_inputs(args, envelope, tokens=1),
+                                    dynamic_shapes=(None, None, dynamic[1:]), strict=False))
         ep = programs["forward"]
         user_inputs = {name for p in programs.values() for name in p.graph_signature.user_inputs}
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
@@ -212,6 +213,24 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     if written != expected:
         raise RuntimeError(f"export wrote {written}, expected {expected or 'nothing'}")
     return Exported(pte, workdir / f"{FOUNDATION_TAG}.ptd" if external else None, time.perf_counter() - t0)
+
+
+def _without_unread_constants(ep):
+    """``ep`` without the parameters, buffers and constants its graph never reads. torch.export lifts
+    every buffer of the module, read or not: decode reads no ``rotate_half`` (rope_attend rotates on its
+    own), and an unread tensor would still be written to foundation.ptd under its name."""
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    unread = [s for s in ep.graph_signature.input_specs
+              if s.kind in kinds and not placeholders[s.arg.name].users]
+    for spec in unread:
+        ep.graph_signature.input_specs.remove(spec)
+        (ep._state_dict if spec.target in ep.state_dict else ep._constants).pop(spec.target)
+        ep.graph.erase_node(placeholders[spec.arg.name])
+    ep.graph_module.recompile()
+    return ep
 
 
 class _quiet_logs:

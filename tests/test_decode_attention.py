@@ -233,3 +233,39 @@ def test_every_instruction_set_path_matches_the_reference(runner_bin, isa):
                            "-k", "kernel_matches_the_reference"], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "LORA_SHARE_ATTEND_ISA": isa}, timeout=600)
     assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_decode_names_no_tensor_it_does_not_read(tiny_build):
+    """torch.export lifts every buffer, read or not; the decode method reads no ``rotate_half``
+    (rope_attend rotates on its own), so the program must not name it: a named, unread tensor is
+    still written to foundation.ptd and loaded with the method. Every foundation tensor decode names,
+    forward names too (same weights)."""
+    from lora_share.inspection import inspect_file
+
+    report = inspect_file(tiny_build.ptes["tiny_a"])
+    named = {}
+    for t in report["external_tensors"]:
+        named.setdefault(t["plan"], set()).add(t["key"])
+    assert not {k for k in named["decode"] if "rotate_half" in k}
+    assert named["decode"] <= named["forward"] | {k for k in named["decode"] if k.startswith("_prop_tensor_constant")}
+
+
+def test_unread_constants_are_dropped_from_an_export():
+    """``_without_unread_constants`` on a module with a read and an unread buffer and parameter."""
+    from lora_share.export import _without_unread_constants
+
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Parameter(torch.ones(3))
+            self.unused = torch.nn.Parameter(torch.ones(3))
+            self.register_buffer("kept", torch.full((3,), 2.0))
+            self.register_buffer("dropped", torch.zeros(3), persistent=False)
+
+        def forward(self, x):
+            return x * self.used + self.kept
+
+    ep = _without_unread_constants(torch.export.export(Module(), (torch.ones(3),), strict=False))
+    assert [s.target for s in ep.graph_signature.input_specs] == ["used", "kept", None]  # None: x
+    assert list(ep.state_dict) == ["used", "kept"] and not ep.constants
+    assert torch.equal(ep.module()(torch.ones(3)), torch.full((3,), 3.0))
