@@ -622,7 +622,9 @@ class LlamaLoRA(nn.Module):
             h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i],
                             self.fused_attention)
             new_rows += [k, v]
-        h = self.model.norm(h[:, -1, :])
+        # The last position's row. Decode has one: a view, which XNNPACK takes, where forward's select
+        # runs outside it and would split the last layer from the lm_head.
+        h = self.model.norm(h.view(1, args.dim) if self.fused_attention else h[:, -1, :])
         return (self.lm_head(h), *new_rows)
 
     @contextlib.contextmanager
