@@ -229,9 +229,14 @@ def test_every_instruction_set_path_matches_the_reference(runner_bin, isa):
     import subprocess
     import sys
 
+    env = {**os.environ, "LORA_SHARE_ATTEND_ISA": isa}
+    chosen = subprocess.run([sys.executable, "-c", "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+                             "lib.ls_diag_attend_isa.restype = ctypes.c_char_p; print(lib.ls_diag_attend_isa().decode())",
+                             str(REPO / "build" / "liblora_share.so")], capture_output=True, text=True, env=env, timeout=60)
+    assert chosen.stdout.strip() == isa, (chosen.stdout, chosen.stderr)  # the forced loops are the ones run
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                            "-k", "kernel_matches_the_reference"], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "LORA_SHARE_ATTEND_ISA": isa}, timeout=600)
+                          env=env, timeout=600)
     assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-2000:]
 
 

@@ -121,6 +121,11 @@ typedef struct {
 
 LS_API void ls_diag_xnnpack_reshapes(ls_diag_reshapes* counts);
 
+/* The loops the decode attention kernels run (lora_share::attend, rope_attend):
+ * "avx512", "avx2" or "portable" (a static string), picked for the CPU when
+ * first used; LORA_SHARE_ATTEND_ISA=avx512|avx2|portable forces one it can run. */
+LS_API const char* ls_diag_attend_isa(void);
+
 typedef struct {
   float* logits;           /* NULL (default), or room for max_new_tokens x
                               vocab_size floats: row i is the logits token i

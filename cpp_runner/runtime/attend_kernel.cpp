@@ -1032,11 +1032,12 @@ using RunFn = void (*)(const Problem&);
 struct Impl {
   RunFn f32;
   RunFn f16;
+  const char* isa;
 };
 
 template <class Ops>
-constexpr Impl impl_of() {
-  return Impl{&Attend<Ops, float>::run, &Attend<Ops, half_t>::run};
+constexpr Impl impl_of(const char* isa) {
+  return Impl{&Attend<Ops, float>::run, &Attend<Ops, half_t>::run, isa};
 }
 
 Impl pick_impl() {
@@ -1048,13 +1049,13 @@ Impl pick_impl() {
                     __builtin_cpu_supports("f16c");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  if (avx512 && (any || std::strcmp(want, "avx512") == 0)) return impl_of<OpsAvx512>();
+  if (avx512 && (any || std::strcmp(want, "avx512") == 0)) return impl_of<OpsAvx512>("avx512");
   if (avx2 && (any || std::strcmp(want, "avx512") == 0 || std::strcmp(want, "avx2") == 0))
-    return impl_of<OpsAvx2>();
+    return impl_of<OpsAvx2>("avx2");
 #else
   (void)any;
 #endif
-  return impl_of<OpsPortable>();
+  return impl_of<OpsPortable>("portable");
 }
 
 const Impl& impl() {
@@ -1063,6 +1064,8 @@ const Impl& impl() {
 }
 
 }  // namespace
+
+const char* attend_isa() { return impl().isa; }
 
 bool is_contiguous(const Tensor& t) {
   const auto sizes = t.sizes();

@@ -41,6 +41,10 @@ void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int6
                  const void* k_new, const void* v_new, const void* bias,
                  executorch::aten::TensorList keys, executorch::aten::TensorList values, void* out);
 
+// The loops attend_rows runs: "avx512", "avx2" or "portable" (picked once, at
+// first use; LORA_SHARE_ATTEND_ISA forces one the CPU can run).
+const char* attend_isa();
+
 // True when every dimension of `t` of size > 1 is laid out densely, in order.
 bool is_contiguous(const executorch::aten::Tensor& t);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api_support.h"
+#include "attend_kernel.h"
 #include "et_platform.h"
 #include "memory_stats.h"
 #include "xnnpack_reshape.h"
@@ -131,6 +132,8 @@ void ls_diag_memory_stats(ls_diag_memory* stats) {
   stats->peak_rss_kb = m.peak_rss_kb;
   stats->huge_kb = m.huge_kb;
 }
+
+const char* ls_diag_attend_isa(void) { return lora_share::attend_isa(); }
 
 void ls_diag_xnnpack_reshapes(ls_diag_reshapes* counts) {
   if (counts == nullptr) return;
