@@ -40,7 +40,8 @@
  *   programs     per distinct program loaded (every adapter of a deployment
  *                carries the same one, named by its sha256 in the adapter's
  *                record): 1.2 x its .pte size without adapter data + 4 MiB
- *                (its method and delegate state);
+ *                per method it runs (forward, and decode when it has one:
+ *                each method's state and XNNPACK runtimes);
  *   arena        the planned memory (KV cache and activations) every program
  *                shares, sized to the largest program: its allocated bytes;
  *   adapters     per resident adapter, 1.05 x its own LoRA bytes (the tensors

@@ -42,10 +42,11 @@ uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes) {
   return lora_bytes + lora_bytes / 20 + overhead_bytes;
 }
 
-uint64_t program_cost_bytes(uint64_t program_bytes) {
-  // The forward method's state and XNNPACK's runtime and operators: what one
-  // loaded adapter cost before adapters were data (README, "Measured").
-  return program_bytes + program_bytes / 5 + (uint64_t{4} << 20);
+uint64_t program_cost_bytes(uint64_t program_bytes, int methods) {
+  // Each method's state and XNNPACK's runtimes and operators: 4 MiB is what one
+  // loaded adapter cost before adapters were data (README, "Measured"); the
+  // decode method added ~4 MiB of PSS after load at SmolLM2-135M.
+  return program_bytes + program_bytes / 5 + static_cast<uint64_t>(methods) * (uint64_t{4} << 20);
 }
 
 Status AdapterPool::open_foundation() {
@@ -238,7 +239,7 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   uint64_t data = 0;
   for (const auto& [key, range] : info.own_ranges) data += range.second;
   uint64_t size = file_size(pte);
-  p.cost = program_cost_bytes(size > data ? size - data : 0);
+  p.cost = program_cost_bytes(size > data ? size - data : 0, p.program->has_decode() ? 2 : 1);
   programs_.push_back(std::move(p));
   return programs_.size() - 1;
 }

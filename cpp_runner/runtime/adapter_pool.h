@@ -85,8 +85,9 @@ struct PoolStats {
 uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes);
 
 // The accounted cost of a loaded program whose file, without any adapter's
-// data, is `program_bytes`: 1.2 x those + 4 MiB (method and XNNPACK state).
-uint64_t program_cost_bytes(uint64_t program_bytes);
+// data, is `program_bytes`, running `methods` methods (forward, and decode when
+// it has one): 1.2 x those bytes + 4 MiB per method (method and XNNPACK state).
+uint64_t program_cost_bytes(uint64_t program_bytes, int methods);
 
 class AdapterPool {
  public:

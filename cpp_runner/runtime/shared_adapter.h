@@ -68,6 +68,8 @@ class SharedProgram {
   int64_t vocab_size() const { return vocab_size_; }
   int64_t max_seq_len() const { return max_seq_len_; }
   int64_t prefill_chunk() const { return prefill_chunk_; }
+  // Whether the program has a decode method (programs before EXPORTER_REVISION 9 do not).
+  bool has_decode() const { return has_decode_; }
   double load_ms() const { return load_ms_; }
   const std::vector<LoraShape>& lora_shapes() const { return lora_shapes_; }
   // Zeros for the LoRA slots an adapter leaves alone: one buffer for all.
