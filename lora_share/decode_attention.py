@@ -99,14 +99,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x[:, half:], x[:, :half]], dim=1) * sin
 
 
-def _rope_shapes(q, k, cos_q, keys) -> tuple[int, int, int]:
+def _rope_shapes(q, cos_q, keys) -> tuple[int, int, int]:
+    """(head size, key/value heads, query heads) of a ``rope_attend`` call."""
     hd, n_kv = cos_q.shape[-1], len(keys)
     return hd, n_kv, q.numel() // hd
 
 
 def rope_attend_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, keys, values):
     """``rope_attend`` in PyTorch (module docstring): (output, keys, values) of one token."""
-    hd, n_kv, n_heads = _rope_shapes(q, k, cos_q, keys)
+    hd, n_kv, n_heads = _rope_shapes(q, cos_q, keys)
     kv = bias.dtype
     q_rows = rotate(q.reshape(n_heads, hd), cos_q.reshape(1, hd), sin_q.reshape(1, hd)).to(kv)
     k_rows = rotate(k.reshape(n_kv, hd), cos_k.reshape(1, hd), sin_k.reshape(1, hd)).to(kv).view(n_kv, 1, hd)
@@ -123,7 +124,7 @@ def _rope_attend_out(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, keys, values, *,
 
 
 def _rope_attend_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, keys, values):
-    hd, n_kv, n_heads = _rope_shapes(q, k, cos_q, keys)
+    hd, n_kv, n_heads = _rope_shapes(q, cos_q, keys)
     rows = q.new_empty((n_kv, 1, hd), dtype=bias.dtype)
     return q.new_empty((1, 1, n_heads * hd)), rows, torch.empty_like(rows)
 

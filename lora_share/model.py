@@ -38,8 +38,9 @@ prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement th
 each layer's attention, from the q, k, v projections to o_proj's input (RoPE, the heads' layout, the
 casts to and from the cache's dtype, scores, softmax, weighted values), computed by one
 ``lora_share::rope_attend`` call (decode_attention.py), which reads the cache where it lies, where
-forward's products take the past as XNNPACK weights and pack them again on every call. The C++ runtime decodes with it; prompts, and the
-Python runtime, take forward (``LlamaLoRA.decoding`` traces it).
+forward's products take the past as XNNPACK weights and pack them again on every call. The C++
+runtime decodes with it; prompts, and the Python runtime, take forward (``LlamaLoRA.decoding`` traces
+it).
 
 LoRA weights are inputs too, so one program serves every adapter of its envelope (envelope.py):
 after the slabs come two inputs per envelope slot (layer, linear), in the envelope's order,
