@@ -1078,6 +1078,34 @@ bool is_contiguous(const Tensor& t) {
   return true;
 }
 
+int64_t slab_rows(const char* op, const char* dtype_of, TensorList keys, TensorList values, int64_t hd,
+                  ScalarType dtype) {
+  if (keys.size() == 0) return 0;
+  if (keys[0].dim() < 1 || keys[0].size(keys[0].dim() - 1) != hd) {
+    ET_LOG(Error, "%s: keys[0] must be [S, hd=%" PRId64 "]", op, hd);
+    return -1;
+  }
+  const int64_t S = keys[0].numel() / hd;
+  for (size_t h = 0; h < keys.size(); ++h) {
+    const Tensor& kh = keys[h];
+    const Tensor& vh = values[h];
+    if (kh.scalar_type() != dtype || vh.scalar_type() != dtype) {
+      ET_LOG(Error, "%s: keys[%zu] and values[%zu] must have %s's dtype", op, h, h, dtype_of);
+      return -1;
+    }
+    if (kh.dim() < 1 || vh.dim() < 1 || kh.size(kh.dim() - 1) != hd || vh.size(vh.dim() - 1) != hd ||
+        kh.numel() != S * hd || vh.numel() != S * hd) {
+      ET_LOG(Error, "%s: keys[%zu] and values[%zu] must be [S=%" PRId64 ", hd=%" PRId64 "]", op, h, h, S, hd);
+      return -1;
+    }
+    if (!is_contiguous(kh) || !is_contiguous(vh)) {
+      ET_LOG(Error, "%s: keys[%zu] and values[%zu] must be contiguous", op, h, h);
+      return -1;
+    }
+  }
+  return S;
+}
+
 void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q,
                  const void* k_new, const void* v_new, const void* bias, TensorList keys, TensorList values,
                  void* out) {
@@ -1122,26 +1150,8 @@ executorch::aten::Tensor& attend_out(executorch::runtime::KernelRuntimeContext& 
                       n_kv, keys.size(), values.size());
   ET_KERNEL_CHECK_MSG(ctx, hd > 0 && hd <= (1 << 20) && R <= (1 << 24), InvalidArgument, out,
                       "attend: unsupported head size %" PRId64 " or row count %" PRId64, hd, R);
-  int64_t S = 0;
-  if (n_kv > 0) {
-    ET_KERNEL_CHECK_MSG(ctx, keys[0].dim() >= 1 && keys[0].size(keys[0].dim() - 1) == hd, InvalidArgument, out,
-                        "attend: keys[0] must be [S, hd=%" PRId64 "]", hd);
-    S = keys[0].numel() / hd;
-  }
-  for (int64_t h = 0; h < n_kv; ++h) {
-    const Tensor& kh = keys[h];
-    const Tensor& vh = values[h];
-    ET_KERNEL_CHECK_MSG(ctx, kh.scalar_type() == dtype && vh.scalar_type() == dtype, InvalidArgument, out,
-                        "attend: keys[%" PRId64 "] and values[%" PRId64 "] must have q's dtype", h, h);
-    ET_KERNEL_CHECK_MSG(ctx,
-                        kh.dim() >= 1 && vh.dim() >= 1 && kh.size(kh.dim() - 1) == hd &&
-                            vh.size(vh.dim() - 1) == hd && kh.numel() == S * hd && vh.numel() == S * hd,
-                        InvalidArgument, out,
-                        "attend: keys[%" PRId64 "] and values[%" PRId64 "] must be [S=%" PRId64 ", hd=%" PRId64 "]", h,
-                        h, S, hd);
-    ET_KERNEL_CHECK_MSG(ctx, is_contiguous(kh) && is_contiguous(vh), InvalidArgument, out,
-                        "attend: keys[%" PRId64 "] and values[%" PRId64 "] must be contiguous", h, h);
-  }
+  const int64_t S = slab_rows("attend", "q", keys, values, hd, dtype);
+  ET_KERNEL_CHECK(ctx, S >= 0, InvalidArgument, out);
   ET_KERNEL_CHECK_MSG(ctx,
                       k_new.scalar_type() == dtype && v_new.scalar_type() == dtype && bias.scalar_type() == dtype &&
                           out.scalar_type() == dtype,

@@ -45,6 +45,14 @@ void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int6
 // first use; LORA_SHARE_ATTEND_ISA forces one the CPU can run).
 const char* attend_isa();
 
+// The rows S of the cache slabs an attention call reads: keys[h] and values[h]
+// for each head, of `dtype`, each [S, hd] and contiguous (S read off keys[0];
+// 0 without heads). -1 after logging what is wrong, prefixed with `op`;
+// `dtype_of` names the input the slabs' dtype must match. The caller checks
+// keys and values hold the same number of heads.
+int64_t slab_rows(const char* op, const char* dtype_of, executorch::aten::TensorList keys,
+                  executorch::aten::TensorList values, int64_t hd, executorch::aten::ScalarType dtype);
+
 // True when every dimension of `t` of size > 1 is laid out densely, in order.
 bool is_contiguous(const executorch::aten::Tensor& t);
 

@@ -116,25 +116,8 @@ void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k
   const int64_t n_heads = q.numel() / hd;
   const int64_t rep = n_heads / n_kv;
   ET_KERNEL_CHECK_MSG(ctx, n_heads <= (1 << 24), InvalidArgument, , "rope_attend: too many heads");
-  int64_t S = 0;
-  ET_KERNEL_CHECK_MSG(ctx, keys[0].dim() >= 1 && keys[0].size(keys[0].dim() - 1) == hd, InvalidArgument, ,
-                      "rope_attend: keys[0] must be [S, hd=%" PRId64 "]", hd);
-  S = keys[0].numel() / hd;
-  for (int64_t h = 0; h < n_kv; ++h) {
-    const Tensor& kh = keys[h];
-    const Tensor& vh = values[h];
-    ET_KERNEL_CHECK_MSG(ctx, kh.scalar_type() == dtype && vh.scalar_type() == dtype, InvalidArgument, ,
-                        "rope_attend: keys[%" PRId64 "] and values[%" PRId64 "] must have bias's dtype", h, h);
-    ET_KERNEL_CHECK_MSG(ctx,
-                        kh.dim() >= 1 && vh.dim() >= 1 && kh.size(kh.dim() - 1) == hd &&
-                            vh.size(vh.dim() - 1) == hd && kh.numel() == S * hd && vh.numel() == S * hd,
-                        InvalidArgument, ,
-                        "rope_attend: keys[%" PRId64 "] and values[%" PRId64 "] must be [S=%" PRId64
-                        ", hd=%" PRId64 "]",
-                        h, h, S, hd);
-    ET_KERNEL_CHECK_MSG(ctx, is_contiguous(kh) && is_contiguous(vh), InvalidArgument, ,
-                        "rope_attend: keys[%" PRId64 "] and values[%" PRId64 "] must be contiguous", h, h);
-  }
+  const int64_t S = slab_rows("rope_attend", "bias", keys, values, hd, dtype);
+  ET_KERNEL_CHECK(ctx, S >= 0, InvalidArgument, );
   ET_KERNEL_CHECK_MSG(ctx,
                       (bias.dim() == 3 && bias.size(0) == 1 && bias.size(1) == rep && bias.size(2) == S + 1) ||
                           (bias.dim() == 2 && bias.size(0) == rep && bias.size(1) == S + 1),
