@@ -25,10 +25,10 @@ NEW = 8
 TIMEOUT = 120  # seconds; a hang fails the test instead of the session
 
 
-def run_runner(runner_bin, *args, input=None) -> subprocess.CompletedProcess:
+def run_runner(runner_bin, *args, input=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(runner_bin), *map(str, args)],
-        capture_output=True, text=True, input=input, timeout=TIMEOUT,
+        capture_output=True, text=True, input=input, timeout=TIMEOUT, env=env,
     )
 
 
@@ -165,10 +165,9 @@ def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_buil
     runs = {}
     for mode in ("skip", "every-call"):
         npy = tmp_path / f"{mode}.npy"
-        proc = subprocess.run([str(runner_bin), "--pte", str(first), "--ptd", str(tiny_build.ptd), "--tokens", ids(prompt),
-                               "--max-new-tokens", str(NEW), "--ignore-eos", "--dump-logits", str(npy), "--json"],
-                              capture_output=True, text=True, timeout=TIMEOUT,
-                              env={**os.environ, "LORA_SHARE_XNNPACK_RESHAPE": mode})
+        proc = run_runner(runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", ids(prompt),
+                          "--max-new-tokens", NEW, "--ignore-eos", "--dump-logits", npy, "--json",
+                          env={**os.environ, "LORA_SHARE_XNNPACK_RESHAPE": mode})
         assert proc.returncode == 0, proc.stderr
         runs[mode] = (json.loads(proc.stdout)["xnnpack_reshapes"], np.load(npy))
     (skip, skip_logits), (every, every_logits) = runs["skip"], runs["every-call"]

@@ -87,15 +87,20 @@ def kernel_runtime(runner_bin):
     return Runtime.get()
 
 
-def one_call_program(heads: int, rows: int, new: int, hd: int, dtype: torch.dtype, max_past: int) -> bytes:
+def program_of(module: torch.nn.Module, example: tuple, dynamic_shapes=None) -> bytes:
+    """``module`` exported, to edge and to an ExecuTorch program (no delegate: its custom op runs as is)."""
     from executorch.exir import EdgeCompileConfig, to_edge
+
+    ep = torch.export.export(module, example, strict=False, dynamic_shapes=dynamic_shapes)
+    return to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+
+
+def one_call_program(heads: int, rows: int, new: int, hd: int, dtype: torch.dtype, max_past: int) -> bytes:
     from torch.export import Dim
 
     past = Dim("past", min=1, max=max_past)
     example = inputs(heads, rows, new, hd, 5, dtype, torch.Generator().manual_seed(0))
-    ep = torch.export.export(OneCall(heads), example, strict=False,
-                             dynamic_shapes=(None, None, None, {2: past + new}, ({0: past},) * (2 * heads)))
-    return to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    return program_of(OneCall(heads), example, (None, None, None, {2: past + new}, ({0: past},) * (2 * heads)))
 
 
 def inputs(heads, rows, new, hd, past, dtype, gen, window: int | None = None):
@@ -156,14 +161,11 @@ def rope_inputs(heads, rep, hd, past, dtype, gen, window: int | None = None):
 def test_rope_attend_kernel_matches_the_reference(kernel_runtime, heads, rep, hd, dtype):
     """The decode method's operator: this token's keys and values bit for bit (the same roundings as
     the reference's float32 ops), its output as attend's."""
-    from executorch.exir import EdgeCompileConfig, to_edge
     from torch.export import Dim
 
     past = Dim("past", min=1, max=1500)
     example = rope_inputs(heads, rep, hd, 5, dtype, torch.Generator().manual_seed(0))
-    ep = torch.export.export(RopeOneCall(heads), example, strict=False,
-                             dynamic_shapes=(None,) * 7 + ({2: past + 1}, ({0: past},) * (2 * heads)))
-    buffer = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    buffer = program_of(RopeOneCall(heads), example, (None,) * 7 + ({2: past + 1}, ({0: past},) * (2 * heads)))
     method = kernel_runtime.load_program(buffer).load_method("forward")
     gen = torch.Generator().manual_seed(3)
     for past_rows, window in ((1, None), (40, None), (700, 100), (1500, None)):
@@ -179,13 +181,8 @@ def test_rope_attend_kernel_matches_the_reference(kernel_runtime, heads, rep, hd
 
 def test_rope_attend_refuses_mismatched_inputs(kernel_runtime):
     """A cos of another head size than the cache's: an error from the kernel, not a wrong read."""
-    from executorch.exir import EdgeCompileConfig, to_edge
-
     example = rope_inputs(2, 2, 64, 5, torch.float32, torch.Generator().manual_seed(4))
-    ep = torch.export.export(RopeOneCall(2), example, strict=False)
-    method = kernel_runtime.load_program(
-        to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
-    ).load_method("forward")
+    method = kernel_runtime.load_program(program_of(RopeOneCall(2), example)).load_method("forward")
     args = list(example)
     args[3] = args[3][..., :32].contiguous()  # cos_q of half the head size
     with pytest.raises(RuntimeError):
