@@ -111,20 +111,28 @@ def test_samples_give_each_pairs_ratio():
             "prefill tokens/s, 1000 tokens 1.00-1.40.") in md
 
 
-def test_decode_ceiling_is_bandwidth_over_the_f32_file(tmp_path, monkeypatch):
-    """fp32 decode at the memory's rate is the measured read bandwidth over the F32 file's bytes, and the
-    report states it beside both sides' decode at ~10, as a share of it."""
-    f32 = tmp_path / "model-f32.gguf"
-    with open(f32, "wb") as f:
-        f.truncate(500_000_000)  # sparse: only its size is read
-    assert 0.1 < peers.read_bandwidth(mib=64, repeats=2) < 10_000  # GB/s: a real measurement, not a constant
-    monkeypatch.setattr(peers, "read_bandwidth", lambda: 20.0)
-    ceiling = peers.decode_ceiling({"models": {"f32": f32}}, log=lambda s: None)
-    assert ceiling == {"read_gb_s": 20.0, "f32_bytes": 500_000_000, "fp32_decode_tokens_per_s": 40.0}
-    row = {"lora_share": {"build": "fp32", "decode_10_tokens_per_s": 41.5},
-           "llama_cpp": {"model": "f32", "decode_10_tokens_per_s": 42.5}}
-    md = peers.report({"command": "x", "repeats": 1, "ceiling": ceiling, "rows": {"fp32 vs f32": row}, "checks": []})
-    assert "40.0 tokens/s at that rate; decode at ~10: lora-share 41.5 (104%), llama.cpp 42.5 (106%)" in md
+def test_bare_stream_is_compiled_once_and_measures_real_time(tmp_path):
+    """stream_bound.cpp builds for this CPU into the work folder, is reused by its source's and CPU's
+    hash, and times real streaming: 538 MB a token cannot take less than 1 ms (538 GB/s) here."""
+    binary = peers.stream_bound(tmp_path)
+    assert binary.is_file() and binary.parent == tmp_path
+    built = binary.stat().st_mtime_ns
+    assert peers.stream_bound(tmp_path) == binary and binary.stat().st_mtime_ns == built
+    assert 1.0 < peers.bare_stream_ms(binary, tokens=2) < 10_000
+
+
+def test_fp32_decode_is_reported_as_a_share_of_the_bare_stream():
+    """Each request's decode at ~10 is read against the stream run just before it (stream ms x tokens/s
+    / 1000), and the report gives both sides' median share and what 1.1 x llama.cpp would be."""
+    row = {"bare_stream": {"median_ms": 11.0, "samples_ms": [10.0, 11.0, 12.0]},
+           "lora_share": {"build": "fp32", "samples": {"decode_10_tokens_per_s": [90.0, 80.0, 80.0]}},
+           "llama_cpp": {"model": "f32", "samples": {"decode_10_tokens_per_s": [80.0, 80.0, 75.0]}}}
+    assert peers.stream_shares(row, "lora_share") == pytest.approx([0.90, 0.88, 0.96])
+    assert peers.stream_shares(row, "llama_cpp") == pytest.approx([0.80, 0.88, 0.90])
+    md = "\n".join(peers.stream_report(row))
+    assert "Median 11.00 ms a token (90.9 tokens/s; runs 10.00-12.00 ms)" in md
+    assert "lora-share 90% (88%-96%), llama.cpp 88% (80%-90%); 1.1 x llama.cpp would be 97% of it." in md
+    assert peers.stream_shares({**row, "llama_cpp": {"model": "f32"}}, "llama_cpp") == []
 
 
 # llama-perplexity's progress and result lines, in the formats its source prints them

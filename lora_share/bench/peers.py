@@ -14,9 +14,10 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
 - Measured with 2 threads on both sides (lora-share's runner uses XNNPACK's default pool, one
   thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
   about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
-  load and per extra adapter, KV bytes at context 2048; and the machine's read bandwidth, over the
-  F32 weights every fp32 token reads: the rate it allows fp32 decode (a guide: it is measured once). The results are
-  written after these ("complete": false) and again after the perplexity.
+  load and per extra adapter, KV bytes at context 2048; and before each fp32 pair of requests, the
+  bare stream (benchmarks/stream_bound.cpp: every F32 weight read once per token, nothing else), so
+  each side's fp32 decode is read as a share of what the memory allowed in the same minute. The
+  results are written after these ("complete": false) and again after the perplexity.
 - Perplexity on bench-quality's held-out text: lora-share's from bench-quality's results (the same
   model and 8da4w settings: its hour of measuring is not repeated), llama.cpp's from llama-perplexity on
   the same text at the same context (512), each side as a ratio to its own float32.
@@ -24,6 +25,7 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -57,6 +59,8 @@ QUANTIZE = {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head"
 MAX_PPL_RATIO = 1.03
 # lora-share's KV cache in float16, as llama.cpp keeps its own by default (its f16 K and V).
 KV_CACHE = "float16"
+# Tokens timed per run of the bare stream (benchmarks/stream_bound.cpp), once before each fp32 pair.
+STREAM_TOKENS = 30
 
 
 def sh(cmd: list[str], log: Path | None = None, **kw) -> None:
@@ -334,8 +338,9 @@ def kv_bytes_lora_share(manifest: dict) -> int:
 
 
 def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, work: Path, repeats: int,
-            log=print) -> dict:
-    """Every figure, with requests alternating between lora-share's and llama.cpp's servers."""
+            stream: Path | None = None, log=print) -> dict:
+    """Every figure, with requests alternating between lora-share's and llama.cpp's servers; with
+    ``stream`` (stream_bound's binary), the bare stream run before each fp32 / F32 pair of requests."""
     vocab = 49152
     short, long = _prompt(SHORT_PROMPT, vocab), _prompt(PROMPT_TOKENS, vocab)
     rows = {}
@@ -351,7 +356,10 @@ def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, wor
             name = s1.names[0]
             s1.ask(name, short), l1.ask(0, short, NEW_TOKENS)
             samples = {"ours": {"short": [], "long": []}, "theirs": {"short": [], "long": []}}
+            streamed = []
             for _ in range(repeats):
+                if stream is not None and theirs == "f32":
+                    streamed.append(bare_stream_ms(stream))
                 for kind, prompt in (("short", short), ("long", long)):
                     samples["ours"][kind].append(runner_answer(s1.ask(name, prompt)[0]))
                     samples["theirs"][kind].append(l1.ask(0, prompt, NEW_TOKENS))
@@ -362,6 +370,8 @@ def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, wor
                               "pss_after_load_kb": mem_ours["pss_kb"], "kv_bytes": kv_bytes_lora_share(b["manifest"])},
                "llama_cpp": {"model": theirs, **summarize(samples["theirs"]), "load_ms": round(load_theirs, 1),
                              "pss_after_load_kb": mem_theirs["pss_kb"], "kv_bytes": kv_theirs}}
+        if streamed:
+            row["bare_stream"] = {"median_ms": round(statistics.median(streamed), 3), "samples_ms": streamed}
         if (ours, theirs) in pairs:
             row["lora_share"]["pss_per_extra_adapter_kb"] = extra_adapter_ours(runner, b, short)
             row["llama_cpp"]["pss_per_extra_adapter_kb"] = extra_adapter_theirs(tools, ggufs, theirs, short, work)
@@ -386,45 +396,30 @@ def extra_adapter_theirs(tools: dict, ggufs: dict, model: str, prompt: list[int]
     return round((pss[1] - pss[0]) / (len(ggufs["loras"]) - 1), 1)
 
 
-def read_bandwidth(threads: int = 2, mib: int = 512, repeats: int = 5) -> float:
-    """This machine's memory read bandwidth, GB/s: the fastest of ``repeats`` sums of a ``mib`` MiB
-    float32 tensor on ``threads`` threads (the benchmark's thread count), far larger than any cache.
-    The tensor sits in 2 MiB pages where Linux grants them, as both sides' weights do (llama.cpp's
-    mapped file in the page cache's folios, lora-share's packed copy collapsed after loading)."""
-    import mmap
-
-    import numpy as np
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    buffer = mmap.mmap(-1, mib * 2 ** 20)
-    try:
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            buffer.madvise(mmap.MADV_HUGEPAGE)
-        data = torch.from_numpy(np.frombuffer(buffer, dtype=np.float32))
-        data.fill_(1.0)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            data.sum()
-            best = min(best, time.perf_counter() - start)
-        del data
-    finally:
-        torch.set_num_threads(before)
-        buffer.close()
-    return mib * 2 ** 20 / best / 1e9
+def stream_bound(work: Path) -> Path:
+    """``benchmarks/stream_bound.cpp`` compiled for this CPU (``-march=native``, as llama.cpp is), kept in
+    ``work`` under the sha256 of its source and the CPU's flags: the bare stream of the F32 weights."""
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_bound.cpp"
+    if not src.is_file():
+        raise BenchError(f"{src}: missing; bench-peers runs from a lora-share checkout")
+    cpu = cpu_flags()
+    binary = work / f"stream_bound-{hashlib.sha256(src.read_bytes() + cpu.encode()).hexdigest()[:12]}"
+    if not binary.is_file():
+        tmp = binary.with_name(binary.name + ".tmp")
+        sh([os.environ.get("CXX", "c++"), "-O3", "-march=native", *compiler_flags(cpu), "-pthread", src, "-o", tmp],
+           work / "stream_bound.log")
+        os.replace(tmp, binary)
+    return binary
 
 
-def decode_ceiling(ggufs: dict, log=print) -> dict:
-    """fp32 decode at this machine's read bandwidth: every F32 weight is read once per token (the tied
-    embedding as the output projection), on both sides, so the bandwidth over the F32 file's bytes is
-    the rate memory allows (measured once: on a shared machine a guide, not a bound)."""
-    f32_bytes = Path(ggufs["models"]["f32"]).stat().st_size
-    gb_s = read_bandwidth()
-    ceiling = gb_s * 1e9 / f32_bytes
-    log(f"read bandwidth {gb_s:.1f} GB/s over {f32_bytes / 1e6:.0f} MB of F32 weights: {ceiling:.1f} fp32 tokens/s at that rate")
-    return {"read_gb_s": round(gb_s, 2), "f32_bytes": f32_bytes, "fp32_decode_tokens_per_s": round(ceiling, 2)}
+def bare_stream_ms(binary: Path, tokens: int = STREAM_TOKENS) -> float:
+    """One run of the bare stream: the median milliseconds of ``tokens`` tokens, each every F32 weight
+    of SmolLM2-135M read once on 2 threads in XNNPACK's layout, a barrier after every linear, nothing
+    else (no attention, norms, LoRA or sampling): what fp32 decode cannot beat in the same minute."""
+    proc = subprocess.run([str(binary), "--json", "--tokens", str(tokens)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"{binary} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return json.loads(proc.stdout)["median_ms"]
 
 
 def _prompt(n: int, vocab: int) -> list[int]:
@@ -488,17 +483,9 @@ def report(result: dict) -> str:
             lines += ["", "Ratio of each alternating pair of requests, lowest-highest: "
                       + "; ".join(f"{what} {min(r):.2f}-{max(r):.2f}" for what, r in spread) + "."]
         lines.append("")
-    ceiling = result.get("ceiling")
-    if ceiling:
-        f32 = next((r for r in result["rows"].values() if r["llama_cpp"]["model"] == "f32"), None)
-        rate = ceiling["fp32_decode_tokens_per_s"]
-        share = lambda side: f"{f32[side]['decode_10_tokens_per_s']} ({f32[side]['decode_10_tokens_per_s'] / rate:.0%})"
-        lines += ["## fp32 decode and the memory bus", "",
-                  f"Memory read bandwidth, 2 threads, measured once before the requests: {ceiling['read_gb_s']} GB/s. "
-                  f"Both sides read every one of the F32 model's {ceiling['f32_bytes'] / 1e6:.0f} MB once per decoded "
-                  f"token: {rate} tokens/s at that rate"
-                  + (f"; decode at ~10: lora-share {share('lora_share')}, llama.cpp {share('llama_cpp')}" if f32 else "")
-                  + ". A shared machine's bandwidth moves from minute to minute: a guide, not a bound.", ""]
+    for row in result["rows"].values():
+        if row.get("bare_stream"):
+            lines += stream_report(row)
     ppl = result.get("perplexity")
     if ppl:
         ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
@@ -516,6 +503,34 @@ def report(result: dict) -> str:
     for c in result["checks"]:
         lines.append(f"- {'PASS' if c['pass'] else 'FAIL'} [{c['pair']}] {c['check']}: {c['value']} (target {c['target']})")
     return "\n".join(lines) + "\n"
+
+
+def stream_shares(row: dict, side: str) -> list[float]:
+    """Each fp32 decode at ~10 as a share of the bare stream run just before it: the stream's
+    milliseconds per token over the request's (1.0 = as fast as reading the weights and nothing else)."""
+    ms = row["bare_stream"]["samples_ms"]
+    rates = row[side].get("samples", {}).get("decode_10_tokens_per_s", [])
+    return [m * r / 1000 for m, r in zip(ms, rates)] if len(ms) == len(rates) else []
+
+
+def stream_report(row: dict) -> list[str]:
+    """The fp32 section: the bare stream's time and each side's decode at ~10 as a share of it."""
+    stream = row["bare_stream"]
+    ms = stream["median_ms"]
+    lines = ["## fp32 decode and the bare stream", "",
+             f"`benchmarks/stream_bound.cpp`, run before each pair of fp32 requests ({STREAM_TOKENS} tokens a run): "
+             "every F32 weight read once per token on 2 threads in XNNPACK's packed layout, a barrier after each "
+             "linear, nothing else (no attention, norms, LoRA or sampling). Median "
+             f"{ms:.2f} ms a token ({1000 / ms:.1f} tokens/s; runs {min(stream['samples_ms']):.2f}-"
+             f"{max(stream['samples_ms']):.2f} ms)."]
+    shares = {side: stream_shares(row, side) for side in ("lora_share", "llama_cpp")}
+    if all(shares.values()):
+        ours, theirs = (statistics.median(shares[side]) for side in ("lora_share", "llama_cpp"))
+        lines[-1] += (f" Decode at ~10 as a share of the stream run just before it, median (range): lora-share "
+                      f"{ours:.0%} ({min(shares['lora_share']):.0%}-{max(shares['lora_share']):.0%}), llama.cpp "
+                      f"{theirs:.0%} ({min(shares['llama_cpp']):.0%}-{max(shares['llama_cpp']):.0%}); "
+                      f"{TARGET_SPEED} x llama.cpp would be {TARGET_SPEED * theirs:.0%} of it.")
+    return lines + [""]
 
 
 def run_from_args(ns, command: str) -> int:
@@ -564,15 +579,15 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
     print("llama.cpp's GGUFs ...", file=sys.stderr)
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
-    ceiling = decode_ceiling(ggufs, log=lambda s: print(s, file=sys.stderr))
-    rows = measure(runner, builds, tools, ggufs, work, repeats, log=lambda s: print(s, file=sys.stderr))
+    stream = stream_bound(work)
+    rows = measure(runner, builds, tools, ggufs, work, repeats, stream, log=lambda s: print(s, file=sys.stderr))
     from datetime import datetime, timezone
 
     from .run import _git, _machine
 
     result = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": _git("rev-parse", "--short", "HEAD") or "unknown", "machine": _machine(),
-              "kv_cache": KV_CACHE, "repeats": repeats, "adapters": adapters, "ceiling": ceiling, "rows": rows,
+              "kv_cache": KV_CACHE, "repeats": repeats, "adapters": adapters, "rows": rows,
               "perplexity": None,
               "checks": checks(rows), "complete": False}
     save(result)
@@ -604,8 +619,6 @@ def perplexity(tools: dict, ggufs: dict, quality: Path, work: Path) -> dict:
     if settings != QUANTIZE:
         raise BenchError(f"{quality}: its 8da4w foundation is {settings}, not this bench's {QUANTIZE}: "
                          "run `make bench-quality` again")
-    import hashlib
-
     if not text.is_file() or hashlib.sha256(text.read_bytes()).hexdigest() != digest:
         raise BenchError(f"{text}: missing or not the text {quality} was measured on: run `make bench-quality` again")
     theirs = {}
