@@ -5,6 +5,8 @@ envelope and the keys of its LoRA tensors."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .adapter_pte import lora_entries
 from .adapters import Adapter
 from .envelope import Envelope
@@ -23,6 +25,15 @@ def foundation_meta(foundation: Foundation, fingerprint: str) -> FoundationMeta:
     )
 
 
+def source_label(source: dict) -> str:
+    """What an adapter record says it was made from: the PEFT folder's name (its files are pinned by
+    their sha256 beside it; the full path stays in manifest.json, so a .pte's bytes do not depend on
+    where it was built), or ``seed=N`` for synthetic weights."""
+    if source.get("kind") == "peft":
+        return Path(source.get("path", "")).name
+    return f"seed={source.get('seed', '')}"
+
+
 def adapter_meta(adapter: Adapter, fingerprint: str, envelope: Envelope) -> tuple[AdapterMeta, dict[str, bytes]]:
     """The adapter record (its own metadata, the foundation fingerprint and the program envelope it
     was built for, the key of each LoRA tensor) and its LoRA tensors by key."""
@@ -33,7 +44,7 @@ def adapter_meta(adapter: Adapter, fingerprint: str, envelope: Envelope) -> tupl
         name=adapter.name, foundation_fingerprint=fingerprint, rank=int(m["rank"]), alpha=float(m["alpha"]),
         targets=list(m["targets"]), layers=[int(x) for x in m.get("layers", [])],
         use_rslora=bool(m.get("use_rslora", False)), source_kind=kind,
-        source=source.get("path", "") if kind == "peft" else f"seed={source.get('seed', '')}",
+        source=source_label(source),
         source_hashes=dict(source.get("sha256", {})),
         lora_bytes=sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in adapter.weights.values()),
         envelope_max_rank=envelope.max_rank, envelope=list(envelope.slots), lora=lora,

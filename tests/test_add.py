@@ -20,6 +20,8 @@ from conftest import build_config, run_cli
 from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
 from lora_share.builder import read_manifest
 from lora_share.files import sha256_file
+from lora_share.formats import read_pte
+from lora_share.verify import adapter_record
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT, NEW = [3, 141, 59, 26, 5], 6
@@ -91,6 +93,23 @@ def test_add_writes_data_and_exports_nothing(deployment):
     program_bytes = (out / "first.pte").stat().st_size - m["adapters"][0]["lora_bytes"]
     for a in m["adapters"][1:]:
         assert a["size"] <= program_bytes + a["lora_bytes"] + 64 * 1024
+
+
+def test_an_adapter_file_does_not_depend_on_where_it_was_built(deployment, tmp_path):
+    """The same PEFT folder added from another place gives the same .pte, byte for byte: its record
+    names the folder, not its path (which manifest.json keeps), so a build's hashes, and the
+    measurements keyed by them, carry over to another checkout."""
+    moved = tmp_path / "elsewhere" / "rank1_q"
+    shutil.copytree(deployment["root"] / "rank1_q", moved)
+    out = tmp_path / "out"
+    shutil.copytree(deployment["build"].out_dir, out)
+    r = run_cli("add", "--to", out, f"rank1_q={moved}")
+    assert r.returncode == 0, r.stderr
+    assert (out / "rank1_q.pte").read_bytes() == (deployment["out"] / "rank1_q.pte").read_bytes()
+    record = adapter_record(read_pte(out / "rank1_q.pte"))
+    assert record.source == "rank1_q" and record.source_kind == "peft"
+    entry = next(a for a in read_manifest(out)["adapters"] if a["name"] == "rank1_q")
+    assert entry["source"]["path"] == str(moved)
 
 
 @pytest.mark.parametrize("name", ["first", *ADDED])
