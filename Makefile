@@ -188,7 +188,9 @@ test-arm64: setup runner arm64 dist
 # lora-share vs llama.cpp on SmolLM2-135M-Instruct (issue 23), one adapter applied on both sides. llama.cpp
 # comes from llama-cpp-python 0.3.36's sdist (PyPI) and is built once into out/peers (never committed). Also
 # perplexity on bench-quality's held-out text: bench-quality's lora-share eval figures (kept from its last
-# run when nothing changed, so this re-run measures nothing) against llama-perplexity.
+# run, or from the committed results on a fresh clone, when nothing changed: the builds' hashes do not
+# depend on the checkout; so this re-run measures nothing) against llama-perplexity. Before each pair of
+# fp32 requests it runs benchmarks/stream_bound.cpp, the bare stream of the F32 weights.
 PEERS_GGUF ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 bench-peers: setup runner model bench-quality
 	$(VENV)/bin/lora-share bench-peers --gguf $(PEERS_GGUF)
