@@ -528,8 +528,7 @@ def stream_report(row: dict) -> list[str]:
         ours, theirs = (statistics.median(shares[side]) for side in ("lora_share", "llama_cpp"))
         lines[-1] += (f" Decode at ~10 as a share of the stream run just before it, median (range): lora-share "
                       f"{ours:.0%} ({min(shares['lora_share']):.0%}-{max(shares['lora_share']):.0%}), llama.cpp "
-                      f"{theirs:.0%} ({min(shares['llama_cpp']):.0%}-{max(shares['llama_cpp']):.0%}); "
-                      f"{TARGET_SPEED} x llama.cpp would be {TARGET_SPEED * theirs:.0%} of it.")
+                      f"{theirs:.0%} ({min(shares['llama_cpp']):.0%}-{max(shares['llama_cpp']):.0%}).")
     return lines + [""]
 
 
