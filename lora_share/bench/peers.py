@@ -14,9 +14,9 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
 - Measured with 2 threads on both sides (lora-share's runner uses XNNPACK's default pool, one
   thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
   about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
-  load and per extra adapter, KV bytes at context 2048; and before each fp32 pair of requests, the
-  bare stream (benchmarks/stream_bound.cpp: every F32 weight read once per token, nothing else), so
-  each side's fp32 decode is read as a share of what the memory allowed in the same minute. The
+  load and per extra adapter (two servers alive at once, N adapters against 1), KV bytes at context
+  2048; and before each fp32 pair of requests, the bare stream (benchmarks/stream_bound.cpp: every
+  F32 weight read once per token, nothing else), so each side's fp32 decode is read as a share of what the memory allowed in the same minute. The
   results are written after these ("complete": false) and again after the perplexity.
 - Perplexity on bench-quality's held-out text: lora-share's from bench-quality's results (the same
   model and 8da4w settings: its hour of measuring is not repeated), llama.cpp's from llama-perplexity on
@@ -380,20 +380,32 @@ def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, wor
 
 
 def extra_adapter_ours(runner: Path, b: dict, prompt: list[int]) -> float:
-    """(PSS with N adapters served - with 1) / (N - 1), one runner --serve process each."""
-    pss = [processes.memory_one_process(runner, ptes, b["ptd"], [], prompt)["pss_kb"] for ptes in (b["ptes"][:1], b["ptes"])]
+    """(PSS with N adapters served - with 1) / (N - 1): two runner --serve processes, alive at once.
+
+    Measured side by side, not one after the other: PSS splits a shared library's pages among every
+    process mapping it, so a process measured alone gains or loses tens of kB whenever some other
+    process (a test's server, a benchmark's) starts or ends, more than a small adapter costs. Side by
+    side, both see the same sharers, the pages they share with each other (libraries, foundation, the
+    first adapter) split evenly, and the difference is what the N - 1 further adapters cost.
+    """
+    with processes.Server(runner, b["ptes"][:1], b["ptd"]) as one, processes.Server(runner, b["ptes"], b["ptd"]) as all_:
+        for server in (one, all_):
+            server.warm(prompt)
+        pss = [one.memory()["pss_kb"], all_.memory()["pss_kb"]]
     return round((pss[1] - pss[0]) / (len(b["ptes"]) - 1), 1)
 
 
 def extra_adapter_theirs(tools: dict, ggufs: dict, model: str, prompt: list[int], work: Path) -> float:
-    """The same for llama-server: N adapters via --lora, each request naming its adapter."""
-    pss = []
-    for loras in (ggufs["loras"][:1], ggufs["loras"]):
-        with LlamaServer(tools["llama-server"], ggufs["models"][model], loras, 18424, work / "server-extra.log") as s:
-            for i in range(len(loras)):
-                s.ask(i, prompt, 2)
-            pss.append(s.memory()["pss_kb"])
-    return round((pss[1] - pss[0]) / (len(ggufs["loras"]) - 1), 1)
+    """The same for llama-server, two processes alive at once: N adapters via --lora, each request
+    naming its adapter, against one."""
+    loras, binary, gguf = ggufs["loras"], tools["llama-server"], ggufs["models"][model]
+    with LlamaServer(binary, gguf, loras[:1], 18424, work / "server-extra-1.log") as one, \
+            LlamaServer(binary, gguf, loras, 18425, work / "server-extra-n.log") as all_:
+        for server in (one, all_):
+            for i in range(server.n_loras):
+                server.ask(i, prompt, 2)
+        pss = [one.memory()["pss_kb"], all_.memory()["pss_kb"]]
+    return round((pss[1] - pss[0]) / (len(loras) - 1), 1)
 
 
 def stream_bound(work: Path) -> Path:
