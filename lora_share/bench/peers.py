@@ -16,8 +16,9 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
   about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
   load and per extra adapter (two servers alive at once, N adapters against 1), KV bytes at context
   2048; and before each fp32 pair of requests, the bare stream (benchmarks/stream_bound.cpp: every
-  F32 weight read once per token, nothing else), so each side's fp32 decode is read as a share of what the memory allowed in the same minute. The
-  results are written after these ("complete": false) and again after the perplexity.
+  F32 weight read once per token, nothing else), so each side's fp32 decode is read as a share of
+  what the memory allowed in the same minute. The results are written after these ("complete":
+  false) and again after the perplexity.
 - Perplexity on bench-quality's held-out text: lora-share's from bench-quality's results (the same
   model and 8da4w settings: its hour of measuring is not repeated), llama.cpp's from llama-perplexity on
   the same text at the same context (512), each side as a ratio to its own float32.
@@ -388,7 +389,8 @@ def extra_adapter_ours(runner: Path, b: dict, prompt: list[int]) -> float:
     side, both see the same sharers, the pages they share with each other (libraries, foundation, the
     first adapter) split evenly, and the difference is what the N - 1 further adapters cost.
     """
-    with processes.Server(runner, b["ptes"][:1], b["ptd"]) as one, processes.Server(runner, b["ptes"], b["ptd"]) as all_:
+    with processes.Server(runner, b["ptes"][:1], b["ptd"]) as one, \
+            processes.Server(runner, b["ptes"], b["ptd"]) as all_:
         for server in (one, all_):
             server.warm(prompt)
         pss = [one.memory()["pss_kb"], all_.memory()["pss_kb"]]
