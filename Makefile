@@ -55,7 +55,7 @@ model: $(SMOLLM2_GGUF)
 # The C++ runner and the library it links (build/liblora_share.so; installed with its header and
 # CMake package into build/install for applications), built against the runtime shipped in the
 # executorch wheel (never from source).
-$(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps
+$(RUNNER): $(SETUP_STAMP) $(wildcard cpp_runner/* cpp_runner/*/* cpp_runner/*/*/*) | system-deps
 	cmake -S cpp_runner -B build/cmake -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import importlib.util as u; print(u.find_spec("executorch").submodule_search_locations[0])')" >/dev/null
 	cmake --build build/cmake -j2
@@ -154,7 +154,7 @@ $(ET_AARCH64_CONFIG): | $(SETUP_STAMP)
 	rm $(ET_AARCH64).tmp/executorch-*.whl
 	mv $(ET_AARCH64).tmp $(ET_AARCH64)
 
-$(ARM64_RUNNER): $(ET_AARCH64_CONFIG) $(wildcard cpp_runner/* cpp_runner/*/*) | system-deps-arm64
+$(ARM64_RUNNER): $(ET_AARCH64_CONFIG) $(wildcard cpp_runner/* cpp_runner/*/* cpp_runner/*/*/*) | system-deps-arm64
 	cmake -S cpp_runner -B build-arm64/cmake -DCMAKE_BUILD_TYPE=Release \
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cpp_runner/cmake/aarch64-linux-gnu.cmake \
 	  -DCMAKE_PREFIX_PATH=$(CURDIR)/$(ET_AARCH64)/executorch -DLORA_SHARE_OUTPUT_DIR=$(CURDIR)/build-arm64 >/dev/null

@@ -21,7 +21,7 @@ from .errors import ConfigErrors, UserError  # noqa: E402
 
 def build(config_path, quiet: bool = False) -> dict:
     """Build every output of a config file; returns the manifest."""
-    from .builder import build as _build
+    from .deploy.builder import build as _build
 
     return _build(config_path, quiet=quiet)
 
@@ -29,7 +29,7 @@ def build(config_path, quiet: bool = False) -> dict:
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0, shared_ptd=None):
     """Generate with an adapter .pte over a foundation .ptd through ExecuTorch's Python runtime
     (``shared_ptd``: the build's adapters_shared.ptd, for adapters that read tensors from it)."""
-    from .runtime import run as _run
+    from .run.python_runtime import run as _run
 
     return _run(pte, ptd, tokens, max_new_tokens, temperature, seed, shared_ptd=shared_ptd)
 

@@ -39,7 +39,7 @@ def _cmd_validate(ns) -> int:
 
 
 def _cmd_build(ns) -> int:
-    from .builder import build
+    from .deploy.builder import build
 
     manifest = build(ns.config, quiet=ns.json)
     if ns.json:
@@ -48,7 +48,7 @@ def _cmd_build(ns) -> int:
 
 
 def _cmd_add(ns) -> int:
-    from .builder import add
+    from .deploy.builder import add
 
     specs = []
     for spec in ns.adapters:
@@ -65,20 +65,20 @@ def _cmd_add(ns) -> int:
 def _cmd_run(ns) -> int:
     import numpy as np
 
-    from .runtime import run
+    from .run.python_runtime import run
 
     if ns.tokens is not None:
-        from .generate import parse_tokens
+        from .run.generate import parse_tokens
 
-        from .tokenizer_files import eos_ids_beside
+        from .tokenizer.files import eos_ids_beside
 
         if ns.tokenizer is not None:
             raise UserError("--tokenizer is read only with --prompt or --chat, not with --tokens")
         tokens, stream = parse_tokens(ns.tokens), None
         stop_ids = () if ns.ignore_eos else eos_ids_beside(ns.ptd)
     else:
-        from .text import TextStream, chat_prompt, encode_prompt
-        from .tokenizer_files import bind_tokenizer
+        from .tokenizer.text import TextStream, chat_prompt, encode_prompt
+        from .tokenizer.files import bind_tokenizer
 
         bound = bind_tokenizer(ns.ptd, ns.tokenizer)
         tokens = chat_prompt(bound, ns.chat) if ns.chat is not None else encode_prompt(bound, ns.prompt)
@@ -120,7 +120,7 @@ def _save_npy(path: Path, array, np) -> None:
 
 
 def _cmd_inspect(ns) -> int:
-    from .inspection import inspect_file, render
+    from .run.inspection import inspect_file, render
 
     report = inspect_file(ns.file, ns.ptd, ns.shared_ptd)
     print(json.dumps(report, indent=2) if ns.json else render(report))
@@ -128,7 +128,7 @@ def _cmd_inspect(ns) -> int:
 
 
 def _cmd_verify(ns) -> int:
-    from .verify import check_pair
+    from .run.verify import check_pair
 
     pairing = check_pair(ns.pte, ns.ptd, ns.shared_ptd)
     if ns.json:
@@ -144,7 +144,7 @@ def _cmd_verify(ns) -> int:
 
 
 def _cmd_eval(ns) -> int:
-    from .quality import evaluate, render
+    from .evaluate import evaluate, render
 
     report = evaluate(ns.target, ns.text, ns.adapter, ns.max_tokens, ns.min_tokens, progress=not ns.quiet)
     print(json.dumps(report.to_json(), indent=2) if ns.json else render(report))
@@ -177,7 +177,7 @@ def _cmd_bench_peers(ns) -> int:
 
 def _cmd_bench_budget(ns) -> int:
     from .bench.budget import BudgetBenchError, run
-    from .native import NativeError
+    from .run.c_library import NativeError
 
     if ns.deployment is None and not Path(ns.config).is_file():
         raise UserError(f"{ns.config}: no such config file")

@@ -19,8 +19,8 @@ from typing import Any, Optional
 import yaml
 
 from .errors import ConfigErrors, UserError
-from .families import FAMILIES
-from .model import LORA_TARGETS
+from .model.families import FAMILIES
+from .model.decoder import LORA_TARGETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The name the runners, the C API and the server give the foundation alone (no adapter).

@@ -18,10 +18,10 @@ import yaml
 import lora_share
 from conftest import build_config, run_cli
 from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
-from lora_share.builder import read_manifest
+from lora_share.deploy.builder import read_manifest
 from lora_share.files import sha256_file
 from lora_share.formats import read_pte
-from lora_share.verify import adapter_record
+from lora_share.run.verify import adapter_record
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT, NEW = [3, 141, 59, 26, 5], 6
@@ -248,7 +248,7 @@ def skipping(deployment):
 
 
 def test_skip_absent_reuses_the_program_and_rewrites_every_absent_slot(deployment, skipping):
-    from lora_share.adapter_pte import read_record
+    from lora_share.deploy.adapter_pte import read_record
 
     program = deployment["build"].manifest["program"]["sha256"]
     for m in (skipping["built"], skipping["manifest"]):
@@ -273,7 +273,7 @@ def test_skip_absent_reuses_the_program_and_rewrites_every_absent_slot(deploymen
 
 
 def test_skip_absent_variant_gives_the_envelope_program_back(deployment, skipping):
-    from lora_share.adapter_pte import Program
+    from lora_share.deploy.adapter_pte import Program
 
     plain = Program.from_adapter_file(deployment["out"] / "first.pte")
     variant = Program.from_adapter_file(skipping["out"] / "first.pte")
@@ -304,7 +304,7 @@ def test_skip_absent_answers_as_the_envelope_program(deployment, skipping, runne
 
 
 def test_program_patches_round_trip_and_refuse_a_damaged_file(deployment, skipping):
-    from lora_share.adapter_pte import read_record
+    from lora_share.deploy.adapter_pte import read_record
     from lora_share.formats.errors import FormatError
     from lora_share.formats.xnnpack_prune import Patch, apply
 

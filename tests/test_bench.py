@@ -77,7 +77,7 @@ def test_markdown_and_plots(bench):
 
 def test_standalone_programs_hold_every_weight(bench):
     """The stand-alone programs carry every foundation weight (no key from a .ptd) and share one program."""
-    from lora_share.adapter_pte import read_record
+    from lora_share.deploy.adapter_pte import read_record
     from lora_share.formats import read_pte
 
     folder, _, _ = bench

@@ -1,4 +1,4 @@
-"""lora_share/chat_format.py: a chat template resolved into plain text pieces reproduces
+"""lora_share/tokenizer/chat_format.py: a chat template resolved into plain text pieces reproduces
 transformers' apply_chat_template on conversations it was not read from, or is refused.
 
 Templates are the shapes real checkpoints ship (ChatML as Qwen/SmolLM write it, Llama 3's with
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from lora_share.chat_format import apply, resolve_chat_format
+from lora_share.tokenizer.chat_format import apply, resolve_chat_format
 from tokenizer_files import byte_level_bpe
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "

@@ -41,8 +41,8 @@ def test_default_config_meets_the_promise():
     """configs/llama_adapters.yaml: synthetic, >= 100 MB foundation, >= 3 adapters of different ranks and targets."""
     import math
 
-    from lora_share.foundation import expected_shapes
-    from lora_share.model import ModelArgs
+    from lora_share.checkpoints.foundation import expected_shapes
+    from lora_share.model.decoder import ModelArgs
 
     cfg = lora_share.validate(REPO / "configs/llama_adapters.yaml")
     s = cfg.foundation.synthetic

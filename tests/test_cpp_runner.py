@@ -53,7 +53,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, code: int) -> None:
 @pytest.fixture(scope="module")
 def python_reference(tiny_build):
     """name -> Generation from ExecuTorch's Python runtime, greedy."""
-    from lora_share.runtime import run
+    from lora_share.run.python_runtime import run
 
     return {name: run(pte, tiny_build.ptd, PROMPT, NEW) for name, pte in tiny_build.ptes.items()}
 
@@ -155,7 +155,7 @@ def test_json_report(runner_bin, tiny_build):
 
 def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_build, tmp_path):
     """The library answers XNNPACK's per-call re-plan at once when no input changed shape
-    (runtime/xnnpack_reshape.h): a prompt over two prefill chunks (forward's inputs change shape
+    (runtime/platform/xnnpack_reshape.h): a prompt over two prefill chunks (forward's inputs change shape
     between them) then decoded tokens give the same logits, bit for bit, as re-planning every call,
     with fewer re-plans run."""
     first = next(iter(tiny_build.ptes.values()))

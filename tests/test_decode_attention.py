@@ -1,4 +1,4 @@
-"""``lora_share::attend`` (decode_attention.py) and the decode method that calls it.
+"""``lora_share::attend`` (model/decode_attention.py) and the decode method that calls it.
 
 References: the model's own attention (XNNPACK's products in forward, run eagerly) for the decode
 method's eager form, and ``attend_reference`` (plain PyTorch in float32) for the C++ kernel, which runs
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from lora_share.decode_attention import attend, attend_reference, rope_attend, rope_attend_reference
-from lora_share.model import LlamaLoRA, ModelArgs
+from lora_share.model.decode_attention import attend, attend_reference, rope_attend, rope_attend_reference
+from lora_share.model.decoder import LlamaLoRA, ModelArgs
 
 LLAMA = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=48,
                   prefill_chunk=8)
@@ -242,7 +242,7 @@ def test_decode_names_no_tensor_it_does_not_read(tiny_build):
     (rope_attend rotates on its own), so the program must not name it: a named, unread tensor is
     still written to foundation.ptd and loaded with the method. Every foundation tensor decode names,
     forward names too (same weights)."""
-    from lora_share.inspection import inspect_file
+    from lora_share.run.inspection import inspect_file
 
     report = inspect_file(tiny_build.ptes["tiny_a"])
     named = {}
@@ -254,7 +254,7 @@ def test_decode_names_no_tensor_it_does_not_read(tiny_build):
 
 def test_unread_constants_are_dropped_from_an_export():
     """``_without_unread_constants`` on a module with a read and an unread buffer and parameter."""
-    from lora_share.export import _without_unread_constants
+    from lora_share.export.program import _without_unread_constants
 
     class Module(torch.nn.Module):
         def __init__(self):

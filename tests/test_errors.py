@@ -138,7 +138,7 @@ def test_failed_build_leaves_previous_outputs(tiny_build, tmp_path, monkeypatch)
     before = _snapshot(out, tmp_path / "before")
     cfg = tmp_path / "deploy.yaml"
     _changed_foundation(tiny_build.config, cfg)
-    from lora_share.adapter_pte import Program
+    from lora_share.deploy.adapter_pte import Program
 
     calls = []
     real = Program.write

@@ -1,4 +1,4 @@
-"""The lean lowering (export_speed.py) gives the program ExecuTorch's lowering as shipped gives, byte for
+"""The lean lowering (export/speed.py) gives the program ExecuTorch's lowering as shipped gives, byte for
 byte, for each kind of graph lora-share exports: llama's at float32 (with eight key/value heads) and
 8da4w (ExecuTorch's int4 grid, an int4 embedding table), Gemma 3's (sliding rings, q/k norms, gelu),
 Phi-3's (fused q/k/v and gate/up) at 8da4w on llama.cpp's Q4_1 grid with an int8 table and output
@@ -42,10 +42,10 @@ def _foundation(case: str, folder) -> dict:
 def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
     """lean -> the sha256 of the exported .pte and of its foundation.ptd."""
     from lora_share.config import load_config
-    from lora_share.eager import eager_model
-    from lora_share.envelope import Envelope
-    from lora_share.export import export_program
-    from lora_share.foundation import load_foundation
+    from lora_share.export.eager import eager_model
+    from lora_share.model.envelope import Envelope
+    from lora_share.export.program import export_program
+    from lora_share.checkpoints.foundation import load_foundation
 
     adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}  # the envelope is what counts
     config = write_config(folder, _foundation(case, folder), [adapter], lora_envelope={"targets": TARGETS, "max_rank": 4})
@@ -67,18 +67,18 @@ def test_lean_lowering_gives_the_shipped_program(case, tmp_path):
 
 
 def test_compact_dependencies_hold_executorch_sets(tmp_path):
-    """The partitioner's dependency closures held as bits (export_memory.py) are ExecuTorch's and
+    """The partitioner's dependency closures held as bits (export/memory.py) are ExecuTorch's and
     torch.fx's sets, node for node, on the exported graph of a tiny program."""
     import torch
     from executorch.exir.backend.canonical_partitioners import group_partitioner
     from torch.fx.passes.infra import partitioner
 
     from lora_share.config import load_config
-    from lora_share.eager import eager_model
-    from lora_share.envelope import Envelope
-    from lora_share.export import example_inputs
-    from lora_share.export_memory import _CompactDependencyViewer
-    from lora_share.foundation import load_foundation
+    from lora_share.export.eager import eager_model
+    from lora_share.model.envelope import Envelope
+    from lora_share.export.program import example_inputs
+    from lora_share.export.memory import _CompactDependencyViewer
+    from lora_share.checkpoints.foundation import load_foundation
 
     adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}
     cfg = load_config(write_config(tmp_path, {"synthetic": ONE_LAYER, "max_seq_len": 32}, [adapter],
@@ -108,7 +108,7 @@ def test_sharing_weights_takes_scalar_constants():
     import torch
     from executorch.exir._serialize._named_data_store import NamedDataStore
 
-    from lora_share.export_memory import sharing_weights
+    from lora_share.export.memory import sharing_weights
 
     scalar, row = torch.tensor(1.5), torch.arange(4, dtype=torch.float32)
     with sharing_weights([scalar, row]):

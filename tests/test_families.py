@@ -113,7 +113,7 @@ def families(tmp_path_factory):
 
 def test_every_family_has_an_example():
     """One example (and so one comparison below) per supported family, and no other example."""
-    from lora_share.families import FAMILIES
+    from lora_share.model.families import FAMILIES
 
     assert sorted(p.stem for p in EXAMPLES.glob("*.yaml")) == sorted(SPECS) == sorted(FAMILIES)
 
@@ -174,9 +174,9 @@ def _lora_keys(adapter) -> dict[tuple[int, str, str], str]:
 def test_fused_lora_shares_one_a(families):
     """Phi-3's LoRA on qkv_proj is one A for q, k and v (and on gate_up_proj one for gate and up):
     stored once in the .pte, under one key the record names for each of those slots."""
-    from lora_share.adapter_pte import read_record
-    from lora_share.adapters import load_peft
-    from lora_share.builder import manifest_model_args
+    from lora_share.deploy.adapter_pte import read_record
+    from lora_share.checkpoints.adapters import load_peft
+    from lora_share.deploy.builder import manifest_model_args
     from lora_share.formats import read_pte
     from lora_share.formats.meta import ADAPTER_KEY
 
@@ -229,7 +229,7 @@ def test_gemma3_ring_cache(families):
     """The sliding layers' slabs are rings of window + 1 rows in the exported program and the Python
     runtime; the full-attention layer's cover the context (the sink row, then every position but the
     last, which no call reads)."""
-    from lora_share.runtime import LoadedAdapter
+    from lora_share.run.python_runtime import LoadedAdapter
 
     fb = families("gemma3_text")
     args = fb.build.manifest["foundation"]["args"]
@@ -243,10 +243,10 @@ def test_gemma3_ring_cache(families):
 def _eager_greedy_logits(inputs: Path, args_edit=None, chunk: int | None = None) -> tuple[np.ndarray, Reference]:
     """The eager model's logits of every step of the reference's greedy continuation, the prompt fed in
     chunks of ``chunk`` tokens (all at once by default), ``args_edit`` applied to its ModelArgs."""
-    from lora_share.adapters import load_peft
+    from lora_share.checkpoints.adapters import load_peft
     from lora_share.config import FoundationConfig
-    from lora_share.eager import eager_model
-    from lora_share.foundation import load_foundation
+    from lora_share.export.eager import eager_model
+    from lora_share.checkpoints.foundation import load_foundation
 
     foundation = load_foundation(FoundationConfig(checkpoint=inputs / "model", max_seq_len=32))
     if args_edit:
@@ -281,7 +281,7 @@ def test_gemma3_every_layer_sliding(tmp_path):
     """With no full-attention layer (the past length cannot be read off one) the sliding layers keep
     whole-context slabs, masked to the window: still transformers' numbers. transformers 4's config
     keys (rope_local_base_freq, the sliding pattern without layer_types) are read as transformers does."""
-    from lora_share.model import ring_window
+    from lora_share.model.decoder import ring_window
 
     spec = SPECS["gemma3_text"]
     config = {k: v for k, v in spec.config.items() if k not in ("layer_types", "rope_parameters")}
@@ -292,7 +292,7 @@ def test_gemma3_every_layer_sliding(tmp_path):
     data.update(rope_theta=1000000.0, rope_local_base_freq=100.0, sliding_window_pattern=6)
     (inputs / "model" / "config.json").write_text(json.dumps(data))
     got, ref = _eager_greedy_logits(inputs)
-    from lora_share.foundation import hf_model_args
+    from lora_share.checkpoints.foundation import hf_model_args
 
     args = hf_model_args(inputs / "model" / "config.json", 32)
     assert args.sliding_layers == (0, 1) and args.local_rope_theta == 100.0 and ring_window(args) == 0
@@ -358,12 +358,12 @@ def test_quantized_foundation(families, qwen2_8da4w):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lora_share.adapters import load_peft
+    from lora_share.checkpoints.adapters import load_peft
     from lora_share.config import FoundationConfig, QuantizeConfig
-    from lora_share.eager import eager_model
-    from lora_share.foundation import load_foundation
-    from lora_share.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
-    from lora_share.runtime import LoadedAdapter
+    from lora_share.export.eager import eager_model
+    from lora_share.checkpoints.foundation import load_foundation
+    from lora_share.deploy.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
+    from lora_share.run.python_runtime import LoadedAdapter
 
     fb, build = families("qwen2"), qwen2_8da4w
     assert build.ptd.stat().st_size < fb.build.ptd.stat().st_size / 2
@@ -396,10 +396,10 @@ def test_quantized_foundation_runner(qwen2_8da4w, runner_bin, tmp_path):
 def test_llama_biases(tmp_path):
     """llama's attention_bias (q/k/v/o) and mlp_bias (gate/up/down), in the eager model every export
     is checked against, match transformers + peft (the export of a biased linear: Qwen2, above)."""
-    from lora_share.adapters import load_peft
+    from lora_share.checkpoints.adapters import load_peft
     from lora_share.config import FoundationConfig
-    from lora_share.eager import eager_model
-    from lora_share.foundation import load_foundation
+    from lora_share.export.eager import eager_model
+    from lora_share.checkpoints.foundation import load_foundation
 
     spec = replace(SPECS["llama"], config={**SPECS["llama"].config, "attention_bias": True, "mlp_bias": True})
     inputs = write_checkpoint(spec, tmp_path)
@@ -485,9 +485,9 @@ def test_synthetic_gemma3_at_the_270m_shape():
     (the real model's count), and a KV cache at context 2,048 of 3 full-context layers and 15 rings of
     512 (issue 25's bound: 27 MiB + 1 MiB, against 72 MiB with every layer over the context)."""
     from lora_share.bench.scale import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
-    from lora_share.builder import _args_dict
+    from lora_share.deploy.builder import _args_dict
     from lora_share.config import SyntheticFoundation
-    from lora_share.foundation import synthetic_args
+    from lora_share.checkpoints.foundation import synthetic_args
 
     shape = SHAPES["gemma3-270m"].foundation
     args = synthetic_args(SyntheticFoundation(**shape), 2048)

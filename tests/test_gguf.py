@@ -33,8 +33,8 @@ import lora_share
 from conftest import REPO, run_cli
 from hf_files import hf_config, write_hf_llama, write_peft_lora
 from lora_share.config import load_config
-from lora_share.eager import eager_model
-from lora_share.foundation import load_foundation
+from lora_share.export.eager import eager_model
+from lora_share.checkpoints.foundation import load_foundation
 
 sys.path.insert(0, str(REPO / "examples" / "families"))
 from tiny_checkpoints import SPECS, write_checkpoint  # noqa: E402

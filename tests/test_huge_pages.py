@@ -1,4 +1,4 @@
-"""The runner collapses its packed weights into 2 MiB pages after loading (runtime/huge_pages.cpp).
+"""The runner collapses its packed weights into 2 MiB pages after loading (runtime/platform/huge_pages.cpp).
 
 Decode streams every packed weight once per token; llama.cpp's memory-mapped GGUF sits in the page
 cache's 2 MiB folios, lora-share's packed copy in heap pages. Checked on the demo deployment (111 MB

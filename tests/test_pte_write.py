@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from lora_share.adapter_pte import Program, read_record
+from lora_share.deploy.adapter_pte import Program, read_record
 from lora_share.errors import UserError
 from lora_share.formats import FormatError, NotRewritable, read_pte
 from lora_share.formats.meta import ADAPTER_KEY

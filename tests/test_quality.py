@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import TEXT_ADAPTER, build_config, run_cli, write_config
-from lora_share.quality import evaluate, windows
+from lora_share.evaluate import evaluate, windows
 
 TEXT = ("Python is an easy to learn, powerful programming language. It has efficient high-level data "
         "structures and a simple but effective approach to object-oriented programming. Python's elegant "
@@ -82,10 +82,10 @@ def test_eval_equals_transformers_and_peft(text_build, text_hf, text_file):
 def test_synthetic_adapter_reference(text_build, text_file, tmp_path):
     """A synthetic adapter over the same checkpoint: eval's reference (transformers, the adapter's
     weights set into peft) equals the eager model with lora-share's adapter, and the build agrees."""
-    from lora_share.adapters import load_adapter
+    from lora_share.checkpoints.adapters import load_adapter
     from lora_share.config import load_config
-    from lora_share.eager import eager_model
-    from lora_share.foundation import load_foundation
+    from lora_share.export.eager import eager_model
+    from lora_share.checkpoints.foundation import load_foundation
 
     synthetic = {"rank": 4, "alpha": 8, "target_modules": ["k_proj", "up_proj"], "seed": 3, "layers": [1]}
     cfg_path = write_config(tmp_path, {"checkpoint": str(text_build.checkpoint), "max_seq_len": 64},

@@ -30,15 +30,15 @@ import torch
 
 import lora_share
 from conftest import REPO, build_config, write_config
-from lora_share.adapters import load_adapter
+from lora_share.checkpoints.adapters import load_adapter
 from lora_share.bench.memory import LORA_FACTOR, SLACK_BYTES, measure, own_lora_bytes
-from lora_share.builder import foundation_fingerprint
+from lora_share.deploy.builder import foundation_fingerprint
 from lora_share.config import QuantizeConfig
-from lora_share.eager import eager_model
-from lora_share.foundation import load_foundation
-from lora_share.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
-from lora_share.quantize import foundation_linears, is_quantized, quantize_foundation_
-from lora_share.runtime import LoadedAdapter
+from lora_share.export.eager import eager_model
+from lora_share.checkpoints.foundation import load_foundation
+from lora_share.deploy.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
+from lora_share.model.quantize import foundation_linears, is_quantized, quantize_foundation_
+from lora_share.run.python_runtime import LoadedAdapter
 
 Q_FOUNDATION = {
     "synthetic": {"dim": 512, "n_layers": 2, "n_heads": 8, "n_kv_heads": 4, "hidden_dim": 4096,
@@ -217,7 +217,7 @@ def test_manifest_records_quantization(q_build, q_models):
 
 
 def test_every_adapter_pairs_with_the_shared_ptd(q_build):
-    from lora_share.verify import check_pair
+    from lora_share.run.verify import check_pair
 
     for name, pte in q_build.ptes.items():
         pairing = check_pair(pte, q_build.ptd)
@@ -383,7 +383,7 @@ def q4_1_weights(out_f: int, in_f: int, seed: int = 0) -> torch.Tensor:
 def test_asymmetric_grid_keeps_q4_1_weights():
     """A Q4_1 group is ``d (q - 8) + (m + 8 d)``: the split gives back every weight; the symmetric grid
     (ExecuTorch's default 8da4w) cannot, and rounds each by up to half a step."""
-    from lora_share.quantize import asymmetric_groups
+    from lora_share.model.quantize import asymmetric_groups
 
     w = q4_1_weights(64, 128)
     sym, offsets = asymmetric_groups(w, 32)
@@ -461,7 +461,7 @@ def test_asymmetric_export_matches_its_eager_model(runner_bin, asym_build, tmp_p
 def test_asymmetric_grid_is_closer_to_float_on_float_weights():
     """On float (not Q4_1) weights the asymmetric grid uses all 16 levels of each group's range: its
     weight error is below the symmetric grid's, linear by linear."""
-    from lora_share.quantize import asymmetric_groups
+    from lora_share.model.quantize import asymmetric_groups
 
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(3))
     sym, offsets = asymmetric_groups(w, 32)

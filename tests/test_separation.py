@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import lora_share
-from lora_share.adapters import load_adapter
-from lora_share.foundation import load_foundation
+from lora_share.checkpoints.adapters import load_adapter
+from lora_share.checkpoints.foundation import load_foundation
 
 # The program itself (graph, XNNPACK payloads, KV-cache and op metadata) costs at most
 # this much per decoder layer on top of the adapter's own LoRA bytes. Measured: ~24 KiB.

@@ -19,14 +19,14 @@ from safetensors.torch import load_file, save_file
 import lora_share
 from conftest import HOIST_ADAPTERS, TINY_FOUNDATION, build_config, run_cli, write_config
 from hf_files import hf_config, write_peft_lora
-from lora_share.adapters import load_adapter, load_peft
-from lora_share.builder import read_manifest
-from lora_share.eager import eager_model
+from lora_share.checkpoints.adapters import load_adapter, load_peft
+from lora_share.deploy.builder import read_manifest
+from lora_share.export.eager import eager_model
 from lora_share.files import sha256_file
 from lora_share.formats import read_ptd, read_pte
 from lora_share.formats.meta import ADAPTER_KEY, SHARED_KEY
-from lora_share.foundation import load_foundation
-from lora_share.shared_data import encode_shared_ptd
+from lora_share.checkpoints.foundation import load_foundation
+from lora_share.formats.shared_ptd import encode_shared_ptd
 from test_exactness import eager_generation
 
 PROMPT, NEW = [1, 17, 42, 7], 6

@@ -23,9 +23,9 @@ from conftest import TEXT_ADAPTER, run_cli, write_config
 from hf_files import hf_config, hf_generate, write_hf_llama, write_peft_lora
 from lora_share.errors import UserError
 from lora_share.files import sha256_file
-from lora_share.text import REPLACEMENT, TextStream, encode_prompt
-from lora_share.tokenizer_files import BoundTokenizer, bind_tokenizer, load_tokenizer
-from lora_share.verify import foundation_record
+from lora_share.tokenizer.text import REPLACEMENT, TextStream, encode_prompt
+from lora_share.tokenizer.files import BoundTokenizer, bind_tokenizer, load_tokenizer
+from lora_share.run.verify import foundation_record
 from lora_share.formats import read_ptd
 from tokenizer_files import byte_level_bpe, sentencepiece_bpe
 
@@ -310,7 +310,7 @@ def test_only_chat_needs_transformers(text_build, tmp_path):
 
 
 def test_chat_without_a_template_is_refused(text_build):
-    from lora_share.text import chat_prompt
+    from lora_share.tokenizer.text import chat_prompt
 
     folder = text_build.build.out_dir
     bound = BoundTokenizer(folder, load_tokenizer(folder / "tokenizer.json"), [1], 0, chat_template=False)

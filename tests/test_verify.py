@@ -63,10 +63,10 @@ def test_tied_embedding_is_stored_once(tiny_build, untied_build):
 
 
 def test_tensors_shared_by_adapters_are_reported(untied_build):
-    from lora_share.adapters import load_adapter
+    from lora_share.checkpoints.adapters import load_adapter
     from lora_share.config import load_config
-    from lora_share.dedup import report_lines
-    from lora_share.foundation import load_foundation
+    from lora_share.deploy.byte_report import report_lines
+    from lora_share.checkpoints.foundation import load_foundation
 
     cfg = load_config(untied_build.config)
     args = load_foundation(cfg.foundation).args
@@ -133,7 +133,7 @@ def test_no_verify_lets_the_load_fail_or_run(tiny_build, untied_build, runner_bi
 
 def test_inspect_reads_back_what_build_wrote(tiny_build):
     from lora_share.config import load_config
-    from lora_share.foundation import load_foundation
+    from lora_share.checkpoints.foundation import load_foundation
 
     manifest = tiny_build.manifest
     proc = run_cli("inspect", tiny_build.ptd, "--json")

@@ -12,9 +12,9 @@ import contextlib
 import pytest
 import torch
 
-from lora_share import export as export_module
-from lora_share.envelope import Envelope
-from lora_share.model import LlamaLoRA, ModelArgs, n_slabs
+from lora_share.export import program as export_module
+from lora_share.model.envelope import Envelope
+from lora_share.model.decoder import LlamaLoRA, ModelArgs, n_slabs
 
 LAYERS = 3
 

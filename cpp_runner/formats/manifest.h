@@ -1,6 +1,6 @@
 // The parts of a build's manifest.json the library reads: which adapters the
 // deployment folder holds (name and .pte file, in build order), whether it
-// has adapters_shared.ptd, and the EOS ids generation stops at. manifest.json is written by lora_share/builder.py
+// has adapters_shared.ptd, and the EOS ids generation stops at. manifest.json is written by lora_share/deploy/builder.py
 // and read with nlohmann-json; a malformed file is refused naming the file.
 #pragma once
 

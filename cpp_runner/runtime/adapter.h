@@ -1,7 +1,7 @@
 // One loaded adapter: a program whose forward takes tokens and the KV cache
 // rows written so far, and returns the logits at the last position and the
 // new rows (forward_io.h); the runtime owns the cache, not the program.
-// Two implementations: SharedAdapter (shared_adapter.h, the point of the
+// Two implementations: SharedAdapter (adapter_on_foundation.h, the point of the
 // project: every adapter resolves its weights against one shared foundation
 // and runs in one planned-memory arena, which holds the KV cache too) and
 // StockAdapter (one executorch::extension::Module per adapter, with its own
@@ -57,7 +57,7 @@ class Adapter {
 // ("" = a self-contained program) itself, its own program and planned
 // memory. Its LoRA inputs are the tensors its record (`info`) names, read
 // from the file's own named data or from `files`' adapters_shared.ptd.
-StatusOr<std::unique_ptr<Adapter>> load_stock_adapter(const std::string& pte,
+StatusOr<std::unique_ptr<Adapter>> load_adapter_per_module(const std::string& pte,
                                                       const std::string& ptd,
                                                       const PteInfo& info,
                                                       const Foundation& files);

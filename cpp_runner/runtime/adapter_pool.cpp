@@ -392,7 +392,7 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
   auto t0 = std::chrono::steady_clock::now();
   if (options_.stock) {
     make_room(entry.cost, index);
-    auto adapter = load_stock_adapter(entry.pte, options_.ptd, entry.info, *foundation_);
+    auto adapter = load_adapter_per_module(entry.pte, options_.ptd, entry.info, *foundation_);
     if (!adapter.ok()) return adapter.status();
     entry.adapter = std::move(adapter.value());
   } else {

@@ -34,7 +34,7 @@
 #include "foundation.h"
 #include "generate.h"
 #include "planned_arena.h"
-#include "shared_adapter.h"
+#include "adapter_on_foundation.h"
 #include "status.h"
 #include "xnnpack_options.h"
 
@@ -47,7 +47,7 @@ struct PoolOptions {
   uint64_t budget_bytes = 0;  // 0 = no budget
   uint64_t adapter_overhead_bytes = uint64_t{512} << 10;  // see adapter_cost_bytes
   // The loading variants benchmarks compare (lora_share_diag.h):
-  bool stock = false;           // each adapter a Module of its own (stock_adapter)
+  bool stock = false;           // each adapter a Module of its own (adapter_per_module.cpp)
   bool private_arenas = false;  // each program its own planned memory
   bool weight_cache = true;     // XNNPACK's process-wide weight cache
   bool huge_pages = true;       // packed weights in 2 MiB pages once loaded (huge_pages.h)

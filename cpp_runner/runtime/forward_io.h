@@ -1,6 +1,6 @@
 // One forward call, from plain C++ values to logits, over a KV cache the
 // runtime owns, with a clear error when the program does not follow the
-// export contract (lora_share/model.py):
+// export contract (lora_share/model/decoder.py):
 //
 //   forward(tokens [1, T] int64, pos [1] int64, slab_0 [S, hd] kv, ...,
 //           slab_{N-1}, A_0 [r_0, in_0] f32, B_0 [out_0, r_0] f32, ...)
@@ -61,7 +61,7 @@ struct KvLayout {
 // a delegate's memory whenever an input grows; a length that grew at every
 // token cost every decoded token that (4-5% of an 8da4w token at
 // SmolLM2-135M's shape), one that grows once per block costs it once per
-// block. llama.cpp pads its KV view the same way. lora_share/model.py's
+// block. llama.cpp pads its KV view the same way. lora_share/model/decoder.py's
 // KV_ROW_BLOCK is the same.
 constexpr int64_t kKvRowBlock = 32;
 int64_t kv_view_rows(int64_t pos, int64_t rows);

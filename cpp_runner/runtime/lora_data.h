@@ -1,7 +1,7 @@
 // An adapter's LoRA weights, as its program's inputs.
 //
 // A deployment's program takes LoRA on every slot (layer, linear) of its
-// envelope as forward inputs (lora_share/model.py): after the tokens and the
+// envelope as forward inputs (lora_share/model/decoder.py): after the tokens and the
 // KV slabs come A [r, in] and B [out, r] of slot 0, of slot 1, ..., with
 // 1 <= r <= the envelope's largest rank, a dynamic size of its own. So one
 // loaded program serves every adapter of the deployment, and an adapter is

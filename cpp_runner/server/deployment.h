@@ -16,7 +16,7 @@
 namespace lora_share::server {
 
 // The chat template, as the build resolved it into plain text pieces
-// (manifest.json tokenizer.chat_format, lora_share/chat_format.py): prompt =
+// (manifest.json tokenizer.chat_format, lora_share/tokenizer/chat_format.py): prompt =
 // prefix + for each message roles[role].first + content + roles[role].second,
 // + generation_prompt; each content stripped of surrounding whitespace first
 // when trim_content (Llama 3's template trims).

@@ -1,5 +1,5 @@
 // The tokenizer a build shipped, bound to the foundation it was built with
-// (the contract lora_share/tokenizer_files.py bind_tokenizer follows too):
+// (the contract lora_share/tokenizer/files.py bind_tokenizer follows too):
 // the folder's manifest.json must describe the .ptd's foundation
 // (foundation.fingerprint), its tokenizer section must be for that
 // foundation, and every listed file present must have the listed sha256.

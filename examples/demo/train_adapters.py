@@ -169,9 +169,9 @@ def load_foundation():
     Read from the config's foundation section alone: the config's adapters are this script's output."""
     import yaml
 
-    from lora_share.builder import foundation_fingerprint
+    from lora_share.deploy.builder import foundation_fingerprint
     from lora_share.config import SyntheticFoundation
-    from lora_share.foundation import synthetic_foundation
+    from lora_share.checkpoints.foundation import synthetic_foundation
 
     section = yaml.safe_load(CONFIG.read_text())["foundation"]
     if "synthetic" not in section or "quantize" in section:

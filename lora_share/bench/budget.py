@@ -2,7 +2,7 @@
 
 Builds the config's foundation with N adapters of one recipe (build_time.RECIPE, a seed each: one
 export, each adapter written as data, so the build stays fast) into WORK/out, kept and reused while the
-config is unchanged. Then, each in a fresh process through the C library (lora_share/native.py):
+config is unchanged. Then, each in a fresh process through the C library (lora_share/run/c_library.py):
 
 - budget: ``ls_open_dir`` with a budget that holds K adapters (foundation + arena + K x the largest
   adapter's accounted cost, lora_share.h); one request for every adapter in turn, then a mixed
@@ -49,7 +49,7 @@ def pss_bytes() -> int:
 
 def deployment(config: Path, work: Path, n: int, quiet: bool = True) -> Path:
     """WORK/out with N same-recipe adapters over CONFIG's foundation, rebuilt only when the config changed."""
-    from ..builder import build
+    from ..deploy.builder import build
 
     work.mkdir(parents=True, exist_ok=True)
     # Requests are token ids: the foundation's tokenizer (a path relative to CONFIG) is left out.
@@ -81,7 +81,7 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 def measure(folder: Path, resident: int, requests: int, library: str | None) -> dict:
     """In this process: serve the stream (resident > 0: under a budget for that many; 0: no budget)."""
-    from .. import native
+    from ..run import c_library as native
 
     with native.open_dir(folder, library=library) as probe:
         sizes = probe.stats()

@@ -44,7 +44,7 @@ def write_peft_folder(adapter, folder: Path) -> Path:
     """Save a loaded adapter as a PEFT folder (scale folded into B, so alpha = r)."""
     from safetensors.torch import save_file
 
-    from ..adapters import module_key
+    from ..checkpoints.adapters import module_key
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors, targets = {}, sorted({t for _, t in adapter.weights})
@@ -89,7 +89,7 @@ def resolve_foundation(config: Path) -> dict:
 def warm_up(folder: Path) -> None:
     """The first export in a process pays one-off import and tracing costs; pay them
     on a tiny model first so the 1-adapter baseline is not inflated by them."""
-    from ..builder import build
+    from ..deploy.builder import build
 
     folder.mkdir(parents=True, exist_ok=True)
     build(write_config(folder, {"synthetic": WARMUP_FOUNDATION, "max_seq_len": 8}, 1), quiet=True)
@@ -98,7 +98,7 @@ def warm_up(folder: Path) -> None:
 def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> tuple[dict, dict]:
     """Build ``n`` adapters of RECIPE from scratch in ``folder`` (outputs in ``folder/out``):
     (row for the table, manifest)."""
-    from ..builder import build
+    from ..deploy.builder import build
 
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -111,8 +111,8 @@ def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> t
 
 def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
     """Run every build of the benchmark; returns the figures as a dict."""
-    from ..adapters import synthetic_adapter
-    from ..builder import add, build, manifest_model_args, read_manifest
+    from ..checkpoints.adapters import synthetic_adapter
+    from ..deploy.builder import add, build, manifest_model_args, read_manifest
     from ..config import SyntheticAdapter
 
     foundation = resolve_foundation(config)

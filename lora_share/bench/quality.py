@@ -13,7 +13,7 @@ The text is held out from everything lora-share does: the reST sources of the Py
 Debian's python3.11-doc package (PSF-2.0), /usr/share/doc/python3.11/html/_sources/tutorial/*.rst.txt,
 whole files in name order until the text has enough tokens, then cut to whole windows of the build's
 context: the fewest windows that score at least ``--tokens`` tokens. Each (foundation, adapter) pair is
-then measured by `lora-share eval` (quality.py) on that text in a process of its own, ``--jobs`` (2) at
+then measured by `lora-share eval` (evaluate.py) on that text in a process of its own, ``--jobs`` (2) at
 a time; the results files are rewritten after each measurement ("complete": false until the last). Each
 measurement is also kept in ``--work``/measured with what it depends on (the sha256 of the foundation,
 program, tokenizer and adapter, and of the text), and the results JSON records each measurement's
@@ -319,7 +319,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def run_from_args(ns) -> int:
-    from ..quality import Report, Scores, render
+    from ..evaluate import Report, Scores, render
 
     results, ok = run(ns)
     for report in results["variants"].values():

@@ -144,14 +144,14 @@ def _variant_foundation(shape: Shape, variant: str, context: int, synthetic: dic
 def _synthetic_args(synthetic: dict, context: int):
     """The ModelArgs of a synthetic foundation (its family's switches included)."""
     from ..config import SyntheticFoundation
-    from ..foundation import synthetic_args
+    from ..checkpoints.foundation import synthetic_args
 
     return synthetic_args(SyntheticFoundation(**synthetic), context)
 
 
 def fp32_foundation_bytes(synthetic: dict) -> int:
-    """Bytes of a synthetic foundation's weights in float32 (model.py's parameter shapes)."""
-    from ..foundation import expected_shapes
+    """Bytes of a synthetic foundation's weights in float32 (model/decoder.py's parameter shapes)."""
+    from ..checkpoints.foundation import expected_shapes
 
     return 4 * sum(math.prod(shape) for shape in expected_shapes(_synthetic_args(synthetic, 8)).values())
 
@@ -207,7 +207,7 @@ def whole_program_copy(d: Deployment, folder: Path) -> Deployment:
     """``d``'s first adapter written again with the whole envelope program (no slot skipped) into
     ``folder``, beside a link to ``d``'s foundation.ptd: what skipping absent slots saves, timed in
     the same run."""
-    from ..adapter_pte import Program, read_record
+    from ..deploy.adapter_pte import Program, read_record
     from ..formats import read_pte
 
     data = d.ptes[0].read_bytes()
@@ -230,8 +230,8 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
     import shutil
     import subprocess
 
-    from ..adapters import synthetic_adapter
-    from ..builder import manifest_model_args
+    from ..checkpoints.adapters import synthetic_adapter
+    from ..deploy.builder import manifest_model_args
     from ..config import SyntheticAdapter
     from .build_time import write_peft_folder
 
@@ -256,10 +256,10 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
 
 
 def kv_cache_bytes(args: dict) -> int:
-    """Bytes of the runtime's KV cache for one program (model.py): keys and values of every layer
+    """Bytes of the runtime's KV cache for one program (model/decoder.py): keys and values of every layer
     and key/value head, each slab's sink row and every context position but the last; a sliding layer's slabs
     are rings of its window (model.slab_rows); 4 bytes a value, 2 in a float16 cache."""
-    from ..model import ModelArgs, slab_rows
+    from ..model.decoder import ModelArgs, slab_rows
 
     model_args = ModelArgs(**args)
     return sum(slab_rows(model_args)) * args["head_dim"] * model_args.kv_torch_dtype.itemsize
@@ -267,7 +267,7 @@ def kv_cache_bytes(args: dict) -> int:
 
 def full_kv_cache_bytes(args: dict) -> int:
     """The same cache with every layer over the whole context (no rings): the yardstick for the rings."""
-    from ..model import ModelArgs
+    from ..model.decoder import ModelArgs
 
     value_bytes = ModelArgs(**args).kv_torch_dtype.itemsize
     return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * value_bytes

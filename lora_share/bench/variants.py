@@ -20,9 +20,9 @@ from pathlib import Path
 
 def load_models(config: Path):
     """(Foundation, [Adapter]) of a build's config, as the build loaded them."""
-    from ..adapters import load_adapter
+    from ..checkpoints.adapters import load_adapter
     from ..config import load_config
-    from ..foundation import load_foundation
+    from ..checkpoints.foundation import load_foundation
 
     cfg = load_config(config)
     foundation = load_foundation(cfg.foundation)
@@ -35,12 +35,12 @@ def export_standalone(foundation, adapters: list, folder: Path) -> list[dict]:
 
     Rows: {"path", "bytes", "produced": "exported" | "written", "seconds"}.
     """
-    from ..adapter_pte import Program
-    from ..builder import foundation_fingerprint
-    from ..eager import eager_model
-    from ..envelope import Envelope
-    from ..export import export_program
-    from ..records import adapter_meta
+    from ..deploy.adapter_pte import Program
+    from ..deploy.builder import foundation_fingerprint
+    from ..export.eager import eager_model
+    from ..model.envelope import Envelope
+    from ..export.program import export_program
+    from ..deploy.records import adapter_meta
 
     folder.mkdir(parents=True, exist_ok=True)
     envelope = Envelope.resolve(None, adapters, foundation.args)

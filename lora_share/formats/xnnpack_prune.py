@@ -1,6 +1,6 @@
 """Absent LoRA slots as dead code: a program variant that skips the slots an adapter leaves alone.
 
-An envelope program (envelope.py) computes every slot's LoRA on every token, as three XNNPACK
+An envelope program (model/envelope.py) computes every slot's LoRA on every token, as three XNNPACK
 nodes: ``h = FC(x, A)``, ``d = FC(h, B)``, ``out = Add(y, d)``, where ``y`` is the foundation
 linear's output and ``A``, ``B`` are forward inputs. For a slot the adapter leaves alone those
 three nodes add a zero rank-1 product, and at decode they cost about what the slot's linear does
@@ -192,14 +192,14 @@ def _segments(pte: bytes, what: str) -> list[tuple[int, int]]:
     return [(s.start, s.size) for s in program_segments(root, read_header(pte, what), what)]
 
 
-# The methods that take LoRA inputs (model.py): forward, and decode where the program has it.
+# The methods that take LoRA inputs (model/decoder.py): forward, and decode where the program has it.
 LORA_METHODS = ("forward", "decode")
 
 
 def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[Patch]:
     """The patches that make LoRA slots ``slots`` (envelope indices, of ``n_slots``) dead code in
     ``pte``'s XNNPACK payloads, in every method that takes LoRA inputs (``LORA_METHODS``). The LoRA
-    inputs come last, A and B per slot (model.py)."""
+    inputs come last, A and B per slot (model/decoder.py)."""
     root = FlatBuffer(pte, what).root("Program")
     plans = {p.string(_PLAN_NAME): p for p in root.tables(_P_PLANS, "ExecutionPlan")}
     if "forward" not in plans:

@@ -1,0 +1,237 @@
+"""``lora-share build`` and ``lora-share add``: foundation.ptd + one .pte per adapter + manifest.json.
+
+Everything is read and checked before anything is written (deploy/writer.py writes, all or nothing).
+The deployment's program is exported once per foundation and LoRA envelope (model/envelope.py); every
+adapter inside the envelope is data for it: its .pte is written in a fraction of a second, with no
+export. ``build`` reuses the previous outputs' program and foundation.ptd when the foundation,
+export settings and envelope are unchanged; ``add`` never exports: an adapter outside the
+deployment's envelope is refused, naming the ``lora_envelope`` key to widen.
+
+The checkpoint's tokenizer files (tokenizer/files.py) are copied beside foundation.ptd and listed
+in the manifest's ``tokenizer`` section; ``add`` hard-links them and keeps that section as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from .adapter_pte import Program
+from ..checkpoints.adapters import load_adapter, load_peft
+from ..config import (BASE_NAME, config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors,
+                     load_config)
+from ..export.eager import eager_model
+from ..model.envelope import Envelope
+from ..errors import UserError
+from ..export.program import EXPORTER_REVISION, export_program
+from ..files import sha256_file
+from ..formats import read_ptd
+from ..formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
+from ..checkpoints.foundation import Foundation, load_foundation
+from ..model.decoder import ModelArgs
+from .writer import (MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION, PTD_NAME, Deployment, ProgramSource, log,
+                      write_outputs)
+from .records import foundation_meta
+from ..formats.shared_ptd import SHARED_PTD
+from ..tokenizer.files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
+
+
+def foundation_fingerprint(foundation: Foundation) -> str:
+    """Content fingerprint: sha256 over (name, dtype, shape, bytes) of every tensor, sorted by name.
+
+    It depends only on the weights, not on how any file lays them out; a quantized
+    foundation (other weights in foundation.ptd) also hashes its quantization settings.
+    """
+    h = hashlib.sha256()
+    for name in sorted(foundation.tensors):
+        t = foundation.tensors[name].contiguous()
+        h.update(f"{name}\0{t.dtype}\0{list(t.shape)}\0".encode())
+        h.update(memoryview(t.numpy()).cast("B"))
+    if foundation.quantize is not None:
+        h.update(f"quantize\0{json.dumps(config_to_dict(foundation.quantize), sort_keys=True)}".encode())
+    return h.hexdigest()
+
+
+def read_manifest(out_dir: Path) -> dict:
+    """The manifest of an existing build."""
+    path = Path(out_dir) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing: is {out_dir} the output folder of a lora-share build?") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable manifest ({e})") from None
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise UserError(f"{path}: not a lora-share manifest")
+    if manifest.get("version") != MANIFEST_VERSION:
+        raise UserError(f"{path}: written by another lora-share version (manifest version {manifest.get('version')}, "
+                        f"this one reads {MANIFEST_VERSION}): rebuild the deployment with `lora-share build`")
+    return manifest
+
+
+def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict | None:
+    """The earlier build in ``out_dir`` if its foundation.ptd can be kept as it is."""
+    try:
+        manifest = read_manifest(out_dir)
+    except UserError:
+        return None
+    fnd = manifest["foundation"]
+    ptd = out_dir / PTD_NAME
+    if (fnd.get("fingerprint") != fingerprint or manifest.get("export_settings") != settings
+            or manifest.get("exporter") != EXPORTER_REVISION or not ptd.is_file()):
+        return None
+    if ptd.stat().st_size != fnd["size"] or sha256_file(ptd) != fnd["sha256"]:
+        return None
+    return manifest
+
+
+def _exporter(dep: Deployment):
+    """Exports ``dep``'s program into a work folder: (the program, the foundation.ptd it wrote)."""
+    def export(workdir: Path) -> tuple[Program, Path]:
+        foundation = dep.get_foundation()
+        record = encode_foundation(foundation_meta(foundation, dep.fingerprint))
+        model = eager_model(foundation, envelope=dep.envelope)
+        exported = export_program(model, dep.envelope, workdir, {FOUNDATION_KEY: record})
+        return Program(exported.pte, "the exported program"), exported.ptd
+    return export
+
+
+def _args_dict(args: ModelArgs) -> dict:
+    d = asdict(args)
+    d["head_dim"] = args.hd
+    return d
+
+
+def build(config_path, quiet: bool = False) -> dict:
+    """Build every output of ``config_path``; returns the manifest (also written to disk)."""
+    t_start = time.perf_counter()
+    cfg = load_config(config_path)
+    log(f"lora-share build {cfg.source} -> {cfg.output_dir}", quiet)
+    foundation = load_foundation(cfg.foundation)
+    n_params = sum(t.numel() for t in foundation.tensors.values())
+    log(f"  foundation: {foundation.source['kind']}, {foundation.args.n_layers} layers, dim {foundation.args.dim}, "
+        f"{n_params / 1e6:.1f} M parameters", quiet)
+    adapters = []
+    for i, acfg in enumerate(cfg.adapters):
+        try:
+            adapters.append(load_adapter(acfg, foundation.args))
+        except UserError as e:
+            raise UserError(f"{cfg.source}: adapters[{i}] ({acfg.name}): {e}") from None
+    envelope = Envelope.resolve(cfg.lora_envelope, adapters, foundation.args)
+    for adapter in adapters:
+        envelope.require_fits(adapter, str(cfg.source))
+    tokenizer = find_tokenizer(cfg.foundation, foundation.args.vocab_size)
+    log(_tokenizer_line(tokenizer, cfg.foundation.checkpoint), quiet)
+    settings = export_settings(cfg.foundation)
+    fingerprint = foundation_fingerprint(foundation)
+    previous = _previous_outputs(cfg.output_dir, fingerprint, settings)
+    if previous:
+        log(f"  foundation unchanged since the last build: keeping {PTD_NAME}", quiet)
+    entry = {"parameters": n_params, "args": _args_dict(foundation.args), "source": foundation.source}
+    if cfg.foundation.quantize is not None:
+        entry["quantize"] = config_to_dict(cfg.foundation.quantize)
+
+    def copy_tokenizer(stage: Path) -> dict:
+        return manifest_section(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
+
+    dep = Deployment(cfg.output_dir, fingerprint, settings, envelope, entry,
+                     {"source": str(cfg.source), **config_to_dict(cfg)}, lambda: foundation,
+                     copy_tokenizer if tokenizer else None, hoists_shared_tensors(cfg), previous=previous)
+    return write_outputs(dep, ProgramSource(dep, _exporter(dep), quiet), adapters, [], quiet, t_start)
+
+
+def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) -> str:
+    if tokenizer is None:
+        where = f"no tokenizer.json in {checkpoint}" if checkpoint else "a synthetic foundation"
+        return f"  tokenizer: none ({where}; set foundation.tokenizer to ship one): run takes token ids only"
+    eos = ",".join(map(str, tokenizer.eos_token_ids)) or "none"
+    chat = ", chat template" if tokenizer.chat_template else ""
+    return (f"  tokenizer: {', '.join(tokenizer.files)} from {tokenizer.folder} "
+            f"(eos ids {eos}, bos id {tokenizer.bos_token_id}{chat})")
+
+
+def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict:
+    """Add PEFT adapters to an existing build: each is written as data for the deployment's program
+    (no export; foundation.ptd and the shipped adapters are kept as they are). An adapter outside
+    the deployment's LoRA envelope is refused, naming the key to widen."""
+    t_start = time.perf_counter()
+    out_dir = Path(out_dir).resolve()
+    previous = read_manifest(out_dir)
+    ptd = out_dir / PTD_NAME
+    fnd = previous["foundation"]
+    if not ptd.is_file() or ptd.stat().st_size != fnd["size"]:
+        raise UserError(f"{ptd}: missing or not the file {out_dir / MANIFEST} describes")
+    args = manifest_model_args(previous)
+    envelope = Envelope.from_dict(previous["program"]["envelope"])
+    config = previous.get("config") or str(out_dir / "config.resolved.yaml")
+    existing = {a["name"] for a in previous["adapters"]}
+    adapters = []
+    for name, folder in peft_dirs:
+        if name in existing:
+            raise UserError(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
+        if name == BASE_NAME:
+            raise UserError(f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
+                            "runner, the C API and the server; pick another name (NAME=DIR)")
+        if not Path(folder).is_dir():
+            raise UserError(f"{folder}: no such folder (a PEFT adapter folder)")
+        adapter = load_peft(name, Path(folder), args)
+        envelope.require_fits(adapter, config)
+        adapters.append(adapter)
+        existing.add(name)
+    log(f"lora-share add -> {out_dir}: {len(adapters)} adapter(s), keeping {PTD_NAME} and the program", quiet)
+
+    resolved = yaml.safe_load((out_dir / "config.resolved.yaml").read_text())
+    resolved["adapters"] = resolved.get("adapters", []) + [{"name": n, "peft": str(Path(f).resolve())}
+                                                           for n, f in peft_dirs]
+    resolved["source"] = previous.get("config")
+    entry = {k: v for k, v in fnd.items() if k not in ("file", "size", "sha256", "fingerprint")}
+    tokenizer_files = shipped_files(out_dir, previous)
+
+    def keep_tokenizer(stage: Path) -> dict:  # hard-linked as they are; the section kept word for word
+        stage_files(stage, tokenizer_files, link=True)
+        return previous["tokenizer"]
+
+    def no_export(workdir: Path):
+        raise UserError(f"{out_dir}: its adapter files do not carry the program {previous['program']['sha256'][:12]} "
+                        "the manifest names: rebuild the deployment with `lora-share build`")
+
+    dep = Deployment(out_dir, fnd["fingerprint"], previous["export_settings"], envelope, entry, resolved,
+                     functools.cache(lambda: _reload_foundation(previous)),
+                     keep_tokenizer if "tokenizer" in previous else None, "shared" in previous,
+                     measure_quantization=False, previous=previous)
+    return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet, t_start,
+                         _existing_shared_keys(out_dir, previous))
+
+
+def _existing_shared_keys(out_dir: Path, previous: dict) -> set[str] | None:
+    """For ``add`` to a build with adapters_shared.ptd: the keys it holds (new adapters read those
+    from it, and it stays as it is)."""
+    if "shared" not in previous:
+        return None
+    path = out_dir / SHARED_PTD
+    if not path.is_file() or sha256_file(path) != previous["shared"]["sha256"]:
+        raise UserError(f"{path}: missing or not the file {out_dir / MANIFEST} describes")
+    return {e.key for e in read_ptd(path).entries} - {SHARED_KEY}
+
+
+def manifest_model_args(manifest: dict) -> ModelArgs:
+    """The foundation's shape as a manifest records it."""
+    return ModelArgs(**manifest["foundation"]["args"])
+
+
+def _reload_foundation(manifest: dict) -> Foundation:
+    """The foundation a manifest was built from, checked against its fingerprint."""
+    settings = manifest["export_settings"]
+    foundation = load_foundation(foundation_from_dict(settings, "manifest export_settings"))
+    if foundation_fingerprint(foundation) != manifest["foundation"]["fingerprint"]:
+        raise UserError(
+            f"the foundation at {settings.get('checkpoint', 'synthetic')} no longer has the fingerprint recorded in "
+            f"the manifest: rebuild"
+        )
+    return foundation

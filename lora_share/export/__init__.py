@@ -1,0 +1,1 @@
+"""Exporting the program: torch.export, XNNPACK lowering, and the ExecuTorch workarounds that keep it lean."""

@@ -1,0 +1,1 @@
+"""The decoder lora-share exports, its families, its LoRA envelope and quantization."""

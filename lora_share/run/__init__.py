@@ -1,0 +1,1 @@
+"""Running a deployment from Python: ExecuTorch's runtime, the C library, generation, verify, inspect."""
