@@ -1,8 +1,10 @@
-// Status and StatusOr: how every step of the runner reports failure.
+// Status and StatusOr: how every step of the library, the runner and the
+// server reports failure.
 //
-// The runner never throws and never aborts on bad input: each step returns a
-// Status (or a value plus a Status) and main() turns the first failure into a
-// single "error: ..." line and an exit code. Two kinds of failure exist,
+// None of them throws or aborts on bad input: each step returns a Status (or a
+// value plus a Status); the library's C API turns the first failure into an
+// ls_status and its message, and the runner's main() into a single
+// "error: ..." line and an exit code. Two kinds of failure exist,
 // because scripts need to tell them apart: a usage error (the command line or
 // request is wrong, exit 2) and a run error (a file could not be loaded or the
 // program failed while running, exit 1).

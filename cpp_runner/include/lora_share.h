@@ -109,7 +109,7 @@ typedef struct {
                              record names another foundation */
   uint64_t budget_bytes;  /* 0 (default): no budget, nothing is evicted */
   uint64_t adapter_overhead_bytes; /* the per-adapter constant of the budget's
-                             accounting (MEMORY BUDGET); 0 (default): 4 MiB */
+                             accounting (MEMORY BUDGET); 0 (default): 512 KiB */
 } ls_options;
 
 typedef struct {

@@ -4,8 +4,8 @@
 // Two implementations: SharedAdapter (adapter_on_foundation.h, the point of the
 // project: every adapter resolves its weights against one shared foundation
 // and runs in one planned-memory arena, which holds the KV cache too) and
-// StockAdapter (one executorch::extension::Module per adapter, with its own
-// KV cache, for comparison).
+// StockAdapter (adapter_per_module.cpp: one executorch::extension::Module per
+// adapter, with its own KV cache, for comparison).
 #pragma once
 
 #include <cstdint>

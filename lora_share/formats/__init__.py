@@ -1,4 +1,5 @@
-"""Defensive readers for the files lora-share writes (byte layouts: schema/FORMAT.md).
+"""The files lora-share writes: defensive readers, and the writers that assemble or patch them
+(byte layouts: schema/FORMAT.md).
 
     from lora_share.formats import read_pte, read_ptd, FormatError
 
