@@ -29,7 +29,7 @@ def build(config_path, quiet: bool = False) -> dict:
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0, shared_ptd=None):
     """Generate with an adapter .pte over a foundation .ptd through ExecuTorch's Python runtime
     (``shared_ptd``: the build's adapters_shared.ptd, for adapters that read tensors from it)."""
-    from .run.python_runtime import run as _run
+    from .inference.python_runtime import run as _run
 
     return _run(pte, ptd, tokens, max_new_tokens, temperature, seed, shared_ptd=shared_ptd)
 

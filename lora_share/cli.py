@@ -65,10 +65,10 @@ def _cmd_add(ns) -> int:
 def _cmd_run(ns) -> int:
     import numpy as np
 
-    from .run.python_runtime import run
+    from .inference.python_runtime import run
 
     if ns.tokens is not None:
-        from .run.generate import parse_tokens
+        from .inference.generate import parse_tokens
 
         from .tokenizer.files import eos_ids_beside
 
@@ -120,7 +120,7 @@ def _save_npy(path: Path, array, np) -> None:
 
 
 def _cmd_inspect(ns) -> int:
-    from .run.inspection import inspect_file, render
+    from .inference.inspection import inspect_file, render
 
     report = inspect_file(ns.file, ns.ptd, ns.shared_ptd)
     print(json.dumps(report, indent=2) if ns.json else render(report))
@@ -128,7 +128,7 @@ def _cmd_inspect(ns) -> int:
 
 
 def _cmd_verify(ns) -> int:
-    from .run.verify import check_pair
+    from .inference.verify import check_pair
 
     pairing = check_pair(ns.pte, ns.ptd, ns.shared_ptd)
     if ns.json:
@@ -177,7 +177,7 @@ def _cmd_bench_peers(ns) -> int:
 
 def _cmd_bench_budget(ns) -> int:
     from .bench.budget import BudgetBenchError, run
-    from .run.c_library import NativeError
+    from .inference.c_library import NativeError
 
     if ns.deployment is None and not Path(ns.config).is_file():
         raise UserError(f"{ns.config}: no such config file")

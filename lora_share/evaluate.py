@@ -120,7 +120,7 @@ class Subject:
     """One adapter of the build (or the foundation alone) in both runtimes."""
 
     def __init__(self, name: str, folder: Path, manifest: dict, reference):
-        from .run.python_runtime import LoadedAdapter
+        from .inference.python_runtime import LoadedAdapter
         from .formats.shared_ptd import SHARED_PTD
 
         entries = {a["name"]: a for a in manifest["adapters"]}

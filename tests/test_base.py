@@ -17,11 +17,11 @@ import torch
 
 import lora_share
 from conftest import EOS_PROMPT, REPO, TEXT_ADAPTER, TINY_ADAPTERS, TINY_FOUNDATION, run_cli, write_config
-from lora_share.run import c_library as native
+from lora_share.inference import c_library as native
 from lora_share.checkpoints.adapters import load_adapter
 from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
-from lora_share.run.generate import generate
+from lora_share.inference.generate import generate
 
 NEW = 12
 TIMEOUT = 300

@@ -16,7 +16,7 @@ import pytest
 
 from budget_build import BUDGET_ADAPTERS, budget_build
 from conftest import run_cli
-from lora_share.run import c_library as native
+from lora_share.inference import c_library as native
 from lora_share.formats import read_pte
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # longer than the prefill chunk: two forward calls

@@ -1,5 +1,5 @@
 """The C library (cpp_runner/include/lora_share.h) driven directly: from Python through ctypes
-(lora_share/run/c_library.py) and from C (examples/c_app, built with CMake against the installed package).
+(lora_share/inference/c_library.py) and from C (examples/c_app, built with CMake against the installed package).
 
 The reference is build/runner, an independent client of the same runtime over the command line: greedy
 and seeded tokens must be equal. Every error path must come back as its ls_status and a message, with
@@ -17,7 +17,7 @@ import pytest
 
 from budget_build import budget_build
 from conftest import REPO, TINY_FOUNDATION
-from lora_share.run import c_library as native
+from lora_share.inference import c_library as native
 
 PROMPT = [1, 17, 42]
 LONG_PROMPT = list(range(1, 13))  # longer than the tiny build's prefill chunk (8): fed in two calls

@@ -53,7 +53,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, code: int) -> None:
 @pytest.fixture(scope="module")
 def python_reference(tiny_build):
     """name -> Generation from ExecuTorch's Python runtime, greedy."""
-    from lora_share.run.python_runtime import run
+    from lora_share.inference.python_runtime import run
 
     return {name: run(pte, tiny_build.ptd, PROMPT, NEW) for name, pte in tiny_build.ptes.items()}
 

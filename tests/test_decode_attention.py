@@ -242,7 +242,7 @@ def test_decode_names_no_tensor_it_does_not_read(tiny_build):
     (rope_attend rotates on its own), so the program must not name it: a named, unread tensor is
     still written to foundation.ptd and loaded with the method. Every foundation tensor decode names,
     forward names too (same weights)."""
-    from lora_share.run.inspection import inspect_file
+    from lora_share.inference.inspection import inspect_file
 
     report = inspect_file(tiny_build.ptes["tiny_a"])
     named = {}

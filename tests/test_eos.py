@@ -4,7 +4,7 @@ The build is ``eos_build``: text_build rebuilt with a generation_config.json who
 decoding reaches before EOS_NEW tokens, so the build records it (manifest.json's tokenizer section, beside
 foundation.ptd). The reference is transformers + peft ``generate(..., eos_token_id=<the build's EOS ids>)``
 greedy on the very checkpoint and adapter that were built: build/runner (--tokens and --serve lines),
-`lora-share run --tokens`, the C library (lora_share/run/c_library.py) and the server stop exactly where it
+`lora-share run --tokens`, the C library (lora_share/inference/c_library.py) and the server stop exactly where it
 stops (the EOS emitted as the last token), and --ignore-eos / ignore_eos continue to max tokens, where
 ``generate(..., eos_token_id=[])`` ends.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from conftest import EOS_NEW, EOS_PROMPT, REPO, TEXT_ADAPTER, run_cli
 from hf_files import hf_generate
-from lora_share.run import c_library as native
+from lora_share.inference import c_library as native
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TIMEOUT = 300

@@ -10,7 +10,7 @@ import lora_share
 from lora_share.checkpoints.adapters import load_adapter
 from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
-from lora_share.run.generate import generate
+from lora_share.inference.generate import generate
 
 PROMPT = [1, 17, 42, 7, 99]
 NEW = 10
@@ -94,7 +94,7 @@ def test_rows_after_the_position_are_masked(tiny_build, tiny_models, name):
     masks rows P + 1 and later, so views of exactly P + 1 rows and whole slabs whose rows after P hold
     large garbage give the same logits and new rows."""
     from lora_share.model.decoder import forward_inputs
-    from lora_share.run.python_runtime import LoadedAdapter
+    from lora_share.inference.python_runtime import LoadedAdapter
 
     adapter = LoadedAdapter(tiny_build.ptes[name], tiny_build.ptd)
     adapter.step(PROMPT, 0)

@@ -229,7 +229,7 @@ def test_gemma3_ring_cache(families):
     """The sliding layers' slabs are rings of window + 1 rows in the exported program and the Python
     runtime; the full-attention layer's cover the context (the sink row, then every position but the
     last, which no call reads)."""
-    from lora_share.run.python_runtime import LoadedAdapter
+    from lora_share.inference.python_runtime import LoadedAdapter
 
     fb = families("gemma3_text")
     args = fb.build.manifest["foundation"]["args"]
@@ -363,7 +363,7 @@ def test_quantized_foundation(families, qwen2_8da4w):
     from lora_share.export.eager import eager_model
     from lora_share.checkpoints.foundation import load_foundation
     from lora_share.deploy.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
-    from lora_share.run.python_runtime import LoadedAdapter
+    from lora_share.inference.python_runtime import LoadedAdapter
 
     fb, build = families("qwen2"), qwen2_8da4w
     assert build.ptd.stat().st_size < fb.build.ptd.stat().st_size / 2

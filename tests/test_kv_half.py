@@ -20,8 +20,8 @@ from lora_share.checkpoints.adapters import load_adapter
 from lora_share.bench.scale import kv_cache_bytes
 from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
-from lora_share.run.generate import generate
-from lora_share.run.python_runtime import LoadedAdapter
+from lora_share.inference.generate import generate
+from lora_share.inference.python_runtime import LoadedAdapter
 from test_cpp_runner import all_ptes, ids, run_runner
 
 PROMPT = [(7 * i + 5) % 256 for i in range(2 * TINY_CHUNK + 3)]  # three prefill calls

@@ -38,7 +38,7 @@ from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
 from lora_share.deploy.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
 from lora_share.model.quantize import foundation_linears, is_quantized, quantize_foundation_
-from lora_share.run.python_runtime import LoadedAdapter
+from lora_share.inference.python_runtime import LoadedAdapter
 
 Q_FOUNDATION = {
     "synthetic": {"dim": 512, "n_layers": 2, "n_heads": 8, "n_kv_heads": 4, "hidden_dim": 4096,
@@ -217,7 +217,7 @@ def test_manifest_records_quantization(q_build, q_models):
 
 
 def test_every_adapter_pairs_with_the_shared_ptd(q_build):
-    from lora_share.run.verify import check_pair
+    from lora_share.inference.verify import check_pair
 
     for name, pte in q_build.ptes.items():
         pairing = check_pair(pte, q_build.ptd)
@@ -298,7 +298,7 @@ def test_export_matches_its_eager_quantized_model(q_build, q_models, name):
     flips = math.sqrt(np.mean((got - want) ** 2))
     quantization = math.sqrt(np.mean((want - ref) ** 2))
     assert flips <= 0.1 * quantization, (flips, quantization)
-    # Generation through lora_share.run (with its pairing check) picks the eager model's tokens.
+    # Generation through lora_share.inference (with its pairing check) picks the eager model's tokens.
     from test_exactness import eager_generation
 
     gen = lora_share.run(q_build.ptes[name], q_build.ptd, PROMPT, NEW)
@@ -432,7 +432,7 @@ def asym_build(tmp_path_factory):
 
 def test_asymmetric_export_matches_its_eager_model(runner_bin, asym_build, tmp_path):
     """The asymmetric grid's offsets linear runs inside the export, and the int4 embedding in ExecuTorch's
-    embedding_4bit kernel: lora_share.run and build/runner give the eager quantized model's logits (same
+    embedding_4bit kernel: lora_share.inference and build/runner give the eager quantized model's logits (same
     criteria as the symmetric build) and each other's."""
     from test_cpp_runner import all_ptes, ids, run_runner
 

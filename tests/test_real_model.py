@@ -139,7 +139,7 @@ def test_demo_adapters_equal_transformers_peft_through_the_runner(smollm2, runne
 
 
 def test_demo_adapters_equal_transformers_peft_through_lora_share_run(smollm2, references):
-    from lora_share.run import python_runtime as runtime  # what `lora-share run` generates with
+    from lora_share.inference import python_runtime as runtime  # what `lora-share run` generates with
 
     out, manifest, _ = smollm2
     eos = manifest["tokenizer"]["eos_token_ids"]

@@ -75,7 +75,7 @@ def test_long_prompt_is_chunked_and_exact(runner_bin, tiny_build, eager, tmp_pat
 
 
 def test_long_prompt_matches_the_python_runtime(runner_bin, tiny_build, tmp_path):
-    from lora_share.run.python_runtime import run
+    from lora_share.inference.python_runtime import run
 
     npy = tmp_path / "logits.npy"
     proc = runner(runner_bin, tiny_build, list(tiny_build.ptes), "--adapter", "tiny_a", "--tokens", ids(LONG),
@@ -223,7 +223,7 @@ def test_a_program_of_an_earlier_contract_is_refused(runner_bin, tiny_build, tmp
         assert_clean_error(proc, 1)
         assert "built by an older lora-share" in proc.stderr and "rebuild it" in proc.stderr
     from lora_share.errors import UserError
-    from lora_share.run.python_runtime import LoadedAdapter
+    from lora_share.inference.python_runtime import LoadedAdapter
 
     with pytest.raises(UserError, match="built by an older lora-share.*rebuild it"):
         LoadedAdapter(old, tiny_build.ptd)  # any data file: the program is refused for its inputs

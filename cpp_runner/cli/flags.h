@@ -45,7 +45,7 @@ StatusOr<Options> parse_flags(int argc, char** argv);
 std::string usage_text(const char* program_name);
 
 // Parses "1,17,42" into token ids (whitespace and empty items are ignored, as
-// in lora_share.run.generate.parse_tokens). `what` names the source in errors.
+// in lora_share.inference.generate.parse_tokens). `what` names the source in errors.
 StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text,
                                                 const std::string& what);
 

@@ -1,4 +1,4 @@
-// Token generation, following lora_share/run/generate.py exactly: a prompt
+// Token generation, following lora_share/inference/generate.py exactly: a prompt
 // longer than the program's prefill chunk is fed in calls of at most that
 // many tokens at positions 0, chunk, 2 * chunk, ...; row 0 of the logits is
 // taken at the last prompt position, row i (i >= 1) after feeding

@@ -2,7 +2,7 @@
 
 Builds the config's foundation with N adapters of one recipe (build_time.RECIPE, a seed each: one
 export, each adapter written as data, so the build stays fast) into WORK/out, kept and reused while the
-config is unchanged. Then, each in a fresh process through the C library (lora_share/run/c_library.py):
+config is unchanged. Then, each in a fresh process through the C library (lora_share/inference/c_library.py):
 
 - budget: ``ls_open_dir`` with a budget that holds K adapters (foundation + arena + K x the largest
   adapter's accounted cost, lora_share.h); one request for every adapter in turn, then a mixed
@@ -81,7 +81,7 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 def measure(folder: Path, resident: int, requests: int, library: str | None) -> dict:
     """In this process: serve the stream (resident > 0: under a budget for that many; 0: no budget)."""
-    from ..run import c_library as native
+    from ..inference import c_library as native
 
     with native.open_dir(folder, library=library) as probe:
         sizes = probe.stats()

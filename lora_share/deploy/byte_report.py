@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..formats import read_ptd, read_pte
 from ..formats.meta import ADAPTER_KEY, decode
-from ..run.inspection import dedup_summary
+from ..inference.inspection import dedup_summary
 
 
 def _file_summary(size: int, summary: dict) -> dict:

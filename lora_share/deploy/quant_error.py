@@ -86,7 +86,7 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict:
 def quantization_error(float_model: nn.Module, pte, ptd, shared_ptd=None) -> dict:
     """The exported adapter (``pte`` over ``ptd`` and ``shared_ptd``, ExecuTorch's Python runtime)
     against ``float_model`` (the float eager model with the same adapter) on the fixed prompt set."""
-    from ..run.python_runtime import LoadedAdapter
+    from ..inference.python_runtime import LoadedAdapter
 
     args = float_model.args
     prompts = accuracy_prompts(args.vocab_size, args.max_seq_len)
