@@ -142,7 +142,7 @@ def runner_answer(runner_bin, deployment, adapter, ids, new, tokenizer, eos_ids)
 def test_models_lists_the_deployments_adapters(server):
     status, body = server.request("GET", "/v1/models")
     assert status == 200
-    assert [m["id"] for m in body["data"]] == [TEXT_ADAPTER, SECOND]
+    assert [m["id"] for m in body["data"]] == [TEXT_ADAPTER, SECOND, "base"]
     assert body["object"] == "list"
 
 
@@ -238,6 +238,10 @@ def good_tokens(runner_bin, deployment, tokenizer, eos_ids):
     ({"model": SECOND}, None, 400, "prompt is missing"),
     ({"model": SECOND, "prompt": "x" * (1 << 20)}, None, 400, "context (max_seq_len)"),
     ({"model": SECOND, "prompt": "hi", "n": 3}, None, 400, "n must be 1"),
+    ({"model": SECOND, "prompt": "hi", "logprobs": 2}, None, 400, "logprobs are not served"),
+    ({"model": SECOND, "prompt": "hi", "tools": [{"type": "function"}]}, None, 400, "tools"),
+    ({"model": SECOND, "prompt": "hi", "best_of": 2}, None, 400, "best_of must be 1"),
+    ({"model": SECOND, "prompt": "hi", "mirostat": 2}, None, 400, "unknown field 'mirostat'"),
     ({"model": SECOND, "prompt": "hi", "stream": True, "max_tokens": 10 ** 6}, None, 400, "context (max_seq_len)"),
 ])
 def test_bad_requests_get_a_clear_error_and_serving_goes_on(server, good_tokens, body, raw, status, words):
@@ -248,9 +252,49 @@ def test_bad_requests_get_a_clear_error_and_serving_goes_on(server, good_tokens,
 
 
 def test_body_over_the_limit_is_refused(server, good_tokens):
-    got, _ = server.request("POST", "/v1/completions", raw=b"{" + b" " * (9 << 20) + b"}")
+    got, body = server.request("POST", "/v1/completions", raw=b"{" + b" " * (9 << 20) + b"}")
     assert got == 413
+    assert "--max-body" in body["error"]["message"]
     _good(server, good_tokens)
+
+
+def test_fields_that_change_nothing_are_accepted(server, good_tokens):
+    status, body = server.request("POST", "/v1/completions", {
+        "model": SECOND, "prompt": [0, 17, 42, 99], "max_tokens": 8, "user": "u1", "n": 1, "logprobs": None,
+        "stream_options": None, "metadata": {"k": "v"}})
+    assert status == 200, body
+    assert body["choices"][0]["tokens"] == good_tokens
+
+
+def test_unknown_route_gets_a_json_404(server):
+    status, body = server.request("GET", "/v1/nothing")
+    assert status == 404
+    assert "no route GET /v1/nothing" in body["error"]["message"] and body["error"]["code"] == 404
+
+
+def test_no_max_tokens_runs_to_the_end_of_the_context(server, runner_bin, deployment, tokenizer):
+    """ignore_eos, so the answer cannot end early: it is every position the context has left."""
+    ids = tokenizer.encode(PROMPT).ids
+    context = 64  # text_build's max_seq_len
+    status, body = server.request("POST", "/v1/completions", {"model": SECOND, "prompt": PROMPT, "ignore_eos": True})
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] == context - len(ids) + 1
+    assert body["choices"][0]["finish_reason"] == "length"
+    # Streamed, with the usage chunk asked for: the same answer, usage last.
+    events = server.stream("/v1/completions", {"model": SECOND, "prompt": PROMPT, "ignore_eos": True,
+                                               "stream_options": {"include_usage": True}})
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == body["usage"]
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == body["choices"][0]["text"]
+
+
+def test_a_second_server_on_the_same_port_is_refused(server, server_bin, deployment, good_tokens):
+    r = subprocess.run([str(server_bin), "--dir", str(deployment), "--host", server.host, "--port", str(server.port)],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode != 0, r.stderr
+    assert f"port {server.port} is in use" in r.stderr, r.stderr
+    for _ in range(4):  # every request reaches the first server (none is lost to a second listener)
+        _good(server, good_tokens)
+    assert server.proc.poll() is None
 
 
 def test_client_leaving_mid_stream_does_not_stop_the_server(server, good_tokens):

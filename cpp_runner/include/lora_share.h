@@ -209,6 +209,12 @@ LS_API ls_status ls_check_request(ls_runtime* runtime, const char* name,
                                   const int64_t* prompt, size_t n,
                                   int64_t max_new_tokens, ls_error* error);
 
+/* The context (max_seq_len) of the program adapter `name` runs ("base"
+ * too), into *max_seq_len: a prompt of n ids leaves room for
+ * max_seq_len - n + 1 new tokens. LS_ERR_NOT_FOUND for an unknown name. */
+LS_API ls_status ls_context_length(ls_runtime* runtime, const char* name,
+                                   int64_t* max_seq_len, ls_error* error);
+
 /* The runtime's counters and accounted memory. */
 LS_API ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats,
                            ls_error* error);

@@ -200,6 +200,28 @@ ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t*
   return LS_OK;
 }
 
+ls_status ls_context_length(ls_runtime* runtime, const char* name, int64_t* max_seq_len,
+                            ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (name == nullptr) return missing(error, "name");
+  if (max_seq_len == nullptr) return missing(error, "max_seq_len");
+  bool base = std::strcmp(name, lora_share::kBaseName) == 0;
+  ls_adapter* adapter = base ? nullptr : ls_adapter_by_name(runtime, name, error);
+  if (!base && adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    auto info = runtime->pool->info(base ? AdapterPool::kBase : adapter->index);
+    if (!info.ok()) return report(error, info.status(), LS_ERR_REQUEST, LS_ERR_LOAD, runtime->runner_messages);
+    *max_seq_len = info->max_seq_len;
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_context_length: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
+}
+
 ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (stats == nullptr) return missing(error, "stats");

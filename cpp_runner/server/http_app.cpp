@@ -81,10 +81,10 @@ struct Prepared {
   int64_t created = 0;
 };
 
-ls_generate_options generate_options(const CompletionRequest& request) {
+ls_generate_options generate_options(const CompletionRequest& request, int64_t max_new_tokens) {
   ls_generate_options g;
   ls_generate_options_init(&g);
-  g.max_new_tokens = request.max_tokens;
+  g.max_new_tokens = max_new_tokens;
   g.temperature = request.temperature;
   g.seed = request.seed;
   g.ignore_eos = request.ignore_eos ? 1 : 0;
@@ -110,6 +110,28 @@ App::App(ls_runtime* runtime, Deployment deployment)
 App::~App() { ls_close(runtime_); }
 
 void App::install(httplib::Server& http) {
+  // Every error has a JSON body: the routes' own, or one said here (an
+  // unknown route, a body over --max-body, a handler that threw).
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string message =
+        res.status == 404   ? "no route " + req.method + " " + req.path +
+                                " (the routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
+                                "GET /v1/stats, GET /health)"
+        : res.status == 413 ? "the request body is larger than the server's --max-body"
+                            : "the request failed (HTTP " + std::to_string(res.status) + ")";
+    send_error(res, res.status, message);
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    send_error(res, 500, "the server failed on this request: " + what);
+  });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\": \"ok\"}", kJson);
   });
@@ -159,12 +181,23 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   prepared->created = static_cast<int64_t>(std::time(nullptr));
 
   ls_error err;
+  // No max_tokens: until EOS or the end of the context, as OpenAI's and
+  // llama-server's (a prompt that fills the context asks for one token, so
+  // the check below says it is too long).
+  int64_t max_new_tokens = request.max_tokens.value_or(0);
+  if (!request.max_tokens) {
+    int64_t context = 0;
+    if (ls_context_length(runtime_, request.model.c_str(), &context, &err) != LS_OK) {
+      return send_error(res, http_status(err.code), err.message);
+    }
+    max_new_tokens = std::max<int64_t>(1, context - static_cast<int64_t>(prepared->ids.size()) + 1);
+  }
   // Refused before any byte is sent, so a streamed request gets a plain 400 too.
   if (ls_check_request(runtime_, request.model.c_str(), prepared->ids.data(), prepared->ids.size(),
-                       request.max_tokens, &err) != LS_OK) {
+                       max_new_tokens, &err) != LS_OK) {
     return send_error(res, http_status(err.code), err.message);
   }
-  const ls_generate_options options = generate_options(request);
+  const ls_generate_options options = generate_options(request, max_new_tokens);
 
   if (!request.stream) {
     FifoGate::Ticket ticket(gate_);
@@ -218,6 +251,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
           const std::string tail = run.finish();
           if (!tail.empty()) send(stream_event(rq, prepared->id, prepared->created, tail, {}, std::nullopt));
           send(stream_event(rq, prepared->id, prepared->created, "", {}, run.answer.finish_reason));
+          if (rq.include_usage) send(usage_event(rq, prepared->id, prepared->created, run.answer));
           log_request(runtime_, rq, run.answer, "streamed");
         }
         send(kStreamDone);

@@ -1,6 +1,8 @@
 #include "openai.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -76,9 +78,75 @@ Status read_messages(const json& body, CompletionRequest* request) {
   return {};
 }
 
+// Fields that would change the answer and are not served: refused by name
+// unless they hold their no-op value (null, false, 1, an empty list...).
+struct Unserved {
+  const char* key;
+  const char* why;
+  std::function<bool(const json&)> is_noop;
+};
+
+const std::vector<Unserved>& unserved_fields() {
+  auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
+  auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
+  auto is_empty = [](const json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); };
+  static const std::vector<Unserved> table = {
+      {"n", "n must be 1: one answer per request is served", is_one},
+      {"best_of", "best_of must be 1: one answer per request is served", is_one},
+      {"logprobs", "logprobs are not served", [=](const json& v) { return is_false(v) || v == 0; }},
+      {"top_logprobs", "top_logprobs are not served", [](const json& v) { return v == 0; }},
+      {"echo", "echo is not served", is_false},
+      {"suffix", "suffix (insertion) is not served", is_empty},
+      {"logit_bias", "logit_bias is not served", is_empty},
+      {"tools", "tools (function calling) are not served", is_empty},
+      {"tool_choice", "tools (function calling) are not served", [](const json& v) { return v == "none"; }},
+      {"functions", "functions (function calling) are not served", is_empty},
+      {"function_call", "functions (function calling) are not served", [](const json& v) { return v == "none"; }},
+      {"response_format", "response_format other than {\"type\": \"text\"} is not served",
+       [](const json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; }},
+      {"modalities", "modalities other than [\"text\"] are not served",
+       [](const json& v) { return v == json::array({"text"}); }},
+      {"audio", "audio output is not served", [](const json&) { return false; }},
+      {"prediction", "predicted outputs are not served", [](const json&) { return false; }},
+  };
+  return table;
+}
+
+// Fields read below, and fields that change nothing about the answer.
+bool known_field(const std::string& key, bool chat) {
+  static const std::vector<std::string> common = {
+      "model", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos",
+      // accepted, and change nothing here
+      "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+  if (std::find(common.begin(), common.end(), key) != common.end()) return true;
+  return chat ? key == "messages" || key == "max_completion_tokens" : key == "prompt";
+}
+
+Status read_bool(const json& body, const char* key, bool* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return {};
+  if (!it->is_boolean()) return Status::usage(std::string(key) + " must be true or false, got " + it->dump());
+  *out = it->get<bool>();
+  return {};
+}
+
 Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
   if (!body.is_object()) return Status::usage("the request body must be a JSON object");
   request->chat = chat;
+  for (const auto& [key, value] : body.items()) {
+    auto unserved = std::find_if(unserved_fields().begin(), unserved_fields().end(),
+                                 [&](const Unserved& u) { return key == u.key; });
+    if (unserved != unserved_fields().end()) {
+      if (value.is_null() || unserved->is_noop(value)) continue;
+      return Status::usage(std::string(unserved->why) + " (got " + key + ": " + value.dump() +
+                           "): leave it out");
+    }
+    if (!known_field(key, chat)) {
+      return Status::usage("unknown field '" + key + "' for " +
+                           (chat ? "/v1/chat/completions" : "/v1/completions") +
+                           ": this server does not read it, so it would change nothing; leave it out");
+    }
+  }
   auto model = body.find("model");
   if (model == body.end() || !model->is_string() || model->get<std::string>().empty()) {
     return Status::usage("model is missing: name one of the adapters GET /v1/models lists");
@@ -88,12 +156,11 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
   if (!s.ok()) return s;
   // max_completion_tokens is the newer chat name for max_tokens.
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    s = read_int(body, key, 1, std::numeric_limits<int32_t>::max(), &request->max_tokens);
+    int64_t max_tokens = 0;
+    s = read_int(body, key, 1, std::numeric_limits<int32_t>::max(), &max_tokens);
     if (!s.ok()) return s;
+    if (max_tokens > 0) request->max_tokens = max_tokens;
   }
-  int64_t n = 1;
-  s = read_int(body, "n", 1, 1, &n);
-  if (!s.ok()) return Status::usage("n must be 1: one answer per request is served");
   int64_t seed = 0;
   s = read_int(body, "seed", 0, std::numeric_limits<int64_t>::max(), &seed);
   if (!s.ok()) return s;
@@ -105,13 +172,13 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
     }
     request->temperature = t->get<double>();
   }
-  if (auto st = body.find("stream"); st != body.end() && !st->is_null()) {
-    if (!st->is_boolean()) return Status::usage("stream must be true or false, got " + st->dump());
-    request->stream = st->get<bool>();
-  }
-  if (auto ie = body.find("ignore_eos"); ie != body.end() && !ie->is_null()) {
-    if (!ie->is_boolean()) return Status::usage("ignore_eos must be true or false, got " + ie->dump());
-    request->ignore_eos = ie->get<bool>();
+  if (s = read_bool(body, "stream", &request->stream); !s.ok()) return s;
+  if (s = read_bool(body, "ignore_eos", &request->ignore_eos); !s.ok()) return s;
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!so->is_object()) return Status::usage("stream_options must be an object, got " + so->dump());
+    if (s = read_bool(*so, "include_usage", &request->include_usage); !s.ok()) {
+      return Status::usage("stream_options." + s.message());
+    }
   }
   return {};
 }
@@ -176,6 +243,17 @@ std::string stream_event(const CompletionRequest& request, const std::string& id
   return "data: " + out.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
+std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const Answer& answer) {
+  json out = {{"id", id},
+              {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", request.model},
+              {"choices", json::array()},
+              {"usage", usage_json(answer)}};
+  return "data: " + out.dump() + "\n\n";
+}
+
 std::string error_json(const std::string& message, const std::string& type, int http_status) {
   json out = {{"error", {{"message", message}, {"type", type}, {"code", http_status}}}};
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -186,6 +264,7 @@ std::string models_json(const std::vector<std::string>& names) {
   for (const std::string& name : names) {
     data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "lora-share"}});
   }
+  data.push_back({{"id", "base"}, {"object", "model"}, {"created", 0}, {"owned_by", "lora-share"}});
   return json{{"object", "list"}, {"data", data}}.dump();
 }
 

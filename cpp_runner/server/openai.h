@@ -25,15 +25,19 @@ struct CompletionRequest {
   std::vector<int64_t> prompt_ids;  // completions: a prompt of token ids
   bool prompt_is_ids = false;
   std::vector<ChatMessage> messages;  // chat
-  int64_t max_tokens = 16;  // OpenAI's default for completions
+  std::optional<int64_t> max_tokens;  // none: until EOS or the end of the context
   double temperature = 0;   // greedy unless asked: answers are reproducible
   uint64_t seed = 0;
   bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;  // as vLLM's: generate max_tokens past any EOS id
 };
 
 // Parses and checks a request body. Every problem is a usage Status naming
-// the field ("max_tokens must be an integer >= 1, got -3").
+// the field ("max_tokens must be an integer >= 1, got -3"). A field that
+// would change the answer and is not served (n > 1, logprobs, tools, ...) is
+// refused by name, as is a field this server does not know; fields that
+// change nothing (user, metadata, ...) are accepted.
 StatusOr<CompletionRequest> parse_request(const std::string& body, bool chat);
 
 // One finished answer: what generation produced.
@@ -55,13 +59,18 @@ std::string stream_event(const CompletionRequest& request, const std::string& id
                          const std::vector<int64_t>& tokens,
                          const std::optional<std::string>& finish_reason);
 
+// The chunk OpenAI sends last when stream_options.include_usage is set: no
+// choices, the request's usage.
+std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                        const Answer& answer);
+
 // The event that ends a stream.
 constexpr char kStreamDone[] = "data: [DONE]\n\n";
 
 // {"error": {"message", "type", "code"}}, OpenAI's error shape.
 std::string error_json(const std::string& message, const std::string& type, int http_status);
 
-// /v1/models: the deployment's adapters.
+// /v1/models: the deployment's adapters, then "base" (the foundation alone).
 std::string models_json(const std::vector<std::string>& names);
 
 }  // namespace lora_share::server

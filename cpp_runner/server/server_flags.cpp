@@ -107,7 +107,7 @@ std::string server_usage(const char* program) {
       << "names the adapter. Requests are served one at a time, in arrival order.\n\n"
       << "  POST /v1/completions       {\"model\": \"a\", \"prompt\": \"...\" | [ids], \"max_tokens\": 16, \"stream\": false}\n"
       << "  POST /v1/chat/completions  {\"model\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}\n"
-      << "  GET  /v1/models            the deployment's adapters\n"
+      << "  GET  /v1/models            the deployment's adapters, and base (the foundation alone)\n"
       << "  GET  /v1/stats             resident adapters, loads, evictions, load time, memory\n"
       << "  GET  /health\n\n"
       << "Temperature defaults to 0 (greedy), so answers are reproducible. Text prompts need a build\n"

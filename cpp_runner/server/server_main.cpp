@@ -1,11 +1,14 @@
 // build/lora-share-server: parse flags -> open the deployment -> listen ->
 // serve until SIGINT/SIGTERM.
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <thread>
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include "deployment.h"
 #include "http_app.h"
@@ -67,13 +70,32 @@ int main(int argc, char** argv) {
 
   httplib::Server http;
   http.set_payload_max_length(options->max_body);
+  // httplib's default sets SO_REUSEPORT, with which a second server on the
+  // same port binds too and the kernel splits the traffic between the two.
+  // SO_REUSEADDR alone only lets a restart reuse a port left in TIME_WAIT.
+  int listen_fd = -1;
+  http.set_socket_options([&listen_fd](int fd) {
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = fd;
+  });
   app.install(http);
+  errno = 0;
   const int port = options->port == 0 ? http.bind_to_any_port(options->host)
                                       : (http.bind_to_port(options->host, options->port) ? options->port : -1);
   if (port < 0) {
+    if (errno == EADDRINUSE) {
+      return fail(ls::Status::failure("port " + std::to_string(options->port) + " is in use (on " +
+                                      options->host + "), by another server or program: stop it or pick "
+                                      "another --port"));
+    }
     return fail(ls::Status::failure("cannot listen on " + options->host + ":" + std::to_string(options->port) +
-                                    " (in use, or not an address of this machine): pick another --port"));
+                                    " (" + std::strerror(errno) + "; is it an address of this machine?): "
+                                    "pick another --host or --port"));
   }
+  // The library listens with a backlog of 5: connections beyond it would be
+  // refused while a request runs. listen() again on the bound socket raises it.
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   std::thread([&http, signals] {
     int signal = 0;
     sigwait(&signals, &signal);
