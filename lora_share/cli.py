@@ -33,14 +33,18 @@ def _cmd_validate(ns) -> int:
 
     for path in ns.configs:
         cfg = load_config(path)
-        names = ", ".join(a.name for a in cfg.adapters)
-        print(f"{path}: OK ({len(cfg.adapters)} adapters: {names}; output {cfg.output_dir})")
+        what = "programs" if cfg.programs is not None else "adapters"
+        names = ", ".join(a.name for a in getattr(cfg, what))
+        print(f"{path}: OK ({len(getattr(cfg, what))} {what}: {names}; output {cfg.output_dir})")
     return 0
 
 
 def _cmd_build(ns) -> int:
+    from .config import load_config
     from .deploy.builder import build
 
+    if load_config(ns.config).programs is not None:
+        from .programs.build import build_programs as build
     manifest = build(ns.config, quiet=ns.json)
     if ns.json:
         print(json.dumps(manifest, indent=2))
@@ -50,6 +54,12 @@ def _cmd_build(ns) -> int:
 def _cmd_add(ns) -> int:
     from .deploy.builder import add
 
+    from .programs import is_programs_dir
+
+    if is_programs_dir(ns.to):
+        return _add_programs(ns)
+    if ns.model is not None:
+        raise UserError("--model names a model of a PT2 archive: only for `add` to a build of programs")
     specs = []
     for spec in ns.adapters:
         name, sep, folder = spec.partition("=")
@@ -62,8 +72,33 @@ def _cmd_add(ns) -> int:
     return 0
 
 
+def _add_programs(ns) -> int:
+    from .programs.build import add_program
+
+    for spec in ns.adapters:
+        name, sep, archive = spec.partition("=")
+        if not sep:
+            archive, name = spec, Path(spec).stem
+        manifest = add_program(ns.to, name, Path(archive), ns.model, quiet=ns.json)
+    if ns.json:
+        print(json.dumps(manifest, indent=2))
+    return 0
+
+
+def _run_program(ns) -> int:
+    from .programs.forward import run_files
+
+    outputs = run_files(ns.pte, ns.ptd, [Path(p) for p in ns.input], ns.output and Path(ns.output))
+    for i, o in enumerate(outputs):
+        print(f"output {i}: {o.dtype}[{', '.join(map(str, o.shape))}]" + (f" -> {ns.output}" if ns.output else ""))
+    return 0
+
+
 def _cmd_run(ns) -> int:
     import numpy as np
+
+    if ns.input:
+        return _run_program(ns)
 
     from .inference.python_runtime import run
 
@@ -226,7 +261,9 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--to", required=True, metavar="OUT_DIR", help="output folder of an earlier build")
     a.add_argument("adapters", nargs="+", metavar="[NAME=]PEFT_DIR",
-                   help="PEFT folder (adapter_config.json + adapter_model.safetensors); NAME defaults to its name")
+                   help="PEFT folder (adapter_config.json + adapter_model.safetensors); NAME defaults to its name. "
+                        "To a build of programs: [NAME=]ARCHIVE.pt2")
+    a.add_argument("--model", help="to a build of programs: the model of a PT2 archive holding several")
     a.add_argument("--json", action="store_true", help="print the updated manifest as JSON instead of progress")
     a.set_defaults(func=_cmd_add)
 
@@ -245,8 +282,11 @@ def parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the build's tokenizer (BOS "
                                                          "added where the model's tokenizer adds it); streams the "
                                                          "generated text, stopping at an end-of-sequence token")
+    prompt.add_argument("--input", metavar="NPY", action="append",
+                        help="a program of PT2 archives: one .npy per forward input, in order (repeat the flag)")
     prompt.add_argument("--chat", metavar="TEXT", help="like --prompt, with TEXT as one user message in the "
                                                        "checkpoint's chat template (needs transformers)")
+    r.add_argument("--output", metavar="PATH", help="with --input: forward's output as .npy (several: .npz)")
     r.add_argument("--tokenizer", metavar="DIR", help="for --prompt/--chat: the build folder with manifest.json and "
                                                       "the tokenizer files (default: the --ptd's folder)")
     r.add_argument("--max-new-tokens", type=int, default=16, help="most tokens to generate (default 16)")

@@ -147,6 +147,16 @@ class EnvelopeConfig:
                            "set of slots instead of one in all", False)
 
 
+@dataclass
+class ProgramConfig:
+    """One exported model from a PT2 archive: its forward lowered to ExecuTorch, the tensors it shares
+    with the deployment's other programs read from foundation.ptd."""
+
+    name: str = _f("program name; the output is <name>.pte", pattern=NAME_RE.pattern)
+    pt2: Path = _f("PT2 archive: torch.export.save's, or package_pt2's holding several models", path=True)
+    model: Optional[str] = _f("which model of the archive (default: its only one)", None)
+
+
 HOIST = "hoist"
 
 
@@ -164,8 +174,12 @@ class DedupConfig:
 class BuildConfig:
     """What ``lora-share build`` reads."""
 
-    foundation: FoundationConfig = _f("the shared base model")
-    adapters: list[AdapterConfig] = _f("LoRA adapters, one .pte each")
+    foundation: Optional[FoundationConfig] = _f("the shared base model (required unless the config lists programs)",
+                                                None)
+    adapters: Optional[list[AdapterConfig]] = _f("LoRA adapters, one .pte each (required with a foundation)", None)
+    programs: Optional[list[ProgramConfig]] = _f(
+        "exported models from PT2 archives instead of a foundation and adapters: one .pte each, every tensor "
+        "two or more of them share stored once in foundation.ptd", None)
     lora_envelope: Optional[EnvelopeConfig] = _f(
         "the LoRA targets, layers and largest rank the deployment's program accepts (default: what this "
         "config's adapters need, on every layer)", None)
@@ -270,8 +284,47 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
+def _check_programs(programs: list[ProgramConfig], L: _Loader) -> None:
+    """Names unique, each archive readable and holding the model named (or only one)."""
+    from .formats.errors import FormatError
+    from .formats.pt2 import archive_models
+
+    if not programs:
+        L.problem("programs", "list at least one program")
+    seen: dict[str, int] = {}
+    for i, p in enumerate(programs):
+        if p is None:
+            continue
+        key = f"programs[{i}]"
+        if p.name in seen:
+            L.problem(f"{key}.name", f"{p.name!r} is already used by programs[{seen[p.name]}]")
+        elif p.name is not None:
+            seen[p.name] = i
+        if p.pt2 is None:
+            continue
+        try:
+            models = archive_models(p.pt2)
+        except FormatError as e:
+            L.problem(f"{key}.pt2", str(e))
+            continue
+        if p.model is None and len(models) > 1:
+            L.problem(f"{key}.model", f"missing: {p.pt2} holds {len(models)} models ({', '.join(models)}); name one")
+        elif p.model is not None and p.model not in models:
+            L.problem(f"{key}.model", f"{p.pt2} has no model {p.model!r}; it holds {', '.join(models)}")
+
+
 def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
     """Cross-field rules the types cannot express."""
+    if cfg.programs is not None:
+        _check_programs(cfg.programs, L)
+        for key in ("foundation", "adapters", "lora_envelope", "dedup"):
+            if getattr(cfg, key) is not None:
+                L.problem(key, "a config of programs has no foundation, adapters, lora_envelope or dedup: "
+                               "put those in a config of their own")
+        return
+    for f in dataclasses.fields(BuildConfig):
+        if f.name in ("foundation", "adapters") and getattr(cfg, f.name) is None:
+            L.problem(f.name, f"missing (required: {f.metadata['help']})")
     fnd = cfg.foundation
     if fnd is not None:
         if (fnd.checkpoint is None) == (fnd.synthetic is None):

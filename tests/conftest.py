@@ -237,3 +237,33 @@ def untied_build(tmp_path_factory) -> Build:
     greedy tokens that differ from step to step and from adapter to adapter."""
     folder = tmp_path_factory.mktemp("untied")
     return build_config(write_config(folder, {"synthetic": TINY_UNTIED, "max_seq_len": 32}, TINY_ADAPTERS))
+
+
+@dataclass
+class ProgramsBuild:
+    """A deployment of programs from PT2 archives (tests/pt2_models.py): see ``programs_build``."""
+
+    archives: object  # pt2_models.Archives
+    out_dir: Path
+    manifest: dict
+
+
+@pytest.fixture(scope="session")
+def pt2_archives(tmp_path_factory):
+    """The PT2 archives of tests/pt2_models.py, written once."""
+    from pt2_models import write_archives
+
+    return write_archives(tmp_path_factory.mktemp("pt2"))
+
+
+@pytest.fixture(scope="session")
+def programs_build(pt2_archives) -> ProgramsBuild:
+    """Five programs from four archives (one of them holding two models) built into one deployment."""
+    from pt2_models import PROGRAMS_YAML
+
+    from lora_share.programs.build import build_programs
+
+    out = pt2_archives.folder / "out"
+    config = pt2_archives.folder / "programs.yaml"
+    config.write_text(PROGRAMS_YAML.format(out=out, a=pt2_archives))
+    return ProgramsBuild(pt2_archives, out, build_programs(config, quiet=True))
