@@ -115,3 +115,13 @@ def test_c_example_builds_against_the_unpacked_package(bundle, runner_bin, untie
     name = "tiny_b"
     got = run(c_app, untied_build.ptd, untied_build.ptes[name], "1,17,42", NEW, arch=arch, env={}).stdout.split()
     assert [int(t) for t in got] == x86_tokens(runner_bin, untied_build, name)
+
+
+def test_c_example_chats_in_text_with_no_environment(bundle, text_build, tmp_path):
+    """The bundle's library carries the text calls: c_app --chat answers as the checkout's build does."""
+    arch, root = bundle
+    folder, question = text_build.build.out_dir, "Why is the sky blue?"
+    c_app = build_c_app(root, tmp_path / "c_app", arch=arch)
+    got = run(c_app, "--chat", folder, TEXT_ADAPTER, question, NEW, arch=arch, env={}).stdout
+    local = build_c_app(REPO / "build/install", tmp_path / "c_app_local")
+    assert got == run(local, "--chat", folder, TEXT_ADAPTER, question, NEW).stdout and got != "\n"

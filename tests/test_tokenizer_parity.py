@@ -12,6 +12,7 @@ with lstrip / rstrip / single_word / normalized), with the library again as the 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import random
 import subprocess
@@ -357,3 +358,65 @@ def test_merge_outside_the_vocab_is_refused(tokenize_bin, tokenizers_dir, tmp_pa
     path.write_text(json.dumps(spec))
     assert f"{path}: model.merges[3]: merge 'Ġzzzq Ġzzzr' uses a token missing from the vocab" in _refused(
         tokenize_bin, path)
+
+
+@pytest.fixture(scope="module")
+def c_library(runner_bin) -> Path:
+    """build/liblora_share.so, whose ls_tokenize / ls_detokenize run the same tokenizer inside the library."""
+    return runner_bin.parent / "liblora_share.so"
+
+
+@pytest.mark.parametrize("style", ["llama3", "llama2", "gpt2", "metaspace"])
+def test_c_api_tokenize_and_detokenize_equal_the_library(c_library, tokenizers_dir, style):
+    """ls_tokenize and ls_detokenize (through lora_share/inference/c_library.py) on the same strings as
+    test_encode_decode_parity: ids and text equal the `tokenizers` library's."""
+    from lora_share.inference import c_library as native
+
+    folder = tokenizers_dir[style]
+    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    specials = [t.content for t in lib.get_added_tokens_decoder().values()]
+    strings = make_strings(specials, seed=sum(map(ord, style)))
+    bad = []
+    with native.open_tokenizer(folder / "tokenizer.json", library=c_library) as tok:
+        for s in strings:
+            for add in (True, False):
+                if tok.encode(s, add) != lib.encode(s, add_special_tokens=add).ids:
+                    bad.append(("encode", add, s))
+            ids = lib.encode(s).ids
+            for skip in (True, False):
+                if tok.decode(ids, skip) != lib.decode(ids, skip_special_tokens=skip):
+                    bad.append(("decode", skip, ids))
+    assert not bad, f"{len(bad)} of {len(strings) * 4} differ; first ones: {bad[:5]}"
+
+
+def test_c_api_detokenize_streams_whole_characters(c_library, tokenizers_dir):
+    """ls_detokenize one id at a time, then a flush: the pieces are StreamDecoder's contract computed in
+    Python (expected_stream) on real text and on random byte-fallback runs that end inside characters."""
+    from lora_share.inference import c_library as native
+
+    folder = tokenizers_dir["llama2"]
+    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = lib.get_vocab(with_added_tokens=True)
+    specials = [t.content for t in lib.get_added_tokens_decoder().values()]
+    sequences = [lib.encode(s).ids for s in make_strings(specials, seed=5, n=200)]
+    sequences += random_id_sequences(len(vocab), byte_fallback_ids(vocab), seed=3, n=200)
+    with native.open_tokenizer(folder / "tokenizer.json", library=c_library) as tok:
+        for ids in sequences:
+            with tok.stream() as stream:
+                pieces = [stream.push([i]) for i in ids] + [stream.push([], flush=True)]
+            assert pieces == expected_stream(lib, ids), ids
+
+
+def test_c_api_refuses_bad_text_and_files(c_library, tokenizers_dir, tmp_path):
+    from lora_share.inference import c_library as native
+
+    with native.open_tokenizer(tokenizers_dir["llama3"] / "tokenizer.json", library=c_library) as tok:
+        data = b"ab\xffcd"
+        n, err = ctypes.c_size_t(0), native._Error()
+        assert tok.lib.ls_tokenize(tok.handle, data, len(data), 1, None, 0, ctypes.byref(n), ctypes.byref(err)) == 4
+        assert b"UTF-8" in err.message
+        with pytest.raises(native.NativeError, match="no chat template"):
+            tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    (tmp_path / "tokenizer.json").write_text("{")
+    with pytest.raises(native.NativeError, match="LS_ERR_LOAD.*tokenizer.json"):
+        native.open_tokenizer(tmp_path / "tokenizer.json", library=c_library)

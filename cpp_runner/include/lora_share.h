@@ -219,6 +219,94 @@ LS_API ls_status ls_context_length(ls_runtime* runtime, const char* name,
 LS_API ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats,
                            ls_error* error);
 
+/* TEXT. A build whose checkpoint shipped a tokenizer has its tokenizer.json
+ * (and manifest.json's tokenizer section: EOS ids, the chat template resolved
+ * into text pieces) beside foundation.ptd. These calls use those files, with
+ * the semantics of Hugging Face's `tokenizers` library, and render chat
+ * messages as build/lora-share-server does: no tokenizer of your own needed.
+ * A tokenizer may be used from several threads (its calls are serialised);
+ * a detokenizer from one thread at a time. */
+typedef struct ls_tokenizer ls_tokenizer;
+typedef struct ls_detokenizer ls_detokenizer;
+
+typedef struct {
+  const char* role;    /* "system", "user", "assistant": the template's roles */
+  const char* content; /* UTF-8, NUL-terminated */
+} ls_chat_message;
+
+/* A tokenizer from files: `path` a build's output folder (its manifest.json's
+ * tokenizer, checked against its foundation.ptd as the runner checks it: the
+ * chat template and EOS ids come with it) or a tokenizer.json file alone (no
+ * chat template). Close it with ls_tokenizer_close. */
+LS_API ls_tokenizer* ls_tokenizer_open(const char* path, ls_error* error);
+/* NULL is ignored. Not for the runtime's own (ls_runtime_tokenizer). */
+LS_API void ls_tokenizer_close(ls_tokenizer* tokenizer);
+/* The tokenizer of the build beside the runtime's foundation.ptd (bound on
+ * first ask, checked against the foundation), owned by the runtime: valid
+ * until ls_close. LS_ERR_NOT_FOUND when the build has none. */
+LS_API ls_tokenizer* ls_runtime_tokenizer(ls_runtime* runtime, ls_error* error);
+
+/* Encodes `length` bytes of UTF-8 `text` (add_special nonzero: with the
+ * tokenizer's special tokens, BOS where the model has one, as
+ * `Tokenizer.encode(text).ids`). Sets *n_ids to the number of ids; writes
+ * them to `ids` only when `capacity` holds them all (call with capacity 0 to
+ * size a buffer). Text that is not valid UTF-8 is LS_ERR_REQUEST. */
+LS_API ls_status ls_tokenize(ls_tokenizer* tokenizer, const char* text, size_t length,
+                             int add_special, int64_t* ids, size_t capacity,
+                             size_t* n_ids, ls_error* error);
+
+/* Text from ids as they arrive: each ls_detokenize call takes the next `n`
+ * ids (n may be 0) and sets *text / *length to the text they complete (valid
+ * until the next call on `detokenizer`): never part of a UTF-8 character,
+ * text is held back while it ends inside one. `flush` nonzero hands out
+ * what is held back too (the end of the output). The pieces joined are
+ * `Tokenizer.decode(all ids, skip_special_tokens)`. */
+LS_API ls_detokenizer* ls_detokenizer_new(ls_tokenizer* tokenizer, int skip_special,
+                                          ls_error* error);
+LS_API void ls_detokenizer_free(ls_detokenizer* detokenizer);
+LS_API ls_status ls_detokenize(ls_detokenizer* detokenizer, const int64_t* ids, size_t n,
+                               int flush, const char** text, size_t* length,
+                               ls_error* error);
+
+/* The prompt text of `n` chat messages in the build's chat template (with
+ * the generation prompt), as build/lora-share-server renders them; encode it
+ * with add_special = 0 (the template holds its special tokens). Sets *length
+ * to its bytes; writes them and a NUL to `buffer` only when `capacity` holds
+ * length + 1. LS_ERR_NOT_FOUND: the build has no chat template;
+ * LS_ERR_REQUEST: a role the template does not know. */
+LS_API ls_status ls_apply_chat_template(ls_tokenizer* tokenizer, const ls_chat_message* messages,
+                                        size_t n, char* buffer, size_t capacity,
+                                        size_t* length, ls_error* error);
+
+/* Called with each piece of generated text (UTF-8, whole characters, not
+ * NUL-terminated). Return 0 to go on, nonzero to stop. */
+typedef int (*ls_text_callback)(const char* text, size_t length, void* user_data);
+
+typedef enum {
+  LS_FINISH_LENGTH = 0,  /* max_new_tokens generated */
+  LS_FINISH_EOS = 1,     /* an end-of-sequence id ended it (OpenAI's "stop") */
+  LS_FINISH_CALLBACK = 2 /* the callback asked to stop */
+} ls_finish_reason;
+
+typedef struct {
+  uint64_t prompt_tokens;     /* the prompt's ids */
+  uint64_t completion_tokens; /* generated ids, an EOS that ended it excluded */
+  ls_finish_reason finish_reason;
+} ls_text_result;
+
+/* ls_generate_named with text: `prompt` (UTF-8) encoded with the runtime's
+ * tokenizer and its special tokens, the answer decoded as it arrives and
+ * handed to on_text (may be NULL) in whole characters; EOS ids are never
+ * text. `result` (may be NULL) says how it ended. */
+LS_API ls_status ls_generate_text(ls_runtime* runtime, const char* name, const char* prompt,
+                                  const ls_generate_options* options, ls_text_callback on_text,
+                                  void* user_data, ls_text_result* result, ls_error* error);
+/* ls_generate_text for chat messages rendered by ls_apply_chat_template. */
+LS_API ls_status ls_generate_chat(ls_runtime* runtime, const char* name,
+                                  const ls_chat_message* messages, size_t n,
+                                  const ls_generate_options* options, ls_text_callback on_text,
+                                  void* user_data, ls_text_result* result, ls_error* error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -145,6 +145,13 @@ class AdapterPool {
   StatusOr<AdapterInfo> info(size_t index) const;
   LoadingInfo loading() const;
 
+  // The foundation file ("" for the runner's self-contained programs) and
+  // the fingerprint its record names ("" without one).
+  const std::string& ptd() const { return options_.ptd; }
+  std::string foundation_fingerprint() const {
+    return files_.foundation.record.present ? files_.foundation.record.fingerprint : "";
+  }
+
   // The build's end-of-sequence ids (manifest.h, read_eos_ids); may be none.
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
 

@@ -67,6 +67,15 @@ ls_status missing(ls_error* error, const char* what) {
   return LS_ERR_ARGUMENT;
 }
 
+std::string unknown_adapter_message(ls_runtime* rt, const std::string& name) {
+  std::string known;
+  for (size_t i = 0; i < rt->pool->size(); ++i) known += (known.empty() ? "" : ", ") + rt->pool->name(i);
+  return "no adapter named '" + name + "' (known: " + (known.empty() ? "none" : known) +
+         (name == lora_share::kBaseName
+              ? "; 'base', the foundation alone, has no handle: pass a NULL adapter to ls_generate)"
+              : ")");
+}
+
 ls_status check_owner(ls_runtime* runtime, const ls_adapter* adapter, ls_error* error) {
   if (adapter == nullptr || adapter->runtime == runtime) return LS_OK;
   set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name + "' belongs to another runtime");

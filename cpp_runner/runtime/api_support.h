@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "adapter_pool.h"
+#include "binding.h"
 #include "lora_share.h"
 
 struct ls_adapter {
@@ -20,6 +21,13 @@ struct ls_adapter {
   size_t index;
   std::string name;
   std::string pte;
+};
+
+// A tokenizer and what the build says of it (EOS ids, chat template). Its
+// lock serialises its calls: the BPE cache is not thread-safe.
+struct ls_tokenizer {
+  lora_share::tok::BoundTokenizer bound;
+  std::mutex lock;
 };
 
 struct ls_runtime {
@@ -31,6 +39,7 @@ struct ls_runtime {
   std::atomic<std::thread::id> owner{};  // the thread holding `lock`
   // Messages name build/runner's flags (ls_diag_options.runner_messages).
   bool runner_messages = false;
+  std::unique_ptr<ls_tokenizer> tokenizer;  // bound on first ask (ls_runtime_tokenizer)
 };
 
 namespace lora_share::capi {
@@ -73,6 +82,9 @@ class Guard {
 
 // LS_ERR_BUSY: a call from inside this runtime's callback.
 ls_status busy(ls_error* error);
+
+// "no adapter named 'x' (known: a, b)": LS_ERR_NOT_FOUND's message.
+std::string unknown_adapter_message(ls_runtime* rt, const std::string& name);
 
 // The handle of pool entry `index`, made on first ask.
 ls_adapter* handle_for(ls_runtime* rt, size_t index);

@@ -117,16 +117,7 @@ ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name, ls_error* 
   try {
     int64_t index = runtime->pool->find(name);
     if (index < 0) {
-      std::string known;
-      for (size_t i = 0; i < runtime->pool->size(); ++i)
-        known += (known.empty() ? "" : ", ") + runtime->pool->name(i);
-      set_error(error, LS_ERR_NOT_FOUND,
-                std::string("no adapter named '") + name + "' (known: " +
-                    (known.empty() ? "none" : known) +
-                    (std::strcmp(name, lora_share::kBaseName) == 0
-                         ? "; 'base', the foundation alone, has no handle: pass a NULL adapter to "
-                           "ls_generate)"
-                         : ")"));
+      set_error(error, LS_ERR_NOT_FOUND, unknown_adapter_message(runtime, name));
       return nullptr;
     }
     clear_error(error);

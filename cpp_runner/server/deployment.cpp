@@ -25,34 +25,6 @@ StatusOr<json> read_manifest_json(const std::string& dir) {
   return manifest;
 }
 
-// The chat format the build resolved from the tokenizer's chat template.
-StatusOr<ChatFormat> read_chat_format(const json& j, const std::string& dir) {
-  const std::string where = dir + "/manifest.json: tokenizer.chat_format";
-  ChatFormat format;
-  if (!j.contains("prefix") || !j["prefix"].is_string() || !j.contains("generation_prompt") ||
-      !j["generation_prompt"].is_string() || !j.contains("roles") || !j["roles"].is_object()) {
-    return Status::usage(where + " needs string prefix and generation_prompt and a roles object: rebuild");
-  }
-  format.prefix = j["prefix"].get<std::string>();
-  format.generation_prompt = j["generation_prompt"].get<std::string>();
-  format.trim_content = j.value("trim_content", false);
-  for (const auto& [role, pieces] : j["roles"].items()) {
-    if (!pieces.is_array() || pieces.size() != 2 || !pieces[0].is_string() || !pieces[1].is_string()) {
-      return Status::usage(where + ".roles." + role + " must be [before, after] strings: rebuild");
-    }
-    format.roles.push_back({role, {pieces[0].get<std::string>(), pieces[1].get<std::string>()}});
-  }
-  return format;
-}
-
-// Python's str.strip() on ASCII whitespace, as Jinja's `trim` filter does for it.
-std::string trim(const std::string& text) {
-  const char* space = " \t\n\r\f\v";
-  const size_t first = text.find_first_not_of(space);
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(space) - first + 1);
-}
-
 }  // namespace
 
 bool Deployment::knows(const std::string& name) const {
@@ -75,19 +47,12 @@ StatusOr<std::vector<int64_t>> Deployment::prompt_ids(const CompletionRequest& r
     return Status::usage("this deployment's tokenizer has no chat template: use /v1/completions");
   }
   // The template's text already holds the special tokens it wants (BOS
-  // included), so it is encoded without adding any, as transformers'
-  // apply_chat_template(tokenize=True) does.
-  std::string text = chat->prefix;
-  for (const ChatMessage& m : request.messages) {
-    auto role = std::find_if(chat->roles.begin(), chat->roles.end(),
-                             [&](const auto& r) { return r.first == m.role; });
-    if (role == chat->roles.end()) {
-      return Status::usage("messages: role '" + m.role + "' is not one this model's chat template knows");
-    }
-    text += role->second.first + (chat->trim_content ? trim(m.content) : m.content) + role->second.second;
-  }
-  text += chat->generation_prompt;
-  auto ids = tokenizer->encode(text, /*add_special_tokens=*/false);
+  // included), so it is encoded without adding any.
+  std::vector<tok::ChatTurn> turns;
+  for (const ChatMessage& m : request.messages) turns.push_back({m.role, m.content});
+  auto text = tok::render_chat(*chat, turns);
+  if (!text.ok()) return text.status();
+  auto ids = tokenizer->encode(text.value(), /*add_special_tokens=*/false);
   if (!ids.ok()) return Status::usage("messages: " + ids.status().message());
   return ids;
 }
@@ -115,12 +80,7 @@ static StatusOr<Deployment> read_deployment(const std::string& dir) {
     return d;
   }
   d.eos_ids = (*bound)->eos_token_ids;
-  if (auto chat = (*manifest)["tokenizer"].find("chat_format"); chat != (*manifest)["tokenizer"].end() &&
-                                                                  chat->is_object()) {
-    auto format = read_chat_format(*chat, dir);
-    if (!format.ok()) return format.status();
-    d.chat = std::move(format.value());
-  }
+  d.chat = std::move((*bound)->chat);
   d.tokenizer.emplace(std::move((*bound)->tokenizer));
   return d;
 }

@@ -10,22 +10,11 @@
 #include <vector>
 
 #include "status.h"
+#include "chat_format.h"
 #include "tokenizer.h"
 #include "openai.h"
 
 namespace lora_share::server {
-
-// The chat template, as the build resolved it into plain text pieces
-// (manifest.json tokenizer.chat_format, lora_share/tokenizer/chat_format.py): prompt =
-// prefix + for each message roles[role].first + content + roles[role].second,
-// + generation_prompt; each content stripped of surrounding whitespace first
-// when trim_content (Llama 3's template trims).
-struct ChatFormat {
-  std::string prefix;
-  bool trim_content = false;
-  std::vector<std::pair<std::string, std::pair<std::string, std::string>>> roles;
-  std::string generation_prompt;
-};
 
 struct Deployment {
   std::string dir;
@@ -33,7 +22,7 @@ struct Deployment {
   std::optional<tok::Tokenizer> tokenizer;  // none: the build has no tokenizer
   std::string no_tokenizer_reason;          // why not, for error messages
   std::vector<int64_t> eos_ids;
-  std::optional<ChatFormat> chat;
+  std::optional<tok::ChatFormat> chat;  // the build's chat template, resolved (chat_format.h)
 
   // An adapter of the manifest, or "base" (the foundation alone).
   bool knows(const std::string& name) const;

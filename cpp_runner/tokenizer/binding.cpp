@@ -126,8 +126,14 @@ StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const std::string& ptd, c
   if (section.contains("bos_token_id") && section.at("bos_token_id").is_number_integer()) {
     bos = section.at("bos_token_id").get<int64_t>();
   }
-  return std::optional<BoundTokenizer>(
-      BoundTokenizer{folder, std::move(tokenizer.value()), ids_at(section, "eos_token_ids"), bos});
+  std::optional<ChatFormat> chat;
+  if (section.contains("chat_format") && section.at("chat_format").is_object()) {
+    auto format = read_chat_format(section.at("chat_format"), manifest_path + ": tokenizer.chat_format");
+    if (!format.ok()) return format.status();
+    chat = std::move(format.value());
+  }
+  return std::optional<BoundTokenizer>(BoundTokenizer{folder, std::move(tokenizer.value()),
+                                                      ids_at(section, "eos_token_ids"), bos, std::move(chat)});
 }
 
 }  // namespace lora_share::tok

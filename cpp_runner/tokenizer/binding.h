@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "chat_format.h"
 #include "status.h"
 #include "tokenizer.h"
 
@@ -22,6 +23,7 @@ struct BoundTokenizer {
   Tokenizer tokenizer;
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;
+  std::optional<ChatFormat> chat;  // none: the build resolved no chat template
 };
 
 // The folder a --ptd's tokenizer is looked for in by default: the .ptd's own.

@@ -15,7 +15,7 @@ import ctypes
 import os
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_LIBRARY = REPO / "build" / "liblora_share.so"
 
 STATUS_NAMES = ["LS_OK", "LS_ERR_ARGUMENT", "LS_ERR_NOT_FOUND", "LS_ERR_LOAD", "LS_ERR_REQUEST", "LS_ERR_RUN",
@@ -54,7 +54,19 @@ class _Stats(ctypes.Structure):
                 ("largest_adapter_bytes", ctypes.c_uint64), ("process_pss_bytes", ctypes.c_int64)]
 
 
+class _ChatMessage(ctypes.Structure):
+    _fields_ = [("role", ctypes.c_char_p), ("content", ctypes.c_char_p)]
+
+
+class _TextResult(ctypes.Structure):
+    _fields_ = [("prompt_tokens", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64),
+                ("finish_reason", ctypes.c_int)]
+
+
+FINISH_REASONS = ["length", "stop", "callback"]  # ls_finish_reason, as OpenAI names the first two
+
 TOKEN_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_void_p)
+TEXT_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t, ctypes.c_void_p)
 _P = ctypes.c_void_p
 _ERR = ctypes.POINTER(_Error)
 
@@ -82,6 +94,25 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
                                              ctypes.POINTER(_GenerateOptions), TOKEN_CALLBACK, ctypes.c_void_p,
                                              _ERR]),
         "ls_stats": (ctypes.c_int, [_P, ctypes.POINTER(_Stats), _ERR]),
+        "ls_tokenizer_open": (_P, [ctypes.c_char_p, _ERR]),
+        "ls_tokenizer_close": (None, [_P]),
+        "ls_runtime_tokenizer": (_P, [_P, _ERR]),
+        "ls_tokenize": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                                       ctypes.POINTER(ctypes.c_size_t), _ERR]),
+        "ls_detokenizer_new": (_P, [_P, ctypes.c_int, _ERR]),
+        "ls_detokenizer_free": (None, [_P]),
+        "ls_detokenize": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_int,
+                                         ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
+                                         ctypes.POINTER(ctypes.c_size_t), _ERR]),
+        "ls_apply_chat_template": (ctypes.c_int, [_P, ctypes.POINTER(_ChatMessage), ctypes.c_size_t,
+                                                  ctypes.c_char_p, ctypes.c_size_t,
+                                                  ctypes.POINTER(ctypes.c_size_t), _ERR]),
+        "ls_generate_text": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_GenerateOptions),
+                                            TEXT_CALLBACK, ctypes.c_void_p, ctypes.POINTER(_TextResult), _ERR]),
+        "ls_generate_chat": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(_ChatMessage), ctypes.c_size_t,
+                                            ctypes.POINTER(_GenerateOptions), TEXT_CALLBACK, ctypes.c_void_p,
+                                            ctypes.POINTER(_TextResult), _ERR]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -95,6 +126,103 @@ def _raise(lib, err: _Error) -> None:
 
 def _path(p) -> bytes | None:
     return None if p is None else os.fsencode(p)
+
+
+def _messages(messages: list[dict]):
+    """OpenAI-shaped messages as an ls_chat_message array (and the bytes it points to, kept alive)."""
+    array = (_ChatMessage * len(messages))()
+    for i, m in enumerate(messages):
+        array[i].role, array[i].content = m["role"].encode(), m["content"].encode()
+    return array
+
+
+class Tokenizer:
+    """An ls_tokenizer: a build's (``open_tokenizer``) or a runtime's (``Runtime.tokenizer``, owned by it)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int, owned: bool):
+        self.lib, self.handle, self.owned = lib, handle, owned
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.owned and self.handle:
+            self.lib.ls_tokenizer_close(self.handle)
+        self.handle = None
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """ls_tokenize: sized by a first call with no buffer, then filled."""
+        data, n, err = text.encode(), ctypes.c_size_t(0), _Error()
+        if self.lib.ls_tokenize(self.handle, data, len(data), int(add_special), None, 0, ctypes.byref(n),
+                                ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        ids = (ctypes.c_int64 * max(n.value, 1))()
+        if self.lib.ls_tokenize(self.handle, data, len(data), int(add_special), ids, n.value, ctypes.byref(n),
+                                ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        return list(ids[:n.value])
+
+    def stream(self, skip_special: bool = True) -> "Detokenizer":
+        err = _Error()
+        h = self.lib.ls_detokenizer_new(self.handle, int(skip_special), ctypes.byref(err))
+        if not h:
+            _raise(self.lib, err)
+        return Detokenizer(self.lib, h)
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        with self.stream(skip_special) as d:
+            return d.push(ids, flush=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        """ls_apply_chat_template: the prompt text of ``[{"role", "content"}, ...]``."""
+        array, n, err = _messages(messages), ctypes.c_size_t(0), _Error()
+        if self.lib.ls_apply_chat_template(self.handle, array, len(messages), None, 0, ctypes.byref(n),
+                                           ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        buffer = ctypes.create_string_buffer(n.value + 1)
+        if self.lib.ls_apply_chat_template(self.handle, array, len(messages), buffer, n.value + 1, ctypes.byref(n),
+                                           ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        return buffer.raw[:n.value].decode()
+
+
+class Detokenizer:
+    """An ls_detokenizer: ``push(ids)`` returns the text those ids complete (whole characters only)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int):
+        self.lib, self.handle = lib, handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.ls_detokenizer_free(self.handle)
+            self.handle = None
+
+    def push(self, ids: list[int], flush: bool = False) -> str:
+        array = (ctypes.c_int64 * max(len(ids), 1))(*ids)
+        text, n, err = ctypes.POINTER(ctypes.c_char)(), ctypes.c_size_t(0), _Error()
+        if self.lib.ls_detokenize(self.handle, array, len(ids), int(flush), ctypes.byref(text), ctypes.byref(n),
+                                  ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        return ctypes.string_at(text, n.value).decode()
+
+
+def open_tokenizer(path, library=None) -> Tokenizer:
+    """ls_tokenizer_open: a build folder's tokenizer (checked against its foundation) or a tokenizer.json."""
+    lib = load_library(library)
+    err = _Error()
+    h = lib.ls_tokenizer_open(_path(path), ctypes.byref(err))
+    if not h:
+        _raise(lib, err)
+    return Tokenizer(lib, h, owned=True)
 
 
 class Adapter:
@@ -169,6 +297,47 @@ class Runtime:
         if status != 0:
             _raise(self.lib, err)
         return out
+
+    def tokenizer(self) -> Tokenizer:
+        """ls_runtime_tokenizer: the build's, owned by the runtime."""
+        err = _Error()
+        h = self.lib.ls_runtime_tokenizer(self.handle, ctypes.byref(err))
+        if not h:
+            _raise(self.lib, err)
+        return Tokenizer(self.lib, h, owned=False)
+
+    def generate_text(self, adapter: str, prompt: str | list[dict], max_new_tokens: int = 16,
+                      temperature: float = 0.0, seed: int = 0, ignore_eos: bool = False, on_text=None,
+                      stop_after: int | None = None) -> tuple[str, dict]:
+        """ls_generate_text (``prompt`` a string) or ls_generate_chat (a list of messages) for the adapter
+        called ``adapter`` ("base": the foundation alone): the text, and the ls_text_result as a dict
+        (``finish_reason`` "length", "stop" or "callback"). ``on_text(piece)`` gets each piece as it comes;
+        ``stop_after`` makes the callback ask to stop after that many pieces."""
+        pieces: list[str] = []
+
+        def on_piece(data, length, _user):
+            piece = ctypes.string_at(data, length).decode()
+            pieces.append(piece)
+            if on_text is not None:
+                on_text(piece)
+            return 1 if stop_after is not None and len(pieces) >= stop_after else 0
+
+        callback = TEXT_CALLBACK(on_piece)
+        opts = _GenerateOptions(max_new_tokens, temperature, seed, int(ignore_eos))
+        result, err = _TextResult(), _Error()
+        if isinstance(prompt, str):
+            status = self.lib.ls_generate_text(self.handle, adapter.encode(), prompt.encode(), ctypes.byref(opts),
+                                               callback, None, ctypes.byref(result), ctypes.byref(err))
+        else:
+            array = _messages(prompt)
+            status = self.lib.ls_generate_chat(self.handle, adapter.encode(), array, len(prompt),
+                                               ctypes.byref(opts), callback, None, ctypes.byref(result),
+                                               ctypes.byref(err))
+        if status != 0:
+            _raise(self.lib, err)
+        return "".join(pieces), {"prompt_tokens": result.prompt_tokens,
+                                 "completion_tokens": result.completion_tokens,
+                                 "finish_reason": FINISH_REASONS[result.finish_reason]}
 
     def stats(self) -> dict:
         """ls_stats as a dict of its fields."""
