@@ -44,7 +44,7 @@ uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes) {
 
 uint64_t program_cost_bytes(uint64_t program_bytes, int methods) {
   // Each method's state and XNNPACK's runtimes and operators: 4 MiB is what one
-  // loaded adapter cost before adapters were data (README, "Measured"); the
+  // loaded adapter cost before adapters were data (docs/decoding.md); the
   // decode method added ~4 MiB of PSS after load at SmolLM2-135M.
   return program_bytes + program_bytes / 5 + static_cast<uint64_t>(methods) * (uint64_t{4} << 20);
 }

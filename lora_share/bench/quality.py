@@ -49,7 +49,7 @@ DOC_PATTERN = "*.rst.txt"
 # The 8da4w foundation on the grid of the model's own file: its GGUF is Q4_1 (groups of 32 with a scale
 # and a minimum) with a Q8_0 embedding, so the int4 groups are asymmetric (Q4_1's weights kept exactly),
 # the tied output projection and the embedding int8. ExecuTorch's default symmetric grid re-rounds
-# every Q4_1 weight: 1.64 x fp32 perplexity on this text (README, "Quality").
+# every Q4_1 weight: 1.64 x fp32 perplexity on this text (docs/bench-quality.md).
 VARIANTS = {"fp32": None, "8da4w": {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8",
                                   "embedding": "int8"}}
 MAX_RATIO = 1.03

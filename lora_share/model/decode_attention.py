@@ -3,7 +3,7 @@
 A program's ``decode`` method (model/decoder.py: one token per call) computes each layer's attention by this
 operator instead of XNNPACK's products: XNNPACK takes each head's past keys and values as a product's
 weight and packs them again on every call, which at ~1,000 positions cost more of a SmolLM2-135M
-decode step than its weights' products (README, "Against llama.cpp"). The C++ runtime's kernel
+decode step than its weights' products (docs/bench-peers.md). The C++ runtime's kernel
 (cpp_runner/runtime/kernels/attend_kernel.cpp) reads the cache where it lies, converts each key row once for
 every query row that reads it, and splits long pasts over the threads.
 

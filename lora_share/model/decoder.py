@@ -294,7 +294,7 @@ class Attention(nn.Module):
     scores and this call's own scores go under one softmax per layer, so a layer has one softmax
     and one pair of probability slices, not one per head (every graph node costs memory in every
     loaded adapter). Of the layouts measured at SmolLM-135M's shape, this one slows least with
-    position (README, "Measured").
+    position (docs/decoding.md, "What was tried before the kept layout").
     """
 
     def __init__(self, args: ModelArgs):

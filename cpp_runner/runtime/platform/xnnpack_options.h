@@ -34,7 +34,7 @@ struct XnnpackState {
 // work to the other threads and waits for them; a decoded token runs a few
 // hundred such ops (three per LoRA slot), most of them tiny, so on a host whose
 // cores are busy with other work that hand-off, not the arithmetic, is most
-// of a small op's time (README, "Threads").
+// of a small op's time (docs/decoding.md, "Threads").
 Status set_threads(int threads);
 
 // The threads ExecuTorch's threadpool runs now.
