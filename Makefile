@@ -131,7 +131,7 @@ ARM64_DEBS := g++-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libutf8proc-dev
 DIST_X86 := dist/lora-share-runtime-$(LS_VERSION)-linux-x86_64.tar.gz
 DIST_AARCH64 := dist/lora-share-runtime-$(LS_VERSION)-linux-aarch64.tar.gz
 
-.PHONY: system-deps-arm64 arm64 test-arm64 dist
+.PHONY: system-deps-arm64 arm64 test-arm64 dist wheel
 
 # The cross compiler, qemu-user and the arm64 builds of the tokenizer's and the server's libraries
 # (Debian multiarch: arm64 is added to dpkg's architectures once).
@@ -179,6 +179,16 @@ $(DIST_AARCH64): $(ARM64_RUNNER) cpp_runner/bundle/README.md
 	$(call make_bundle,build-arm64/cmake)
 
 dist: $(DIST_X86) $(DIST_AARCH64)
+
+# The Python package with the C library inside (lora_share/_native/: liblora_share.so.0 and the ExecuTorch
+# libraries it loads, the bundle's lib/ with its relative RUNPATHs): dist/lora_share-<version>-py3-none-
+# linux_<arch>.whl. `pip install --no-deps` it and lora_share.Runtime runs with no checkout, build or torch;
+# the extra [build] adds the export side (lora-share build).
+wheel: setup runner
+	rm -rf build/wheel && mkdir -p build/wheel
+	cmake --install build/cmake --prefix build/wheel --strip >/dev/null
+	cmake --install build/cmake --prefix build/wheel --strip --component bundle >/dev/null
+	$(PY) cpp_runner/bundle/native_wheel.py build/wheel/lib dist
 
 # The aarch64 programs under qemu-aarch64 against the x86 runner (tests/test_arm64.py), and both
 # bundles unpacked into empty folders (tests/test_dist.py).

@@ -6,6 +6,8 @@ Python API (the CLI calls the same functions)::
     lora_share.validate("configs/llama_adapters.yaml")      # -> BuildConfig, or raises ConfigErrors
     manifest = lora_share.build("configs/llama_adapters.yaml")
     gen = lora_share.run("out/llama_adapters/counter.pte", "out/llama_adapters/foundation.ptd", [1, 17, 42])
+    rt = lora_share.Runtime("out/smollm2")                   # the C library, in-process: no torch needed
+    rt.create_chat_completion([{"role": "user", "content": "Hi"}], adapter="brief")
 """
 
 import logging
@@ -15,7 +17,6 @@ import logging
 logging.getLogger("torchao").setLevel(logging.ERROR)
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
-from .config import load_config as validate  # noqa: E402
 from .errors import ConfigErrors, UserError  # noqa: E402
 
 
@@ -34,4 +35,18 @@ def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, se
     return _run(pte, ptd, tokens, max_new_tokens, temperature, seed, shared_ptd=shared_ptd)
 
 
-__all__ = ["build", "run", "validate", "ConfigErrors", "UserError"]
+def __getattr__(name: str):
+    """Imported on first use: ``Runtime`` (the C library, no torch: all a wheel install needs) and
+    ``validate`` (the config loader) do not pull each other's dependencies in."""
+    if name in ("Runtime", "NativeError"):
+        from .inference import runtime
+
+        return getattr(runtime, name)
+    if name == "validate":
+        from .config import load_config
+
+        return load_config
+    raise AttributeError(f"module 'lora_share' has no attribute {name!r}")
+
+
+__all__ = ["build", "run", "validate", "Runtime", "NativeError", "ConfigErrors", "UserError"]

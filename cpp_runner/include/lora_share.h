@@ -176,6 +176,10 @@ LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte,
 /* The adapter called `name` (manifest name or file stem), loaded or not. */
 LS_API ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name,
                                       ls_error* error);
+/* The adapter registered `index`-th (0 <= index < ls_runtime_stats.
+ * adapters_known: a folder's manifest order, then ls_load_adapter's), loaded
+ * or not; LS_ERR_NOT_FOUND past the end. */
+LS_API ls_adapter* ls_adapter_at(ls_runtime* runtime, size_t index, ls_error* error);
 /* The adapter's name, valid until ls_close; "" for NULL. */
 LS_API const char* ls_adapter_name(const ls_adapter* adapter);
 /* Nonzero when `adapter` is loaded now. */

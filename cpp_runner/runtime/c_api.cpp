@@ -128,6 +128,24 @@ ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name, ls_error* 
   }
 }
 
+ls_adapter* ls_adapter_at(ls_runtime* runtime, size_t index, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime"), nullptr;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error), nullptr;
+  try {
+    if (index >= runtime->pool->size()) {
+      set_error(error, LS_ERR_NOT_FOUND, "no adapter at index " + std::to_string(index) + " (the runtime knows " +
+                                             std::to_string(runtime->pool->size()) + ")");
+      return nullptr;
+    }
+    clear_error(error);
+    return handle_for(runtime, index);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_NOT_FOUND, std::string("ls_adapter_at: ") + e.what());
+    return nullptr;
+  }
+}
+
 const char* ls_adapter_name(const ls_adapter* adapter) {
   return adapter ? adapter->name.c_str() : "";
 }

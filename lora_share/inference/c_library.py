@@ -16,6 +16,9 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Inside an installed wheel (make wheel): the library and the runtime libraries it loads.
+PACKAGED_LIBRARY = Path(__file__).resolve().parents[1] / "_native" / "liblora_share.so.0"
+# In a checkout: what `make runner` builds.
 DEFAULT_LIBRARY = REPO / "build" / "liblora_share.so"
 
 STATUS_NAMES = ["LS_OK", "LS_ERR_ARGUMENT", "LS_ERR_NOT_FOUND", "LS_ERR_LOAD", "LS_ERR_REQUEST", "LS_ERR_RUN",
@@ -72,10 +75,13 @@ _ERR = ctypes.POINTER(_Error)
 
 
 def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
-    """liblora_share.so from ``path``, $LORA_SHARE_LIB or build/, with every function's signature declared."""
-    path = Path(path or os.environ.get("LORA_SHARE_LIB") or DEFAULT_LIBRARY)
+    """liblora_share.so from ``path``, $LORA_SHARE_LIB, the installed package (a wheel's) or a checkout's
+    build/, with every function's signature declared."""
+    path = Path(path or os.environ.get("LORA_SHARE_LIB")
+                or (PACKAGED_LIBRARY if PACKAGED_LIBRARY.exists() else DEFAULT_LIBRARY))
     if not path.exists():
-        raise NativeError("LS_ERR_LOAD", f"{path} does not exist: build it with `make runner`")
+        raise NativeError("LS_ERR_LOAD", f"{path} does not exist: install the lora_share wheel (make wheel), "
+                                         "or build the library in a checkout with `make runner`")
     lib = ctypes.CDLL(str(path))
     signatures = {
         "ls_options_init": (None, [ctypes.POINTER(_Options)]),
@@ -86,6 +92,8 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         "ls_close": (None, [_P]),
         "ls_load_adapter": (_P, [_P, ctypes.c_char_p, _ERR]),
         "ls_adapter_by_name": (_P, [_P, ctypes.c_char_p, _ERR]),
+        "ls_adapter_at": (_P, [_P, ctypes.c_size_t, _ERR]),
+        "ls_context_length": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), _ERR]),
         "ls_adapter_name": (ctypes.c_char_p, [_P]),
         "ls_adapter_resident": (ctypes.c_int, [_P]),
         "ls_generate": (ctypes.c_int, [_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
@@ -308,11 +316,12 @@ class Runtime:
 
     def generate_text(self, adapter: str, prompt: str | list[dict], max_new_tokens: int = 16,
                       temperature: float = 0.0, seed: int = 0, ignore_eos: bool = False, on_text=None,
-                      stop_after: int | None = None) -> tuple[str, dict]:
+                      stop_after: int | None = None, stop=None) -> tuple[str, dict]:
         """ls_generate_text (``prompt`` a string) or ls_generate_chat (a list of messages) for the adapter
         called ``adapter`` ("base": the foundation alone): the text, and the ls_text_result as a dict
         (``finish_reason`` "length", "stop" or "callback"). ``on_text(piece)`` gets each piece as it comes;
-        ``stop_after`` makes the callback ask to stop after that many pieces."""
+        ``stop_after`` makes the callback ask to stop after that many pieces, ``stop()`` returning True
+        at the next piece."""
         pieces: list[str] = []
 
         def on_piece(data, length, _user):
@@ -320,7 +329,7 @@ class Runtime:
             pieces.append(piece)
             if on_text is not None:
                 on_text(piece)
-            return 1 if stop_after is not None and len(pieces) >= stop_after else 0
+            return 1 if (stop_after is not None and len(pieces) >= stop_after) or (stop and stop()) else 0
 
         callback = TEXT_CALLBACK(on_piece)
         opts = _GenerateOptions(max_new_tokens, temperature, seed, int(ignore_eos))
