@@ -243,3 +243,59 @@ def test_add_program_keeps_the_foundation(programs_build, tmp_path):
     np.testing.assert_allclose(got[0], expected[0], atol=1e-5, rtol=0)
     with pytest.raises(UserError, match="already has a program named 'extra'"):
         add_program(out, "extra", programs_build.archives.extra, quiet=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# build/runner and the C API (ls_load_program, ls_run_program)
+
+
+def _runner(runner_bin, *args):
+    import subprocess
+
+    return subprocess.run([str(runner_bin), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_runner_outputs_equal_the_archive_program(programs_build, runner_bin, tmp_path):
+    out = programs_build.out_dir
+    every = [f"--pte={out / name}.pte" for name in _sources(programs_build)]
+    for name, (archive, model) in _sources(programs_build).items():
+        inputs, expected = _expected(archive, model)
+        paths = []
+        for i, x in enumerate(inputs):
+            np.save(tmp_path / f"{name}{i}.npy", x)
+            paths += ["--input", tmp_path / f"{name}{i}.npy"]
+        dest = tmp_path / (f"{name}.npz" if len(expected) > 1 else f"{name}.npy")
+        # Every program loaded in one process against one foundation.ptd; --adapter picks the one to run.
+        result = _runner(runner_bin, *every, "--ptd", out / "foundation.ptd", "--adapter", name, *paths,
+                         "--output", dest)
+        assert result.returncode == 0, result.stderr
+        got = np.load(dest)
+        got = [got[f"output_{i}"] for i in range(len(expected))] if len(expected) > 1 else [got]
+        for g, want in zip(got, expected):
+            assert g.dtype == want.dtype and g.shape == want.shape
+            np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
+def test_runner_bad_input_one_error(programs_build, runner_bin, tmp_path):
+    out = programs_build.out_dir
+    np.save(tmp_path / "f.npy", np.zeros((1, 8, 32), np.float32))
+    np.savez(tmp_path / "two.npz", np.zeros(3))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "f.npy").read_bytes()[:200])
+    cases = {"f.npy": "input 0: forward takes int64[1, 8], got float32[1, 8, 32]",
+             "two.npz": "not a .npy file", "cut.npy": "truncated"}
+    for file, message in cases.items():
+        result = _runner(runner_bin, "--pte", out / "lm.pte", "--ptd", out / "foundation.ptd",
+                         "--input", tmp_path / file, "--output", tmp_path / "o.npz")
+        assert result.returncode == 2 and message in result.stderr, (file, result.stderr)
+        assert not (tmp_path / "o.npz").exists()
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(out / "base.pte", lone)
+    other = read_ptd(out / "foundation.ptd")
+    assert other.entries  # base.pte needs them: against an empty data file it names what is missing
+    from lora_share.programs.build import encode_foundation_ptd
+
+    (lone / "foundation.ptd").write_bytes(encode_foundation_ptd({}))
+    result = _runner(runner_bin, "--pte", lone / "base.pte", "--ptd", lone / "foundation.ptd",
+                     "--input", tmp_path / "f.npy")
+    assert result.returncode == 1 and "has no data for key" in result.stderr, result.stderr

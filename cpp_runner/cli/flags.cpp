@@ -153,6 +153,20 @@ const FlagSpec kFlags[] = {
        o.serve = true;
        return Status();
      }},
+    {"input", "NPY", "(none)",
+     "a program built from PT2 archives: one .npy per forward input, in "
+     "order (repeat the flag); runs the --adapter's program (default: the "
+     "first --pte) once on them",
+     [](Options& o, const std::string& v) {
+       o.inputs.push_back(v);
+       return Status();
+     }},
+    {"output", "PATH", "(none: shapes only)",
+     "with --input: forward's output as .npy (several outputs: .npz)",
+     [](Options& o, const std::string& v) {
+       o.output = v;
+       return Status();
+     }},
     {"dump-logits", "PATH", "(none)",
      "write the logits rows as .npy float32 [max_new_tokens, vocab]",
      [](Options& o, const std::string& v) {
@@ -239,11 +253,31 @@ const FlagSpec* find_flag(const std::string& name) {
   return nullptr;
 }
 
+// --input: a program's forward on tensors; none of the generation flags apply.
+Status check_program_mode(const Options& o) {
+  if (o.inputs.empty()) return Status::usage("--output needs --input: the tensors forward runs on");
+  if (o.ptd.empty())
+    return Status::usage("--input needs the deployment's foundation.ptd (--ptd): the tensors its "
+                         "programs share are there");
+  if (o.serve || o.tokens_given || o.prompt_given || !o.dump_logits.empty() || o.stock)
+    return Status::usage("--input runs a program's forward on tensors: drop --serve, --tokens, "
+                         "--prompt, --dump-logits and --stock");
+  std::set<std::string> names;
+  for (const std::string& pte : o.ptes)
+    if (!names.insert(file_stem(pte)).second)
+      return Status::usage("--pte: two programs are named '" + file_stem(pte) +
+                           "' (the name is the file stem); rename one");
+  if (!o.adapter.empty() && !names.count(o.adapter))
+    return Status::usage("--adapter '" + o.adapter + "': no such program among the --pte files");
+  return Status();
+}
+
 // Combinations that would silently do something other than asked.
 Status check_combinations(const Options& o) {
   if (o.help) return Status();
   if (o.ptes.empty())
     return Status::usage("--pte: give at least one adapter program (.pte)");
+  if (!o.inputs.empty() || !o.output.empty()) return check_program_mode(o);
   if (o.serve) {
     if (o.tokens_given || o.prompt_given)
       return Status::usage(std::string(o.tokens_given ? "--tokens" : "--prompt") +

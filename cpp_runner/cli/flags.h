@@ -25,6 +25,8 @@ struct Options {
   std::string adapter;                // --adapter (empty = first --pte; "base" = no adapter)
   bool ignore_eos = false;            // --ignore-eos
   bool serve = false;                 // --serve
+  std::vector<std::string> inputs;    // --input, repeatable (a program's forward on .npy tensors)
+  std::string output;                 // --output
   std::string dump_logits;            // --dump-logits
   bool json = false;                  // --json
   std::string packed_cache;           // --packed-cache

@@ -14,6 +14,7 @@
 #include "flags.h"
 #include "lora_share_diag.h"
 #include "npy_writer.h"
+#include "program_mode.h"
 #include "report.h"
 #include "runner_runtime.h"
 #include "serve.h"
@@ -117,6 +118,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   ls_diag_init_process(options->verbose);
+  if (!options->inputs.empty()) {
+    Status s = run_program_mode(options.value());
+    if (!s.ok()) return fail(s);
+    return std::fflush(stdout) == 0 ? 0 : fail(Status::failure("could not write to stdout"));
+  }
 
   auto tokenizer = bind_for(options.value());
   if (!tokenizer.ok()) return fail(tokenizer.status());

@@ -311,6 +311,31 @@ LS_API ls_status ls_generate_chat(ls_runtime* runtime, const char* name,
                                   const ls_generate_options* options, ls_text_callback on_text,
                                   void* user_data, ls_text_result* result, ls_error* error);
 
+/* PROGRAMS. A deployment built from PT2 archives (`programs:` in the config):
+ * any exported model's forward, tensors in and out. Open its foundation.ptd
+ * with ls_open; every program loaded reads the tensors the programs share
+ * from it (mapped and packed once), and holds only its own. */
+typedef struct ls_program ls_program; /* valid until ls_close */
+typedef struct {
+  int32_t dtype;        /* ExecuTorch ScalarType: 6 float32, 4 int64, 3 int32,
+                           5 float16, 0 uint8, 1 int8, 11 bool */
+  int32_t ndim;
+  const int64_t* sizes; /* ndim sizes, row-major (contiguous) data */
+  void* data;
+  size_t nbytes;
+} ls_tensor;
+
+LS_API ls_program* ls_load_program(ls_runtime* runtime, const char* pte,
+                                   ls_error* error);
+/* forward on `inputs` (copied in; each of the dtype and rank forward takes,
+ * no size above its export's): fills outputs[0 .. *n_outputs) (at most
+ * max_outputs; LS_ERR_REQUEST if forward returns more), whose sizes and data
+ * stay valid until the next call on `program` or ls_close. */
+LS_API ls_status ls_run_program(ls_program* program, const ls_tensor* inputs,
+                                size_t n_inputs, ls_tensor* outputs,
+                                size_t max_outputs, size_t* n_outputs,
+                                ls_error* error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,7 +27,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
       .count();
 }
 
-// The sizes of `method_name`'s planned buffers, in memory-id order.
+}  // namespace
+
 StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program,
                                                    const char* method_name) {
   auto meta = program.method_meta(method_name);
@@ -41,8 +42,6 @@ StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program,
   }
   return sizes;
 }
-
-}  // namespace
 
 MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
     : planned(planned_buffers),

@@ -37,6 +37,10 @@ struct MethodMemory {
   executorch::runtime::MemoryManager manager;
 };
 
+// The sizes of `method_name`'s planned buffers, in memory-id order.
+StatusOr<std::vector<size_t>> planned_buffer_sizes(const executorch::runtime::Program& program,
+                                                   const char* method_name);
+
 // One loaded program, shared by every adapter whose record names it.
 class SharedProgram {
  public:

@@ -157,6 +157,13 @@ class AdapterPool {
 
   PoolStats stats() const;
 
+  // The foundation every program of the pool reads, and XNNPACK's load
+  // options: for programs of PT2 archives (program_forward.h) beside the adapters.
+  const Foundation& foundation() const { return *foundation_; }
+  const executorch::runtime::LoadBackendOptionsMap* backend_options() const {
+    return xnnpack_.load_options();
+  }
+
  private:
   // One distinct program: opened (its sizes known) when its first adapter is
   // registered, its forward loaded into the arena on first use.

@@ -15,6 +15,7 @@
 #include "adapter_pool.h"
 #include "binding.h"
 #include "lora_share.h"
+#include "program_forward.h"
 
 struct ls_adapter {
   ls_runtime* runtime;
@@ -30,8 +31,16 @@ struct ls_tokenizer {
   std::mutex lock;
 };
 
+struct ls_program {
+  ls_runtime* runtime;
+  std::unique_ptr<lora_share::ForwardProgram> program;
+  std::vector<std::vector<int64_t>> output_sizes;  // what the last run's ls_tensor.sizes point at
+};
+
 struct ls_runtime {
   std::unique_ptr<lora_share::AdapterPool> pool;
+  // After `pool`, so that they go first: they read its foundation.
+  std::vector<std::unique_ptr<ls_program>> programs;
   // Handles by pool index; unique_ptr so that handles stay where they are.
   std::vector<std::unique_ptr<ls_adapter>> handles;
   std::string base_pte;  // the file 'base' runs, once asked (ls_diag_adapter_info)

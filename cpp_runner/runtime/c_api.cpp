@@ -257,3 +257,74 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
 }
 
 }  // extern "C"
+
+extern "C" {
+
+ls_program* ls_load_program(ls_runtime* runtime, const char* pte, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime"), nullptr;
+  if (pte == nullptr) return missing(error, "pte"), nullptr;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error), nullptr;
+  try {
+    const lora_share::AdapterPool& pool = *runtime->pool;
+    auto program = lora_share::ForwardProgram::load(pte, pool.foundation(), pool.backend_options());
+    if (!program.ok()) {
+      report(error, program.status(), LS_ERR_LOAD, LS_ERR_LOAD, runtime->runner_messages);
+      return nullptr;
+    }
+    runtime->programs.push_back(std::unique_ptr<ls_program>(
+        new ls_program{runtime, std::move(program.value()), {}}));
+    clear_error(error);
+    return runtime->programs.back().get();
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_LOAD, std::string("ls_load_program: ") + e.what());
+    return nullptr;
+  }
+}
+
+ls_status ls_run_program(ls_program* program, const ls_tensor* inputs, size_t n_inputs,
+                         ls_tensor* outputs, size_t max_outputs, size_t* n_outputs,
+                         ls_error* error) {
+  if (program == nullptr) return missing(error, "program");
+  if (n_inputs > 0 && inputs == nullptr) return missing(error, "inputs");
+  if (outputs == nullptr) return missing(error, "outputs");
+  if (n_outputs == nullptr) return missing(error, "n_outputs");
+  Guard guard(program->runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    std::vector<lora_share::TensorView> in(n_inputs);
+    for (size_t i = 0; i < n_inputs; ++i) {
+      if (inputs[i].ndim < 0 || (inputs[i].ndim > 0 && inputs[i].sizes == nullptr)) {
+        set_error(error, LS_ERR_ARGUMENT, "inputs[" + std::to_string(i) + "]: sizes is NULL or ndim < 0");
+        return LS_ERR_ARGUMENT;
+      }
+      in[i].dtype = inputs[i].dtype;
+      in[i].sizes.assign(inputs[i].sizes, inputs[i].sizes + inputs[i].ndim);
+      in[i].data = inputs[i].data;
+      in[i].nbytes = inputs[i].nbytes;
+    }
+    auto out = program->program->run(in);
+    if (!out.ok())
+      return report(error, out.status(), LS_ERR_REQUEST, LS_ERR_RUN, program->runtime->runner_messages);
+    if (out->size() > max_outputs) {
+      set_error(error, LS_ERR_REQUEST, "forward returns " + std::to_string(out->size()) +
+                                           " tensors; max_outputs is " + std::to_string(max_outputs));
+      return LS_ERR_REQUEST;
+    }
+    program->output_sizes.clear();
+    for (const lora_share::TensorView& v : out.value()) program->output_sizes.push_back(v.sizes);
+    for (size_t i = 0; i < out->size(); ++i) {
+      const lora_share::TensorView& v = out.value()[i];
+      outputs[i] = ls_tensor{v.dtype, static_cast<int32_t>(v.sizes.size()),
+                             program->output_sizes[i].data(), v.data, v.nbytes};
+    }
+    *n_outputs = out->size();
+    clear_error(error);
+    return LS_OK;
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_run_program: ") + e.what());
+    return LS_ERR_RUN;
+  }
+}
+
+}  // extern "C"
