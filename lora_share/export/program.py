@@ -22,7 +22,7 @@ import torch
 from ..model.envelope import Envelope
 from .memory import compact_dependencies, sharing_weights
 from .speed import OneDecomposition, lean_lowering
-from ..model.decoder import KVCache, LlamaLoRA, ModelArgs, forward_inputs, ring_window, slab_rows
+from ..model.decoder import KVCache, KVPools, LlamaLoRA, ModelArgs, forward_inputs, ring_window, rows_inputs, slab_rows
 from ..model.quantize import is_quantized
 from .xnnpack_ops import inferred_views, partitioner_configs, xnnpack_visitors
 
@@ -49,6 +49,17 @@ def example_inputs(args: ModelArgs, envelope: Envelope, tokens: int = 3) -> tupl
     slab rows, differ and are not taken to be one), and the envelope's LoRA inputs."""
     return forward_inputs(range(1, min(tokens, args.chunk) + 1), 4, KVCache.for_model(args),
                           envelope.example_inputs(args), block=1)
+
+
+# The batch method's most rows and KV slots (dynamic sizes; a runtime's --parallel stays within them).
+MAX_BATCH_ROWS = 64
+
+
+def example_rows_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
+    """decode_batch's example inputs: two rows (so the rows are not taken to be one) at different
+    positions in two of three slots, rank-2 LoRA rows as ``example_inputs``."""
+    lora = [t.transpose(0, 1).unsqueeze(0).expand(2, -1, -1).contiguous() for t in envelope.example_inputs(args)]
+    return rows_inputs([1, 2], [3, 5], [2, 0], KVPools(args, 3), lora)
 
 
 def constant_methods(args: ModelArgs) -> dict[str, int]:
@@ -141,7 +152,8 @@ def _partitioner(lean: bool):
 
 
 def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
-                   named_data: dict[str, bytes] | None = None, external: bool = True, lean: bool = True) -> Exported:
+                   named_data: dict[str, bytes] | None = None, external: bool = True, lean: bool = True,
+                   batch: bool = False) -> Exported:
     """torch.export → XNNPACK → ExecuTorch: the .pte bytes, and foundation.ptd written into ``workdir``.
 
     ``model`` takes LoRA on ``envelope``'s slots (``LlamaLoRA(args, envelope.slots)``).
@@ -149,7 +161,8 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     a stand-alone .pte with every foundation weight inside and no .ptd (the benchmark's baseline).
     ``lean=False`` lowers exactly as ExecuTorch ships, skipping no re-tracing (export/speed.py) and
     with the partitioner's own dependency sets (export/memory.py): the reference the lean lowering's
-    bytes are tested against.
+    bytes are tested against. ``batch`` adds the ``decode_batch`` method (docs/batching.md): one token
+    for each of 1..MAX_BATCH_ROWS rows, each its own position, KV slot and LoRA, same weights.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -181,6 +194,8 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
             programs["decode"] = _without_unread_constants(
                 torch.export.export(model, example_inputs(args, envelope, tokens=1),
                                     dynamic_shapes=(None, None, dynamic[1:]), strict=False))
+        if batch:
+            programs["decode_batch"] = _without_unread_constants(_export_rows(model, envelope))
         ep = programs["forward"]
         user_inputs = {name for p in programs.values() for name in p.graph_signature.user_inputs}
         weights = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
@@ -213,6 +228,19 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     if written != expected:
         raise RuntimeError(f"export wrote {written}, expected {expected or 'nothing'}")
     return Exported(pte, workdir / f"{FOUNDATION_TAG}.ptd" if external else None, time.perf_counter() - t0)
+
+
+def _export_rows(model: LlamaLoRA, envelope: Envelope):
+    """The decode_batch method traced: the rows and the slots are dynamic sizes, and each LoRA slot's rank;
+    a pool's rows are fixed (the whole context, or a ring)."""
+    from torch.export import Dim
+
+    rows, slots = Dim("rows", min=1, max=MAX_BATCH_ROWS), Dim("slots", min=1, max=MAX_BATCH_ROWS)
+    pools = [{0: slots} for _ in slab_rows(model.args)]
+    with model.batching():
+        return torch.export.export(model, example_rows_inputs(model.args, envelope), strict=False,
+                                   dynamic_shapes=({0: rows}, {0: rows}, ({0: rows}, *pools,
+                                                                          *envelope.rows_dynamic_shapes(rows))))
 
 
 def _without_unread_constants(ep):

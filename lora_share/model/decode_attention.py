@@ -144,3 +144,62 @@ def rope_attend(q, k, v, rope_q, rope_k, bias, keys, values):
     projections to the output projection's input; ``rope_q``, ``rope_k`` are (cos, sin) pairs.
     Returns (output, keys, values)."""
     return torch.ops.lora_share.rope_attend(q, k, v, *rope_q, *rope_k, bias, list(keys), list(values))
+
+
+# rope_attend_rows: the batch method's attention (docs/batching.md): B rows, each one token at its own
+# position reading its own KV slot of the slot pools.
+_ROWS_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, Tensor bias, "
+                "Tensor slots, Tensor[] keys, Tensor[] values)")
+_lib.define(f"rope_attend_rows{_ROWS_SCHEMA} -> (Tensor, Tensor, Tensor)")
+_lib.define(f"rope_attend_rows.out{_ROWS_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
+            "-> (Tensor(a!), Tensor(b!), Tensor(c!))")
+
+
+def rope_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values):
+    """``rope_attend_rows`` in PyTorch: ``rope_attend`` of each row b alone, over slot ``slots[b]`` of
+    every pool, with row b's mask shared by its query heads. Shapes: q ``[B, 1, n_heads * hd]``, k, v
+    ``[B, 1, n_kv * hd]``, cos/sin ``[B, 1, hd]`` (float32); bias ``[B, S + 1]`` and pools ``keys[h]``,
+    ``values[h]`` ``[N, S, hd]`` of the cache's dtype; slots ``[B]`` int64. Returns out ``[B, 1, n_heads * hd]``
+    and this step's keys and values ``[B, n_kv, hd]``."""
+    hd, n_kv = cos_q.shape[-1], len(keys)
+    rep = q.shape[-1] // hd // n_kv
+    outs, ks, vs = [], [], []
+    for b, slot in enumerate(slots.tolist()):
+        row_bias = bias[b].expand(rep, bias.shape[1]).unsqueeze(0)
+        o, k_b, v_b = rope_attend_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], cos_q[b:b + 1], sin_q[b:b + 1],
+                                            cos_k[b:b + 1], sin_k[b:b + 1], row_bias,
+                                            [p[slot] for p in keys], [p[slot] for p in values])
+        outs.append(o)
+        ks.append(k_b.view(n_kv, hd))
+        vs.append(v_b.view(n_kv, hd))
+    return torch.cat(outs), torch.stack(ks), torch.stack(vs)
+
+
+def _rope_attend_rows_out(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values, *, out, k_out, v_out):
+    results = rope_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values)
+    for dst, src in zip((out, k_out, v_out), results):
+        dst.resize_(src.shape).copy_(src)
+    return out, k_out, v_out
+
+
+def _rope_attend_rows_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values):
+    hd, n_kv = cos_q.shape[-1], len(keys)
+    rows = q.new_empty((q.shape[0], n_kv, hd), dtype=bias.dtype)
+    return torch.empty_like(q), rows, torch.empty_like(rows)
+
+
+def _rope_attend_rows_out_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values, *, out, k_out,
+                               v_out):
+    return out, k_out, v_out
+
+
+_lib.impl("rope_attend_rows", rope_attend_rows_reference, "CompositeExplicitAutograd")
+_lib.impl("rope_attend_rows.out", _rope_attend_rows_out, "CompositeExplicitAutograd")
+_lib.impl("rope_attend_rows", _rope_attend_rows_meta, "Meta")
+_lib.impl("rope_attend_rows.out", _rope_attend_rows_out_meta, "Meta")
+
+
+def rope_attend_rows(q, k, v, rope_q, rope_k, bias, slots, keys, values):
+    """``lora_share::rope_attend_rows``: one decode step of B rows (``rope_attend_rows_reference``);
+    ``rope_q``, ``rope_k`` are (cos, sin) pairs. Returns (output, keys, values)."""
+    return torch.ops.lora_share.rope_attend_rows(q, k, v, *rope_q, *rope_k, bias, slots, list(keys), list(values))

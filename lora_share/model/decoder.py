@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .decode_attention import rope_attend
+from .decode_attention import rope_attend, rope_attend_rows
 from .quantize import is_quantized
 
 # The runtimes pass each slab's rows in blocks of this many (module docstring, ``kv_view_rows``); the
@@ -243,8 +243,14 @@ class Linear(nn.Linear):
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """``y + (x A^T) B^T`` for ``lora`` = (A, B); ``y`` without."""
-    return y if lora is None else y + F.linear(F.linear(x, lora[0]), lora[1])
+    """``y + (x A^T) B^T`` for ``lora`` = (A, B); ``y`` without. The batch method's LoRA inputs are one
+    pair per row, already transposed, ``At [B, in, r]`` and ``Bt [B, r, out]`` (``LlamaLoRA.batching``):
+    row b of ``x`` ``[B, 1, in]`` gets ``(x_b At_b) Bt_b``, two batched products without a transpose."""
+    if lora is None:
+        return y
+    if lora[0].dim() == 3:
+        return y + torch.bmm(torch.bmm(x, lora[0]), lora[1])
+    return y + F.linear(F.linear(x, lora[0]), lora[1])
 
 
 def fused_linear(parts: list[Linear]) -> Linear:
@@ -333,14 +339,20 @@ class Attention(nn.Module):
         float16 kernels accumulate in float32); the casts are of this call's rows only, never the cache."""
         return x if self.kv_dtype == torch.float32 else x.to(self.kv_dtype)
 
-    def forward(self, x, rope_q, rope_k, bias, keys, values, lora, fused: bool = False):
+    def forward(self, x, rope_q, rope_k, bias, keys, values, lora, fused: bool = False, slots=None):
         """``rope_q``, ``rope_k``: (cos, sin) ``[T, 1, head_dim]`` for queries (already scaled by
         ``1 / sqrt(head_dim)``) and keys. ``keys``, ``values``: each key/value head's slab input,
         ``[S, head_dim]`` (S > P: module docstring). ``bias`` ``[1, rep * T, S + T]`` is 0 where a query row may see a
         slot, -inf where not. ``lora``: this layer's (A, B) by linear name, for the linears the
         envelope has. ``fused`` (the decode method's; T = 1): everything between the projections and
         o_proj by one ``lora_share::rope_attend`` call (model/decode_attention.py). Returns the output and
-        this call's keys and values, ``[n_kv, T, head_dim]`` each."""
+        this call's keys and values, ``[n_kv, T, head_dim]`` each.
+
+        With ``slots`` (the batch method's ``[B]``): ``x`` is ``[B, 1, dim]``, one token per row, ``keys``
+        and ``values`` the slot pools ``[N, S, head_dim]``, ``bias`` ``[B, S + 1]`` and the rotations
+        ``[B, 1, head_dim]``; one ``lora_share::rope_attend_rows`` call; keys and values ``[B, n_kv, head_dim]``."""
+        if slots is not None:
+            return self._forward_rows(x, rope_q, rope_k, bias, keys, values, lora, slots)
         _, t, _ = x.shape
         n_kv, rep, hd = self.n_kv, self.n_heads // self.n_kv, self.hd
         past, rows = keys[0].shape[0], rep * t
@@ -371,6 +383,15 @@ class Attention(nn.Module):
         out = torch.bmm(p_new, v) + torch.cat(
             [torch.bmm(p_past[h:h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0)
         return self._output(out, t, lora), k, v
+
+    def _forward_rows(self, x, rope_q, rope_k, bias, keys, values, lora, slots):
+        b, hd = x.shape[0], self.hd
+        q, k, v = self._project(x, lora)
+        if self.qk_norm:
+            q = self.q_norm(q.view(b, 1, self.n_heads, hd)).view(b, 1, self.n_heads * hd)
+            k = self.k_norm(k.view(b, 1, self.n_kv, hd)).view(b, 1, self.n_kv * hd)
+        out, k, v = rope_attend_rows(q, k, v, rope_q, rope_k, bias, slots, keys, values)
+        return self.o_proj(out, lora.get("o_proj")), k, v
 
     def _output(self, out: torch.Tensor, t: int, lora) -> torch.Tensor:
         """o_proj of attention's rows ``[n_kv, rep * T, head_dim]`` (in the cache's dtype), back in
@@ -421,8 +442,8 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
             self.post_feedforward_layernorm = RMSNorm(args.dim, args.norm_eps, args.norm_offset)
 
-    def forward(self, x, rope_q, rope_k, bias, keys, values, lora, fused: bool = False):
-        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values, lora, fused)
+    def forward(self, x, rope_q, rope_k, bias, keys, values, lora, fused: bool = False, slots=None):
+        a, k, v = self.self_attn(self.input_layernorm(x), rope_q, rope_k, bias, keys, values, lora, fused, slots)
         if self.sandwich:
             h = x + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h), lora)), k, v
@@ -526,6 +547,33 @@ class KVCache:
         for slab in self.slabs:
             slab.zero_()
 
+    @classmethod
+    def of_slabs(cls, slabs: list[torch.Tensor], ring: int) -> "KVCache":
+        """A cache over existing slabs (views: writes land in them)."""
+        cache = cls.__new__(cls)
+        cache.slabs, cache.ring = list(slabs), ring
+        return cache
+
+
+class KVPools:
+    """The batch method's KV cache (docs/batching.md): ``slots`` whole caches side by side, laid out per
+    slab: pool j is ``[slots, rows_j, head_dim]`` (``slab_rows``), slot n's slab j is ``pool[n]``, one
+    contiguous ``KVCache`` slab, so forward takes a slot's slabs in place (``slot``)."""
+
+    def __init__(self, args: ModelArgs, slots: int):
+        self.ring = ring_window(args)
+        self.pools = [torch.zeros(slots, rows, args.hd, dtype=args.kv_torch_dtype) for rows in slab_rows(args)]
+
+    def slot(self, n: int) -> KVCache:
+        """Slot ``n`` as a ``KVCache`` whose slabs are views of the pools."""
+        return KVCache.of_slabs([pool[n] for pool in self.pools], self.ring)
+
+    def write_rows(self, slots, pos, new_rows) -> None:
+        """Store the batch method's new rows (one ``[B, n_kv, head_dim]`` per layer and key or value):
+        row b's at position ``pos[b]`` of slot ``slots[b]``."""
+        for b, (slot, p) in enumerate(zip(slots, pos)):
+            self.slot(slot).write(p, [torch.as_tensor(rows)[b].unsqueeze(1) for rows in new_rows])
+
 
 def kv_view_rows(pos: int, rows: int, block: int = KV_ROW_BLOCK) -> int:
     """Rows of a slab (of ``rows``) that a call at position ``pos`` is given: ``pos + 1`` (the sink and
@@ -540,6 +588,14 @@ def forward_inputs(tokens, pos: int, cache: KVCache, lora=(), block: int = KV_RO
     ``block`` rows (``kv_view_rows``)."""
     return (torch.tensor([list(tokens)], dtype=torch.int64), torch.tensor([pos], dtype=torch.int64),
             *cache.prefixes(pos, block), *lora)
+
+
+def rows_inputs(tokens, pos, slots, pools: KVPools, lora=()) -> tuple[torch.Tensor, ...]:
+    """The batch method's inputs: row b feeds token ``tokens[b]`` at position ``pos[b]`` from KV slot
+    ``slots[b]``; ``lora`` the rows' LoRA inputs (``envelope.Envelope.rows_inputs``)."""
+    def ints(values):
+        return torch.tensor(list(values), dtype=torch.int64)
+    return (ints(tokens).view(-1, 1), ints(pos), ints(slots), *pools.pools, *lora)
 
 
 class LlamaLoRA(nn.Module):
@@ -567,6 +623,8 @@ class LlamaLoRA(nn.Module):
         self._lora: tuple[torch.Tensor, ...] = ()
         # True while tracing the decode method: attention by lora_share::rope_attend (``decoding``).
         self.fused_attention = False
+        # True while tracing the batch method (``batching``).
+        self.batch_rows = False
 
     def _rope(self, name: str, positions: torch.Tensor, scale: float):
         """(queries' (cos, sin), keys' (cos, sin)) ``[T, 1, hd]``: one rotation per position, for every
@@ -583,12 +641,25 @@ class LlamaLoRA(nn.Module):
         bias = torch.zeros(hidden.shape, dtype=self.args.kv_torch_dtype)
         return bias.masked_fill(hidden, float("-inf")).repeat(rep, 1).unsqueeze(0)
 
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args = self.args
-        slabs, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
+    def _lora_by_layer(self, lora) -> list[dict]:
+        """Each layer's LoRA inputs (A, B) by linear name."""
         per_layer: list[dict] = [{} for _ in self.model.layers]
         for i, (layer, target) in enumerate(self.lora_slots):
             per_layer[layer][target] = (lora[2 * i], lora[2 * i + 1])
+        return per_layer
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.model.embed_tokens(tokens)
+        if self.args.embed_scale != 1.0:  # Gemma: sqrt(dim), rounded to float32 as Hugging Face does
+            h = h * self.args.embed_scale
+        return h
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.batch_rows:
+            return self._forward_rows(tokens, pos, inputs[0], *inputs[1:])
+        args = self.args
+        slabs, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
+        per_layer = self._lora_by_layer(lora)
         t = tokens.shape[1]
         positions = torch.arange(t) + pos
         scale = args.attn_scale if args.attn_scale is not None else 1.0 / math.sqrt(args.hd)
@@ -613,9 +684,7 @@ class LlamaLoRA(nn.Module):
                 ring = (pos - 1) - torch.remainder((pos + window) - s, window)
                 key = torch.cat([torch.full((1,), -1), ring, positions]).unsqueeze(0)
             bias[True] = self._bias((key > query) | (key < 0) | (key <= query - window))
-        h = self.model.embed_tokens(tokens)
-        if args.embed_scale != 1.0:  # Gemma: sqrt(dim), rounded to float32 as Hugging Face does
-            h = h * args.embed_scale
+        h = self._embed(tokens)
         n_kv, new_rows = args.n_kv_heads, []
         for i, layer in enumerate(self.model.layers):
             mine = slabs[2 * n_kv * i:2 * n_kv * (i + 1)]
@@ -627,6 +696,54 @@ class LlamaLoRA(nn.Module):
         # runs outside it and would split the last layer from the lm_head.
         h = self.model.norm(h.view(1, args.dim) if self.fused_attention else h[:, -1, :])
         return (self.lm_head(h), *new_rows)
+
+    def _forward_rows(self, tokens, pos, slots, *inputs) -> tuple[torch.Tensor, ...]:
+        """The batch method (``batching``): ``tokens`` ``[B, 1]``, ``pos`` and ``slots`` ``[B]``, the slot
+        pools (``KVPools``), the rows' LoRA inputs; logits ``[B, vocab]`` and each layer's keys and values
+        ``[B, n_kv, head_dim]``. Each row is masked as forward masks one token at its position."""
+        args = self.args
+        pools, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
+        per_layer = self._lora_by_layer(lora)
+        scale = args.attn_scale if args.attn_scale is not None else 1.0 / math.sqrt(args.hd)
+        query = pos.unsqueeze(1)  # [B, 1]
+        rope = {False: self._rope("rope", pos, scale)}
+        # Key slots as forward's (its comment), per row: [B, S + 1], the last this step's own key.
+        cached = torch.arange(pools[self.full_slab].shape[1]) - 1
+        key = torch.cat([torch.where(cached < query, cached, -1), query], dim=1)
+        bias = {False: self._row_bias((key > query) | (key < 0))}
+        if args.sliding_layers:
+            rope[True] = self._rope("rope_local", pos, scale)
+            window = args.sliding_window
+            if self.ring:
+                s = torch.arange(1, window + 1)
+                ring = (query - 1) - torch.remainder((query + window) - s, window)
+                key = torch.cat([torch.full_like(query, -1), ring, query], dim=1)
+            bias[True] = self._row_bias((key > query) | (key < 0) | (key <= query - window))
+        h = self._embed(tokens)
+        n_kv, new_rows = args.n_kv_heads, []
+        for i, layer in enumerate(self.model.layers):
+            mine = pools[2 * n_kv * i:2 * n_kv * (i + 1)]
+            local = i in args.sliding_layers
+            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i], slots=slots)
+            new_rows += [k, v]
+        return (self.lm_head(self.model.norm(h.view(-1, args.dim))), *new_rows)
+
+    def _row_bias(self, hidden: torch.Tensor) -> torch.Tensor:
+        """-inf where a row may not see a key slot (``hidden`` ``[B, S + 1]``: True there), 0 elsewhere;
+        shared by the row's query heads."""
+        return torch.zeros_like(hidden, dtype=self.args.kv_torch_dtype).masked_fill(hidden, float("-inf"))
+
+    @contextlib.contextmanager
+    def batching(self):
+        """Within: ``forward`` is the program's ``decode_batch`` method (docs/batching.md): B rows of one
+        token each, ``forward(tokens [B, 1], pos [B], slots [B], *pools, *lora)`` (``rows_inputs``), each
+        row at its own position, in its own KV slot, with its own LoRA (``At [B, in, r]``, ``Bt [B, r, out]``
+        per envelope slot). The foundation's products run once over the rows; same parameters as forward."""
+        self.batch_rows = True
+        try:
+            yield self
+        finally:
+            self.batch_rows = False
 
     @contextlib.contextmanager
     def decoding(self):

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import UserError
 from .decoder import LORA_TARGETS, ModelArgs
@@ -107,6 +108,18 @@ class Envelope:
             out += [a, b]
         return out
 
+    def rows_inputs(self, adapters, args: ModelArgs) -> list[torch.Tensor]:
+        """The batch method's LoRA inputs (docs/batching.md) for one row per entry of ``adapters`` (None:
+        no adapter): per slot ``At [B, in, r]`` and ``Bt [B, r, out]``, r the rows' largest rank there;
+        a smaller rank is zero-padded, which adds exactly nothing."""
+        rows = [self.inputs(adapter, args) for adapter in adapters]
+        out = []
+        for i in range(len(self.slots)):
+            r = max(row[2 * i].shape[0] for row in rows)
+            out.append(torch.stack([F.pad(row[2 * i].t(), (0, r - row[2 * i].shape[0])) for row in rows]))
+            out.append(torch.stack([F.pad(row[2 * i + 1].t(), (0, 0, 0, r - row[2 * i].shape[0])) for row in rows]))
+        return out
+
     def example_inputs(self, args: ModelArgs) -> list[torch.Tensor]:
         """LoRA inputs for torch.export: rank 2 (not 1, which export would take to be a constant)
         unless the envelope's rank is 1."""
@@ -123,6 +136,15 @@ class Envelope:
         for i in range(len(self.slots)):
             r = Dim(f"lora_rank_{i}", min=1, max=self.max_rank)
             out += [{0: r}, {1: r}]
+        return out
+
+
+    def rows_dynamic_shapes(self, batch) -> list[dict]:
+        """torch.export's dynamic sizes of the batch method's LoRA inputs: the rows (``batch``, a Dim) and
+        each slot's rank."""
+        out = []
+        for a, b in zip(*[iter(self.dynamic_shapes())] * 2):  # A's rank is its dim 0, B's its dim 1
+            out += [{0: batch, **({2: a[0]} if a else {})}, {0: batch, **({1: b[1]} if b else {})}]
         return out
 
 

@@ -816,6 +816,7 @@ struct Problem {
   const void* bias;
   void* out;
   TensorList keys, values;
+  int64_t slab_offset;  // elements into each of keys[h] and values[h] where the S rows start
 };
 
 // A 64-byte aligned float buffer that only grows: one per thread, so a call
@@ -898,8 +899,8 @@ struct Attend {
       }
     };
     if (p0 < std::min(p1, P.S))
-      segment(static_cast<const T*>(P.keys[h].const_data_ptr()),
-              static_cast<const T*>(P.values[h].const_data_ptr()), p0, std::min(p1, P.S), 0);
+      segment(static_cast<const T*>(P.keys[h].const_data_ptr()) + P.slab_offset,
+              static_cast<const T*>(P.values[h].const_data_ptr()) + P.slab_offset, p0, std::min(p1, P.S), 0);
     if (std::max(p0, P.S) < p1)
       segment(static_cast<const T*>(P.k_new) + h * P.T * P.hd, static_cast<const T*>(P.v_new) + h * P.T * P.hd,
               std::max(p0, P.S) - P.S, p1 - P.S, P.S);
@@ -1108,7 +1109,7 @@ int64_t slab_rows(const char* op, const char* dtype_of, TensorList keys, TensorL
 
 void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q,
                  const void* k_new, const void* v_new, const void* bias, TensorList keys, TensorList values,
-                 void* out) {
+                 void* out, int64_t slab_offset) {
   Problem P;
   P.n_kv = n_kv;
   P.R = R;
@@ -1123,6 +1124,7 @@ void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int6
   P.out = out;
   P.keys = keys;
   P.values = values;
+  P.slab_offset = slab_offset;
   const Impl& run = impl();
   (half ? run.f16 : run.f32)(P);
 }

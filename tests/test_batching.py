@@ -1,0 +1,306 @@
+"""The batch method (docs/batching.md): B rows, each its own adapter (or none), position and KV slot, in one
+step. Reference: the same request alone, through forward (its prompt) and decode (one token a call), a
+greedy loop per request. Every row of a mixed batch (base and adapters of different ranks and targets,
+rows at different positions, joining and leaving) has the same greedy tokens and logits within 1e-4, for
+each kind of model (GQA, Qwen3's q/k norms and biases, Gemma 3's sandwich norms and ring caches, a float16
+KV cache, an 8da4w foundation): eagerly, and through ExecuTorch's Python runtime with the exported program
+(its forward, decode and decode_batch methods, liblora_share's kernels).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from conftest import REPO
+from lora_share.model.decode_attention import rope_attend_rows, rope_attend_rows_reference
+from lora_share.model.decoder import KVPools, LlamaLoRA, ModelArgs, forward_inputs, rows_inputs
+from lora_share.model.envelope import Envelope
+
+LLAMA = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=40,
+                  prefill_chunk=8)
+CASES = {
+    "llama": LLAMA,
+    "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", qk_norm=True, qkv_bias=True, head_dim=32,
+                                 tie_embeddings=True),
+    "gemma3-ring": dataclasses.replace(LLAMA, model_type="gemma3", head_dim=32, norm_offset=1.0, sandwich_norms=True,
+                                       activation="gelu_pytorch_tanh", attn_scale=0.2, sliding_window=6,
+                                       sliding_layers=(0, 2), local_rope_theta=10000.0, n_layers=3, embed_scale=8.0),
+    "kv-float16": dataclasses.replace(LLAMA, kv_dtype="float16", n_kv_heads=4),
+    "8da4w": LLAMA,
+}
+ENVELOPE = Envelope.make(["q_proj", "v_proj", "o_proj", "down_proj"], range(3), max_rank=4)
+TOL = 1e-4
+
+
+@dataclass
+class Adapter:
+    name: str
+    weights: dict  # (layer, target) -> (A [r, in], B [out, r])
+
+
+@dataclass
+class Request:
+    adapter: Adapter | None
+    prompt: list[int]
+    new: int  # greedy tokens
+    joins: int  # the batch step at which it arrives
+
+
+def random_adapter(args: ModelArgs, envelope: Envelope, rank: int, targets, seed: int) -> Adapter:
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer, target in envelope.slots:
+        if target in targets:
+            out_f, in_f = args.linear_shape(target)
+            weights[(layer, target)] = (torch.randn(rank, in_f, generator=gen) * 0.3,
+                                        torch.randn(out_f, rank, generator=gen) * 0.3)
+    return Adapter(f"r{rank}", weights)
+
+
+def model_of(case: str) -> tuple[LlamaLoRA, Envelope]:
+    args = CASES[case]
+    envelope = Envelope.make(ENVELOPE.targets, range(args.n_layers), ENVELOPE.max_rank)
+    torch.manual_seed(0)
+    model = LlamaLoRA(args, envelope.slots)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    if case == "8da4w":
+        from lora_share.config import QuantizeConfig
+        from lora_share.model.quantize import quantize_foundation_
+
+        quantize_foundation_(model, QuantizeConfig("8da4w"))
+        model.fuse_projections()
+    return model.eval(), envelope
+
+
+def requests_of(args: ModelArgs, envelope: Envelope) -> list[Request]:
+    """Base and three adapters (ranks 1, 2 and 4, on different linears), prompts of 3 to 13 tokens (past the
+    chunk and Gemma 3's window), one joining late and one leaving early."""
+    def prompt(n, seed):
+        return [(seed * 31 + 7 * i) % args.vocab_size for i in range(n)]
+    return [Request(None, prompt(5, 1), 10, 0),
+            Request(random_adapter(args, envelope, 2, ("q_proj", "v_proj"), 1), prompt(13, 2), 9, 0),
+            Request(random_adapter(args, envelope, 4, envelope.targets, 2), prompt(3, 3), 8, 3),
+            Request(random_adapter(args, envelope, 1, ("down_proj", "o_proj"), 3), prompt(9, 4), 4, 1)]
+
+
+class Eager:
+    """The model in PyTorch: forward on one slot, decode alone, decode_batch."""
+
+    def __init__(self, model: LlamaLoRA):
+        self.model = model
+
+    def forward(self, inputs):
+        return self.model(*inputs)
+
+    def decode(self, inputs):
+        with self.model.decoding():
+            return self.model(*inputs)
+
+    def decode_batch(self, inputs):
+        with self.model.batching():
+            return self.model(*inputs)
+
+
+def prefill(run, pools: KVPools, slot: int, request: Request, lora) -> torch.Tensor:
+    """The prompt fed in chunks through forward into ``slot``; the logits after it."""
+    cache, chunk = pools.slot(slot), run.model.args.chunk if isinstance(run, Eager) else run.chunk
+    for p in range(0, len(request.prompt), chunk):
+        out = run.forward(forward_inputs(request.prompt[p:p + chunk], p, cache, lora))
+        cache.write(p, out[1:])
+    return torch.as_tensor(out[0]).reshape(-1)
+
+
+def alone(run, args: ModelArgs, envelope: Envelope, request: Request) -> torch.Tensor:
+    """The request by itself: forward over its prompt, then decode one token a call; logits ``[new, vocab]``."""
+    pools, lora = KVPools(args, 1), envelope.inputs(request.adapter, args)
+    rows = [prefill(run, pools, 0, request, lora)]
+    for i in range(1, request.new):
+        pos = len(request.prompt) + i - 1
+        out = run.decode(forward_inputs([int(rows[-1].argmax())], pos, pools.slot(0), lora))
+        pools.slot(0).write(pos, out[1:])
+        rows.append(torch.as_tensor(out[0]).reshape(-1))
+    return torch.stack(rows)
+
+
+def batched(run, args: ModelArgs, envelope: Envelope, requests: list[Request], slots: int) -> list[torch.Tensor]:
+    """Every request through one shared set of ``slots`` KV slots: at each step, the requests joining then
+    are prefilled into free slots (the last ones, so rows and slots differ), then one decode_batch step runs
+    every request still generating; a request leaves when it has its tokens. Logits per request."""
+    pools, rows, active = KVPools(args, slots), [[] for _ in requests], {}
+    free = list(range(slots))
+    step = 0
+    while step == 0 or active:
+        for i, r in enumerate(requests):
+            if r.joins == step:
+                active[i] = free.pop()
+                rows[i].append(prefill(run, pools, active[i], r, envelope.inputs(r.adapter, args)))
+        going = [i for i in active if len(rows[i]) < requests[i].new]
+        if going:
+            tokens = [int(rows[i][-1].argmax()) for i in going]
+            pos = [len(requests[i].prompt) + len(rows[i]) - 1 for i in going]
+            lora = envelope.rows_inputs([requests[i].adapter for i in going], args)
+            out = run.decode_batch(rows_inputs(tokens, pos, [active[i] for i in going], pools, lora))
+            pools.write_rows([active[i] for i in going], pos, out[1:])
+            for b, i in enumerate(going):
+                rows[i].append(torch.as_tensor(out[0])[b])
+        for i in [i for i in active if len(rows[i]) == requests[i].new]:
+            free.append(active.pop(i))
+        step += 1
+    return [torch.stack(r) for r in rows]
+
+
+def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor], tol: float) -> None:
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape, f"request {i}"
+        assert g.argmax(-1).tolist() == w.argmax(-1).tolist(), f"request {i}: greedy tokens differ"
+        torch.testing.assert_close(g, w, atol=tol, rtol=tol, msg=f"request {i}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_row_of_a_batch_equals_its_request_alone(case):
+    model, envelope = model_of(case)
+    args, run = model.args, Eager(model)
+    requests = requests_of(args, envelope)
+    with torch.no_grad():
+        want = [alone(run, args, envelope, r) for r in requests]
+        got = batched(run, args, envelope, requests, slots=5)
+    tol = 2e-3 if args.kv_dtype == "float16" else TOL
+    assert_rows_equal(got, want, tol)
+
+
+def test_rows_lora_pads_each_rank_to_the_largest():
+    """Rank 1 and 4 rows on one slot: the rank-1 row's A/B zero-padded to 4, its own values in front."""
+    args = LLAMA
+    small = random_adapter(args, ENVELOPE, 1, ("q_proj",), 5)
+    big = random_adapter(args, ENVELOPE, 4, ("q_proj",), 6)
+    at, bt = ENVELOPE.rows_inputs([small, big, None], args)[:2]
+    a_small, b_small = small.weights[(0, "q_proj")]
+    assert at.shape == (3, args.dim, 4) and bt.shape == (3, 4, args.linear_shape("q_proj")[0])
+    assert torch.equal(at[0, :, :1], a_small.t()) and not at[0, :, 1:].any()
+    assert torch.equal(bt[0, :1], b_small.t()) and not bt[0, 1:].any()
+    assert torch.equal(at[1], big.weights[(0, "q_proj")][0].t()) and not at[2].any() and not bt[2].any()
+
+
+class Program:
+    """The exported program through ExecuTorch's Python runtime, liblora_share's kernels registered."""
+
+    def __init__(self, pte: bytes, ptd, chunk: int):
+        from executorch.runtime import Runtime
+
+        import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels)
+
+        ctypes.CDLL(str(REPO / "build" / "liblora_share.so"), mode=ctypes.RTLD_GLOBAL)
+        self.pte = pte  # the program reads these bytes: keep them alive
+        program = Runtime.get().load_program(pte, data_path=str(ptd))
+        self.methods = {m: program.load_method(m) for m in ("forward", "decode", "decode_batch")}
+        self.chunk = chunk
+
+    def _run(self, method: str, inputs):
+        return self.methods[method].execute([t.contiguous() for t in inputs])
+
+    def forward(self, inputs):
+        return self._run("forward", inputs)
+
+    def decode(self, inputs):
+        return self._run("decode", inputs)
+
+    def decode_batch(self, inputs):
+        return self._run("decode_batch", inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["gemma3-ring", "8da4w"])
+def test_the_exported_batch_method_equals_each_request_alone(case, runner_bin, tmp_path):
+    """Through ExecuTorch: each request alone by the program's forward and decode methods, and all of them
+    by decode_batch; the same tokens and logits within 1e-4. The batch method's foundation products are the
+    same XNNPACK linears over B rows (8da4w quantizes each row's activations by itself)."""
+    from lora_share.export.program import export_program
+
+    model, envelope = model_of(case)
+    exported = export_program(model, envelope, tmp_path, batch=True)
+    run, args = Program(exported.pte, exported.ptd, model.args.chunk), model.args
+    requests = requests_of(args, envelope)
+    want = [alone(run, args, envelope, r) for r in requests]
+    got = batched(run, args, envelope, requests, slots=5)
+    assert_rows_equal(got, want, TOL)
+    with torch.no_grad():  # and the program computes what the model does
+        eager = batched(Eager(model), args, envelope, requests, slots=5)
+    assert_rows_equal(got, eager, 1e-3 if case == "8da4w" else TOL)
+
+
+class RowsOneCall(torch.nn.Module):
+    """A program of one lora_share::rope_attend_rows call over ``heads`` key/value heads."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, *pools):
+        return rope_attend_rows(q, k, v, (cos_q, sin_q), (cos_k, sin_k), bias, slots, pools[:self.heads],
+                                pools[self.heads:])
+
+
+def rows_call_inputs(heads, rep, hd, positions, slots, n_slots, rows, dtype, gen, window=None):
+    """Random float32 projections and rotations of len(positions) rows, pools of ``n_slots`` random slots, and
+    each row's mask: its slot's rows 1..position visible (a window hides the older ones)."""
+    b = len(positions)
+    angle = torch.rand(b, 1, hd // 2, generator=gen) * 6.0
+    cos, sin = torch.cat([angle.cos()] * 2, dim=-1), torch.cat([angle.sin()] * 2, dim=-1)
+    q, k, v = (torch.randn(b, 1, n * hd, generator=gen) for n in (heads * rep, heads, heads))
+    cached = torch.arange(rows) - 1
+    query = torch.tensor(positions).unsqueeze(1)
+    hidden = torch.cat([(cached >= query) | (cached < 0), torch.zeros(b, 1, dtype=torch.bool)], dim=1)
+    if window is not None:
+        hidden[:, :-1] |= cached <= query - window
+    bias = torch.zeros(hidden.shape).masked_fill(hidden, float("-inf")).to(dtype)
+    pools = [(torch.randn(n_slots, rows, hd, generator=gen) * 0.5).to(dtype) for _ in range(2 * heads)]
+    return (q, k, v, cos * hd ** -0.5, sin * hd ** -0.5, cos, sin, bias, torch.tensor(slots), *pools)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+def test_rope_attend_rows_kernel_matches_the_reference(runner_bin, dtype):
+    """The C++ kernel against rope_attend_rows_reference: rows at positions from 1 to past the threads'
+    split, slots in any order (two rows may not share one, but any row may take any slot), a window."""
+    from executorch.runtime import Runtime
+    from torch.export import Dim
+
+    from test_decode_attention import program_of
+
+    ctypes.CDLL(str(REPO / "build" / "liblora_share.so"), mode=ctypes.RTLD_GLOBAL)
+    heads, rep, hd, rows = 2, 3, 64, 1200
+    gen = torch.Generator().manual_seed(0)
+    example = rows_call_inputs(heads, rep, hd, [3, 5], [1, 0], 3, rows, dtype, gen)
+    b, n = Dim("rows", min=1, max=8), Dim("slots", min=1, max=8)
+    dynamic = ({0: b},) * 8 + ({0: b}, ({0: n},) * (2 * heads))
+    buffer = program_of(RowsOneCall(heads), example, dynamic)  # the program reads it: keep it alive
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    for positions, slots, window in (([1], [0], None), ([1100, 2, 40], [2, 0, 3], None), ([700, 9], [1, 3], 100)):
+        args = rows_call_inputs(heads, rep, hd, positions, slots, 4, rows, dtype, gen, window)
+        got = method.execute(list(args))
+        want = rope_attend_rows_reference(*args[:9], args[9:9 + heads], args[9 + heads:])
+        assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"positions {positions}"
+        tol = 1e-5 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got[0], want[0], atol=tol, rtol=tol, msg=f"positions {positions}")
+
+
+def test_rope_attend_rows_refuses_a_slot_outside_the_pools(runner_bin):
+    from executorch.runtime import Runtime
+
+    from test_decode_attention import program_of
+
+    ctypes.CDLL(str(REPO / "build" / "liblora_share.so"), mode=ctypes.RTLD_GLOBAL)
+    args = list(rows_call_inputs(1, 2, 32, [3], [0], 2, 16, torch.float32, torch.Generator().manual_seed(1)))
+    buffer = program_of(RowsOneCall(1), tuple(args))
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    assert method.execute(args)[0].shape == (1, 1, 64)  # slot 0 of 2: fine
+    args[8] = torch.tensor([2])
+    with pytest.raises(RuntimeError):
+        method.execute(args)
