@@ -304,3 +304,81 @@ def test_rope_attend_rows_refuses_a_slot_outside_the_pools(runner_bin):
     args[8] = torch.tensor([2])
     with pytest.raises(RuntimeError):
         method.execute(args)
+
+
+# The scheduler (inference/batching.py): continuous batching over KV slots that last.
+
+def scheduler_of(case: str, slots: int):
+    from lora_share.inference.batching import Scheduler
+
+    model, envelope = model_of(case)
+    requests = requests_of(model.args, envelope)
+    adapters = {r.adapter.name: r.adapter for r in requests if r.adapter is not None}
+    return Scheduler(Eager(model), model.args, envelope, adapters, slots, keep_logits=True), requests
+
+
+def alone_eager(scheduler, request: Request) -> torch.Tensor:
+    with torch.no_grad():
+        return alone(scheduler.methods, scheduler.args, scheduler.envelope, request)
+
+
+def test_the_scheduler_answers_each_request_as_alone_with_fewer_slots_than_requests():
+    scheduler, requests = scheduler_of("llama", slots=2)
+    submitted = [scheduler.submit(r.adapter and r.adapter.name, r.prompt, r.new) for r in requests]
+    with torch.no_grad():
+        scheduler.run()
+    assert_rows_equal([torch.stack(s.logits) for s in submitted], [alone_eager(scheduler, r) for r in requests], TOL)
+    assert max(scheduler.batch_sizes) == 2 and not any(s.busy for s in scheduler.slots.state)
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3-ring"])
+def test_a_reused_prefix_equals_a_fresh_prefill(case):
+    """A second turn on the same adapter continues in the slot the first left (its prompt and answer are
+    the start of the second's prompt); on another adapter the same tokens are fed again."""
+    scheduler, requests = scheduler_of(case, slots=2)
+    first = requests[1]
+    turn1 = scheduler.submit(first.adapter.name, first.prompt, 6)
+    with torch.no_grad():
+        scheduler.run()
+    history = first.prompt + turn1.tokens[:-1]
+    assert scheduler.slots.state[turn1.slot].tokens == history
+    follow = dataclasses.replace(first, prompt=history + [turn1.tokens[-1], 17, 4], new=5)
+    turn2 = scheduler.submit(first.adapter.name, follow.prompt, follow.new)
+    other = dataclasses.replace(requests[2], prompt=follow.prompt, new=3)
+    elsewhere = scheduler.submit(other.adapter.name, other.prompt, other.new)
+    with torch.no_grad():
+        scheduler.run()
+    assert turn2.slot == turn1.slot and scheduler.slots.prefix_hits == 1
+    assert scheduler.slots.reused_tokens == len(history)
+    assert_rows_equal([torch.stack(turn2.logits), torch.stack(elsewhere.logits)],
+                      [alone_eager(scheduler, follow), alone_eager(scheduler, other)], TOL)
+
+
+def test_a_client_hanging_up_leaves_the_others_unchanged():
+    scheduler, requests = scheduler_of("llama", slots=4)
+    heard = []
+
+    def hang_up(token):
+        heard.append(token)
+        return len(heard) < 3
+
+    submitted = [scheduler.submit(r.adapter and r.adapter.name, r.prompt, r.new, hang_up if i == 1 else None)
+                 for i, r in enumerate(requests)]
+    with torch.no_grad():
+        scheduler.run()
+    assert submitted[1].tokens == heard and len(heard) == 3
+    kept = [i for i in range(len(requests)) if i != 1]
+    assert_rows_equal([torch.stack(submitted[i].logits) for i in kept],
+                      [alone_eager(scheduler, requests[i]) for i in kept], TOL)
+    assert_rows_equal([torch.stack(submitted[1].logits)], [alone_eager(scheduler, requests[1])[:3]], TOL)
+
+
+def test_the_least_recently_used_slot_is_taken_first():
+    scheduler, requests = scheduler_of("llama", slots=2)
+    taken = []
+    for r in requests[1:4]:  # three adapters one after the other, no prefix in common
+        taken.append(scheduler.submit(r.adapter.name, r.prompt, 2))
+        with torch.no_grad():
+            scheduler.run()
+    assert taken[2].slot == taken[0].slot != taken[1].slot
+    assert scheduler.slots.prefix_hits == 0
