@@ -42,6 +42,10 @@ forward's products take the past as XNNPACK weights and pack them again on every
 runtime decodes with it; prompts, and the Python runtime, take forward (``LlamaLoRA.decoding`` traces
 it).
 
+``decode_batch`` (``LlamaLoRA.batching``; exported on request, docs/batching.md) decodes one token for each
+of B rows, each at its own position, in its own slot of the KV pools (``KVPools``: N caches, laid out per
+slab), with its own LoRA rows; the foundation's products run once over the B rows.
+
 LoRA weights are inputs too, so one program serves every adapter of its envelope (model/envelope.py):
 after the slabs come two inputs per envelope slot (layer, linear), in the envelope's order,
 ``A [r, in]`` and ``B [out, r]`` (the LoRA scale folded into B) with ``1 <= r <= max_rank``.
