@@ -52,7 +52,10 @@ def example_inputs(args: ModelArgs, envelope: Envelope, tokens: int = 3) -> tupl
 
 
 # The batch method's most rows and KV slots (dynamic sizes; a runtime's --parallel stays within them).
-MAX_BATCH_ROWS = 64
+# Its activations are planned for the most rows (SmolLM2-135M's logits alone: 3 MiB at 16 rows), so
+# rows are capped lower than slots, which are inputs and cost no planned memory.
+MAX_BATCH_ROWS = 16
+MAX_SLOTS = 64
 
 
 def example_rows_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
@@ -235,7 +238,7 @@ def _export_rows(model: LlamaLoRA, envelope: Envelope):
     a pool's rows are fixed (the whole context, or a ring)."""
     from torch.export import Dim
 
-    rows, slots = Dim("rows", min=1, max=MAX_BATCH_ROWS), Dim("slots", min=1, max=MAX_BATCH_ROWS)
+    rows, slots = Dim("rows", min=1, max=MAX_BATCH_ROWS), Dim("slots", min=1, max=MAX_SLOTS)
     pools = [{0: slots} for _ in slab_rows(model.args)]
     with model.batching():
         return torch.export.export(model, example_rows_inputs(model.args, envelope), strict=False,
