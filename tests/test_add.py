@@ -21,7 +21,7 @@ from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
 from lora_share.deploy.builder import read_manifest
 from lora_share.files import sha256_file
 from lora_share.formats import read_pte
-from lora_share.inference.verify import adapter_record
+from lora_share.formats.records import adapter_record
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT, NEW = [3, 141, 59, 26, 5], 6

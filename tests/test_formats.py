@@ -26,7 +26,7 @@ from lora_share.formats import (BadFlatbuffer, Damaged, FormatError, OffsetOutOf
 from lora_share.formats.meta import (ADAPTER_KEY, FOUNDATION_KEY, AdapterMeta, FoundationMeta, LoraTensors, SharedMeta, decode,
                                      encode_adapter, encode_foundation, encode_shared)
 from lora_share.formats.seal import check_seal, seal_pte, seal_status
-from lora_share.inference.verify import adapter_record, foundation_record
+from lora_share.formats.records import adapter_record, foundation_record
 from mutations import damaged
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from lora_share.errors import UserError
 from lora_share.files import sha256_file
 from lora_share.tokenizer.text import REPLACEMENT, TextStream, encode_prompt
 from lora_share.tokenizer.files import BoundTokenizer, bind_tokenizer, load_tokenizer
-from lora_share.inference.verify import foundation_record
+from lora_share.formats.records import foundation_record
 from lora_share.formats import read_ptd
 from tokenizer_files import byte_level_bpe, sentencepiece_bpe
 

@@ -49,7 +49,7 @@ def own_lora_bytes(pte: Path) -> int:
     """The bytes of the LoRA tensors ``pte`` holds itself (its record names them; those hoisted
     into adapters_shared.ptd are not its own)."""
     from ..formats import read_pte
-    from ..inference.verify import adapter_record
+    from ..formats.records import adapter_record
 
     parsed = read_pte(Path(pte).read_bytes(), str(pte))
     meta = adapter_record(parsed)

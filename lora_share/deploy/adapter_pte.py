@@ -77,7 +77,7 @@ class Program:
         the program is the one its envelope_program_sha256 names."""
         from ..formats import read_pte
         from ..formats.seal import check_seal
-        from ..inference.verify import adapter_record
+        from ..formats.records import adapter_record
 
         data = Path(path).read_bytes()
         parsed = read_pte(data, str(path), plans=False)
@@ -116,7 +116,7 @@ class Program:
 def read_record(data: bytes, what: str) -> AdapterMeta:
     """The adapter record of a .pte's bytes (a FormatError if it has none or it is damaged)."""
     from ..formats.errors import BadFlatbuffer
-    from ..inference.verify import adapter_record
+    from ..formats.records import adapter_record
 
     meta = adapter_record(read_pte(data, what, plans=False))
     if meta is None:

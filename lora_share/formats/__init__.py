@@ -20,7 +20,9 @@
 Every ``start``/``size`` and ``key_span`` is an absolute byte range in the
 file, checked to lie inside it, so a caller can read or patch those bytes
 directly. ``lora_share.formats.meta`` reads and writes lora-share's own
-metadata (schema/lora_share.fbs) stored as named data in both files;
+metadata (schema/lora_share.fbs) stored as named data in both files, and
+``lora_share.formats.records`` gives the record a parsed file holds (``adapter_record(pte)``,
+``foundation_record(ptd)``, ``shared_record(ptd)``);
 ``lora_share.formats.seal.seal_pte(bytes)`` writes an adapter .pte's seal (size
 and CRC-32 of everything but its record) into that record: call it last, after
 any in-place edit of a .pte. ``lora_share.formats.pte_write.Template(bytes, what,

@@ -7,7 +7,8 @@ from dataclasses import asdict
 from ..formats import Ptd, Pte, read_ptd, read_pte
 from ..formats.blob import file_kind, open_blob
 from ..formats.seal import seal_status
-from .verify import adapter_record, check_pair, foundation_record, shared_record
+from ..formats.records import adapter_record, foundation_record, shared_record
+from .verify import check_pair
 
 
 def _entry(key, segment, start, size, layout=None) -> dict:

@@ -121,7 +121,7 @@ _ET_KV_DTYPES = {6: "float32", 5: "float16"}
 def _record(pte: Path):
     """The adapter record of ``pte``, or None for a program lora-share did not write."""
     from ..formats import read_pte
-    from .verify import adapter_record
+    from ..formats.records import adapter_record
 
     return adapter_record(read_pte(pte))
 

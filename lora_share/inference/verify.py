@@ -28,28 +28,14 @@ from typing import Optional
 
 from ..errors import UserError
 from ..formats import Ptd, Pte, read_ptd, read_pte
-from ..formats.meta import ADAPTER_KEY, FOUNDATION_KEY, SHARED_KEY, AdapterMeta, FoundationMeta, SharedMeta, decode
+from ..formats.meta import ADAPTER_KEY, FOUNDATION_KEY, SHARED_KEY, AdapterMeta, FoundationMeta
+from ..formats.records import adapter_record, foundation_record, shared_record
 from ..formats.shared_ptd import SHARED_PTD
 from ..formats.seal import check_seal
 
 
 class Incompatible(UserError):
     """An adapter .pte that was not built for this foundation .ptd."""
-
-
-def adapter_record(pte: Pte) -> Optional[AdapterMeta]:
-    """The adapter record stored in ``pte``, or None if it has none."""
-    return decode(pte.data(ADAPTER_KEY), f"{pte.what}: {ADAPTER_KEY}").adapter if ADAPTER_KEY in pte else None
-
-
-def foundation_record(ptd: Ptd) -> Optional[FoundationMeta]:
-    """The foundation record stored in ``ptd``, or None if it has none."""
-    return decode(ptd.data(FOUNDATION_KEY), f"{ptd.what}: {FOUNDATION_KEY}").foundation if FOUNDATION_KEY in ptd else None
-
-
-def shared_record(ptd: Ptd) -> Optional[SharedMeta]:
-    """The shared-tensors record stored in ``ptd`` (an adapters_shared.ptd), or None if it has none."""
-    return decode(ptd.data(SHARED_KEY), f"{ptd.what}: {SHARED_KEY}").shared if SHARED_KEY in ptd else None
 
 
 class DataFiles:

@@ -196,7 +196,7 @@ def _short(digest: str) -> str:
 def _ptd_fingerprint(ptd: Path, required: bool = True) -> Optional[str]:
     """The foundation fingerprint recorded inside ``ptd``; without a record, None unless ``required``."""
     from ..formats import FormatError, read_ptd
-    from ..inference.verify import foundation_record
+    from ..formats.records import foundation_record
 
     try:
         record = foundation_record(read_ptd(ptd))
