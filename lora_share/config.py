@@ -20,7 +20,7 @@ import yaml
 
 from .errors import ConfigErrors, UserError
 from .model.families import FAMILIES
-from .model.decoder import LORA_TARGETS
+from .model.args import LORA_TARGETS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The name the runners, the C API and the server give the foundation alone (no adapter).

@@ -170,8 +170,8 @@ def _peft_reference(hf_model, entry: dict, config_entry: dict, args, folder: Pat
     with torch.no_grad():
         for (layer, target), (a, b) in adapter.weights.items():
             module = modules[module_key(layer, target)]
-            module.lora_A["default"].weight.copy_(a)
-            module.lora_B["default"].weight.copy_(b)
+            module.lora_A["default"].weight.copy_(torch.from_numpy(a))
+            module.lora_B["default"].weight.copy_(torch.from_numpy(b))
     return model.eval()
 
 

@@ -42,7 +42,7 @@ def test_default_config_meets_the_promise():
     import math
 
     from lora_share.checkpoints.foundation import expected_shapes
-    from lora_share.model.decoder import ModelArgs
+    from lora_share.model.args import ModelArgs
 
     cfg = lora_share.validate(REPO / "configs/llama_adapters.yaml")
     s = cfg.foundation.synthetic

@@ -46,7 +46,7 @@ def hoisted(hoisted_build):
 
 def _tensors(adapter) -> dict[tuple, bytes]:
     """(layer, target, 'a' or 'b') -> the raw float32 bytes of that LoRA matrix."""
-    return {(layer, target, which): t.contiguous().numpy().tobytes()
+    return {(layer, target, which): t.tobytes()
             for (layer, target), pair in adapter.weights.items() for which, t in zip("ab", pair)}
 
 
@@ -192,7 +192,7 @@ def added(hoisted, tmp_path_factory):
     peft = write_peft_lora(root / "peft_x", TINY_HF, r=4, alpha=4, targets=["q_proj", "v_proj"], seed=31)
     tensors = load_file(str(peft / "adapter_model.safetensors"))
     for (layer, target), (a, _) in adapters["h_a"].weights.items():
-        tensors[f"base_model.model.model.layers.{layer}.self_attn.{target}.lora_A.weight"] = a.clone()
+        tensors[f"base_model.model.model.layers.{layer}.self_attn.{target}.lora_A.weight"] = torch.from_numpy(a.copy())
     save_file(tensors, str(peft / "adapter_model.safetensors"), metadata={"format": "pt"})
     r = run_cli("add", "--to", out, f"x={peft}")
     assert r.returncode == 0, r.stderr

@@ -42,7 +42,7 @@ def write_config(folder: Path, foundation: dict, n: int, first_seed: int = 100) 
 
 def write_peft_folder(adapter, folder: Path) -> Path:
     """Save a loaded adapter as a PEFT folder (scale folded into B, so alpha = r)."""
-    from safetensors.torch import save_file
+    from safetensors.numpy import save_file
 
     from ..checkpoints.adapters import module_key
 
@@ -51,7 +51,7 @@ def write_peft_folder(adapter, folder: Path) -> Path:
     rank = next(iter(adapter.weights.values()))[0].shape[0]
     for (layer, target), (a, b) in adapter.weights.items():
         key = f"base_model.model.{module_key(layer, target)}"
-        tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a.contiguous(), b.contiguous()
+        tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     (folder / "adapter_config.json").write_text(json.dumps(
         {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets, "bias": "none"}))

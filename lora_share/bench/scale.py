@@ -267,7 +267,7 @@ def kv_cache_bytes(args: dict) -> int:
 
 def full_kv_cache_bytes(args: dict) -> int:
     """The same cache with every layer over the whole context (no rings): the yardstick for the rings."""
-    from ..model.decoder import ModelArgs
+    from ..model.args import ModelArgs
 
     value_bytes = ModelArgs(**args).kv_torch_dtype.itemsize
     return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * value_bytes

@@ -1,11 +1,11 @@
 """LoRA adapters: PEFT folders or synthetic weights, checked against the foundation.
 
-An adapter becomes ``{(layer, target): (A [r, in], B [out, r])}`` with the LoRA
-scale folded into B, so the exported graph is ``x W^T + (x A^T) B^T`` and its
-shape depends only on ranks and targets. A PEFT LoRA on a fused linear (Phi-3's
-``qkv_proj``, ``gate_up_proj``) is LoRA on each linear it holds, with the same A
-and B split by rows: ``x A^T B^T`` restricted to those rows.
-"""
+An adapter becomes ``{(layer, target): (A [r, in], B [out, r])}``, float32 numpy arrays, with the
+LoRA scale folded into B, so the exported graph is ``x W^T + (x A^T) B^T`` and its shape depends
+only on ranks and targets. A PEFT LoRA on a fused linear (Phi-3's ``qkv_proj``, ``gate_up_proj``)
+is LoRA on each linear it holds, with the same A and B split by rows: ``x A^T B^T`` restricted to
+those rows. Reading a PEFT folder takes numpy, not torch (checkpoints/reading.py): an adapter is
+data for the deployment's program, and ``lora-share add`` never imports torch."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from ..config import AdapterConfig, SyntheticAdapter
 from ..errors import UserError
 from ..model.families import ATTN, hf_linears
 from ..files import sha256_file
-from .foundation import _read_json, read_safetensors
-from ..model.decoder import LORA_TARGETS, ModelArgs
+from .reading import read_float32_safetensors, read_json
+from ..model.args import LORA_TARGETS, ModelArgs
 
 # PEFT LoraConfig fields that change the math and that lora-share does not implement,
 # with the value that means "off". Anything else set on them is refused, never ignored.
@@ -53,7 +53,7 @@ def module_key(layer: int, target: str) -> str:
 @dataclass
 class Adapter:
     name: str
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (A, scale * B)
+    weights: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]  # (A, scale * B), float32, C-contiguous
     meta: dict = field(default_factory=dict)
 
 
@@ -65,6 +65,8 @@ def load_adapter(cfg: AdapterConfig, args: ModelArgs) -> Adapter:
 
 def synthetic_adapter(name: str, s: SyntheticAdapter, args: ModelArgs) -> Adapter:
     """Deterministic LoRA weights with a visible effect (PEFT's zero-init B would have none)."""
+    import torch  # the weights are torch's random numbers for the seed
+
     layers = s.layers if s.layers is not None else list(range(args.n_layers))
     for layer in layers:
         if not 0 <= layer < args.n_layers:
@@ -77,7 +79,7 @@ def synthetic_adapter(name: str, s: SyntheticAdapter, args: ModelArgs) -> Adapte
             out_f, in_f = args.linear_shape(target)
             a = torch.randn(s.rank, in_f, generator=gen) / in_f**0.5
             b = torch.randn(out_f, s.rank, generator=gen) * (0.5 / s.rank)
-            weights[(layer, target)] = (a, b * scale)
+            weights[(layer, target)] = (a.numpy(), (b * scale).numpy())
     meta = {
         "source": {"kind": "synthetic", "seed": s.seed},
         "rank": s.rank, "alpha": s.alpha, "targets": sorted(set(s.target_modules), key=LORA_TARGETS.index),
@@ -120,7 +122,7 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
     """Load a PEFT LoRA folder, honouring r, lora_alpha, target_modules, use_rslora,
     rank_pattern and alpha_pattern; refuse whatever else changes the math."""
     cfg_path = folder / "adapter_config.json"
-    cfg = _read_json(cfg_path, "the PEFT adapter config")
+    cfg = read_json(cfg_path, "the PEFT adapter config")
 
     def bad(key, msg):
         raise UserError(f"{cfg_path}: {key}: {msg}")
@@ -144,10 +146,10 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
     weights_path = folder / "adapter_model.safetensors"
     if not weights_path.is_file():
         raise UserError(f"{folder}: adapter_model.safetensors is missing (only safetensors adapters are read)")
-    raw = read_safetensors(weights_path)
+    raw = read_float32_safetensors(weights_path)
     linears = {lin.name: lin for lin in hf_linears(args)}  # as the foundation's family names them
     names = ", ".join(linears)
-    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    found: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key, t in raw.items():
         m = _KEY_RE.match(key)
         if not m:
@@ -178,16 +180,16 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
             r = _pattern_value(rank_pattern, key, r_default)
             alpha = _pattern_value(alpha_pattern, key, alpha_default)
             out_f, in_f = lin.out_features, lin.in_features
-            a, b = pair["A"].to(torch.float32), pair["B"].to(torch.float32)
+            a, b = pair["A"], pair["B"]
             if tuple(a.shape) != (r, in_f) or tuple(b.shape) != (out_f, r):
                 raise UserError(
                     f"{weights_path}: {key}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit the foundation "
                     f"(expected [{r}, {in_f}] and [{out_f}, {r}] for rank {r}): was this adapter trained on another model?"
                 )
             scale = alpha / math.sqrt(r) if rslora else alpha / r
-            a, b = a.contiguous(), b * scale
+            b = b * scale  # in float32, as torch multiplies a float32 tensor by a Python float
             for target, start, end in lin.parts:  # one part, or the linears a fused one holds
-                weights[(layer, target)] = (a, b[start:end].contiguous())
+                weights[(layer, target)] = (a, np.ascontiguousarray(b[start:end]))
     if not weights:
         raise UserError(f"{weights_path}: no LoRA weights found")
     targets = sorted({t for _, t in weights}, key=LORA_TARGETS.index)

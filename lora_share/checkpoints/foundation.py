@@ -7,7 +7,6 @@ converted to float32. With tied embeddings there is no ``lm_head.weight``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -19,7 +18,9 @@ from ..errors import UserError
 from ..model.families import model_args, to_decoder_names
 from ..files import sha256_file
 from .gguf import read_gguf
-from ..model.decoder import LlamaLoRA, ModelArgs
+from .reading import read_json
+from ..model.args import ModelArgs
+from ..model.decoder import LlamaLoRA
 
 # Checkpoint keys that carry no weights (recomputed buffers some exporters save).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -93,25 +94,16 @@ def synthetic_foundation(s: SyntheticFoundation, max_seq_len: int) -> Foundation
     return Foundation(args, tensors, {"kind": "synthetic", **asdict(s)})
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing ({what})") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not readable JSON ({what}): {e}") from None
-
-
 def hf_model_args(config_path: Path, max_seq_len: int) -> ModelArgs:
     """ModelArgs from a Hugging Face ``config.json``, with its family's switches (model/families.py); refuses
     what changes the math and isn't supported, naming the file, the field and its value."""
-    return model_args(_read_json(config_path, "the Hugging Face model config"), config_path, max_seq_len)
+    return model_args(read_json(config_path, "the Hugging Face model config"), config_path, max_seq_len)
 
 
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index, "the safetensors shard index").get("weight_map")
+        weight_map = read_json(index, "the safetensors shard index").get("weight_map")
         if not isinstance(weight_map, dict):
             raise UserError(f"{index}: weight_map: missing or not a mapping")
         files = sorted({folder / f for f in weight_map.values()})

@@ -28,7 +28,7 @@ import torch
 from ..errors import UserError
 from ..model.families import model_args
 from ..files import sha256_file
-from ..model.decoder import ModelArgs
+from ..model.args import ModelArgs
 
 # GGUF architecture -> Hugging Face model_type, for the families lora-share supports. llama covers
 # SmolLM and Llama 2/3; llama.cpp writes Mistral models as llama too; phi3 is Phi-3 (and Phi-4-mini,

@@ -137,7 +137,7 @@ def lora_entries(adapter, envelope) -> tuple[list[LoraTensors], dict[str, bytes]
     for slot, (a, b) in sorted(adapter.weights.items(), key=lambda kv: index[kv[0]]):
         keys = []
         for t in (a, b):
-            raw = t.detach().contiguous().numpy().tobytes()
+            raw = t.tobytes()  # a float32 numpy array (checkpoints/adapters.py), in C order
             keys.append(tensor_key(raw))
             tensors.setdefault(keys[-1], raw)
         entries.append(LoraTensors(index[slot], int(a.shape[0]), keys[0], keys[1]))

@@ -19,6 +19,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -26,20 +27,21 @@ from .adapter_pte import Program
 from ..checkpoints.adapters import load_adapter, load_peft
 from ..config import (BASE_NAME, config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors,
                      load_config)
-from ..export.eager import eager_model
 from ..model.envelope import Envelope
 from ..errors import UserError
-from ..export.program import EXPORTER_REVISION, export_program
+from ..export.revision import EXPORTER_REVISION
 from ..files import sha256_file
 from ..formats import read_ptd
 from ..formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
-from ..checkpoints.foundation import Foundation, load_foundation
-from ..model.decoder import ModelArgs
+from ..model.args import ModelArgs
 from .writer import (MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION, PTD_NAME, Deployment, ProgramSource, log,
                       write_outputs)
 from .records import foundation_meta
 from ..formats.shared_ptd import SHARED_PTD
 from ..tokenizer.files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
+
+if TYPE_CHECKING:  # the foundation's weights, the eager model and the export need torch: only build imports them
+    from ..checkpoints.foundation import Foundation
 
 
 def foundation_fingerprint(foundation: Foundation) -> str:
@@ -94,6 +96,9 @@ def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict |
 def _exporter(dep: Deployment):
     """Exports ``dep``'s program into a work folder: (the program, the foundation.ptd it wrote)."""
     def export(workdir: Path) -> tuple[Program, Path]:
+        from ..export.eager import eager_model
+        from ..export.program import export_program
+
         foundation = dep.get_foundation()
         record = encode_foundation(foundation_meta(foundation, dep.fingerprint))
         model = eager_model(foundation, envelope=dep.envelope)
@@ -110,6 +115,8 @@ def _args_dict(args: ModelArgs) -> dict:
 
 def build(config_path, quiet: bool = False) -> dict:
     """Build every output of ``config_path``; returns the manifest (also written to disk)."""
+    from ..checkpoints.foundation import load_foundation
+
     t_start = time.perf_counter()
     cfg = load_config(config_path)
     log(f"lora-share build {cfg.source} -> {cfg.output_dir}", quiet)
@@ -227,6 +234,8 @@ def manifest_model_args(manifest: dict) -> ModelArgs:
 
 def _reload_foundation(manifest: dict) -> Foundation:
     """The foundation a manifest was built from, checked against its fingerprint."""
+    from ..checkpoints.foundation import load_foundation
+
     settings = manifest["export_settings"]
     foundation = load_foundation(foundation_from_dict(settings, "manifest export_settings"))
     if foundation_fingerprint(foundation) != manifest["foundation"]["fingerprint"]:

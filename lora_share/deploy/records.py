@@ -6,12 +6,15 @@ envelope and the keys of its LoRA tensors."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .adapter_pte import lora_entries
 from ..checkpoints.adapters import Adapter
 from ..model.envelope import Envelope
 from ..formats.meta import FoundationMeta, AdapterMeta
-from ..checkpoints.foundation import Foundation
+
+if TYPE_CHECKING:
+    from ..checkpoints.foundation import Foundation  # its tensors are torch's: only a build has one
 
 
 def foundation_meta(foundation: Foundation, fingerprint: str) -> FoundationMeta:
@@ -46,7 +49,7 @@ def adapter_meta(adapter: Adapter, fingerprint: str, envelope: Envelope) -> tupl
         use_rslora=bool(m.get("use_rslora", False)), source_kind=kind,
         source=source_label(source),
         source_hashes=dict(source.get("sha256", {})),
-        lora_bytes=sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in adapter.weights.values()),
+        lora_bytes=sum(a.nbytes + b.nbytes for a, b in adapter.weights.values()),
         envelope_max_rank=envelope.max_rank, envelope=list(envelope.slots), lora=lora,
     )
     return meta, tensors

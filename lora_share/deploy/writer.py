@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import yaml
 
@@ -31,14 +31,16 @@ from .adapter_pte import Program
 from ..checkpoints.adapters import Adapter
 from .byte_report import byte_report, report_lines
 from ..model.envelope import Envelope
-from ..export.program import EXPORTER_REVISION, FOUNDATION_TAG
+from ..export.revision import EXPORTER_REVISION, FOUNDATION_TAG
 from ..errors import UserError
 from ..files import sha256_file, staged_dir
 from ..formats import read_ptd
 from ..formats.meta import SHARED_KEY
-from ..checkpoints.foundation import Foundation
 from .records import adapter_meta
 from ..formats.shared_ptd import SHARED_PTD, encode_shared_ptd
+
+if TYPE_CHECKING:
+    from ..checkpoints.foundation import Foundation  # torch's tensors: loaded only when a build needs it
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "lora-share-manifest"
@@ -163,8 +165,6 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
     ``adapters`` (new or rebuilt) and ``keep`` (previous manifest entries kept as they are).
     ``shared_available``: for ``add`` to a build with adapters_shared.ptd, the keys it holds (new
     adapters read exactly those from it; it is not rewritten)."""
-    from .quant_error import adapter_quantization_error, format_error
-
     metas = {a.name: adapter_meta(a, dep.fingerprint, dep.envelope) for a in adapters}
     entries = []
     with staged_dir(dep.out_dir) as stage:
@@ -212,6 +212,8 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
             note = f", {len(entry['hoisted'])} tensor(s) in {SHARED_PTD}" if entry.get("hoisted") else ""
             log(f"        {how} in {seconds:.2f} s: {path.name} {mb(len(data))}{note}", quiet)
             if dep.settings.get("quantize") and dep.measure_quantization:
+                from .quant_error import adapter_quantization_error, format_error  # torch, and only here
+
                 err = (old or {}).get("quantization_error") if how == "reused" else None
                 err = err or adapter_quantization_error(dep.get_foundation(), adapter, path, stage / PTD_NAME,
                                                         shared if entry.get("hoisted") else None)

@@ -21,12 +21,13 @@ variant in a process, and each distinct set of slots is one more program instanc
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from .decoder import LORA_TARGETS, ModelArgs
+from .args import LORA_TARGETS, ModelArgs
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -99,19 +100,26 @@ class Envelope:
         return [args.linear_shape(t) for _, t in self.slots]
 
     def inputs(self, adapter, args: ModelArgs) -> list[torch.Tensor]:
-        """forward's LoRA inputs for ``adapter`` (None: no adapter): A, B per slot; a zero rank-1
-        pair where the adapter has no LoRA."""
+        """forward's LoRA inputs for ``adapter`` (None: no adapter): A, B per slot (the adapter's
+        arrays, not copies); a zero rank-1 pair where the adapter has no LoRA."""
+        import torch
+
         weights = adapter.weights if adapter is not None else {}
         out = []
         for slot, (out_f, in_f) in zip(self.slots, self.shapes(args)):
-            a, b = weights.get(slot, (torch.zeros(1, in_f), torch.zeros(out_f, 1)))
-            out += [a, b]
+            if slot in weights:
+                out += [torch.from_numpy(t) for t in weights[slot]]
+            else:
+                out += [torch.zeros(1, in_f), torch.zeros(out_f, 1)]
         return out
 
     def rows_inputs(self, adapters, args: ModelArgs) -> list[torch.Tensor]:
         """The batch method's LoRA inputs (docs/batching.md) for one row per entry of ``adapters`` (None:
         no adapter): per slot ``At [B, in, r]`` and ``Bt [B, r, out]``, r the rows' largest rank there;
         a smaller rank is zero-padded, which adds exactly nothing."""
+        import torch
+        import torch.nn.functional as F
+
         rows = [self.inputs(adapter, args) for adapter in adapters]
         out = []
         for i in range(len(self.slots)):
@@ -123,6 +131,8 @@ class Envelope:
     def example_inputs(self, args: ModelArgs) -> list[torch.Tensor]:
         """LoRA inputs for torch.export: rank 2 (not 1, which export would take to be a constant)
         unless the envelope's rank is 1."""
+        import torch
+
         r = min(2, self.max_rank)
         return [t for out_f, in_f in self.shapes(args) for t in (torch.zeros(r, in_f), torch.zeros(out_f, r))]
 

@@ -30,14 +30,16 @@ transformers 5's ``rope_parameters``.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
-
-import torch
+from typing import TYPE_CHECKING, Mapping
 
 from ..errors import UserError
-from .decoder import ACTIVATIONS, LORA_TARGETS, ModelArgs
+from .args import ACTIVATION_NAMES, LORA_TARGETS, ModelArgs
+
+if TYPE_CHECKING:
+    import torch
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -160,14 +162,15 @@ def _number(v) -> bool:
 
 
 def _float32(x: float) -> float:
-    return float(torch.tensor(x, dtype=torch.float32))
+    """``x`` rounded to the nearest float32, as torch rounds it (no torch import for a config)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _activation(c: dict, family: Family, bad) -> str:
     key = next((k for k in family.act_keys if c.get(k) is not None), "hidden_act")
     act = family.act_aliases.get(c.get(key), c.get(key))
-    if act not in ACTIVATIONS:
-        bad(key, f"{c[key]!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    if act not in ACTIVATION_NAMES:
+        bad(key, f"{c[key]!r} is not supported (supported: {', '.join(ACTIVATION_NAMES)})")
     return act
 
 

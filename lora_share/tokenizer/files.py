@@ -22,7 +22,6 @@ from .chat_format import resolve_chat_format
 from ..config import FoundationConfig
 from ..errors import UserError
 from ..files import sha256_file
-from ..checkpoints.gguf import gguf_tokenizer_folder
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -99,6 +98,8 @@ def tokenizer_folder(fnd: FoundationConfig) -> Optional[Path]:
     if fnd.tokenizer is not None:
         return fnd.tokenizer
     if fnd.checkpoint is not None and fnd.checkpoint.suffix == ".gguf":
+        from ..checkpoints.gguf import gguf_tokenizer_folder  # torch: a build's import, not add's
+
         return gguf_tokenizer_folder(fnd.checkpoint)
     if fnd.checkpoint is not None and (fnd.checkpoint / TOKENIZER_JSON).is_file():
         return fnd.checkpoint
