@@ -108,7 +108,7 @@ class Envelope:
         out = []
         for slot, (out_f, in_f) in zip(self.slots, self.shapes(args)):
             if slot in weights:
-                out += [torch.from_numpy(t) for t in weights[slot]]
+                out += [torch.as_tensor(t) for t in weights[slot]]  # numpy (checkpoints/adapters.py): no copy
             else:
                 out += [torch.zeros(1, in_f), torch.zeros(out_f, 1)]
         return out
