@@ -299,3 +299,24 @@ def test_runner_bad_input_one_error(programs_build, runner_bin, tmp_path):
     result = _runner(runner_bin, "--pte", lone / "base.pte", "--ptd", lone / "foundation.ptd",
                      "--input", tmp_path / "f.npy")
     assert result.returncode == 1 and "has no data for key" in result.stderr, result.stderr
+
+
+def test_more_programs_cost_their_own_bytes(programs_build, runner_bin, tmp_path):
+    """N programs in one runner: beyond the first, each costs at most its .pte (its program and its
+    own tensors) + 1 MiB of PSS; the tensors they share are mapped and packed once."""
+    import re
+
+    out = programs_build.out_dir
+    inputs, _ = _expected(programs_build.archives.base, None)
+    np.save(tmp_path / "x.npy", inputs[0])
+    names = ["base", "separate", "merged", "conv", "lm"]
+
+    def pss(ptes):
+        result = _runner(runner_bin, *[f"--pte={out / n}.pte" for n in ptes], "--ptd", out / "foundation.ptd",
+                         "--adapter", "base", "--input", tmp_path / "x.npy")
+        assert result.returncode == 0, result.stderr
+        return float(re.search(r"process PSS ([\d.]+) MiB", result.stderr).group(1)) * (1 << 20)
+
+    one, every = pss(names[:1]), pss(names)
+    allowed = sum((out / f"{n}.pte").stat().st_size + (1 << 20) for n in names[1:])
+    assert every - one <= allowed, (one, every, allowed)
