@@ -320,3 +320,17 @@ def test_more_programs_cost_their_own_bytes(programs_build, runner_bin, tmp_path
     one, every = pss(names[:1]), pss(names)
     allowed = sum((out / f"{n}.pte").stat().st_size + (1 << 20) for n in names[1:])
     assert every - one <= allowed, (one, every, allowed)
+
+
+def test_example_exports_archives_its_config_reads(tmp_path):
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "pt2"
+    shutil.copy(example / "vision.yaml", tmp_path)
+    result = subprocess.run([sys.executable, str(example / "export_models.py"), str(tmp_path / "models")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    cfg = load_config(tmp_path / "vision.yaml")
+    assert [p.name for p in cfg.programs] == ["base", "birds", "cars"]
+    assert np.load(tmp_path / "models" / "image.npy").shape == (1, 3, 32, 32)
