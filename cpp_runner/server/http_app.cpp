@@ -107,7 +107,24 @@ void log_request(ls_runtime* runtime, const CompletionRequest& request, const An
 App::App(ls_runtime* runtime, Deployment deployment)
     : runtime_(runtime), deployment_(std::move(deployment)) {}
 
-App::~App() { ls_close(runtime_); }
+App::~App() {
+  watch_.reset();
+  ls_close(runtime_);
+}
+
+bool App::serves(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(adapters_lock_);
+  return deployment_.knows(name);
+}
+
+void App::watch_folder(std::chrono::milliseconds interval) {
+  watch_ = std::make_unique<AdapterWatch>(
+      runtime_, deployment_.dir, interval, [this](const std::string& name) { return serves(name); },
+      [this](const std::string& name) {
+        std::lock_guard<std::mutex> lock(adapters_lock_);
+        deployment_.adapters.push_back(name);
+      });
+}
 
 void App::install(httplib::Server& http) {
   // Every error has a JSON body: the routes' own, or one said here (an
@@ -136,7 +153,10 @@ void App::install(httplib::Server& http) {
     res.set_content("{\"status\": \"ok\"}", kJson);
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(models_json(deployment_.adapters), kJson);
+    std::unique_lock<std::mutex> lock(adapters_lock_);
+    const std::vector<std::string> adapters = deployment_.adapters;
+    lock.unlock();
+    res.set_content(models_json(adapters), kJson);
   });
   http.Get("/v1/stats", [this](const httplib::Request&, httplib::Response& res) { stats(res); });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -170,7 +190,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   auto prepared = std::make_shared<Prepared>();
   prepared->request = std::move(parsed.value());
   const CompletionRequest& request = prepared->request;
-  if (!deployment_.knows(request.model)) {
+  if (!serves(request.model)) {
     return send_error(res, 404, "no adapter called '" + request.model +
                                     "' in this deployment: GET /v1/models lists them ('base' is the foundation alone)");
   }

@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   auto runtime = open_runtime(*options);
   if (!runtime.ok()) return fail(runtime.status());
   srv::App app(runtime.value(), std::move(deployment.value()));
+  // Adapters added to the folder are served within a second, no restart.
+  app.watch_folder(std::chrono::milliseconds(500));
 
   httplib::Server http;
   http.set_payload_max_length(options->max_body);

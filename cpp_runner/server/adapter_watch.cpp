@@ -1,0 +1,85 @@
+#include "adapter_watch.h"
+
+#include <iostream>
+#include <utility>
+
+#include <sys/stat.h>
+
+#include "manifest.h"
+
+namespace lora_share::server {
+namespace {
+
+// What changes when manifest.json is rewritten (a rename gives a new inode).
+struct Stamp {
+  ino_t inode = 0;
+  off_t size = -1;
+  timespec mtime{};
+  bool operator==(const Stamp& o) const {
+    return inode == o.inode && size == o.size && mtime.tv_sec == o.mtime.tv_sec && mtime.tv_nsec == o.mtime.tv_nsec;
+  }
+};
+
+Stamp stamp_of(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return Stamp();
+  return Stamp{st.st_ino, st.st_size, st.st_mtim};
+}
+
+}  // namespace
+
+AdapterWatch::AdapterWatch(ls_runtime* runtime, std::string dir, std::chrono::milliseconds interval,
+                           std::function<bool(const std::string&)> known,
+                           std::function<void(const std::string&)> added)
+    : runtime_(runtime), dir_(std::move(dir)), interval_(interval), known_(std::move(known)),
+      added_(std::move(added)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+AdapterWatch::~AdapterWatch() {
+  {
+    std::lock_guard<std::mutex> lock(lock_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void AdapterWatch::run() {
+  const std::string manifest = dir_ + "/manifest.json";
+  Stamp last = stamp_of(manifest);
+  std::unique_lock<std::mutex> lock(lock_);
+  while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
+    Stamp now = stamp_of(manifest);
+    if (now == last || now.size < 0) continue;
+    last = now;
+    lock.unlock();
+    register_new();
+    lock.lock();
+  }
+}
+
+void AdapterWatch::register_new() {
+  // The writer renames a complete file into place: a read sees the old or the new one.
+  auto manifest = read_manifest(dir_);
+  if (!manifest.ok()) {
+    std::cerr << "manifest.json changed but cannot be read (" << manifest.status().message()
+              << "): serving the adapters known before" << std::endl;
+    return;
+  }
+  for (const ManifestAdapter& a : manifest->adapters) {
+    if (known_(a.name)) continue;
+    ls_error err;
+    ls_adapter* handle = ls_load_adapter(runtime_, (dir_ + "/" + a.file).c_str(), &err);
+    if (handle == nullptr) {
+      std::cerr << "refused adapter " << a.name << ": " << ls_status_name(err.code) << ": " << err.message
+                << std::endl;
+      continue;
+    }
+    added_(ls_adapter_name(handle));
+    std::cerr << "serving adapter " << ls_adapter_name(handle) << " (added to " << dir_ << "/manifest.json)"
+              << std::endl;
+  }
+}
+
+}  // namespace lora_share::server

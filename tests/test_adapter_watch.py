@@ -1,0 +1,124 @@
+"""Adapters added to the folder a running lora-share-server serves are served without a restart.
+
+`lora-share add --to DIR` rewrites DIR/manifest.json; the server polls it and registers each new adapter
+(checked against the foundation). Here a copy of untied_build starts with its last adapter left out of
+manifest.json; writing the full manifest back (a complete file renamed into place, as the writer does)
+must make /v1/models list it within 2 s, and its answer must be build/runner's for the same ids. An
+adapter whose file does not verify is refused, and the others keep serving.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+TIMEOUT = 300
+NEW = 6
+PROMPT = [1, 17, 42]
+
+
+def write_manifest(folder, manifest: dict) -> None:
+    tmp = folder / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, folder / "manifest.json")
+
+
+class Server:
+    def __init__(self, binary, folder):
+        self.proc = subprocess.Popen([str(binary), "--dir", str(folder), "--port", "0"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        assert line.startswith("listening on http://"), line + self.proc.stderr.read()
+        self.host, port = line.split("http://", 1)[1].split()[0].rsplit(":", 1)
+        self.port = int(port)
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT)
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        out = resp.status, json.loads(resp.read())
+        conn.close()
+        return out
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in self.request("GET", "/v1/models")[1]["data"]]
+
+    def complete(self, model: str) -> tuple[int, dict]:
+        return self.request("POST", "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": NEW})
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=TIMEOUT)
+        return self.proc.stderr.read()
+
+
+def runner_tokens(runner_bin, build, name) -> list[int]:
+    proc = subprocess.run([str(runner_bin), "--ptd", str(build.ptd), "--pte", str(build.ptes[name]), "--tokens",
+                           ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW), "--json"],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["tokens"]
+
+
+def wait_until_listed(server: Server, name: str, within: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        if name in server.models():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    pytest.fail(f"{name} not listed within {within} s: {server.models()}")
+
+
+@pytest.fixture
+def folder(untied_build, tmp_path):
+    """A copy of untied_build whose manifest.json leaves its last adapter out; returns (folder, full manifest)."""
+    target = tmp_path / "deploy"
+    shutil.copytree(untied_build.out_dir, target)
+    full = json.loads((target / "manifest.json").read_text())
+    write_manifest(target, dict(full, adapters=full["adapters"][:-1]))
+    return target, full
+
+
+def test_an_added_adapter_is_served_within_2_s(runner_bin, untied_build, folder):
+    target, full = folder
+    new = full["adapters"][-1]["name"]
+    server = Server(runner_bin.parent / "lora-share-server", target)
+    try:
+        assert new not in server.models()
+        assert server.complete(new)[0] == 404
+        write_manifest(target, full)
+        wait_until_listed(server, new, within=2.0)
+        status, body = server.complete(new)
+        assert status == 200, body
+        assert body["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, new)
+        old = full["adapters"][0]["name"]
+        assert server.complete(old)[1]["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, old)
+    finally:
+        log = server.stop()
+    assert f"serving adapter {new}" in log
+
+
+def test_an_adapter_that_does_not_verify_is_refused_and_the_others_serve(runner_bin, untied_build, folder):
+    target, full = folder
+    (target / "broken.pte").write_bytes(b"not a program" * 100)
+    server = Server(runner_bin.parent / "lora-share-server", target)
+    try:
+        write_manifest(target, dict(full, adapters=full["adapters"][:-1] + [{"name": "broken",
+                                                                             "file": "broken.pte"}]))
+        time.sleep(1.5)
+        assert "broken" not in server.models()
+        assert server.complete("broken")[0] == 404
+        old = full["adapters"][0]["name"]
+        status, body = server.complete(old)
+        assert status == 200 and body["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, old)
+    finally:
+        log = server.stop()
+    assert "refused adapter broken: LS_ERR_LOAD" in log and "broken.pte" in log
