@@ -122,3 +122,27 @@ def test_an_adapter_that_does_not_verify_is_refused_and_the_others_serve(runner_
     finally:
         log = server.stop()
     assert "refused adapter broken: LS_ERR_LOAD" in log and "broken.pte" in log
+
+
+@pytest.mark.slow
+def test_lora_share_add_into_a_served_folder(runner_bin, text_build, tmp_path):
+    """The issue's case end to end: `lora-share add --to DIR` while lora-share-server serves DIR. The added
+    adapter (text_build's PEFT folder under a new name) is listed within 2 s of add's exit and answers a
+    chat completion as the adapter built with the folder does (the same PEFT weights)."""
+    from conftest import TEXT_ADAPTER, run_cli
+
+    target = tmp_path / "deploy"
+    shutil.copytree(text_build.build.out_dir, target)
+    server = Server(runner_bin.parent / "lora-share-server", target)
+    chat = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": NEW}
+    try:
+        assert server.models().count("again") == 0
+        proc = run_cli("add", "--to", target, f"again={text_build.peft}")
+        assert proc.returncode == 0, proc.stderr
+        wait_until_listed(server, "again", within=2.0)
+        status, added = server.request("POST", "/v1/chat/completions", dict(chat, model="again"))
+        assert status == 200, added
+        built = server.request("POST", "/v1/chat/completions", dict(chat, model=TEXT_ADAPTER))[1]
+        assert added["choices"][0]["message"] == built["choices"][0]["message"]
+    finally:
+        server.stop()
