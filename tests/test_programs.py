@@ -3,6 +3,7 @@ and every program's outputs against torch's own reading of its archive."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import shutil
@@ -334,3 +335,71 @@ def test_example_exports_archives_its_config_reads(tmp_path):
     cfg = load_config(tmp_path / "vision.yaml")
     assert [p.name for p in cfg.programs] == ["base", "birds", "cars"]
     assert np.load(tmp_path / "models" / "image.npy").shape == (1, 3, 32, 32)
+
+
+class _Tensor(ctypes.Structure):
+    """lora_share.h's ls_tensor."""
+
+    _fields_ = [("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32), ("sizes", ctypes.POINTER(ctypes.c_int64)),
+                ("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t)]
+
+
+ET_DTYPES = {np.dtype(np.float32): 6, np.dtype(np.int64): 4}
+
+
+def _ls_tensor(a: np.ndarray, keep: list) -> _Tensor:
+    sizes = (ctypes.c_int64 * a.ndim)(*a.shape)
+    keep += [a, sizes]
+    return _Tensor(ET_DTYPES[a.dtype], a.ndim, sizes, a.ctypes.data, a.nbytes)
+
+
+def test_c_api_runs_programs_on_caller_tensors(programs_build, runner_bin):
+    from conftest import REPO
+    from lora_share.inference import c_library as native
+
+    lib = native.load_library(REPO / "build" / "liblora_share.so")
+    lib.ls_load_program.restype, lib.ls_load_program.argtypes = ctypes.c_void_p, [
+        ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(native._Error)]
+    lib.ls_run_program.restype, lib.ls_run_program.argtypes = ctypes.c_int, [
+        ctypes.c_void_p, ctypes.POINTER(_Tensor), ctypes.c_size_t, ctypes.POINTER(_Tensor), ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(native._Error)]
+    out, err = programs_build.out_dir, native._Error()
+    runtime = lib.ls_open(str(out / "foundation.ptd").encode(), None, ctypes.byref(err))
+    assert runtime, err.message
+    try:
+        programs = {n: lib.ls_load_program(runtime, str(out / f"{n}.pte").encode(), ctypes.byref(err))
+                    for n in ("separate", "lm")}
+        assert all(programs.values()), err.message
+        for name, handle in programs.items():
+            inputs, expected = _expected(*_sources(programs_build)[name])
+            keep: list = []
+            array = (_Tensor * len(inputs))(*[_ls_tensor(np.ascontiguousarray(x), keep) for x in inputs])
+            outputs, n = (_Tensor * 4)(), ctypes.c_size_t()
+            status = lib.ls_run_program(handle, array, len(inputs), outputs, 4, ctypes.byref(n), ctypes.byref(err))
+            assert status == 0 and n.value == len(expected), err.message
+            for t, want in zip(outputs, expected):
+                shape = tuple(t.sizes[i] for i in range(t.ndim))
+                got = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), shape)
+                np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        keep = []
+        wrong = (_Tensor * 1)(_ls_tensor(np.zeros((1, 8), np.float32), keep))
+        status = lib.ls_run_program(programs["lm"], wrong, 1, (_Tensor * 4)(), 4, ctypes.byref(ctypes.c_size_t()),
+                                    ctypes.byref(err))
+        assert lib.ls_status_name(status) == b"LS_ERR_REQUEST"
+        assert b"forward takes int64[1, 8], got float32[1, 8]" in err.message
+    finally:
+        lib.ls_close(runtime)
+
+
+def test_add_cli_with_model(programs_build, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(programs_build.out_dir, out)
+    ptd = (out / "foundation.ptd").read_bytes()
+    result = run_cli("add", "--to", out, f"again={programs_build.archives.tasks}", "--model", "merged")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [e["name"] for e in manifest["programs"]][-1] == "again"
+    assert (out / "foundation.ptd").read_bytes() == ptd and (out / "again.pte").is_file()
+    missing = run_cli("add", "--to", out, f"x={programs_build.archives.tasks}", "--model", "birds")
+    assert missing.returncode == 2 and "has no model 'birds'; it holds separate, merged" in missing.stderr
+    assert "Traceback" not in missing.stderr and not (out / "x.pte").exists()
