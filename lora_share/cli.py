@@ -39,6 +39,15 @@ def _cmd_validate(ns) -> int:
     return 0
 
 
+def _register_validate(subparsers) -> None:
+    """``lora-share validate``'s flags."""
+    v = subparsers.add_parser("validate", help="check config files and report every error at once",
+                              epilog="example:\n  lora-share validate configs/*.yaml",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("configs", nargs="+", metavar="CONFIG")
+    v.set_defaults(func=_cmd_validate)
+
+
 def _cmd_build(ns) -> int:
     from .config import load_config
     from .deploy.builder import build
@@ -49,6 +58,16 @@ def _cmd_build(ns) -> int:
     if ns.json:
         print(json.dumps(manifest, indent=2))
     return 0
+
+
+def _register_build(subparsers) -> None:
+    """``lora-share build``'s flags."""
+    b = subparsers.add_parser("build", help="export foundation.ptd + one .pte per adapter + manifest.json",
+                              epilog="example:\n  lora-share build configs/llama_adapters.yaml",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("config", metavar="CONFIG")
+    b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of progress")
+    b.set_defaults(func=_cmd_build)
 
 
 def _cmd_add(ns) -> int:
@@ -70,6 +89,22 @@ def _cmd_add(ns) -> int:
     if ns.json:
         print(json.dumps(manifest, indent=2))
     return 0
+
+
+def _register_add(subparsers) -> None:
+    """``lora-share add``'s flags."""
+    a = subparsers.add_parser("add", help="add PEFT adapters to an existing build, as data for its program: no export, "
+                                            "foundation.ptd and the shipped adapters untouched",
+                              epilog="examples:\n  lora-share add --to out/llama_adapters path/to/peft_adapter_dir\n"
+                                     "  lora-share add --to out/llama_adapters support_bot=path/to/peft_dir",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--to", required=True, metavar="OUT_DIR", help="output folder of an earlier build")
+    a.add_argument("adapters", nargs="+", metavar="[NAME=]PEFT_DIR",
+                   help="PEFT folder (adapter_config.json + adapter_model.safetensors); NAME defaults to its name. "
+                        "To a build of programs: [NAME=]ARCHIVE.pt2")
+    a.add_argument("--model", help="to a build of programs: the model of a PT2 archive holding several")
+    a.add_argument("--json", action="store_true", help="print the updated manifest as JSON instead of progress")
+    a.set_defaults(func=_cmd_add)
 
 
 def _add_programs(ns) -> int:
@@ -138,141 +173,14 @@ def _cmd_run(ns) -> int:
     return 0
 
 
-def _write_stdout(text: str) -> None:
-    """Text as it is generated: UTF-8 whatever the locale, flushed so a reader sees it at once."""
-    sys.stdout.buffer.write(text.encode())
-    sys.stdout.buffer.flush()
-
-
-def _save_npy(path: Path, array, np) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, array)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(f"--dump-logits {path}: cannot write: {e.strerror}") from None
-
-
-def _cmd_inspect(ns) -> int:
-    from .inference.inspection import inspect_file, render
-
-    report = inspect_file(ns.file, ns.ptd, ns.shared_ptd)
-    print(json.dumps(report, indent=2) if ns.json else render(report))
-    return 0
-
-
-def _cmd_verify(ns) -> int:
-    from .inference.verify import check_pair
-
-    pairing = check_pair(ns.pte, ns.ptd, ns.shared_ptd)
-    if ns.json:
-        print(json.dumps({"compatible": pairing.ok, "problems": pairing.problems, "missing": pairing.missing,
-                          "adapter_fingerprint": pairing.adapter and pairing.adapter.foundation_fingerprint,
-                          "foundation_fingerprint": pairing.foundation and pairing.foundation.fingerprint}))
-    elif pairing.ok:
-        files = f"{ns.ptd} + {ns.shared_ptd}" if ns.shared_ptd else ns.ptd
-        print(f"{ns.pte}: compatible with {files} (foundation {pairing.foundation.fingerprint})")
-    for problem in [] if ns.json else pairing.problems:
-        print(f"incompatible: {problem}", file=sys.stderr)
-    return 0 if pairing.ok else 1
-
-
-def _cmd_eval(ns) -> int:
-    from .evaluate import evaluate, render
-
-    report = evaluate(ns.target, ns.text, ns.adapter, ns.max_tokens, ns.min_tokens, progress=not ns.quiet)
-    print(json.dumps(report.to_json(), indent=2) if ns.json else render(report))
-    return 0
-
-
-def _cmd_bench(ns) -> int:
-    from .bench.run import run_from_args
-
-    return run_from_args(ns, "lora-share bench " + " ".join(sys.argv[2:]))
-
-
-def _cmd_bench_scale(ns) -> int:
-    from .bench.scale import run_from_args
-
-    return run_from_args(ns, "lora-share bench-scale " + " ".join(sys.argv[2:]))
-
-
-def _cmd_bench_quality(ns) -> int:
-    from .bench.quality import run_from_args
-
-    return run_from_args(ns)
-
-
-def _cmd_bench_peers(ns) -> int:
-    from .bench.peers import run_from_args
-
-    return run_from_args(ns, "lora-share bench-peers " + " ".join(sys.argv[2:]))
-
-
-def _cmd_bench_budget(ns) -> int:
-    from .bench.budget import BudgetBenchError, run
-    from .inference.c_library import NativeError
-
-    if ns.deployment is None and not Path(ns.config).is_file():
-        raise UserError(f"{ns.config}: no such config file")
-    try:
-        _, ok = run(Path(ns.config), Path(ns.work), ns.adapters, ns.resident, ns.requests,
-                    None if ns.out == "-" else Path(ns.out), quiet=not ns.verbose,
-                    folder=None if ns.deployment is None else Path(ns.deployment))
-    except (BudgetBenchError, NativeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0 if ok else 1
-
-
-def _cmd_schema(ns) -> int:
-    from .config import config_json_schema
-
-    print(json.dumps(config_json_schema(), indent=2))
-    return 0
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lora-share",
-        description="Share one foundation model's weights across many LoRA adapters on ExecuTorch.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    v = sub.add_parser("validate", help="check config files and report every error at once",
-                       epilog="example:\n  lora-share validate configs/*.yaml",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("configs", nargs="+", metavar="CONFIG")
-    v.set_defaults(func=_cmd_validate)
-
-    b = sub.add_parser("build", help="export foundation.ptd + one .pte per adapter + manifest.json",
-                       epilog="example:\n  lora-share build configs/llama_adapters.yaml",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("config", metavar="CONFIG")
-    b.add_argument("--json", action="store_true", help="print the manifest as JSON instead of progress")
-    b.set_defaults(func=_cmd_build)
-
-    a = sub.add_parser("add", help="add PEFT adapters to an existing build, as data for its program: no export, "
-                                     "foundation.ptd and the shipped adapters untouched",
-                       epilog="examples:\n  lora-share add --to out/llama_adapters path/to/peft_adapter_dir\n"
-                              "  lora-share add --to out/llama_adapters support_bot=path/to/peft_dir",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    a.add_argument("--to", required=True, metavar="OUT_DIR", help="output folder of an earlier build")
-    a.add_argument("adapters", nargs="+", metavar="[NAME=]PEFT_DIR",
-                   help="PEFT folder (adapter_config.json + adapter_model.safetensors); NAME defaults to its name. "
-                        "To a build of programs: [NAME=]ARCHIVE.pt2")
-    a.add_argument("--model", help="to a build of programs: the model of a PT2 archive holding several")
-    a.add_argument("--json", action="store_true", help="print the updated manifest as JSON instead of progress")
-    a.set_defaults(func=_cmd_add)
-
-    r = sub.add_parser("run", help="generate with an adapter .pte over a foundation .ptd (Python runtime)",
-                       epilog="examples:\n  lora-share run --pte out/llama_adapters/counter.pte "
-                              "--ptd out/llama_adapters/foundation.ptd --tokens 1,17,42 --max-new-tokens 8\n"
-                              "  lora-share run --pte out/my_model/bot.pte --ptd out/my_model/foundation.ptd "
-                              "--prompt 'The capital of France is'",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+def _register_run(subparsers) -> None:
+    """``lora-share run``'s flags."""
+    r = subparsers.add_parser("run", help="generate with an adapter .pte over a foundation .ptd (Python runtime)",
+                              epilog="examples:\n  lora-share run --pte out/llama_adapters/counter.pte "
+                                     "--ptd out/llama_adapters/foundation.ptd --tokens 1,17,42 --max-new-tokens 8\n"
+                                     "  lora-share run --pte out/my_model/bot.pte --ptd out/my_model/foundation.ptd "
+                                     "--prompt 'The capital of France is'",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--pte", required=True, help="adapter program")
     r.add_argument("--ptd", required=True, help="foundation data file")
     r.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
@@ -302,32 +210,92 @@ def parser() -> argparse.ArgumentParser:
                    help="skip the check that the .pte was built for this .ptd (foundation fingerprint, keys)")
     r.set_defaults(func=_cmd_run)
 
-    i = sub.add_parser("inspect", help="show what a .ptd or .pte holds: keys, sizes, segments, fingerprints",
-                       epilog="examples:\n  lora-share inspect out/llama_adapters/foundation.ptd\n"
-                              "  lora-share inspect out/llama_adapters/counter.pte --ptd out/llama_adapters/foundation.ptd\n"
-                              "  lora-share inspect out/llama_adapters/counter.pte --json | jq .needs",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def _write_stdout(text: str) -> None:
+    """Text as it is generated: UTF-8 whatever the locale, flushed so a reader sees it at once."""
+    sys.stdout.buffer.write(text.encode())
+    sys.stdout.buffer.flush()
+
+
+def _save_npy(path: Path, array, np) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"--dump-logits {path}: cannot write: {e.strerror}") from None
+
+
+def _cmd_inspect(ns) -> int:
+    from .inference.inspection import inspect_file, render
+
+    report = inspect_file(ns.file, ns.ptd, ns.shared_ptd)
+    print(json.dumps(report, indent=2) if ns.json else render(report))
+    return 0
+
+
+def _register_inspect(subparsers) -> None:
+    """``lora-share inspect``'s flags."""
+    i = subparsers.add_parser("inspect", help="show what a .ptd or .pte holds: keys, sizes, segments, fingerprints",
+                              epilog="examples:\n  lora-share inspect out/llama_adapters/foundation.ptd\n"
+                                     "  lora-share inspect out/llama_adapters/counter.pte "
+                                     "--ptd out/llama_adapters/foundation.ptd\n"
+                                     "  lora-share inspect out/llama_adapters/counter.pte --json | jq .needs",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("file", metavar="FILE", help=".ptd or .pte (told apart by their magic bytes)")
     i.add_argument("--ptd", help="for a .pte: also check whether this .ptd has every key it needs")
     i.add_argument("--shared-ptd", metavar="PATH", help="for a .pte with --ptd: " + SHARED_HELP)
     i.add_argument("--json", action="store_true", help="print the report as JSON")
     i.set_defaults(func=_cmd_inspect)
 
-    vf = sub.add_parser("verify", help="check that an adapter .pte fits a foundation .ptd (exit 0 yes, 1 no, 2 bad file)",
-                        epilog="example:\n  lora-share verify --pte out/llama_adapters/counter.pte "
-                               "--ptd out/llama_adapters/foundation.ptd",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def _cmd_verify(ns) -> int:
+    from .inference.verify import check_pair
+
+    pairing = check_pair(ns.pte, ns.ptd, ns.shared_ptd)
+    if ns.json:
+        print(json.dumps({"compatible": pairing.ok, "problems": pairing.problems, "missing": pairing.missing,
+                          "adapter_fingerprint": pairing.adapter and pairing.adapter.foundation_fingerprint,
+                          "foundation_fingerprint": pairing.foundation and pairing.foundation.fingerprint}))
+    elif pairing.ok:
+        files = f"{ns.ptd} + {ns.shared_ptd}" if ns.shared_ptd else ns.ptd
+        print(f"{ns.pte}: compatible with {files} (foundation {pairing.foundation.fingerprint})")
+    for problem in [] if ns.json else pairing.problems:
+        print(f"incompatible: {problem}", file=sys.stderr)
+    return 0 if pairing.ok else 1
+
+
+def _register_verify(subparsers) -> None:
+    """``lora-share verify``'s flags."""
+    vf = subparsers.add_parser("verify", help="check that an adapter .pte fits a foundation .ptd (exit 0 yes, 1 no, "
+                                              "2 bad file)",
+                               epilog="example:\n  lora-share verify --pte out/llama_adapters/counter.pte "
+                                      "--ptd out/llama_adapters/foundation.ptd",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     vf.add_argument("--pte", required=True, help="adapter program")
     vf.add_argument("--ptd", required=True, help="foundation data file")
     vf.add_argument("--shared-ptd", metavar="PATH", help=SHARED_HELP)
     vf.add_argument("--json", action="store_true", help='print {"compatible": ..., "problems": [...], ...}')
     vf.set_defaults(func=_cmd_verify)
 
-    ev = sub.add_parser("eval", help="perplexity and top-1 agreement with transformers float32 on a text, for the "
-                                     "foundation alone and each adapter (Python runtime)",
-                        epilog="examples:\n  lora-share eval out/smollm2 notes.txt\n"
-                               "  lora-share eval configs/smollm2.yaml notes.txt --adapter base --max-tokens 2048 --json",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def _cmd_eval(ns) -> int:
+    from .evaluate import evaluate, render
+
+    report = evaluate(ns.target, ns.text, ns.adapter, ns.max_tokens, ns.min_tokens, progress=not ns.quiet)
+    print(json.dumps(report.to_json(), indent=2) if ns.json else render(report))
+    return 0
+
+
+def _register_eval(subparsers) -> None:
+    """``lora-share eval``'s flags."""
+    ev = subparsers.add_parser("eval", help="perplexity and top-1 agreement with transformers float32 on a text, "
+                                            "for the foundation alone and each adapter (Python runtime)",
+                               epilog="examples:\n  lora-share eval out/smollm2 notes.txt\n"
+                                      "  lora-share eval configs/smollm2.yaml notes.txt --adapter base "
+                                      "--max-tokens 2048 --json",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("target", metavar="BUILD", help="output folder of `lora-share build`, or its config (built first, "
                                                     "or kept as it is if nothing changed)")
     ev.add_argument("text", metavar="TEXT_FILE", help="UTF-8 text, scored in windows of the build's max_seq_len tokens")
@@ -341,71 +309,35 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ev.set_defaults(func=_cmd_eval)
 
-    bn = sub.add_parser("bench", help="measure disk, memory, load time, speed and build time against stand-alone "
-                                      "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
-                        epilog="examples:\n  lora-share bench configs/llama_adapters.yaml       "
-                               "# about 12 min; writes benchmarks/results/bench.{json,md} + PNG plots\n"
-                               "  lora-share bench configs/tiny.yaml --counts 1,2 --out /tmp/bench",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    from .bench.run import add_arguments
 
-    add_arguments(bn, config_option=False)
-    bn.set_defaults(func=_cmd_bench)
+def _cmd_schema(ns) -> int:
+    from .config import config_json_schema
 
-    bs = sub.add_parser("bench-scale", help="memory and speed at SmolLM-135M's shape with a 2,048-token context: "
-                                            "shared arena vs private arenas vs one process per adapter",
-                        epilog="examples:\n  lora-share bench-scale                 # = make bench-scale; about 35 min "
-                               "the first time (3 exports), 15 min after; writes benchmarks/results/bench_scale.{json,md}\n"
-                               "  lora-share bench-scale --shape tiny --out /tmp/scale   # every step on a tiny shape",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    from .bench.scale import add_arguments as add_scale_arguments
+    print(json.dumps(config_json_schema(), indent=2))
+    return 0
 
-    add_scale_arguments(bs)
-    bs.set_defaults(func=_cmd_bench_scale)
 
-    bp = sub.add_parser("bench-peers", help="lora-share vs llama.cpp on SmolLM2-135M-Instruct, one adapter applied "
-                                            "on both sides: decode, prefill, first token, load, PSS, KV bytes",
-                        epilog="examples:\n  lora-share bench-peers     # = make bench-peers; builds llama.cpp once into "
-                               "out/peers, writes benchmarks/results/bench_peers.{json,md}",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    from .bench.peers import add_arguments as add_peers_arguments
-
-    add_peers_arguments(bp)
-    bp.set_defaults(func=_cmd_bench_peers)
-
-    bb = sub.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C library): "
-                                             "PSS against the budget, resident vs cold request latency, requests/s",
-                        epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of the "
-                               "synthetic config, a budget for 4\n"
-                               "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 --requests 30",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    bb.add_argument("config", nargs="?", default="configs/llama_adapters.yaml",
-                    help="config whose foundation the adapters share (default configs/llama_adapters.yaml)")
-    bb.add_argument("--adapters", type=int, default=32, help="adapters in the deployment (default 32)")
-    bb.add_argument("--resident", type=int, default=4, help="adapters the budget holds (default 4)")
-    bb.add_argument("--requests", type=int, default=200, help="mixed requests after one per adapter (default 200)")
-    bb.add_argument("--work", default="out/bench_budget", help="where the deployment is built and kept "
-                                                               "(default out/bench_budget)")
-    bb.add_argument("--deployment", metavar="DIR", help="measure this build folder as it is instead of building "
-                                                        "one (CONFIG and --adapters are then unused)")
-    bb.add_argument("--out", default="benchmarks/results/bench_budget.json", help="results JSON ('-': none)")
-    bb.add_argument("--verbose", action="store_true", help="show the build's progress")
-    bb.set_defaults(func=_cmd_bench_budget)
-
-    bq = sub.add_parser("bench-quality", help="perplexity and top-1 agreement with transformers float32 of the real "
-                                              "SmolLM2-135M-Instruct, fp32 and 8da4w foundations, alone and with an "
-                                              "adapter, on the Python tutorial (Debian's python3.11-doc)",
-                        epilog="examples:\n  lora-share bench-quality      # = make bench-quality; writes "
-                               "benchmarks/results/bench_quality.{json,md}\n"
-                               "  lora-share bench-quality --peft path/to/peft_dir --out /tmp/quality.json",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    from .bench.quality import add_arguments as add_quality_arguments
-
-    add_quality_arguments(bq)
-    bq.set_defaults(func=_cmd_bench_quality)
-
-    s = sub.add_parser("schema", help="print the config's JSON Schema")
+def _register_schema(subparsers) -> None:
+    """``lora-share schema``'s flags (none)."""
+    s = subparsers.add_parser("schema", help="print the config's JSON Schema")
     s.set_defaults(func=_cmd_schema)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``lora-share`` parser: each subcommand registers its own flags (the benchmarks in their modules)."""
+    from . import bench
+    from .bench import budget, peers, quality, scale
+
+    p = argparse.ArgumentParser(
+        prog="lora-share",
+        description="Share one foundation model's weights across many LoRA adapters on ExecuTorch.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in (_register_validate, _register_build, _register_add, _register_run, _register_inspect,
+                     _register_verify, _register_eval, bench.register, scale.register, peers.register,
+                     budget.register, quality.register, _register_schema):
+        register(sub)
     return p
 
 

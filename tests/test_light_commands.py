@@ -52,6 +52,19 @@ def test_cli_and_config_import_no_torch():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
+def test_every_subcommand_registers_its_flags_without_torch():
+    """Each subcommand's parser, the benchmarks' from their own modules, formats its help without torch."""
+    code = ("import sys, lora_share.cli\n"
+            "sub = next(a for a in lora_share.cli.parser()._actions if a.dest == 'command')\n"
+            "for name, p in sub.choices.items():\n"
+            "    assert p.format_help().startswith('usage: lora-share ' + name), name\n"
+            "print(' '.join(sub.choices), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["validate", "build", "add", "run", "inspect", "verify", "eval", "bench", "bench-scale",
+                                   "bench-peers", "bench-budget", "bench-quality", "schema", "False"]
+
+
 def test_validate_schema_inspect_verify_run_without_torch(tiny_build):
     assert run_light("validate", tiny_build.config).returncode == 0
     assert json.loads(run_light("schema").stdout)["type"] == "object"

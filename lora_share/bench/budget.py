@@ -18,6 +18,7 @@ answer differed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import UserError
 from .build_time import _git_commit, machine_info, resolve_foundation, write_config
 
 PROMPT = list(range(1, 17))
@@ -212,6 +214,46 @@ def run(config: Path, work: Path, n: int, resident: int, requests: int, out: Pat
         tmp.replace(out)
     print(text)
     return result, ok
+
+
+def register(subparsers) -> None:
+    """``lora-share bench-budget``: its flags and what it runs."""
+    p = subparsers.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C "
+                                                   "library): PSS against the budget, resident vs cold request "
+                                                   "latency, requests/s",
+                              epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of "
+                                     "the synthetic config, a budget for 4\n"
+                                     "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 "
+                                     "--requests 30",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", default="configs/llama_adapters.yaml",
+                   help="config whose foundation the adapters share (default configs/llama_adapters.yaml)")
+    p.add_argument("--adapters", type=int, default=32, help="adapters in the deployment (default 32)")
+    p.add_argument("--resident", type=int, default=4, help="adapters the budget holds (default 4)")
+    p.add_argument("--requests", type=int, default=200, help="mixed requests after one per adapter (default 200)")
+    p.add_argument("--work", default="out/bench_budget", help="where the deployment is built and kept "
+                                                              "(default out/bench_budget)")
+    p.add_argument("--deployment", metavar="DIR", help="measure this build folder as it is instead of building "
+                                                       "one (CONFIG and --adapters are then unused)")
+    p.add_argument("--out", default="benchmarks/results/bench_budget.json", help="results JSON ('-': none)")
+    p.add_argument("--verbose", action="store_true", help="show the build's progress")
+    p.set_defaults(func=run_from_args)
+
+
+def run_from_args(ns) -> int:
+    """``lora-share bench-budget`` with its parsed flags: 0 if every check passed, 1 if not or on an error."""
+    from ..inference.c_library import NativeError
+
+    if ns.deployment is None and not Path(ns.config).is_file():
+        raise UserError(f"{ns.config}: no such config file")
+    try:
+        _, ok = run(Path(ns.config), Path(ns.work), ns.adapters, ns.resident, ns.requests,
+                    None if ns.out == "-" else Path(ns.out), quiet=not ns.verbose,
+                    folder=None if ns.deployment is None else Path(ns.deployment))
+    except (BudgetBenchError, NativeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
 
 
 def _child_main(argv: list[str]) -> int:

@@ -662,6 +662,22 @@ def perplexity_checks(ppl: dict) -> list[dict]:
              "value": f"{q:.4f} vs {q4_0:.4f}", "target": "<=", "pass": q <= q4_0}]
 
 
+def register(subparsers) -> None:
+    """``lora-share bench-peers``: its flags and what it runs."""
+    import argparse
+
+    from . import typed_command
+
+    p = subparsers.add_parser("bench-peers", help="lora-share vs llama.cpp on SmolLM2-135M-Instruct, one adapter "
+                                                  "applied on both sides: decode, prefill, first token, load, PSS, "
+                                                  "KV bytes",
+                              epilog="examples:\n  lora-share bench-peers     # = make bench-peers; builds llama.cpp "
+                                     "once into out/peers, writes benchmarks/results/bench_peers.{json,md}",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-peers")))
+
+
 def add_arguments(p) -> None:
     """bench-peers' options."""
     p.add_argument("--gguf", default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",

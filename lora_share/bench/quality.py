@@ -55,6 +55,19 @@ VARIANTS = {"fp32": None, "8da4w": {"scheme": "8da4w", "group_size": 32, "grid":
 MAX_RATIO = 1.03
 
 
+def register(subparsers) -> None:
+    """``lora-share bench-quality``: its flags and what it runs."""
+    p = subparsers.add_parser("bench-quality", help="perplexity and top-1 agreement with transformers float32 of the "
+                                                    "real SmolLM2-135M-Instruct, fp32 and 8da4w foundations, alone and "
+                                                    "with an adapter, on the Python tutorial (Debian's python3.11-doc)",
+                              epilog="examples:\n  lora-share bench-quality      # = make bench-quality; writes "
+                                     "benchmarks/results/bench_quality.{json,md}\n"
+                                     "  lora-share bench-quality --peft path/to/peft_dir --out /tmp/quality.json",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run_from_args)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="benchmarks/quality/smollm2.yaml",
                    help="the deployment: a checkpoint foundation (float32) and its adapter "

@@ -61,6 +61,7 @@ import yaml
 from .memory import BenchError, adapter_bound_bytes
 from ..errors import UserError
 from . import processes
+from . import typed_command
 from .run import _Progress, _git, _machine, _prompt
 
 MIB = 1024 * 1024
@@ -576,6 +577,20 @@ def write_results(result: dict, out_dir: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------
 # Command line
+
+
+def register(subparsers) -> None:
+    """``lora-share bench-scale``: its flags and what it runs."""
+    p = subparsers.add_parser("bench-scale", help="memory and speed at SmolLM-135M's shape with a 2,048-token "
+                                                  "context: shared arena vs private arenas vs one process per adapter",
+                              epilog="examples:\n  lora-share bench-scale                 # = make bench-scale; about "
+                                     "35 min the first time (3 exports), 15 min after; writes "
+                                     "benchmarks/results/bench_scale.{json,md}\n"
+                                     "  lora-share bench-scale --shape tiny --out /tmp/scale   # every step on a "
+                                     "tiny shape",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-scale")))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
