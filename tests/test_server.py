@@ -242,6 +242,9 @@ def good_tokens(runner_bin, deployment, tokenizer, eos_ids):
     ({"model": SECOND, "prompt": "hi", "tools": [{"type": "function"}]}, None, 400, "tools"),
     ({"model": SECOND, "prompt": "hi", "best_of": 2}, None, 400, "best_of must be 1"),
     ({"model": SECOND, "prompt": "hi", "mirostat": 2}, None, 400, "unknown field 'mirostat'"),
+    ({"model": SECOND, "prompt": "hi", "top_p": 1.5}, None, 400, "top_p must be a number between 0 and 1"),
+    ({"model": SECOND, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "up to 4"),
+    ({"model": SECOND, "prompt": "hi", "stop": ""}, None, 400, "stop must be a non-empty string"),
     ({"model": SECOND, "prompt": "hi", "stream": True, "max_tokens": 10 ** 6}, None, 400, "context (max_seq_len)"),
 ])
 def test_bad_requests_get_a_clear_error_and_serving_goes_on(server, good_tokens, body, raw, status, words):
@@ -352,3 +355,80 @@ def test_a_tokenizer_from_another_build_is_refused(server_bin, deployment, tmp_p
                        timeout=TIMEOUT)
     assert r.returncode == 2, r.stderr
     assert f"{tj} (sha256" in r.stderr and "is not the tokenizer" in r.stderr and "foundation.ptd" in r.stderr
+
+
+def _text(server, body: dict, stream: bool = False):
+    """(text, finish_reason, tokens) of a completion, whole or streamed."""
+    if stream:
+        events = server.stream("/v1/completions", body)
+        return ("".join(e["choices"][0]["text"] for e in events), events[-1]["choices"][0]["finish_reason"],
+                [t for e in events for t in e["choices"][0]["tokens"]])
+    status, answer = server.request("POST", "/v1/completions", body)
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    return choice["text"], choice["finish_reason"], choice["tokens"]
+
+
+def test_a_stop_string_across_tokens_never_reaches_the_client(server, runner_bin, deployment, tokenizer, eos_ids):
+    ids = tokenizer.encode(PROMPT).ids
+    tokens, text, _ = runner_answer(runner_bin, deployment, TEXT_ADAPTER, ids, 24, tokenizer, eos_ids)
+    # A stop string made of the end of one token's text and the start of the next one's.
+    pieces = [tokenizer.decode(tokens[:i + 1], skip_special_tokens=True) for i in range(len(tokens))]
+    k = next(i for i in range(1, len(pieces) - 1)
+             if len(pieces[i]) > len(pieces[i - 1]) and len(pieces[i + 1]) > len(pieces[i]))
+    stop = pieces[k][-1] + pieces[k + 1][len(pieces[k])]
+    expected = text[:text.index(stop)]
+    body = {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 24, "stop": [stop, "never said"]}
+    for stream in (False, True):
+        got, finish, _ = _text(server, body, stream)
+        assert (got, finish) == (expected, "stop"), (stop, stream)
+    # A stop string the answer never holds changes nothing.
+    assert _text(server, {**body, "stop": "never said"})[:2] == (text, "length" if len(tokens) == 24 else "stop")
+
+
+def test_filters_that_keep_one_token_are_greedy(server, runner_bin, deployment, tokenizer, eos_ids):
+    tokens, _, _ = runner_answer(runner_bin, deployment, SECOND, tokenizer.encode(PROMPT).ids, 12, tokenizer, eos_ids)
+    for keep_one in ({"top_k": 1}, {"top_p": 0}, {"min_p": 1}):
+        body = {"model": SECOND, "prompt": PROMPT, "max_tokens": 12, "temperature": 2, "seed": 3, **keep_one}
+        assert _text(server, body)[2] == tokens, keep_one
+
+
+def test_the_same_seed_gives_the_same_text_streamed_or_not(server):
+    body = {"model": SECOND, "prompt": PROMPT, "max_tokens": 16, "temperature": 1.5, "top_p": 0.95, "top_k": 50,
+            "min_p": 0.01, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repeat_penalty": 1.1}
+    answers = {seed: _text(server, {**body, "seed": seed}) for seed in (1, 2, 3)}
+    assert len({a[0] for a in answers.values()}) > 1  # the seed matters
+    for seed, answer in answers.items():
+        assert _text(server, {**body, "seed": seed}) == answer
+        assert _text(server, {**body, "seed": seed}, stream=True) == answer
+
+
+def test_penalties_equal_transformers(server, text_hf, tokenizer):
+    """Greedy with transformers' repetition_penalty, and with OpenAI's presence/frequency penalties written
+    here as a logits processor, on the eager PEFT model: the server's tokens."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class OpenAIPenalties(LogitsProcessor):
+        def __init__(self, prompt_len, presence, frequency):
+            self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+        def __call__(self, input_ids, scores):
+            for t, c in zip(*torch.unique(input_ids[0, self.prompt_len:], return_counts=True)):
+                scores[0, t] -= self.presence + c * self.frequency
+            return scores
+
+    _, model = text_hf
+    ids = tokenizer.encode(PROMPT).ids
+    cases = [({"repeat_penalty": 1.8}, {"repetition_penalty": 1.8}),
+             ({"presence_penalty": 1.5, "frequency_penalty": 0.7},
+              {"logits_processor": LogitsProcessorList([OpenAIPenalties(len(ids), 1.5, 0.7)])})]
+    for ours, theirs in cases:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=16, pad_token_id=0, eos_token_id=[], **theirs)
+        expected = out[0, len(ids):].tolist()
+        got = _text(server, {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, **ours})
+        assert got[2] == expected, ours
+    plain = _text(server, {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True})
+    assert plain[2] != expected  # the penalties changed the answer: the comparison above checks them

@@ -123,6 +123,15 @@ typedef struct {
                              ids are the tokenizer section's of the
                              manifest.json beside the foundation.ptd; a build
                              without a tokenizer has none. */
+  /* How each token is picked beyond temperature (transformers' warpers and
+   * penalties, OpenAI's presence/frequency; see runtime/sampler.h): the
+   * filters act only when temperature > 0, the penalties always. */
+  int64_t top_k;            /* default 0: off; else the k likeliest ids */
+  double top_p;             /* default 1: off; [0, 1] (0: the likeliest id) */
+  double min_p;             /* default 0: off; [0, 1] */
+  double repeat_penalty;    /* default 1: off; > 0, over prompt + answer */
+  double presence_penalty;  /* default 0; [-2, 2], over the answer */
+  double frequency_penalty; /* default 0; [-2, 2], over the answer */
 } ls_generate_options;
 
 /* Called with each generated token id, in order. Return 0 to go on, nonzero
@@ -148,7 +157,7 @@ typedef struct {
 
 /* Defaults: no shared file, verify on, no budget. */
 LS_API void ls_options_init(ls_options* options);
-/* Defaults: 16 new tokens, greedy, seed 0, stop at EOS. */
+/* Defaults: 16 new tokens, greedy, seed 0, stop at EOS, no filter or penalty. */
 LS_API void ls_generate_options_init(ls_generate_options* options);
 /* "LS_OK", "LS_ERR_LOAD", ...; "unknown" for any other value. */
 LS_API const char* ls_status_name(ls_status code);

@@ -445,8 +445,8 @@ StatusOr<Adapter*> AdapterPool::acquire_base() {
 }
 
 StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64_t>& prompt,
-                                           int64_t max_new_tokens, double temperature,
-                                           uint64_t seed, const std::vector<int64_t>& stop_ids,
+                                           int64_t max_new_tokens, const Sampling& sampling,
+                                           const std::vector<int64_t>& stop_ids,
                                            bool keep_logits, const TokenCallback& on_token,
                                            const std::string& prompt_label) {
   // Checked before loading: a bad request must not evict anything.
@@ -454,7 +454,7 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
   if (!s.ok()) return s;
   auto adapter = index == kBase ? acquire_base() : acquire(index);
   if (!adapter.ok()) return adapter.status();
-  return lora_share::generate(*adapter.value(), prompt, max_new_tokens, temperature, seed,
+  return lora_share::generate(*adapter.value(), prompt, max_new_tokens, sampling,
                               keep_logits, on_token, stop_ids);
 }
 

@@ -136,7 +136,7 @@ class AdapterPool {
   // `stop_ids` (eos_ids(), or none, or the caller's). Usage errors are the
   // request's; failures are loading's or running's.
   StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt,
-                                int64_t max_new_tokens, double temperature, uint64_t seed,
+                                int64_t max_new_tokens, const Sampling& sampling,
                                 const std::vector<int64_t>& stop_ids, bool keep_logits,
                                 const TokenCallback& on_token,
                                 const std::string& prompt_label = "prompt");

@@ -1,5 +1,6 @@
 #include "api_support.h"
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -147,10 +148,27 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   ls_generate_options defaults;
   ls_generate_options_init(&defaults);
   const ls_generate_options& o = options ? *options : defaults;
-  if (!(o.temperature >= 0)) {
-    set_error(error, LS_ERR_ARGUMENT, "temperature must be 0 (greedy) or more");
+  const char* bad = !(o.temperature >= 0)                        ? "temperature must be 0 (greedy) or more"
+                    : o.top_k < 0                                   ? "top_k must be 0 (off) or more"
+                    : !(o.top_p >= 0 && o.top_p <= 1)               ? "top_p must be in [0, 1]"
+                    : !(o.min_p >= 0 && o.min_p <= 1)               ? "min_p must be in [0, 1]"
+                    : !(o.repeat_penalty > 0 && std::isfinite(o.repeat_penalty)) ? "repeat_penalty must be above 0"
+                    : !(std::fabs(o.presence_penalty) <= 2)         ? "presence_penalty must be in [-2, 2]"
+                    : !(std::fabs(o.frequency_penalty) <= 2)        ? "frequency_penalty must be in [-2, 2]"
+                                                                    : nullptr;
+  if (bad != nullptr) {
+    set_error(error, LS_ERR_ARGUMENT, bad);
     return LS_ERR_ARGUMENT;
   }
+  lora_share::Sampling sampling;
+  sampling.temperature = o.temperature;
+  sampling.seed = o.seed;
+  sampling.top_k = o.top_k;
+  sampling.top_p = o.top_p;
+  sampling.min_p = o.min_p;
+  sampling.repeat_penalty = o.repeat_penalty;
+  sampling.presence_penalty = o.presence_penalty;
+  sampling.frequency_penalty = o.frequency_penalty;
   TokenCallback callback;
   if (on_token)
     callback = [on_token, user_data](int64_t token) { return on_token(token, user_data) == 0; };
@@ -158,7 +176,7 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   const std::vector<int64_t>& stop_ids =
       extras.stop_ids ? *extras.stop_ids : o.ignore_eos != 0 ? kNone : rt->pool->eos_ids();
   auto g = rt->pool->generate(index, std::vector<int64_t>(prompt, prompt + n), o.max_new_tokens,
-                              o.temperature, o.seed, stop_ids, extras.keep_logits, callback,
+                              sampling, stop_ids, extras.keep_logits, callback,
                               extras.prompt_label);
   if (!g.ok()) {
     // Usage errors come from the request's check; failures from loading or running.

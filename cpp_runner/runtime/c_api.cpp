@@ -31,6 +31,12 @@ void ls_generate_options_init(ls_generate_options* options) {
   options->temperature = 0.0;
   options->seed = 0;
   options->ignore_eos = 0;
+  options->top_k = 0;
+  options->top_p = 1.0;
+  options->min_p = 0.0;
+  options->repeat_penalty = 1.0;
+  options->presence_penalty = 0.0;
+  options->frequency_penalty = 0.0;
 }
 
 const char* ls_status_name(ls_status code) {

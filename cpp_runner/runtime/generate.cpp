@@ -3,30 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <random>
 
 namespace lora_share {
 namespace {
-
-int64_t pick(const std::vector<float>& logits, double temperature,
-             std::mt19937_64& rng) {
-  if (temperature <= 0)
-    return std::max_element(logits.begin(), logits.end()) - logits.begin();
-  double max_z = -INFINITY;
-  for (float l : logits) max_z = std::max(max_z, l / temperature);
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    p[i] = std::exp(logits[i] / temperature - max_z);
-    sum += p[i];
-  }
-  double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
-  for (size_t i = 0; i < p.size(); ++i) {
-    u -= p[i];
-    if (u < 0) return static_cast<int64_t>(i);
-  }
-  return static_cast<int64_t>(p.size() - 1);
-}
 
 // Feeds the prompt from position 0 in forward calls of at most the program's
 // prefill chunk; `logits` are the last call's.
@@ -68,12 +47,12 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 }
 
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
-                              int64_t max_new_tokens, double temperature,
-                              uint64_t seed, bool keep_logits,
+                              int64_t max_new_tokens, const Sampling& sampling,
+                              bool keep_logits,
                               const TokenCallback& on_token,
                               const std::vector<int64_t>& stop_ids) {
   using clock = std::chrono::steady_clock;
-  std::mt19937_64 rng(seed);
+  Sampler sampler(sampling, prompt);
   Generation g;
   g.vocab = adapter.vocab_size();
   std::vector<float> logits;
@@ -85,7 +64,7 @@ StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prom
   int64_t pos = static_cast<int64_t>(prompt.size());
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     if (keep_logits) g.logits.insert(g.logits.end(), logits.begin(), logits.end());
-    g.tokens.push_back(pick(logits, temperature, rng));
+    g.tokens.push_back(sampler.pick(logits));
     if (on_token && !on_token(g.tokens.back())) break;
     if (std::find(stop_ids.begin(), stop_ids.end(), g.tokens.back()) != stop_ids.end()) break;
     if (i + 1 < max_new_tokens) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "adapter.h"
+#include "sampler.h"
 #include "status.h"
 
 namespace lora_share {
@@ -33,18 +34,18 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
                      int64_t vocab_size, int64_t max_seq_len,
                      const std::string& tokens_label = "--tokens");
 
-// Prefill then decode. Temperature 0 is greedy (argmax, first index on ties,
-// as numpy). Above 0 it samples from softmax(logits / temperature) with a
-// generator seeded by `seed`; the C++ and numpy random streams differ, so
-// sampled ids match Python only in distribution.
+// Prefill then decode, each token picked as `sampling` says (sampler.h):
+// temperature 0 is greedy (argmax, first index on ties, as numpy); above 0 it
+// samples with a generator seeded by `seed`. The C++ and numpy random streams
+// differ, so sampled ids match Python only in distribution.
 // `on_token`, if given, sees each token as soon as it is picked; returning
 // false stops generation there (the tokens so far are the result).
 // A token in `stop_ids` (the build's EOS ids) ends generation after it, as
 // transformers' generate does: it is the last token (and on_token sees it).
 using TokenCallback = std::function<bool(int64_t token)>;
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
-                              int64_t max_new_tokens, double temperature,
-                              uint64_t seed, bool keep_logits,
+                              int64_t max_new_tokens, const Sampling& sampling,
+                              bool keep_logits,
                               const TokenCallback& on_token = nullptr,
                               const std::vector<int64_t>& stop_ids = {});
 

@@ -10,6 +10,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "stop_strings.h"
+
 namespace lora_share::server {
 namespace {
 
@@ -37,13 +39,22 @@ std::string next_id(bool chat) {
   return std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(++counter);
 }
 
-// One generation: collects ids until EOS or max_tokens, decodes text as the
-// ids arrive, and hands each piece to `on_piece` (streaming), which returns
-// false when the client is gone, so generation stops there.
+// One generation: collects ids until EOS, a stop string or max_tokens,
+// decodes text as the ids arrive, holds back what may be the start of a stop
+// string, and hands each piece to `on_piece` (streaming), which returns false
+// when the client is gone, so generation stops there.
 struct Run {
-  const Deployment* deployment = nullptr;
-  bool ignore_eos = false;
+  Run(const Deployment& deployment, const CompletionRequest& request, int64_t prompt_tokens)
+      : deployment(&deployment), ignore_eos(request.ignore_eos), stops(request.stop) {
+    if (deployment.tokenizer) decoder.emplace(*deployment.tokenizer, true);
+    answer.finish_reason = "length";
+    answer.prompt_tokens = prompt_tokens;
+  }
+
+  const Deployment* deployment;
+  bool ignore_eos;
   std::optional<tok::StreamDecoder> decoder;
+  StopStrings stops;
   Answer answer;
   std::function<bool(const std::string& piece, int64_t id)> on_piece;
   bool client_gone = false;
@@ -56,18 +67,25 @@ struct Run {
       return 1;
     }
     run->answer.tokens.push_back(id);
-    const std::string piece = run->decoder ? run->decoder->push(id) : std::string();
+    const std::string piece = run->stops.push(run->decoder ? run->decoder->push(id) : std::string());
     run->answer.text += piece;
     if (run->on_piece && !run->on_piece(piece, id)) {
       run->client_gone = true;
       return 1;
     }
+    if (run->stops.stopped()) {
+      run->answer.finish_reason = "stop";
+      return 1;
+    }
     return 0;
   }
 
-  // The text still held back (an incomplete UTF-8 tail), once generation ends.
+  // The text still held back (an incomplete UTF-8 tail, the start of a stop
+  // string that never came), once generation ends.
   std::string finish() {
-    std::string tail = decoder ? decoder->finish() : std::string();
+    std::string tail = stops.push(decoder ? decoder->finish() : std::string());
+    if (stops.stopped()) answer.finish_reason = "stop";
+    tail += stops.finish();
     answer.text += tail;
     return tail;
   }
@@ -87,6 +105,12 @@ ls_generate_options generate_options(const CompletionRequest& request, int64_t m
   g.max_new_tokens = max_new_tokens;
   g.temperature = request.temperature;
   g.seed = request.seed;
+  g.top_k = request.top_k;
+  g.top_p = request.top_p;
+  g.min_p = request.min_p;
+  g.repeat_penalty = request.repeat_penalty;
+  g.presence_penalty = request.presence_penalty;
+  g.frequency_penalty = request.frequency_penalty;
   g.ignore_eos = request.ignore_eos ? 1 : 0;
   return g;
 }
@@ -194,6 +218,10 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     return send_error(res, 404, "no adapter called '" + request.model +
                                     "' in this deployment: GET /v1/models lists them ('base' is the foundation alone)");
   }
+  if (!request.stop.empty() && !deployment_.tokenizer) {
+    return send_error(res, 400, "stop needs the text of the answer, and this deployment has no tokenizer (" +
+                                    deployment_.no_tokenizer_reason + "): leave stop out");
+  }
   auto ids = deployment_.prompt_ids(request);
   if (!ids.ok()) return send_error(res, 400, ids.status().message());
   prepared->ids = std::move(ids.value());
@@ -222,12 +250,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   if (!request.stream) {
     FifoGate::Ticket ticket(gate_);
     ticket.wait();
-    Run run;
-    run.deployment = &deployment_;
-    run.ignore_eos = request.ignore_eos;
-    if (deployment_.tokenizer) run.decoder.emplace(*deployment_.tokenizer, true);
-    run.answer.finish_reason = "length";
-    run.answer.prompt_tokens = static_cast<int64_t>(prepared->ids.size());
+    Run run(deployment_, request, static_cast<int64_t>(prepared->ids.size()));
     if (ls_generate_named(runtime_, request.model.c_str(), prepared->ids.data(),
                           prepared->ids.size(), &options, &Run::on_token, &run, &err) != LS_OK) {
       return send_error(res, http_status(err.code), err.message);
@@ -251,12 +274,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
         auto send = [&sink](const std::string& event) {
           return sink.is_writable() && sink.write(event.data(), event.size());
         };
-        Run run;
-        run.deployment = &deployment_;
-        run.ignore_eos = rq.ignore_eos;
-        if (deployment_.tokenizer) run.decoder.emplace(*deployment_.tokenizer, true);
-        run.answer.finish_reason = "length";
-        run.answer.prompt_tokens = static_cast<int64_t>(prepared->ids.size());
+        Run run(deployment_, rq, static_cast<int64_t>(prepared->ids.size()));
         run.on_piece = [&](const std::string& piece, int64_t id) {
           return send(stream_event(rq, prepared->id, prepared->created, piece, {id}, std::nullopt));
         };

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -115,7 +116,9 @@ const std::vector<Unserved>& unserved_fields() {
 // Fields read below, and fields that change nothing about the answer.
 bool known_field(const std::string& key, bool chat) {
   static const std::vector<std::string> common = {
-      "model", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos",
+      "model", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos", "stop",
+      "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
+      "repetition_penalty",
       // accepted, and change nothing here
       "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
   if (std::find(common.begin(), common.end(), key) != common.end()) return true;
@@ -128,6 +131,57 @@ Status read_bool(const json& body, const char* key, bool* out) {
   if (!it->is_boolean()) return Status::usage(std::string(key) + " must be true or false, got " + it->dump());
   *out = it->get<bool>();
   return {};
+}
+
+// Reads an optional number field into `out`, within [lo, hi].
+Status read_number(const json& body, const char* key, double lo, double hi, double* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return {};
+  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < lo ||
+      it->get<double>() > hi) {
+    auto text = [](double x) {
+      std::ostringstream out;
+      out << x;  // 0, 1, 0.01: as a person writes them
+      return out.str();
+    };
+    return Status::usage(std::string(key) + " must be a number between " + text(lo) + " and " + text(hi) +
+                         ", got " + it->dump());
+  }
+  *out = it->get<double>();
+  return {};
+}
+
+// `stop`: a string or an array of up to 4, none empty.
+Status read_stop(const json& body, CompletionRequest* request) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return {};
+  const json list = it->is_string() ? json::array({*it}) : *it;
+  bool ok = list.is_array() && list.size() <= 4;
+  for (const json& s : ok ? list : json::array()) ok = ok && s.is_string() && !s.get<std::string>().empty();
+  if (!ok) return Status::usage("stop must be a non-empty string or an array of up to 4, got " + it->dump());
+  for (const json& s : list) request->stop.push_back(s.get<std::string>());
+  return {};
+}
+
+Status parse_sampling(const json& body, CompletionRequest* request) {
+  if (auto t = body.find("temperature"); t != body.end() && !t->is_null()) {
+    if (!t->is_number() || !std::isfinite(t->get<double>()) || t->get<double>() < 0 ||
+        t->get<double>() > 2) {
+      return Status::usage("temperature must be a number between 0 and 2, got " + t->dump());
+    }
+    request->temperature = t->get<double>();
+  }
+  Status s = read_int(body, "top_k", 0, std::numeric_limits<int32_t>::max(), &request->top_k);
+  if (s.ok()) s = read_number(body, "top_p", 0, 1, &request->top_p);
+  if (s.ok()) s = read_number(body, "min_p", 0, 1, &request->min_p);
+  if (s.ok()) s = read_number(body, "presence_penalty", -2, 2, &request->presence_penalty);
+  if (s.ok()) s = read_number(body, "frequency_penalty", -2, 2, &request->frequency_penalty);
+  // repetition_penalty: vLLM's and transformers' name for llama-server's repeat_penalty.
+  for (const char* key : {"repeat_penalty", "repetition_penalty"}) {
+    if (s.ok()) s = read_number(body, key, 0.01, 100, &request->repeat_penalty);
+  }
+  if (s.ok()) s = read_stop(body, request);
+  return s;
 }
 
 Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
@@ -165,13 +219,7 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
   s = read_int(body, "seed", 0, std::numeric_limits<int64_t>::max(), &seed);
   if (!s.ok()) return s;
   request->seed = static_cast<uint64_t>(seed);
-  if (auto t = body.find("temperature"); t != body.end() && !t->is_null()) {
-    if (!t->is_number() || !std::isfinite(t->get<double>()) || t->get<double>() < 0 ||
-        t->get<double>() > 2) {
-      return Status::usage("temperature must be a number between 0 and 2, got " + t->dump());
-    }
-    request->temperature = t->get<double>();
-  }
+  if (s = parse_sampling(body, request); !s.ok()) return s;
   if (s = read_bool(body, "stream", &request->stream); !s.ok()) return s;
   if (s = read_bool(body, "ignore_eos", &request->ignore_eos); !s.ok()) return s;
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {

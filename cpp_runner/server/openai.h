@@ -28,6 +28,11 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;  // none: until EOS or the end of the context
   double temperature = 0;   // greedy unless asked: answers are reproducible
   uint64_t seed = 0;
+  // Sampling filters and penalties, as ls_generate_options has them.
+  int64_t top_k = 0;
+  double top_p = 1, min_p = 0;
+  double repeat_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::string> stop;  // up to 4 non-empty strings; none reaches the client
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;  // as vLLM's: generate max_tokens past any EOS id
@@ -44,7 +49,7 @@ StatusOr<CompletionRequest> parse_request(const std::string& body, bool chat);
 struct Answer {
   std::string text;             // decoded text ("" without a tokenizer)
   std::vector<int64_t> tokens;  // generated ids (an EOS that stopped it excluded; kept with ignore_eos)
-  std::string finish_reason;    // "stop" (EOS) or "length"
+  std::string finish_reason;    // "stop" (EOS or a stop string) or "length"
   int64_t prompt_tokens = 0;
 };
 

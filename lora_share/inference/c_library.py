@@ -44,7 +44,9 @@ class _Options(ctypes.Structure):
 
 class _GenerateOptions(ctypes.Structure):
     _fields_ = [("max_new_tokens", ctypes.c_int64), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64),
-                ("ignore_eos", ctypes.c_int)]
+                ("ignore_eos", ctypes.c_int), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
+                ("min_p", ctypes.c_double), ("repeat_penalty", ctypes.c_double), ("presence_penalty", ctypes.c_double),
+                ("frequency_penalty", ctypes.c_double)]
 
 
 class _Stats(ctypes.Structure):
@@ -293,7 +295,10 @@ class Runtime:
 
         callback = TOKEN_CALLBACK(on_token)
         ids = (ctypes.c_int64 * len(prompt))(*prompt)
-        opts = _GenerateOptions(max_new_tokens, temperature, seed, int(ignore_eos))
+        opts = _GenerateOptions()
+        self.lib.ls_generate_options_init(ctypes.byref(opts))  # the defaults of every field not set here
+        opts.max_new_tokens, opts.temperature, opts.seed, opts.ignore_eos = max_new_tokens, temperature, seed, \
+            int(ignore_eos)
         err = _Error()
         if isinstance(adapter, str):
             status = self.lib.ls_generate_named(self.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts),
