@@ -49,6 +49,16 @@ class _GenerateOptions(ctypes.Structure):
                 ("frequency_penalty", ctypes.c_double)]
 
 
+def _generate_options(lib, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool) -> _GenerateOptions:
+    """ls_generate_options from ls_generate_options_init (every field not set here at its default: a
+    positional struct would leave the later ones zero), with these four set."""
+    opts = _GenerateOptions()
+    lib.ls_generate_options_init(ctypes.byref(opts))
+    opts.max_new_tokens, opts.temperature, opts.seed, opts.ignore_eos = max_new_tokens, temperature, seed, \
+        int(ignore_eos)
+    return opts
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [("adapters_known", ctypes.c_uint32), ("adapters_resident", ctypes.c_uint32),
                 ("loads", ctypes.c_uint64), ("evictions", ctypes.c_uint64), ("hits", ctypes.c_uint64),
@@ -295,10 +305,7 @@ class Runtime:
 
         callback = TOKEN_CALLBACK(on_token)
         ids = (ctypes.c_int64 * len(prompt))(*prompt)
-        opts = _GenerateOptions()
-        self.lib.ls_generate_options_init(ctypes.byref(opts))  # the defaults of every field not set here
-        opts.max_new_tokens, opts.temperature, opts.seed, opts.ignore_eos = max_new_tokens, temperature, seed, \
-            int(ignore_eos)
+        opts = _generate_options(self.lib, max_new_tokens, temperature, seed, ignore_eos)
         err = _Error()
         if isinstance(adapter, str):
             status = self.lib.ls_generate_named(self.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts),
@@ -337,7 +344,7 @@ class Runtime:
             return 1 if (stop_after is not None and len(pieces) >= stop_after) or (stop and stop()) else 0
 
         callback = TEXT_CALLBACK(on_piece)
-        opts = _GenerateOptions(max_new_tokens, temperature, seed, int(ignore_eos))
+        opts = _generate_options(self.lib, max_new_tokens, temperature, seed, ignore_eos)
         result, err = _TextResult(), _Error()
         if isinstance(prompt, str):
             status = self.lib.ls_generate_text(self.handle, adapter.encode(), prompt.encode(), ctypes.byref(opts),
