@@ -30,7 +30,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure disk, memory, load time, speed and build time against stand-alone "
                                             "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
                               epilog="examples:\n  lora-share bench configs/llama_adapters.yaml       "
-                                     "# about 12 min; writes benchmarks/results/bench.{json,md} + PNG plots\n"
+                                     "# about 4 min on 2 idle cores (38 on busy ones); writes "
+                                     "benchmarks/results/bench.{json,md} + PNG plots\n"
                                      "  lora-share bench configs/tiny.yaml --counts 1,2 --out /tmp/bench",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, config_option=False)

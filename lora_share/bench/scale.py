@@ -584,7 +584,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("bench-scale", help="memory and speed at SmolLM-135M's shape with a 2,048-token "
                                                   "context: shared arena vs private arenas vs one process per adapter",
                               epilog="examples:\n  lora-share bench-scale                 # = make bench-scale; about "
-                                     "35 min the first time (3 exports), 15 min after; writes "
+                                     "75 min the first time (6 exports), 15 min after; writes "
                                      "benchmarks/results/bench_scale.{json,md}\n"
                                      "  lora-share bench-scale --shape tiny --out /tmp/scale   # every step on a "
                                      "tiny shape",
