@@ -29,6 +29,7 @@ import yaml
 
 from .config import BASE_NAME
 from .errors import UserError
+from .manifest import MANIFEST, read_manifest
 
 MIN_TOKENS = 2  # one predicted token
 
@@ -69,8 +70,6 @@ class Report:
 def resolve_build(target: Path, quiet: bool = True) -> Path:
     """The build folder of ``target``: a folder with manifest.json, or a config (built, or reused when
     nothing changed, by ``lora-share build``)."""
-    from .deploy.writer import MANIFEST
-
     target = Path(target)
     if target.is_dir():
         if not (target / MANIFEST).is_file():
@@ -230,7 +229,6 @@ def evaluate(target, text_path, adapters: list[str] | None = None, max_tokens: i
     """Perplexity and top-1 agreement with transformers float32 of the build ``target`` (folder or
     config) on the text in ``text_path``, for ``adapters`` (default: the foundation alone, then every
     adapter of the build). ``max_tokens`` cuts the text's ids; fewer than ``min_tokens`` is refused."""
-    from .deploy.builder import read_manifest
     from .tokenizer.files import bind_tokenizer
 
     folder = resolve_build(Path(target), quiet=not progress)

@@ -18,7 +18,7 @@ import yaml
 import lora_share
 from conftest import build_config, run_cli
 from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
-from lora_share.deploy.builder import read_manifest
+from lora_share.manifest import read_manifest
 from lora_share.files import sha256_file
 from lora_share.formats import read_pte
 from lora_share.formats.records import adapter_record

@@ -20,7 +20,7 @@ import lora_share
 from conftest import HOIST_ADAPTERS, TINY_FOUNDATION, build_config, run_cli, write_config
 from hf_files import hf_config, write_peft_lora
 from lora_share.checkpoints.adapters import load_adapter, load_peft
-from lora_share.deploy.builder import read_manifest
+from lora_share.manifest import read_manifest
 from lora_share.export.eager import eager_model
 from lora_share.files import sha256_file
 from lora_share.formats import read_ptd, read_pte

@@ -29,18 +29,42 @@ std::string folder_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// What a manifest holds at `key`, as Python's json.dumps writes it, or "none".
+std::string found(const json& root, const char* key) {
+  const json* value = field(&root, key);
+  return value == nullptr ? "none" : value->dump();
+}
+
 }  // namespace
+
+StatusOr<json> read_manifest_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  json root = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object())
+    return Status::usage(path + ": not a readable manifest (not a JSON object; the file may be truncated): use "
+                         "the manifest.json its build wrote, or rebuild with `lora-share build`");
+  const std::string format = json(kManifestFormat).dump();
+  const json* f = field(&root, "format");
+  if (f == nullptr || *f != kManifestFormat)
+    return Status::usage(path + ": not a lora-share manifest (format " + found(root, "format") +
+                         "; this reader reads format " + format + " version " +
+                         std::to_string(kManifestVersion) + "): give the manifest.json of a lora-share build");
+  const json* v = field(&root, "version");
+  if (v == nullptr || !v->is_number_integer() || v->get<int64_t>() != kManifestVersion)
+    return Status::usage(path + ": written by another lora-share version (manifest version " +
+                         found(root, "version") + "; this one reads version " + std::to_string(kManifestVersion) +
+                         " only): rebuild the deployment with this version's `lora-share build`");
+  return root;
+}
 
 StatusOr<std::vector<int64_t>> read_eos_ids(const std::string& ptd, const std::string& fingerprint) {
   std::vector<int64_t> ids;
   if (fingerprint.empty()) return ids;
   std::string path = folder_of(ptd) + "/manifest.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ids;
-  const json root = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded())
-    return Status::usage(path + ": not valid JSON (the file may be truncated): copy manifest.json from " +
-                         ptd + "'s build");
+  if (!std::ifstream(path)) return ids;
+  auto parsed = read_manifest_json(path);
+  if (!parsed.ok()) return parsed.status();
+  const json& root = parsed.value();
   const json* section = field(&root, "tokenizer");
   if (section == nullptr || !section->is_object()) return ids;
   const json* owner = field(section, "foundation_fingerprint");
@@ -58,16 +82,16 @@ StatusOr<std::vector<int64_t>> read_eos_ids(const std::string& ptd, const std::s
 
 StatusOr<Manifest> read_manifest(const std::string& dir) {
   std::string path = dir + "/manifest.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
+  if (!std::ifstream(path))
     return Status::failure(path + ": cannot read it (is " + dir +
                            " a folder written by lora-share build?)");
-  const json root = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto parsed = read_manifest_json(path);
+  if (!parsed.ok()) return Status::failure(parsed.status().message());
+  const json& root = parsed.value();
   auto bad = [&](const std::string& what) {
     return Status::failure(path + ": " + what +
                            ": rebuild the folder with lora-share build");
   };
-  if (root.is_discarded()) return bad("not valid JSON (the file may be truncated)");
   Manifest m;
   const json* ffile = field(field(&root, "foundation"), "file");
   if (!plain_file_name(ffile)) return bad("foundation.file is missing or not a file name");

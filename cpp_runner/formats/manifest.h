@@ -1,12 +1,18 @@
-// The parts of a build's manifest.json the library reads: which adapters the
-// deployment folder holds (name and .pte file, in build order), whether it
-// has adapters_shared.ptd, and the EOS ids generation stops at. manifest.json is written by lora_share/deploy/builder.py
-// and read with nlohmann-json; a malformed file is refused naming the file.
+// A build's manifest.json, as the library, the runner and the server read it.
+// lora_share/manifest.py writes it; schema/FORMAT.md ("manifest.json")
+// specifies every key. Every read checks `format` and `version` first
+// (read_manifest_json) and refuses any other, naming the file, what it holds
+// and what this reader reads; a malformed file is refused naming the file.
+// Beyond that the library needs which adapters the deployment folder holds
+// (name and .pte file, in build order), whether it has adapters_shared.ptd,
+// and the EOS ids generation stops at.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "status.h"
 
@@ -22,6 +28,18 @@ struct Manifest {
   std::string shared_file;      // "" = no adapters_shared.ptd
   std::vector<ManifestAdapter> adapters;
 };
+
+// The one manifest format and version this reader reads (lora_share/manifest.py:
+// FORMAT, VERSION). The version changes only when a key changes meaning or
+// goes away, so another version, older or newer, is refused.
+inline constexpr const char kManifestFormat[] = "lora-share-manifest";
+inline constexpr int64_t kManifestVersion = 2;
+
+// The manifest.json at `path`, parsed and checked to be a JSON object of
+// kManifestFormat and kManifestVersion. Failures are usage errors naming the
+// file (the files given do not go with this reader); a missing file is the
+// caller's to look for first.
+StatusOr<nlohmann::json> read_manifest_json(const std::string& path);
 
 // Reads `dir`/manifest.json. Every failure names the file and what to do.
 StatusOr<Manifest> read_manifest(const std::string& dir);

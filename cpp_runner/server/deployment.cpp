@@ -14,15 +14,12 @@ namespace {
 
 using nlohmann::json;
 
-StatusOr<json> read_manifest_json(const std::string& dir) {
+// --dir's manifest.json, checked (manifest.h).
+StatusOr<json> manifest_in(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::usage(path + ": no such file: --dir must be the output folder of `lora-share build`");
-  json manifest = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (manifest.is_discarded() || !manifest.is_object()) {
-    return Status::usage(path + ": not readable JSON (the file may be truncated): rebuild the deployment");
-  }
-  return manifest;
+  if (!std::ifstream(path))
+    return Status::usage(path + ": no such file: --dir must be the output folder of `lora-share build`");
+  return lora_share::read_manifest_json(path);
 }
 
 }  // namespace
@@ -58,7 +55,7 @@ StatusOr<std::vector<int64_t>> Deployment::prompt_ids(const CompletionRequest& r
 }
 
 static StatusOr<Deployment> read_deployment(const std::string& dir) {
-  auto manifest = read_manifest_json(dir);
+  auto manifest = manifest_in(dir);
   if (!manifest.ok()) return manifest.status();
   Deployment d;
   d.dir = dir;

@@ -1,10 +1,10 @@
 #include "binding.h"
 
 #include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "manifest.h"
 #include "sha256.h"
 
 namespace lora_share::tok {
@@ -26,15 +26,6 @@ std::string join(const std::string& folder, const std::string& name) {
 
 std::string string_at(const json& j, const char* key) {
   return j.is_object() && j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>() : "";
-}
-
-StatusOr<json> read_manifest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  json j = json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::usage(path + ": not readable JSON");
-  return j;
 }
 
 // The manifest and its tokenizer section must both describe the .ptd's foundation.
@@ -106,7 +97,7 @@ StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const std::string& ptd, c
                                                                        : folder_in;
   std::string manifest_path = join(folder, "manifest.json");
   if (!std::ifstream(manifest_path)) return std::optional<BoundTokenizer>();
-  auto manifest = read_manifest(manifest_path);
+  auto manifest = read_manifest_json(manifest_path);
   if (!manifest.ok()) return manifest.status();
   if (!manifest->contains("tokenizer") || !manifest->at("tokenizer").is_object()) {
     return std::optional<BoundTokenizer>();

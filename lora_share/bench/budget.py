@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
+from ..manifest import MANIFEST, read_manifest
 from .build_time import _git_commit, machine_info, resolve_foundation, write_config
 
 PROMPT = list(range(1, 17))
@@ -59,7 +60,7 @@ def deployment(config: Path, work: Path, n: int, quiet: bool = True) -> Path:
     wanted = yaml.safe_dump({"output_dir": "out", "foundation": foundation,
                              "adapters": [f"a{i:02d}" for i in range(n)]})
     stamp, out = work / "config.stamp", work / "out"
-    if stamp.exists() and stamp.read_text() == wanted and (out / "manifest.json").exists():
+    if stamp.exists() and stamp.read_text() == wanted and (out / MANIFEST).exists():
         return out
     build(write_config(work, foundation, n), quiet=quiet)
     stamp.write_text(wanted)
@@ -87,8 +88,7 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
 
     with native.open_dir(folder, library=library) as probe:
         sizes = probe.stats()
-        names = [json.loads((folder / "manifest.json").read_text())["adapters"][i]["name"]
-                 for i in range(sizes["adapters_known"])]
+        names = [a["name"] for a in read_manifest(folder)["adapters"][:sizes["adapters_known"]]]
     budget = (sizes["foundation_bytes"] + sizes["program_bytes"] + sizes["arena_bytes"]
               + resident * sizes["largest_adapter_bytes"] if resident else 0)
     baseline = pss_bytes()
@@ -193,9 +193,7 @@ def run(config: Path, work: Path, n: int, resident: int, requests: int, out: Pat
     """Build (or reuse) the deployment, or take ``folder`` (an existing build) as it is, measure both ways,
     write OUT; (result, every check passed)."""
     if folder is not None:
-        if not (folder / "manifest.json").is_file():
-            raise BudgetBenchError(f"{folder} has no manifest.json: give a folder written by lora-share build")
-        n = len(json.loads((folder / "manifest.json").read_text())["adapters"])
+        n = len(read_manifest(folder)["adapters"])
     if resident < 1 or n < resident:
         raise BudgetBenchError(f"--resident must be between 1 and the number of adapters ({n})")
     folder = folder or deployment(config, work, n, quiet)

@@ -112,7 +112,8 @@ def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> t
 def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
     """Run every build of the benchmark; returns the figures as a dict."""
     from ..checkpoints.adapters import synthetic_adapter
-    from ..deploy.builder import add, build, manifest_model_args, read_manifest
+    from ..deploy.builder import add, build, manifest_model_args
+    from ..manifest import read_manifest
     from ..config import SyntheticAdapter
 
     foundation = resolve_foundation(config)

@@ -44,6 +44,7 @@ import yaml
 
 from . import processes
 from ..errors import UserError
+from ..manifest import read_manifest
 from .memory import BenchError
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -177,7 +178,7 @@ def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: d
                                      sort_keys=False))
     sh([sys.executable, "-m", "lora_share.cli", "build", config], dest / "build.log")
     out = dest / "out"
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     return {"ptd": out / "foundation.ptd", "ptes": [out / a["file"] for a in manifest["adapters"]],
             "manifest": manifest}
 

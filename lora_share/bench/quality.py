@@ -41,6 +41,7 @@ import yaml
 
 from ..config import BASE_NAME
 from ..errors import UserError
+from ..manifest import read_manifest
 from .run import _git, _machine
 
 DOC_PACKAGE = "python3.11-doc"
@@ -153,7 +154,7 @@ def run(ns) -> tuple[dict, bool]:
             raise UserError(f"building {cfg} failed (above)")
         builds[variant] = work / variant
         build_s[variant] = round(time.perf_counter() - start, 1)
-    manifest = json.loads((builds["fp32"] / "manifest.json").read_text())
+    manifest = read_manifest(builds["fp32"])
     window = int(manifest["foundation"]["args"]["max_seq_len"])
     text, files, n_tokens = held_out_text(Path(ns.sources), builds["fp32"] / "tokenizer.json", ns.tokens, window)
     text_path = work / "text.txt"
@@ -212,7 +213,7 @@ def _measurement_key(build: Path, adapter: str, text_sha256: str, tokens: int) -
     """What a measurement depends on, as the build's manifest records it (the foundation's, the program's,
     the tokenizer's and the adapter's sha256) and the text. A measurement with the same key is the same
     measurement."""
-    manifest = json.loads((build / "manifest.json").read_text())
+    manifest = read_manifest(build)
     adapters = {a["name"]: a["sha256"] for a in manifest["adapters"]}
     return {"foundation": manifest["foundation"]["sha256"], "program": manifest["program"]["sha256"],
             "tokenizer": manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"], "adapter": adapter,

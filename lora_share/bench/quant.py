@@ -23,16 +23,15 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import UserError
+from ..manifest import read_manifest
 from .memory import MIB, BenchError, measure
 
 
 def foundation_report(out_dir, runner, adapters: int | None = None, mode: str = "shared") -> dict:
     """Disk, export time, accuracy and PSS of one build folder with its first ``adapters`` adapters."""
     out_dir = Path(out_dir)
-    try:
-        manifest = json.loads((out_dir / "manifest.json").read_text())
-    except (OSError, ValueError) as e:
-        raise BenchError(f"{out_dir}: no readable manifest.json ({e}); build it first") from None
+    manifest = read_manifest(out_dir)
     entries = manifest["adapters"][:adapters] if adapters else manifest["adapters"]
     ptd = out_dir / manifest["foundation"]["file"]
     ptes = [out_dir / e["file"] for e in entries]
@@ -117,7 +116,7 @@ def main(argv=None) -> int:
         return 2
     try:
         result = compare_foundations(ns.fp32, ns.quantized, ns.runner, ns.adapters)
-    except BenchError as e:
+    except (BenchError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if ns.json else format_report(result))

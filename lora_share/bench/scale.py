@@ -60,6 +60,7 @@ import yaml
 
 from .memory import BenchError, adapter_bound_bytes
 from ..errors import UserError
+from ..manifest import read_manifest
 from . import processes
 from . import typed_command
 from .run import _Progress, _git, _machine, _prompt
@@ -195,7 +196,7 @@ def build_variant(folder: Path, name: str, foundation: dict, adapters: int, enve
     }, sort_keys=False))
     peak = _build_process(config)
     out, record = folder / "out", folder / "export_time.json"
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     if manifest["program"]["produced"] == "exported":
         record.write_text(json.dumps({"export_s": manifest["program"]["seconds"], "build_peak_rss": peak,
                                       "signature": manifest["program"]["signature"]}))
@@ -248,7 +249,7 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise BenchError(f"lora-share add {name} to {d.name}: {proc.stderr.strip()[-2000:]}")
-        manifest = json.loads((scratch / "out" / "manifest.json").read_text())
+        manifest = read_manifest(scratch / "out")
         entry = next(a for a in manifest["adapters"] if a["name"] == name)
         rows.append({"adapter": name, **{k: spec[k] for k in ("rank", "target_modules")},
                      "wall_s": round(wall, 2), "add_s": manifest["build_s"], "program": manifest["program"]["produced"],

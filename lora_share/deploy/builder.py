@@ -34,8 +34,8 @@ from ..files import sha256_file
 from ..formats import read_ptd
 from ..formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
 from ..model.args import ModelArgs
-from .writer import (MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION, PTD_NAME, Deployment, ProgramSource, log,
-                      write_outputs)
+from ..manifest import MANIFEST, read_manifest
+from .writer import PTD_NAME, Deployment, ProgramSource, log, write_outputs
 from .records import foundation_meta
 from ..formats.shared_ptd import SHARED_PTD
 from ..tokenizer.files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
@@ -58,23 +58,6 @@ def foundation_fingerprint(foundation: Foundation) -> str:
     if foundation.quantize is not None:
         h.update(f"quantize\0{json.dumps(config_to_dict(foundation.quantize), sort_keys=True)}".encode())
     return h.hexdigest()
-
-
-def read_manifest(out_dir: Path) -> dict:
-    """The manifest of an existing build."""
-    path = Path(out_dir) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing: is {out_dir} the output folder of a lora-share build?") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not a readable manifest ({e})") from None
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise UserError(f"{path}: not a lora-share manifest")
-    if manifest.get("version") != MANIFEST_VERSION:
-        raise UserError(f"{path}: written by another lora-share version (manifest version {manifest.get('version')}, "
-                        f"this one reads {MANIFEST_VERSION}): rebuild the deployment with `lora-share build`")
-    return manifest
 
 
 def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict | None:

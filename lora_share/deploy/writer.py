@@ -34,6 +34,7 @@ from ..model.envelope import Envelope
 from ..export.revision import EXPORTER_REVISION, FOUNDATION_TAG
 from ..errors import UserError
 from ..files import sha256_file, staged_dir
+from ..manifest import compose, write_manifest
 from ..formats import read_ptd
 from ..formats.meta import SHARED_KEY
 from .records import adapter_meta
@@ -42,10 +43,6 @@ from ..formats.shared_ptd import SHARED_PTD, encode_shared_ptd
 if TYPE_CHECKING:
     from ..checkpoints.foundation import Foundation  # torch's tensors: loaded only when a build needs it
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "lora-share-manifest"
-# 2: a "program" section (its envelope and sha256); adapters carry their LoRA keys, not a signature.
-MANIFEST_VERSION = 2
 PTD_NAME = f"{FOUNDATION_TAG}.ptd"
 
 
@@ -222,29 +219,27 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
         if (stage / ".work").exists():
             shutil.rmtree(stage / ".work")
         ptd = stage / PTD_NAME
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "config": dep.resolved_config.get("source"),
-            "export_settings": dep.settings,
-            "exporter": EXPORTER_REVISION,
-            "foundation": {"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
-                           "fingerprint": dep.fingerprint, **dep.foundation_entry},
-            "program": {"signature": program_source.signature, "sha256": program.sha256,
-                        "envelope": dep.envelope.to_dict(), "produced": program_source.how,
-                        "seconds": round(program_source.seconds, 2)},
-            **({"tokenizer": tokenizer_section} if tokenizer_section else {}),
-            **({"shared": _shared_entry(shared)} if shared else {}),
-            "adapters": entries,
-            "bytes": byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
-                                 shared.name if shared else None),
-            "build_s": round(time.perf_counter() - t_start, 2),
-        }
+        manifest = compose(
+            config=dep.resolved_config.get("source"),
+            export_settings=dep.settings,
+            exporter=EXPORTER_REVISION,
+            foundation={"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
+                        "fingerprint": dep.fingerprint, **dep.foundation_entry},
+            program={"signature": program_source.signature, "sha256": program.sha256,
+                     "envelope": dep.envelope.to_dict(), "produced": program_source.how,
+                     "seconds": round(program_source.seconds, 2)},
+            tokenizer=tokenizer_section,
+            shared=_shared_entry(shared) if shared else None,
+            adapters=entries,
+            byte_report=byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
+                                    shared.name if shared else None),
+            build_s=round(time.perf_counter() - t_start, 2),
+        )
         for line in report_lines(manifest["bytes"]):
             log(line, quiet)
         config_out = {k: v for k, v in dep.resolved_config.items() if k != "source"}
         (stage / "config.resolved.yaml").write_text(yaml.safe_dump(config_out, sort_keys=False))
-        (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(stage, manifest)
     total = sum(e["size"] for e in entries)
     shared_note = f", {SHARED_PTD} {mb(manifest['shared']['size'])}" if shared else ""
     tokenizer_note = f"tokenizer ({len(tokenizer_section['files'])} files)" if tokenizer_section else "no tokenizer"

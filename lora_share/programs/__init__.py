@@ -9,12 +9,14 @@ one to it (``lora-share add --to``); forward.py runs a program's forward on .npy
 import json
 from pathlib import Path
 
+from ..manifest import MANIFEST
+
 KIND = "programs"  # manifest.json's "kind" for a deployment of programs
 
 
 def is_programs_dir(out_dir) -> bool:
     """Whether ``out_dir`` holds a deployment of programs (read without torch)."""
     try:
-        return json.loads((Path(out_dir) / "manifest.json").read_text()).get("kind") == KIND
+        return json.loads((Path(out_dir) / MANIFEST).read_text()).get("kind") == KIND
     except (OSError, ValueError, AttributeError):
         return False

@@ -15,7 +15,6 @@ programs, and keeps the rest in its own .pte.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -25,12 +24,13 @@ from pathlib import Path
 import yaml
 
 from ..config import config_to_dict, load_config
-from ..deploy.writer import MANIFEST, MANIFEST_FORMAT, MANIFEST_VERSION, PTD_NAME, log, mb
+from ..deploy.writer import PTD_NAME, log, mb
 from ..errors import UserError
 from ..files import sha256_file, staged_dir
 from ..formats import read_ptd
 from ..formats.errors import FormatError
 from ..formats.pt2 import open_archive
+from ..manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
 from . import KIND
 from .archive import ArchiveProgram, load_program
 from .lower import lower
@@ -155,7 +155,7 @@ def _finish(stage: Path, sources: list[Source], lowered: dict, kept: list[dict],
     without = sum(e["size"] + e["from_foundation_bytes"] for e in entries)
     with_sharing = ptd.stat().st_size + sum(e["size"] for e in entries)
     manifest = {
-        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": KIND, "config": config,
+        "format": FORMAT, "version": VERSION, "kind": KIND, "config": config,
         "foundation": {"file": PTD_NAME, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
                        "tensors": len(found.entries), "tensor_bytes": data_bytes},
         "programs": entries,
@@ -164,7 +164,7 @@ def _finish(stage: Path, sources: list[Source], lowered: dict, kept: list[dict],
                   "saved": without - with_sharing},
         "build_s": round(time.perf_counter() - t_start, 2),
     }
-    (stage / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(stage, manifest)
     b = manifest["bytes"]
     log(f"  bytes: {PTD_NAME} {mb(manifest['foundation']['size'])} ({len(found.entries)} shared tensors, "
         f"{mb(data_bytes)}), {len(entries)} .pte {mb(b['programs_bytes'])}: {mb(with_sharing)} in all; each program "
@@ -204,15 +204,9 @@ def build_programs(config_path, quiet: bool = False) -> dict:
 
 def read_programs_manifest(out_dir: Path) -> dict:
     """The manifest of a deployment of programs in ``out_dir``."""
-    path = out_dir / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing: is {out_dir} the output folder of a lora-share build?") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not a readable manifest ({e})") from None
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("kind") != KIND:
-        raise UserError(f"{path}: not a deployment of programs (built from a config with 'programs:')")
+    manifest = read_manifest(out_dir)
+    if manifest.get("kind") != KIND:
+        raise UserError(f"{out_dir / MANIFEST}: not a deployment of programs (built from a config with 'programs:')")
     return manifest
 
 

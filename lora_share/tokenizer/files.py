@@ -22,6 +22,7 @@ from .chat_format import resolve_chat_format
 from ..config import FoundationConfig
 from ..errors import UserError
 from ..files import sha256_file
+from ..manifest import MANIFEST, read_manifest_file
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -29,7 +30,6 @@ GENERATION_CONFIG = "generation_config.json"
 # chat_template.jinja: where transformers >= 4.50 saves the chat template instead of tokenizer_config.json.
 TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, "tokenizer.model", "special_tokens_map.json",
                    GENERATION_CONFIG, "chat_template.jinja")
-MANIFEST = "manifest.json"
 NO_TOKENIZER_HINT = "pass --tokens ids, or add foundation.tokenizer to the config and rebuild"
 
 
@@ -222,7 +222,7 @@ def eos_ids_beside(ptd) -> list[int]:
     manifest_path = ptd.parent / MANIFEST
     if not ptd.is_file() or not manifest_path.is_file():
         return []  # a missing .ptd is the runtime's to report, with its flag
-    section = _read_json(manifest_path).get("tokenizer")
+    section = read_manifest_file(manifest_path).get("tokenizer")
     if not isinstance(section, dict):
         return []
     fingerprint = _ptd_fingerprint(ptd, required=False)
@@ -250,7 +250,7 @@ def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:
     no_tokenizer = UserError(f"{folder} has no tokenizer (the build's checkpoint had none): {NO_TOKENIZER_HINT}")
     if not manifest_path.is_file():
         raise no_tokenizer
-    manifest = _read_json(manifest_path)
+    manifest = read_manifest_file(manifest_path)
     section = manifest.get("tokenizer")
     if not isinstance(section, dict):
         raise no_tokenizer
