@@ -130,10 +130,11 @@ def build(config_path, quiet: bool = False) -> dict:
     def copy_tokenizer(stage: Path) -> dict:
         return manifest_section(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
 
-    dep = Deployment(cfg.output_dir, fingerprint, settings, envelope, entry,
-                     {"source": str(cfg.source), **config_to_dict(cfg)}, lambda: foundation,
-                     copy_tokenizer if tokenizer else None, hoists_shared_tensors(cfg), previous=previous)
-    return write_outputs(dep, ProgramSource(dep, _exporter(dep), quiet), adapters, [], quiet, t_start)
+    dep = Deployment(out_dir=cfg.output_dir, fingerprint=fingerprint, settings=settings, envelope=envelope,
+                     foundation_entry=entry, resolved_config={"source": str(cfg.source), **config_to_dict(cfg)},
+                     get_foundation=lambda: foundation, tokenizer=copy_tokenizer if tokenizer else None,
+                     hoist=hoists_shared_tensors(cfg), previous=previous, started=t_start)
+    return write_outputs(dep, ProgramSource(dep, _exporter(dep), quiet), adapters, [], quiet=quiet)
 
 
 def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) -> str:
@@ -191,12 +192,13 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
         raise UserError(f"{out_dir}: its adapter files do not carry the program {previous['program']['sha256'][:12]} "
                         "the manifest names: rebuild the deployment with `lora-share build`")
 
-    dep = Deployment(out_dir, fnd["fingerprint"], previous["export_settings"], envelope, entry, resolved,
-                     functools.cache(lambda: _reload_foundation(previous)),
-                     keep_tokenizer if "tokenizer" in previous else None, "shared" in previous,
-                     measure_quantization=False, previous=previous)
-    return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet, t_start,
-                         _existing_shared_keys(out_dir, previous))
+    dep = Deployment(out_dir=out_dir, fingerprint=fnd["fingerprint"], settings=previous["export_settings"],
+                     envelope=envelope, foundation_entry=entry, resolved_config=resolved,
+                     get_foundation=functools.cache(lambda: _reload_foundation(previous)),
+                     tokenizer=keep_tokenizer if "tokenizer" in previous else None, hoist="shared" in previous,
+                     measure_quantization=False, previous=previous,
+                     shared_available=_existing_shared_keys(out_dir, previous), started=t_start)
+    return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet=quiet)
 
 
 def _existing_shared_keys(out_dir: Path, previous: dict) -> set[str] | None:

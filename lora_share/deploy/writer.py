@@ -78,6 +78,10 @@ class Deployment:
     hoist: bool = False  # dedup.shared_adapter_tensors: hoist
     measure_quantization: bool = True  # each written adapter's quantization error (quantized foundations)
     previous: dict | None = field(default=None)  # the manifest of the outputs being replaced
+    # For ``add`` to a build with adapters_shared.ptd: the keys it holds (new adapters read exactly
+    # those from it; it is not rewritten).
+    shared_available: set[str] | None = None
+    started: float = field(default_factory=time.perf_counter)  # when the build began (the manifest's build_s)
 
 
 class ProgramSource:
@@ -156,85 +160,101 @@ def _write_shared(stage: Path, dep: Deployment, tensors: dict[str, bytes] | None
     return dest
 
 
+def _stage_shared(stage: Path, dep: Deployment, metas: dict, keep: list[dict]) -> tuple[Path | None, set[str]]:
+    """With hoisting: adapters_shared.ptd in ``stage`` and the keys it holds for the adapters
+    (``metas``: new or rebuilt, ``keep``: previous entries); without: (None, no keys)."""
+    if not dep.hoist:
+        return None, set()
+    keys = {name: {k for e in m.lora for k in (e.a, e.b)} for name, (m, _) in metas.items()}
+    keys.update({e["name"]: {k for s in e["lora"] for k in (s["a"], s["b"])} for e in keep})
+    hoisted = _hoisted_keys(keys, dep.shared_available)
+    tensors = {k: raw for _, t in metas.values() for k, raw in t.items() if k in hoisted}
+    return _write_shared(stage, dep, None if dep.shared_available is not None else tensors), hoisted
+
+
+def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adapter, meta_and_tensors,
+                   hoisted: set[str], shared: Path | None, quiet: bool) -> dict:
+    """``adapter``'s .pte in ``stage`` (hard-linked when the previous outputs have these bytes) and its
+    manifest entry, with its quantization error on a quantized foundation."""
+    meta, tensors = meta_and_tensors
+    t0 = time.perf_counter()
+    own = {k: raw for k, raw in tensors.items() if k not in hoisted}
+    data = program.write(meta, own, skip_absent=dep.envelope.skip_absent)
+    sha = hashlib.sha256(data).hexdigest()
+    path = stage / f"{adapter.name}.pte"
+    old = next((e for e in (dep.previous or {}).get("adapters", []) if e["name"] == adapter.name), None)
+    if old and old.get("sha256") == sha and (dep.out_dir / old["file"]).is_file():
+        os.link(dep.out_dir / old["file"], path)
+        how = "reused"
+    else:
+        path.write_bytes(data)
+        how = "written"
+    seconds = time.perf_counter() - t0
+    entry = {
+        "name": adapter.name, "file": path.name, "size": len(data), "sha256": sha,
+        "lora_bytes": meta.lora_bytes, "produced": how, "seconds": round(seconds, 3),
+        **adapter.meta,
+        "lora": [{"layer": dep.envelope.slots[e.slot][0], "target": dep.envelope.slots[e.slot][1],
+                  "rank": e.rank, "a": e.a, "b": e.b} for e in meta.lora],
+        **({"hoisted": sorted(set(tensors) & hoisted)} if dep.hoist else {}),
+    }
+    note = f", {len(entry['hoisted'])} tensor(s) in {SHARED_PTD}" if entry.get("hoisted") else ""
+    log(f"        {how} in {seconds:.2f} s: {path.name} {mb(len(data))}{note}", quiet)
+    if dep.settings.get("quantize") and dep.measure_quantization:
+        from .quant_error import adapter_quantization_error, format_error  # torch, and only here
+
+        err = (old or {}).get("quantization_error") if how == "reused" else None
+        err = err or adapter_quantization_error(dep.get_foundation(), adapter, path, stage / PTD_NAME,
+                                                shared if entry.get("hoisted") else None)
+        entry["quantization_error"] = err
+        log(f"        quantized foundation {format_error(err)}", quiet)
+    return entry
+
+
+def _assemble_manifest(stage: Path, dep: Deployment, source: ProgramSource, program: Program,
+                       tokenizer_section: dict | None, shared: Path | None, entries: list[dict]) -> dict:
+    """The manifest of the staged outputs, its byte report read back from the files."""
+    ptd = stage / PTD_NAME
+    return compose(
+        config=dep.resolved_config.get("source"),
+        export_settings=dep.settings,
+        exporter=EXPORTER_REVISION,
+        foundation={"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
+                    "fingerprint": dep.fingerprint, **dep.foundation_entry},
+        program={"signature": source.signature, "sha256": program.sha256,
+                 "envelope": dep.envelope.to_dict(), "produced": source.how, "seconds": round(source.seconds, 2)},
+        tokenizer=tokenizer_section,
+        shared=_shared_entry(shared) if shared else None,
+        adapters=entries,
+        byte_report=byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
+                                shared.name if shared else None),
+        build_s=round(time.perf_counter() - dep.started, 2),
+    )
+
+
 def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list[Adapter], keep: list[dict],
-                  quiet: bool, t_start: float, shared_available: set[str] | None = None) -> dict:
+                  *, quiet: bool) -> dict:
     """Write every output of ``dep`` into a staging folder that replaces ``dep.out_dir`` at the end:
-    ``adapters`` (new or rebuilt) and ``keep`` (previous manifest entries kept as they are).
-    ``shared_available``: for ``add`` to a build with adapters_shared.ptd, the keys it holds (new
-    adapters read exactly those from it; it is not rewritten)."""
+    the program and foundation.ptd, adapters_shared.ptd, the tokenizer files, ``adapters`` (new or
+    rebuilt) and ``keep`` (previous manifest entries kept as they are), the resolved config and the
+    manifest."""
     metas = {a.name: adapter_meta(a, dep.fingerprint, dep.envelope) for a in adapters}
-    entries = []
     with staged_dir(dep.out_dir) as stage:
         program = program_source.get(stage)
         log(f"  program: {program_source.how} in {program_source.seconds:.1f} s (sha256 {program.sha256[:12]})", quiet)
-        shared = None
-        if dep.hoist:
-            keys = {name: {k for e in m.lora for k in (e.a, e.b)} for name, (m, _) in metas.items()}
-            keys.update({e["name"]: {k for s in e["lora"] for k in (s["a"], s["b"])} for e in keep})
-            hoisted = _hoisted_keys(keys, shared_available)
-            tensors = {k: raw for _, t in metas.values() for k, raw in t.items() if k in hoisted}
-            shared = _write_shared(stage, dep, None if shared_available is not None else tensors)
-        else:
-            hoisted = set()
+        shared, hoisted = _stage_shared(stage, dep, metas, keep)
         tokenizer_section = dep.tokenizer(stage) if dep.tokenizer else None
-        old_entries = {e["name"]: e for e in (dep.previous or {}).get("adapters", [])}
         for entry in keep:
             os.link(dep.out_dir / entry["file"], stage / entry["file"])
-            entries.append(entry)
+        entries = list(keep)
         for i, adapter in enumerate(adapters, 1):
-            meta, tensors = metas[adapter.name]
+            meta = metas[adapter.name][0]
             log(f"  [{i}/{len(adapters)}] {adapter.name}: rank {meta.rank}, alpha {meta.alpha:g}, "
                 f"targets {','.join(meta.targets)}", quiet)
-            t0 = time.perf_counter()
-            own = {k: raw for k, raw in tensors.items() if k not in hoisted}
-            data = program.write(meta, own, skip_absent=dep.envelope.skip_absent)
-            sha = hashlib.sha256(data).hexdigest()
-            path, old = stage / f"{adapter.name}.pte", old_entries.get(adapter.name)
-            if old and old.get("sha256") == sha and (dep.out_dir / old["file"]).is_file():
-                os.link(dep.out_dir / old["file"], path)
-                how = "reused"
-            else:
-                path.write_bytes(data)
-                how = "written"
-            seconds = time.perf_counter() - t0
-            entry = {
-                "name": adapter.name, "file": path.name, "size": len(data), "sha256": sha,
-                "lora_bytes": meta.lora_bytes, "produced": how, "seconds": round(seconds, 3),
-                **adapter.meta,
-                "lora": [{"layer": dep.envelope.slots[e.slot][0], "target": dep.envelope.slots[e.slot][1],
-                          "rank": e.rank, "a": e.a, "b": e.b} for e in meta.lora],
-                **({"hoisted": sorted(set(tensors) & hoisted)} if dep.hoist else {}),
-            }
-            entries.append(entry)
-            note = f", {len(entry['hoisted'])} tensor(s) in {SHARED_PTD}" if entry.get("hoisted") else ""
-            log(f"        {how} in {seconds:.2f} s: {path.name} {mb(len(data))}{note}", quiet)
-            if dep.settings.get("quantize") and dep.measure_quantization:
-                from .quant_error import adapter_quantization_error, format_error  # torch, and only here
-
-                err = (old or {}).get("quantization_error") if how == "reused" else None
-                err = err or adapter_quantization_error(dep.get_foundation(), adapter, path, stage / PTD_NAME,
-                                                        shared if entry.get("hoisted") else None)
-                entry["quantization_error"] = err
-                log(f"        quantized foundation {format_error(err)}", quiet)
+            entries.append(_write_adapter(stage, dep, program, adapter, metas[adapter.name], hoisted, shared, quiet))
         if (stage / ".work").exists():
             shutil.rmtree(stage / ".work")
-        ptd = stage / PTD_NAME
-        manifest = compose(
-            config=dep.resolved_config.get("source"),
-            export_settings=dep.settings,
-            exporter=EXPORTER_REVISION,
-            foundation={"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
-                        "fingerprint": dep.fingerprint, **dep.foundation_entry},
-            program={"signature": program_source.signature, "sha256": program.sha256,
-                     "envelope": dep.envelope.to_dict(), "produced": program_source.how,
-                     "seconds": round(program_source.seconds, 2)},
-            tokenizer=tokenizer_section,
-            shared=_shared_entry(shared) if shared else None,
-            adapters=entries,
-            byte_report=byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
-                                    shared.name if shared else None),
-            build_s=round(time.perf_counter() - t_start, 2),
-        )
+        manifest = _assemble_manifest(stage, dep, program_source, program, tokenizer_section, shared, entries)
         for line in report_lines(manifest["bytes"]):
             log(line, quiet)
         config_out = {k: v for k, v in dep.resolved_config.items() if k != "source"}
