@@ -73,11 +73,11 @@ def _per_adapter_note(result: dict) -> str:
     return text
 
 
-def markdown(result: dict) -> str:
+def _intro(result: dict) -> list[str]:
+    """The title, how and where the run was made, and what was measured."""
     mach, fnd = result["machine"], result["foundation"]
-    n = result["counts"][-1]
     dirty = " with uncommitted changes" if result["dirty"] else ""
-    out = [
+    return [
         "# lora-share benchmark",
         "",
         f"`{result['command']}`, {result['date']}, commit {result['commit']}{dirty}; "
@@ -88,6 +88,11 @@ def markdown(result: dict) -> str:
         f"Adapters: rank {result['recipe']['rank']} on {', '.join(result['recipe']['target_modules'])}, "
         f"a different seed each, {_mb(result['adapter_pte_bytes'])} per .pte. "
         "Every ratio (×) compares two numbers taken in this run: the alternative over lora-share.",
+    ]
+
+
+def _disk_and_memory(result: dict) -> list[str]:
+    out = [
         "",
         "## Disk and memory",
         "",
@@ -107,10 +112,14 @@ def markdown(result: dict) -> str:
     for m in result["memory"]:
         out.append(f"| {m['adapters']} | {_mib_kb(m['shared']['rss_kb'])} | {_mib_kb(m['standalone']['rss_kb'])} | "
                    f"{_mib_kb(m['stock']['rss_kb'])} |")
+    return out
+
+
+def _load_time(result: dict) -> list[str]:
     ld = result["load"]
-    out += [
+    out = [
         "",
-        f"## Load time ({n} adapters, median of {ld['repeats']} starts)",
+        f"## Load time ({result['counts'][-1]} adapters, median of {ld['repeats']} starts)",
         "",
         "| loading | first adapter | each further adapter (median) | all, with file checks |",
         "|---|---:|---:|---:|",
@@ -121,8 +130,12 @@ def markdown(result: dict) -> str:
         row = ld[key]
         out.append(f"| {label} | {_ms(row['first_ms'])} | {_ms(row['further_median_ms'])} | "
                    f"{_ms(row['session_ms'])} |")
+    return out
+
+
+def _speed(result: dict) -> list[str]:
     sp = result["speed"]
-    out += [
+    out = [
         "",
         f"## Speed (prompt {sp['prompt_tokens']} tokens, {sp['new_tokens']} new tokens, median of "
         f"{sp['repeats']} requests, one `--serve` process)",
@@ -136,14 +149,18 @@ def markdown(result: dict) -> str:
         out.append(f"| {label} | {row['prefill_tokens_per_s']:.0f} | {row['decode_tokens_per_s']:.0f} | "
                    f"{_x(row['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
     med = sp["adapters_median"]
-    out.append(f"| the {n} adapters, median | {med['prefill_tokens_per_s']:.0f} | {med['decode_tokens_per_s']:.0f} | "
-               f"{_x(med['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
+    out.append(f"| the {result['counts'][-1]} adapters, median | {med['prefill_tokens_per_s']:.0f} | "
+               f"{med['decode_tokens_per_s']:.0f} | {_x(med['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
     alone = sp["standalone"]
     out.append(f"| stand-alone {alone['name']} (own process) | {alone['prefill_tokens_per_s']:.0f} | "
                f"{alone['decode_tokens_per_s']:.0f} | {_x(alone['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
-    sw = result["switch"]
+    return out
+
+
+def _adapter_switch(result: dict) -> list[str]:
+    sw, n = result["switch"], result["counts"][-1]
     noise = switch_noise_ms(sw)
-    out += [
+    return [
         "",
         f"## Adapter switch (`--serve` with {n} adapters, prompt {sw['prompt_tokens']} tokens, 1 new token)",
         "",
@@ -159,7 +176,12 @@ def markdown(result: dict) -> str:
         f"vary by {sw['same']['iqr_ms']:.1f} ms (interquartile range), so differences within ±{noise:.1f} ms "
         f"are noise (two standard errors). Every adapter stays loaded, so a switch only runs another method. "
         f"With stand-alone programs, serving another adapter means another process (its memory above) or "
-        f"loading its program: {_ms(ld['standalone']['session_ms'])}.",
+        f"loading its program: {_ms(result['load']['standalone']['session_ms'])}.",
+    ]
+
+
+def _build_time(result: dict) -> list[str]:
+    out = [
         "",
         "## Build time (from scratch, in one process, after a warm-up export)",
         "",
@@ -170,14 +192,16 @@ def markdown(result: dict) -> str:
     for b in result["build"]:
         out.append(f"| {b['adapters']} | {b['seconds']:.1f} | {b['exported']} | {b['written']} | "
                    f"{_x(b['seconds'] / one)} |")
-    checks = result["checks"]
-    out += [
-        "",
-        "Checks: stand-alone and lora-share programs generate the "
-        f"same tokens: {'yes' if checks['standalone_tokens_match'] else 'NO'}.",
-        "",
-    ]
-    return "\n".join(out)
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The whole report: one section per measurement, then the checks."""
+    matched = result["checks"]["standalone_tokens_match"]
+    checks = ["", f"Checks: stand-alone and lora-share programs generate the same tokens: {'yes' if matched else 'NO'}.",
+              ""]
+    sections = (_intro, _disk_and_memory, _load_time, _speed, _adapter_switch, _build_time)
+    return "\n".join([line for section in sections for line in section(result)] + checks)
 
 
 def plots(result: dict, out_dir: Path) -> list[Path]:

@@ -78,14 +78,8 @@ def _prompt(n: int, vocab: int) -> list[int]:
     return [(7 * i + 1) % vocab for i in range(n)]
 
 
-def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quiet: bool = False,
-              build_counts: list[int] | None = None) -> dict:
-    """Every measurement of the benchmark, with the variants made in ``workdir``; returns the result dict.
-
-    ``build_counts`` (default: the first and the last of ``counts``) are the adapter counts whose
-    build is timed from scratch; each costs one export, the most expensive step of the benchmark.
-    """
-    config, runner = Path(config), Path(runner)
+def _checked_counts(config: Path, counts: list[int], runner: Path, build_counts: list[int] | None) -> list[int]:
+    """The build counts to time, once the arguments are checked (a UserError naming the flag otherwise)."""
     if not counts or sorted(set(counts)) != counts or counts[0] < 1:
         raise UserError(f"--counts {','.join(map(str, counts))}: give increasing adapter counts >= 1, e.g. 1,2,4,8")
     build_counts = sorted({counts[0], counts[-1]} if build_counts is None else set(build_counts) | {counts[-1]})
@@ -95,6 +89,72 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
         raise UserError(f"{config}: no such config file")
     if not runner.is_file():
         raise UserError(f"{runner}: no such runner (build it with `make runner`)")
+    return build_counts
+
+
+def _memory_row(runner: Path, n: int, ptes: list[Path], ptd: Path, standalone: list[Path], prompt: list[int]) -> dict:
+    """PSS with the first ``n`` adapters: in one lora-share process, as ``n`` stand-alone processes, stock."""
+    shared = processes.memory_one_process(runner, ptes[:n], ptd, [], prompt)
+    alone = processes.memory_processes(runner, standalone[:n], prompt)
+    stock = processes.memory_one_process(runner, ptes[:n], ptd, ["--stock"], prompt)
+    return {"adapters": n, "shared": shared, "standalone": alone, "stock": stock,
+            "standalone_over_shared": round(alone["pss_kb"] / shared["pss_kb"], 3),
+            "stock_over_shared": round(stock["pss_kb"] / shared["pss_kb"], 3)}
+
+
+def _load_times(runner: Path, ptd: Path, ptes: list[Path], standalone: list[Path]) -> dict:
+    """Start-up times: lora-share, stock, one stand-alone program, and with a packed-weights cache file."""
+    load = {"repeats": LOAD_REPEATS,
+            "shared": processes.load_times(runner, ptd, ptes, [], LOAD_REPEATS),
+            "stock": processes.load_times(runner, ptd, ptes, ["--stock"], LOAD_REPEATS),
+            "standalone": processes.load_times(runner, None, standalone[:1], [], LOAD_REPEATS)}
+    for start in packed_cache_starts(runner, ptd, ptes):
+        per = start["adapter_load_ms"]
+        load[f"packed_{start['start']}"] = {
+            "first_ms": round(per[0], 2), "further_ms": [round(x, 2) for x in per[1:]],
+            "further_median_ms": round(statistics.median(per[1:]), 2) if len(per) > 1 else None,
+            "session_ms": round(start["load_ms"], 2), "programs": len(per),
+            "cache_file_bytes": start["cache_file_bytes"], "warm_reported": start["warm_reported"]}
+    return load
+
+
+def _speed(runner: Path, ptd: Path, ptes: list[Path], standalone: Path, prompt: list[int], new_tokens: int) -> dict:
+    """Prefill and decode speed of the bare foundation and every adapter in one process, and of one
+    stand-alone program; ``tokens_match``: that program generates what its adapter does."""
+    names = [p.stem for p in ptes]
+    with processes.Server(runner, ptes, ptd, max_new_tokens=new_tokens) as server, \
+            processes.Server(runner, [standalone], max_new_tokens=new_tokens) as alone_server:
+        # "base": the foundation alone, through the deployment's program with every LoRA input zero.
+        programs = {n: (server, n) for n in [BASE_NAME, *names]}
+        programs["standalone"] = (alone_server, standalone.stem)
+        programs = processes.speeds(programs, prompt, SPEED_REPEATS)
+    alone = programs.pop("standalone")
+    adapter_rows = [programs[n] for n in names]
+    return {
+        "prompt_tokens": len(prompt), "new_tokens": new_tokens, "repeats": SPEED_REPEATS, "programs": programs,
+        "standalone": {"name": standalone.stem, **alone},
+        "adapters_median": {k: round(statistics.median(r[k] for r in adapter_rows), 1)
+                            for k in ("prefill_tokens_per_s", "decode_tokens_per_s")},
+        "tokens_match": alone["tokens"] == programs[standalone.stem]["tokens"],
+    }
+
+
+def _switch(runner: Path, ptd: Path, ptes: list[Path], prompt: list[int]) -> dict:
+    """Times of switching adapters between requests in one --serve process."""
+    with processes.Server(runner, ptes, ptd, max_new_tokens=1) as server:
+        switch = processes.switch_times(server, [p.stem for p in ptes], prompt, SWITCH_ROUNDS)
+    return {**switch, "prompt_tokens": len(prompt)}
+
+
+def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quiet: bool = False,
+              build_counts: list[int] | None = None) -> dict:
+    """Every measurement of the benchmark, with the variants made in ``workdir``; returns the result dict.
+
+    ``build_counts`` (default: the first and the last of ``counts``) are the adapter counts whose
+    build is timed from scratch; each costs one export, the most expensive step of the benchmark.
+    """
+    config, runner = Path(config), Path(runner)
+    build_counts = _checked_counts(config, counts, runner, build_counts)
     progress = _Progress(quiet)
     n_max = counts[-1]
     foundation_cfg = resolve_foundation(config)
@@ -121,63 +181,28 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
 
     args = manifest["foundation"]["args"]
     vocab, max_len = args["vocab_size"], args["max_seq_len"]
-    warm_prompt = _prompt(3, vocab)
 
     # 4. Memory for every N: one process, N processes, stock.
     memory = []
     for n in counts:
         with progress.step(f"memory_{n}", f"memory with {n} adapter(s): lora-share, {n} stand-alone process(es), stock"):
-            shared = processes.memory_one_process(runner, ptes[:n], ptd, [], warm_prompt)
-            alone = processes.memory_processes(runner, standalone[:n], warm_prompt)
-            stock = processes.memory_one_process(runner, ptes[:n], ptd, ["--stock"], warm_prompt)
-        memory.append({"adapters": n, "shared": shared, "standalone": alone, "stock": stock,
-                       "standalone_over_shared": round(alone["pss_kb"] / shared["pss_kb"], 3),
-                       "stock_over_shared": round(stock["pss_kb"] / shared["pss_kb"], 3)})
+            memory.append(_memory_row(runner, n, ptes, ptd, standalone, _prompt(3, vocab)))
 
     # 5. Load times.
     with progress.step("load", f"load times ({LOAD_REPEATS} starts each)"):
-        load = {"repeats": LOAD_REPEATS,
-                "shared": processes.load_times(runner, ptd, ptes, [], LOAD_REPEATS),
-                "stock": processes.load_times(runner, ptd, ptes, ["--stock"], LOAD_REPEATS),
-                "standalone": processes.load_times(runner, None, standalone[:1], [], LOAD_REPEATS)}
-        for start in packed_cache_starts(runner, ptd, ptes):
-            per = start["adapter_load_ms"]
-            load[f"packed_{start['start']}"] = {
-                "first_ms": round(per[0], 2), "further_ms": [round(x, 2) for x in per[1:]],
-                "further_median_ms": round(statistics.median(per[1:]), 2) if len(per) > 1 else None,
-                "session_ms": round(start["load_ms"], 2), "programs": len(per),
-                "cache_file_bytes": start["cache_file_bytes"], "warm_reported": start["warm_reported"]}
+        load = _load_times(runner, ptd, ptes, standalone)
 
     # 6. Speed: the bare foundation and every adapter in one process, and one stand-alone program.
     prompt_len = min(32, max_len // 2)
     new_tokens = min(32, max_len - prompt_len + 1)
-    prompt = _prompt(prompt_len, vocab)
-    names = [p.stem for p in ptes]
-    alone_name = standalone[0].stem
     with progress.step("speed", f"speed: prefill {prompt_len} + decode {new_tokens} tokens, "
                                 f"{len(ptes) + 2} programs"):
-        with processes.Server(runner, ptes, ptd, max_new_tokens=new_tokens) as server, \
-                processes.Server(runner, standalone[:1], max_new_tokens=new_tokens) as alone_server:
-            # "base": the foundation alone, through the deployment's program with every LoRA input zero.
-            programs = {n: (server, n) for n in [BASE_NAME, *names]}
-            programs["standalone"] = (alone_server, alone_name)
-            programs = processes.speeds(programs, prompt, SPEED_REPEATS)
-    alone = programs.pop("standalone")
-    tokens_match = alone["tokens"] == programs[alone_name]["tokens"]
-    adapter_rows = [programs[n] for n in names]
-    speed = {
-        "prompt_tokens": prompt_len, "new_tokens": new_tokens, "repeats": SPEED_REPEATS, "programs": programs,
-        "standalone": {"name": alone_name, **alone},
-        "adapters_median": {k: round(statistics.median(r[k] for r in adapter_rows), 1)
-                            for k in ("prefill_tokens_per_s", "decode_tokens_per_s")},
-    }
+        speed = _speed(runner, ptd, ptes, standalone[0], _prompt(prompt_len, vocab), new_tokens)
+    tokens_match = speed.pop("tokens_match")
 
     # 7. Switching adapters between requests.
-    switch_prompt = _prompt(min(8, max_len), vocab)
     with progress.step("switch", "adapter switch in --serve"):
-        with processes.Server(runner, ptes, ptd, max_new_tokens=1) as server:
-            switch = processes.switch_times(server, names, switch_prompt, SWITCH_ROUNDS)
-    switch["prompt_tokens"] = len(switch_prompt)
+        switch = _switch(runner, ptd, ptes, _prompt(min(8, max_len), vocab))
 
     fnd = manifest["foundation"]
     return {
