@@ -172,7 +172,7 @@ def _stage_shared(stage: Path, dep: Deployment, metas: dict, keep: list[dict]) -
     return _write_shared(stage, dep, None if dep.shared_available is not None else tensors), hoisted
 
 
-def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adapter, meta_and_tensors,
+def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adapter, *, meta_and_tensors: tuple,
                    hoisted: set[str], shared: Path | None, quiet: bool) -> dict:
     """``adapter``'s .pte in ``stage`` (hard-linked when the previous outputs have these bytes) and its
     manifest entry, with its quantization error on a quantized foundation."""
@@ -211,7 +211,7 @@ def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adap
     return entry
 
 
-def _assemble_manifest(stage: Path, dep: Deployment, source: ProgramSource, program: Program,
+def _assemble_manifest(stage: Path, dep: Deployment, *, source: ProgramSource, program: Program,
                        tokenizer_section: dict | None, shared: Path | None, entries: list[dict]) -> dict:
     """The manifest of the staged outputs, its byte report read back from the files."""
     ptd = stage / PTD_NAME
@@ -251,10 +251,12 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
             meta = metas[adapter.name][0]
             log(f"  [{i}/{len(adapters)}] {adapter.name}: rank {meta.rank}, alpha {meta.alpha:g}, "
                 f"targets {','.join(meta.targets)}", quiet)
-            entries.append(_write_adapter(stage, dep, program, adapter, metas[adapter.name], hoisted, shared, quiet))
+            entries.append(_write_adapter(stage, dep, program, adapter, meta_and_tensors=metas[adapter.name],
+                                          hoisted=hoisted, shared=shared, quiet=quiet))
         if (stage / ".work").exists():
             shutil.rmtree(stage / ".work")
-        manifest = _assemble_manifest(stage, dep, program_source, program, tokenizer_section, shared, entries)
+        manifest = _assemble_manifest(stage, dep, source=program_source, program=program,
+                                      tokenizer_section=tokenizer_section, shared=shared, entries=entries)
         for line in report_lines(manifest["bytes"]):
             log(line, quiet)
         config_out = {k: v for k, v in dep.resolved_config.items() if k != "source"}
