@@ -275,8 +275,9 @@ def _score(subject: Subject, chunks: list[list[int]], progress: bool) -> Scores:
             print(f"  {subject.where}: window {i + 1}/{len(chunks)}, perplexity so far {math.exp(nll / n):.3f} "
                   f"(transformers {math.exp(ref_nll / n):.3f}), {n / seconds:.1f} tokens/s",
                   file=sys.stderr, flush=True)
-    return Scores(subject.name, math.exp(nll / n), math.exp(ref_nll / n), agree / n, worst, n, seconds,
-                  sum(len(w) for w in chunks) / seconds)
+    return Scores(adapter=subject.name, perplexity=math.exp(nll / n), reference_perplexity=math.exp(ref_nll / n),
+                  top1_agreement=agree / n, max_abs_logit_diff=worst, predicted=n, seconds=seconds,
+                  tokens_per_s=sum(len(w) for w in chunks) / seconds)
 
 
 def render(report: Report) -> str:

@@ -569,7 +569,8 @@ def run_from_args(ns, command: str) -> int:
             os.replace(tmp, out / name)
 
     try:
-        result = run_peers(runner, gguf, work, ns.adapters, ns.repeats, Path(ns.quality), save)
+        result = run_peers(runner, gguf, work, adapters=ns.adapters, repeats=ns.repeats, quality=Path(ns.quality),
+                           save=save)
     except BenchError as e:
         from .run import BenchFailed
 
@@ -594,7 +595,8 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
     stream = stream_bound(work)
-    rows = measure(runner, builds, tools, ggufs, work, repeats, stream, log=lambda s: print(s, file=sys.stderr))
+    rows = measure(runner, builds, tools, ggufs, work=work, repeats=repeats, stream=stream,
+                   log=lambda s: print(s, file=sys.stderr))
     from datetime import datetime, timezone
 
     from .run import _git, _machine

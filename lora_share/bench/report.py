@@ -228,7 +228,8 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
     ]
     foot = _footer(result)
     written = [out_dir / "bench_memory.png", out_dir / "bench_disk.png"]
-    _line_plot(plt, counts, series, "memory (PSS, MiB)", "Memory to serve N adapters", written[0], foot)
+    _line_plot(plt, counts, series, ylabel="memory (PSS, MiB)", title="Memory to serve N adapters", path=written[0],
+               footer=foot)
     ours = [d["shared_bytes"] / 1e6 for d in disk]
     theirs = [d["standalone_bytes"] / 1e6 for d in disk]
     series = [
@@ -236,7 +237,7 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
          "tab:red", "s"),
         (f"lora-share, foundation.ptd + N .pte: {ours[-1]:.0f} MB at N={n}", ours, "tab:blue", "o"),
     ]
-    _line_plot(plt, counts, series, "on disk (MB)", "Disk for N adapters", written[1], foot)
+    _line_plot(plt, counts, series, ylabel="on disk (MB)", title="Disk for N adapters", path=written[1], footer=foot)
     return written
 
 

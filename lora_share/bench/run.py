@@ -253,7 +253,8 @@ def run_from_args(ns, command: str) -> int:
     counts, build_counts = _ints(ns.counts, "--counts"), ns.build_counts and _ints(ns.build_counts, "--build-counts")
     with (_kept(Path(ns.workdir)) if ns.workdir else tempfile.TemporaryDirectory(prefix="lora-share-bench-")) as wd:
         try:
-            result = run_bench(Path(ns.config), counts, Path(ns.runner), Path(wd), ns.quiet, build_counts or None)
+            result = run_bench(Path(ns.config), counts, Path(ns.runner), Path(wd), quiet=ns.quiet,
+                               build_counts=build_counts or None)
         except BenchError as e:
             raise BenchFailed(str(e)) from None
     result["command"] = command

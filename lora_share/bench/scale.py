@@ -201,8 +201,9 @@ def build_variant(folder: Path, name: str, foundation: dict, adapters: int, enve
         record.write_text(json.dumps({"export_s": manifest["program"]["seconds"], "build_peak_rss": peak,
                                       "signature": manifest["program"]["signature"]}))
     saved = json.loads(record.read_text()) if record.is_file() else {}
-    return Deployment(name, out / "foundation.ptd", [out / a["file"] for a in manifest["adapters"]], manifest,
-                      saved.get("export_s", float("nan")), saved.get("build_peak_rss", 0), out)
+    return Deployment(name=name, ptd=out / "foundation.ptd", ptes=[out / a["file"] for a in manifest["adapters"]],
+                      manifest=manifest, export_s=saved.get("export_s", float("nan")),
+                      build_peak_rss=saved.get("build_peak_rss", 0), out=out)
 
 
 def whole_program_copy(d: Deployment, folder: Path) -> Deployment:
@@ -625,7 +626,8 @@ def run_from_args(ns, command: str) -> int:
     suffix = "" if ns.shape == DEFAULT_SHAPE else f"_{ns.shape}"
     workdir = Path(ns.workdir or f"out/bench_scale{suffix}").resolve()
     try:
-        result = run_scale(ns.shape, variants, counts, Path(ns.runner), workdir, ns.repeats, ns.quiet)
+        result = run_scale(ns.shape, variants, counts, runner=Path(ns.runner), workdir=workdir, repeats=ns.repeats,
+                           quiet=ns.quiet)
     except BenchError as e:
         from .run import BenchFailed
 

@@ -246,13 +246,16 @@ def decode(data: bytes, what: str) -> Metadata:
     if a is not None:
         hashes = {_text(h, _H_FILE): _text(h, _H_SHA) for h in a.tables(_A_HASHES, "SourceHash")}
         out.adapter = AdapterMeta(
-            _text(a, _A_NAME), _text(a, _A_FINGERPRINT), a.u32(_A_RANK), a.f64(_A_ALPHA), a.strings(_A_TARGETS),
-            a.scalars(_A_LAYERS, "I"), bool(a.u8(_A_RSLORA)), _text(a, _A_KIND), _text(a, _A_SOURCE), hashes,
-            a.u64(_A_LORA_BYTES), a.u64(_A_CONTENT_BYTES), a.u32(_A_CONTENT_CRC), _text(a, _A_PROGRAM),
-            a.u32(_A_MAX_RANK), [(e.u32(_E_LAYER), _text(e, _E_TARGET)) for e in a.tables(_A_ENVELOPE, "EnvelopeSlot")],
-            [LoraTensors(t.u32(_L_SLOT), t.u32(_L_RANK), _text(t, _L_A), _text(t, _L_B))
-             for t in a.tables(_A_LORA, "LoraTensors")],
-            _text(a, _A_ENVELOPE_PROGRAM), a.scalars(_A_PATCHES, "I"))
+            name=_text(a, _A_NAME), foundation_fingerprint=_text(a, _A_FINGERPRINT), rank=a.u32(_A_RANK),
+            alpha=a.f64(_A_ALPHA), targets=a.strings(_A_TARGETS), layers=a.scalars(_A_LAYERS, "I"),
+            use_rslora=bool(a.u8(_A_RSLORA)), source_kind=_text(a, _A_KIND), source=_text(a, _A_SOURCE),
+            source_hashes=hashes, lora_bytes=a.u64(_A_LORA_BYTES), content_bytes=a.u64(_A_CONTENT_BYTES),
+            content_crc32=a.u32(_A_CONTENT_CRC), program_sha256=_text(a, _A_PROGRAM),
+            envelope_max_rank=a.u32(_A_MAX_RANK),
+            envelope=[(e.u32(_E_LAYER), _text(e, _E_TARGET)) for e in a.tables(_A_ENVELOPE, "EnvelopeSlot")],
+            lora=[LoraTensors(t.u32(_L_SLOT), t.u32(_L_RANK), _text(t, _L_A), _text(t, _L_B))
+                  for t in a.tables(_A_LORA, "LoraTensors")],
+            envelope_program_sha256=_text(a, _A_ENVELOPE_PROGRAM), program_patches=a.scalars(_A_PATCHES, "I"))
         if len(out.adapter.program_patches) % 4:
             raise BadFlatbuffer(what, f"adapter record: {len(out.adapter.program_patches)} program patch values, "
                                       "not a multiple of 4: the record is damaged")

@@ -202,5 +202,7 @@ def read_ptd(source, what: str | None = None) -> Ptd:
                           f"its segment holds {seg.size}"
             if problem:
                 raise BadFlatbuffer(what, f"key {key!r}: {problem}")
-        entries.append(PtdEntry(key, index, seg.start, seg.size, layout, key_span))
-    return Ptd(what, len(blob), header, version, segments, entries, blob)
+        entries.append(PtdEntry(key=key, segment_index=index, start=seg.start, size=seg.size, layout=layout,
+                                key_span=key_span))
+    return Ptd(what=what, size=len(blob), header=header, version=version, segments=segments, entries=entries,
+               blob=blob)

@@ -238,8 +238,9 @@ def _delegates(root: Table, plan: Table, plan_name: str, segments, blob, what: s
             raise BadFlatbuffer(what, f"{plan_name}: delegate {i} points at missing payload {index} (location {location})")
         backend = d.string(_DEL_ID) or ""
         consts = named_constants(blob, what, *span) if backend == XNNPACK_ID else []
-        out.append(Delegate(plan_name, i, backend, "inline" if location == _INLINE else "segment", index,
-                            span[0], span[1], tuple(consts)))
+        out.append(Delegate(plan=plan_name, index=i, id=backend,
+                            location="inline" if location == _INLINE else "segment", data_index=index,
+                            start=span[0], size=span[1], constants=tuple(consts)))
     return out
 
 
@@ -341,5 +342,6 @@ def read_pte(source, what: str | None = None, plans: bool = True) -> Pte:
             constants += _constant_tensors(p, name, segments[const_index], offsets, what)
     if not tables:
         raise BadFlatbuffer(what, "the program has no methods")
-    return Pte(what, len(blob), header, version, plans, segments, named, delegates, external, const_index, blob,
-               constants, inputs)
+    return Pte(what=what, size=len(blob), header=header, version=version, plans=plans, segments=segments,
+               named_data=named, delegates=delegates, external_tensors=external, constant_segment=const_index,
+               blob=blob, constants=constants, inputs=inputs)
