@@ -58,17 +58,17 @@ def undocumented(manifest: dict, documented: set[str]) -> set[str]:
     return {p for p in key_paths(manifest, "", maps) if not listed(p) and not whole(p)}
 
 
-def test_format_md_specifies_every_key_a_build_writes(tiny_build, hoisted_build, text_build):
+def test_format_md_specifies_every_key_a_build_writes(tiny_build, hoisted_build, text_build, programs_build):
     documented = documented_keys()
     assert {"format", "version", "adapters[].lora[].a", "bytes.adapters.<*>.total", "tokenizer.files.<*>.sha256"} \
         <= documented
     seen = set()
-    for build in (tiny_build, hoisted_build, text_build.build):
+    for build in (tiny_build, hoisted_build, text_build.build, programs_build):
         manifest = json.loads((build.out_dir / MANIFEST).read_text())  # the file as written
         seen |= set(manifest)
         assert not undocumented(manifest, documented), build.out_dir
     # The builds cover every top-level key but a quantized foundation's (documented by hand).
-    assert {"shared", "tokenizer", "bytes", "program", "adapters"} <= seen
+    assert {"shared", "tokenizer", "bytes", "program", "adapters", "kind", "programs"} <= seen
     # The check can fail: a key the writer does not document is reported.
     manifest = json.loads((tiny_build.out_dir / MANIFEST).read_text())
     manifest["program"]["new_key"] = 1
