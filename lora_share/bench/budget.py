@@ -193,7 +193,10 @@ def run(config: Path, work: Path, n: int, resident: int, requests: int, out: Pat
     """Build (or reuse) the deployment, or take ``folder`` (an existing build) as it is, measure both ways,
     write OUT; (result, every check passed)."""
     if folder is not None:
-        n = len(read_manifest(folder)["adapters"])
+        try:
+            n = len(read_manifest(folder)["adapters"])
+        except UserError as e:  # a measurement that cannot run: exit 1, as every failure of this bench
+            raise BudgetBenchError(str(e)) from None
     if resident < 1 or n < resident:
         raise BudgetBenchError(f"--resident must be between 1 and the number of adapters ({n})")
     folder = folder or deployment(config, work, n, quiet)
