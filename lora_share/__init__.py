@@ -29,10 +29,23 @@ def build(config_path, quiet: bool = False) -> dict:
 
 def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0, shared_ptd=None):
     """Generate with an adapter .pte over a foundation .ptd through ExecuTorch's Python runtime
-    (``shared_ptd``: the build's adapters_shared.ptd, for adapters that read tensors from it)."""
+    (``shared_ptd``: the build's adapters_shared.ptd, for adapters that read tensors from it).
+
+    ``tokens`` is a text prompt (a str, encoded with the build's tokenizer beside ``ptd``, as
+    ``lora-share run --prompt``) or a list of token ids."""
     from .inference.python_runtime import run as _run
 
-    return _run(pte, ptd, tokens, max_new_tokens, temperature, seed, shared_ptd=shared_ptd)
+    if isinstance(tokens, str):
+        from .tokenizer.files import bind_tokenizer
+        from .tokenizer.text import encode_prompt
+
+        tokens = encode_prompt(bind_tokenizer(ptd), tokens, flag="tokens")
+    elif not isinstance(tokens, (list, tuple)) or not all(isinstance(t, int) for t in tokens):
+        raise TypeError(f"lora_share.run: tokens must be a text prompt (str) or a list of token ids (ints), "
+                        f"got {type(tokens).__name__} {tokens!r:.60}")
+    if not isinstance(max_new_tokens, int):
+        raise TypeError(f"lora_share.run: max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    return _run(pte, ptd, list(tokens), max_new_tokens, temperature, seed, shared_ptd=shared_ptd)
 
 
 def __getattr__(name: str):
