@@ -111,3 +111,26 @@ def test_c_example_chats_in_text(library, text_build, tmp_path):
     with native.open_dir(text_build.build.out_dir, library=library) as rt:
         text, _ = rt.generate_text(TEXT_ADAPTER, [{"role": "user", "content": question}], 12)
     assert out == text + "\n" and text
+
+
+def test_a_default_system_prompt_is_rendered_as_transformers_does(library, text_build, tmp_path):
+    """A template that writes a default system message when none comes first (SmolLM2's): the C
+    library puts it first, and a system message of one's own replaces it, as transformers renders."""
+    import json
+    import shutil
+
+    from lora_share.tokenizer.chat_format import resolve_chat_format
+    from test_chat_format import CHATML_DEFAULT_SYSTEM, tokenizer_with
+
+    folder, hf = tokenizer_with(tmp_path, CHATML_DEFAULT_SYSTEM)
+    fmt = resolve_chat_format(folder)
+    assert "default_system" in fmt
+    out = tmp_path / "out"
+    shutil.copytree(text_build.build.out_dir, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tokenizer"]["chat_format"] = fmt
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with native.open_tokenizer(out, library=library) as tok:
+        for messages in CONVERSATIONS:
+            want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert tok.apply_chat_template(messages) == want

@@ -31,6 +31,7 @@ LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set system = '<<SYS>>\\n' 
 
 CONVERSATIONS = [
     [("user", "What is 2 + 2?")],
+    [("system", "Be brief."), ("user", "Hi")],
     [("system", "You count."), ("user", " 1 2 3 \n"), ("assistant", "4 5 6"), ("user", "more")],
     [("user", "a"), ("assistant", "b"), ("user", "c")],
 ]
@@ -54,9 +55,9 @@ def render(tokenizer, messages):
 @pytest.mark.parametrize("template, roles, trim", [
     (CHATML, {"system", "user", "assistant"}, False),
     (LLAMA3, {"system", "user", "assistant"}, True),
-    # A default system prompt when the first message is not one: the pieces hold it, so a system
-    # message of one's own cannot be written this way and is left out.
-    (CHATML_DEFAULT_SYSTEM, {"user", "assistant"}, False),
+    # A default system prompt when the first message is not one (SmolLM2's, Qwen 2's): kept as
+    # default_system, so a system message of one's own replaces it.
+    (CHATML_DEFAULT_SYSTEM, {"system", "user", "assistant"}, False),
     # The system prompt folded into the first user turn: likewise left out; the turns are fixed text.
     (LLAMA2, {"user", "assistant"}, False),
 ], ids=["chatml", "llama3", "chatml-default-system", "llama2"])

@@ -27,6 +27,10 @@ StatusOr<ChatFormat> read_chat_format(const nlohmann::json& j, const std::string
     return Status::usage(where + ".trim_content must be true or false: rebuild");
   }
   format.trim_content = j.value("trim_content", false);
+  if (j.contains("default_system")) {
+    if (!j["default_system"].is_string()) return Status::usage(where + ".default_system must be a string: rebuild");
+    format.default_system = j["default_system"].get<std::string>();
+  }
   for (const auto& [role, pieces] : j["roles"].items()) {
     if (!pieces.is_array() || pieces.size() != 2 || !pieces[0].is_string() || !pieces[1].is_string()) {
       return Status::usage(where + ".roles." + role + " must be [before, after] strings: rebuild");
@@ -38,6 +42,11 @@ StatusOr<ChatFormat> read_chat_format(const nlohmann::json& j, const std::string
 
 StatusOr<std::string> render_chat(const ChatFormat& format, const std::vector<ChatTurn>& messages) {
   std::string text = format.prefix;
+  if (format.default_system && (messages.empty() || messages.front().role != "system")) {
+    auto system = std::find_if(format.roles.begin(), format.roles.end(),
+                               [](const auto& r) { return r.first == "system"; });
+    if (system != format.roles.end()) text += system->second.first + *format.default_system + system->second.second;
+  }
   for (const ChatTurn& m : messages) {
     auto role = std::find_if(format.roles.begin(), format.roles.end(),
                              [&](const auto& r) { return r.first == m.role; });

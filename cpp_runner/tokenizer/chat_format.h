@@ -23,6 +23,9 @@ struct ChatFormat {
   bool trim_content = false;
   std::vector<std::pair<std::string, std::pair<std::string, std::string>>> roles;
   std::string generation_prompt;
+  // The system message the template writes when a conversation starts with
+  // none (SmolLM2's, Qwen 2's): put first, untrimmed, in that case.
+  std::optional<std::string> default_system;
 };
 
 struct ChatTurn {

@@ -9,9 +9,11 @@ Most chat templates wrap each message in fixed text that depends only on its rol
 
 ``resolve_chat_format`` renders a few conversations whose contents are sentinels, reads the pieces
 off them, and keeps the result only if it reproduces the template on other conversations (several
-turns, every role, an assistant answer last). Templates whose text depends on more than the role
-(a system prompt folded into the first user turn, as Llama 2's; a default system prompt added
-when there is none, as Qwen 2's) are not resolved: those builds serve chat from Python only.
+turns, every role, an assistant answer last). A default system prompt the template adds
+when there is none (SmolLM2's, Qwen 2's) is kept as ``default_system``: the runtimes put it first as
+a system message when the conversation does not start with one. Templates whose text depends on more
+than the role (a system prompt folded into the first user turn, as Llama 2's) are not resolved:
+those builds serve chat from Python only.
 """
 
 from __future__ import annotations
@@ -76,18 +78,28 @@ def _pieces(tokenizer) -> Optional[dict]:
         system = _split(_render(tokenizer, [("system", _S), ("user", _U)], False), _S, _U)
     except Exception:  # templates that refuse a system message (Gemma's raise an exception)
         system = None
+    format_ = {"prefix": prefix, "roles": roles, "generation_prompt": with_gen[len(plain):]}
     if system is not None:
         pre_system, post_system = _cut(system[0], head=prefix), _cut(system[1], tail=pre_user)
         if pre_system is not None and post_system is not None:
             roles["system"] = [pre_system, post_system]
-    return {"prefix": prefix, "roles": roles, "generation_prompt": with_gen[len(plain):]}
+        elif post_system is not None:
+            # A default system prompt written when the conversation has none (SmolLM2's, Qwen 2's): what
+            # precedes the first user turn is then the system role's pieces around that default text.
+            default = _cut(prefix, head=system[0], tail=post_system)
+            if default is not None:
+                roles["system"] = [system[0], post_system]
+                format_.update(prefix="", default_system=default)
+    return format_
 
 
 def apply(format_: dict, messages) -> str:
     """The prompt text ``format_`` gives for ``messages`` [(role, content)], with the generation prompt."""
     roles, trim = format_["roles"], format_.get("trim_content", False)
-    return format_["prefix"] + "".join(roles[r][0] + (c.strip() if trim else c) + roles[r][1]
-                                       for r, c in messages) + format_["generation_prompt"]
+    turns = [(r, c.strip() if trim else c) for r, c in messages]
+    if "default_system" in format_ and (not turns or turns[0][0] != "system"):
+        turns.insert(0, ("system", format_["default_system"]))
+    return format_["prefix"] + "".join(roles[r][0] + c + roles[r][1] for r, c in turns) + format_["generation_prompt"]
 
 
 def resolve_chat_format(folder: Path) -> Optional[dict]:
