@@ -209,3 +209,17 @@ def test_usage_errors(runner_bin, text_build, args, message):
 def test_prompt_needs_the_ptd(runner_bin, text_build):
     r = runner(runner_bin, "--pte", text_build.pte, "--prompt", "hi")
     assert r.returncode == 2 and "--prompt needs the build's foundation.ptd (--ptd)" in r.stderr
+
+
+def test_chat_answers_as_lora_share_run_chat(runner_bin, text_build):
+    """build/runner --chat (the manifest's chat format) and `lora-share run --chat` (transformers'
+    apply_chat_template): the same prompt length, tokens and text."""
+    message = "Hello, how are you today?"
+    ours = runner(runner_bin, *base_args(text_build.build.out_dir, "--chat", message, "--json"))
+    assert ours.returncode == 0, ours.stderr
+    theirs = run_cli("run", *base_args(text_build.build.out_dir, "--chat", message, "--json"))
+    assert theirs.returncode == 0, theirs.stderr
+    got, want = json.loads(ours.stdout), json.loads(theirs.stdout)
+    assert (got["prompt_tokens"], got["tokens"], got["text"]) == (len(want["prompt"]), want["tokens"], want["text"])
+    both = runner(runner_bin, *base_args(text_build.build.out_dir, "--chat", message, "--prompt", "x"))
+    assert both.returncode == 2 and "pick one" in both.stderr

@@ -85,8 +85,19 @@ const FlagSpec kFlags[] = {
      "model has one); the reply is printed as text while it is generated "
      "and stops at the model's end-of-sequence token",
      [](Options& o, const std::string& v) {
+       if (o.chat) return Status::usage("--chat and --prompt are two ways to give the prompt: pick one");
        o.prompt = v;
        o.prompt_given = true;
+       return Status();
+     }},
+    {"chat", "TEXT", "(instead of --prompt)",
+     "like --prompt, with TEXT as one user message in the build's chat "
+     "template (manifest.json tokenizer.chat_format), as lora-share run --chat",
+     [](Options& o, const std::string& v) {
+       if (o.prompt_given) return Status::usage("--chat and --prompt are two ways to give the prompt: pick one");
+       o.prompt = v;
+       o.prompt_given = true;
+       o.chat = true;
        return Status();
      }},
     {"tokenizer", "DIR", "(the --ptd's folder)",

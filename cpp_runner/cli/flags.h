@@ -18,6 +18,7 @@ struct Options {
   bool tokens_given = false;
   std::string prompt;                 // --prompt (text, encoded with the build's tokenizer)
   bool prompt_given = false;
+  bool chat = false;                  // --chat: the prompt is one user message in the build's chat template
   std::string tokenizer_dir;          // --tokenizer (default: the --ptd's folder)
   int64_t max_new_tokens = 16;        // --max-new-tokens
   double temperature = 0.0;           // --temperature (0 = greedy)
