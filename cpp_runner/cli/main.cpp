@@ -101,6 +101,12 @@ Status run_once(const RunnerRuntime& runtime, const Options& options,
     else std::printf("%s\n", ids.c_str());
     std::fflush(stdout);
     if (text) std::fprintf(stderr, "tokens: %s\n", ids.c_str());
+    // A chat-trained model given raw text often answers with its end-of-turn
+    // at once: say why the line is empty and what to ask with instead.
+    if (text && text->empty() && !options.chat && tokenizer->chat) {
+      std::fprintf(stderr, "note: the answer ended at once: this build's model has a chat template, and --prompt "
+                           "gives it raw text; ask with --chat '%s' instead\n", options.prompt.c_str());
+    }
     print_summary(stderr, runtime, *adapter, prompt.value(), g.value(), end);
   }
   return Status();
