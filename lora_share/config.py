@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 import typing
 from dataclasses import dataclass, field
@@ -390,11 +391,42 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
             L.problem("lora_envelope.targets", "list at least one linear, or 'all'")
         if env.layers == []:
             L.problem("lora_envelope.layers", "list at least one layer, or 'all'")
+        _check_adapters_in_envelope(cfg, env, L)
         n_layers = getattr(getattr(fnd, "synthetic", None), "n_layers", None)
         for layer in env.layers or []:
             if isinstance(layer, int) and (layer < 0 or (isinstance(n_layers, int) and layer >= n_layers)):
                 L.problem("lora_envelope.layers", f"layer {layer} does not exist"
                           + (f" (the foundation has {n_layers})" if isinstance(n_layers, int) else ""))
+
+
+def _adapter_shape(a) -> tuple[list[int], Optional[list[str]]]:
+    """An adapter's ranks and target modules as its config says them (PEFT's adapter_config.json: r,
+    rank_pattern, target_modules), without reading its weights; ([], None) when unreadable (the
+    build reports that)."""
+    if a.synthetic is not None:
+        return [a.synthetic.rank], a.synthetic.target_modules
+    try:
+        pc = json.loads((a.peft / "adapter_config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return [], None
+    ranks = [pc.get("r")] + list((pc.get("rank_pattern") or {}).values())
+    targets = pc.get("target_modules")
+    return [r for r in ranks if isinstance(r, int)], targets if isinstance(targets, list) else None
+
+
+def _check_adapters_in_envelope(cfg: BuildConfig, env, L) -> None:
+    """Each adapter's ranks and targets against lora_envelope, before any export (build checks the
+    weights themselves)."""
+    for i, a in enumerate(cfg.adapters or []):
+        ranks, targets = _adapter_shape(a)
+        if env.max_rank is not None and ranks and max(ranks) > env.max_rank:
+            L.problem(f"adapters[{i}]", f"{a.name}: rank {max(ranks)} is above lora_envelope.max_rank "
+                                        f"({env.max_rank}): raise max_rank, or leave the adapter out")
+        if isinstance(env.targets, list) and targets is not None:
+            outside = [t for t in targets if t not in env.targets]
+            if outside:
+                L.problem(f"adapters[{i}]", f"{a.name}: LoRA on {', '.join(outside)}, outside lora_envelope.targets "
+                                            f"[{', '.join(env.targets)}]: add them to targets, or leave the adapter out")
 
 
 def hoists_shared_tensors(cfg: BuildConfig) -> bool:

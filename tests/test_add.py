@@ -198,7 +198,9 @@ def test_build_refuses_an_adapter_outside_its_explicit_envelope(tmp_path):
                                  {"big": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=33)})
     r = run_cli("build", config)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "adapter big: outside the deployment's LoRA envelope" in r.stderr
+    # Found by the config's validation, before any export: both misfits at once.
+    assert "big: rank 4 is above lora_envelope.max_rank (2)" in r.stderr
+    assert "big: LoRA on v_proj, outside lora_envelope.targets [q_proj]" in r.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -162,3 +162,27 @@ def test_foundation_tokenizer_key(tmp_path):
         assert len(e.value.problems) == 1 and e.value.problems[0].startswith(expected), e.value.problems
     r = run_cli("validate", p)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "foundation.tokenizer" in r.stderr
+
+
+def test_validate_checks_adapters_against_the_envelope(tmp_path):
+    """An adapter above lora_envelope.max_rank or on a linear outside its targets is reported by validate,
+    every one at once, before any export (the PEFT folder's adapter_config.json as written)."""
+    peft = tmp_path / "peft32"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(json.dumps({"r": 32, "target_modules": ["q_proj", "up_proj"]}))
+    p = _write(tmp_path, {
+        "foundation": {"synthetic": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
+                                     "vocab_size": 256}},
+        "lora_envelope": {"targets": ["q_proj", "v_proj"], "max_rank": 16},
+        "adapters": [{"name": "big", "peft": str(peft)},
+                     {"name": "syn", "synthetic": {"rank": 20, "alpha": 8, "target_modules": ["q_proj"]}}],
+    })
+    with pytest.raises(lora_share.ConfigErrors) as e:
+        lora_share.validate(p)
+    problems = e.value.problems
+    assert "adapters[0]: big: rank 32 is above lora_envelope.max_rank (16): raise max_rank, or leave the adapter " \
+           "out" in problems
+    assert any(s.startswith("adapters[0]: big: LoRA on up_proj, outside lora_envelope.targets") for s in problems)
+    assert any(s.startswith("adapters[1]: syn: rank 20 is above lora_envelope.max_rank (16)") for s in problems)
+    r = run_cli("validate", p)
+    assert r.returncode == 2 and "rank 32 is above lora_envelope.max_rank" in r.stderr
