@@ -189,8 +189,20 @@ def test_add_outside_the_envelope_is_refused_by_key(narrow, spec, key):
     r = run_cli("add", "--to", build.out_dir, root / "wide")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "outside the deployment's LoRA envelope" in r.stderr and key in r.stderr
-    assert f"widen lora_envelope in {build.config}" in r.stderr
+    # The folder being added to is the one named, with its own resolved config, not the original config.
+    assert f"{build.out_dir} was built with this envelope" in r.stderr
+    assert f"edit lora_envelope in {build.out_dir / 'config.resolved.yaml'}" in r.stderr
     assert {p.name: p.read_bytes() for p in build.out_dir.iterdir() if p.is_file()} == before
+
+
+def test_add_reports_every_adapter_outside_the_envelope(narrow):
+    root, build = narrow
+    write_peft_lora(root / "wide_rank", BASE, r=8, alpha=8, targets=["q_proj"], seed=35)
+    write_peft_lora(root / "wide_target", BASE, r=2, alpha=8, targets=["k_proj"], seed=36)
+    r = run_cli("add", "--to", build.out_dir, root / "wide_rank", root / "wide_target")
+    assert r.returncode == 2, r.stderr
+    assert "adapter wide_rank: outside" in r.stderr and "lora_envelope.max_rank is 4" in r.stderr
+    assert "adapter wide_target: outside" in r.stderr and "lora_envelope.targets is [q_proj, v_proj]" in r.stderr
 
 
 def test_build_refuses_an_adapter_outside_its_explicit_envelope(tmp_path):

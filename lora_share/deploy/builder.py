@@ -114,8 +114,7 @@ def build(config_path, quiet: bool = False) -> dict:
         except UserError as e:
             raise UserError(f"{cfg.source}: adapters[{i}] ({acfg.name}): {e}") from None
     envelope = Envelope.resolve(cfg.lora_envelope, adapters, foundation.args)
-    for adapter in adapters:
-        envelope.require_fits(adapter, str(cfg.source))
+    envelope.require_fits(adapters, f"widen lora_envelope in {cfg.source} and rebuild")
     tokenizer = find_tokenizer(cfg.foundation, foundation.args.vocab_size)
     log(_tokenizer_line(tokenizer, cfg.foundation.checkpoint), quiet)
     settings = export_settings(cfg.foundation)
@@ -160,7 +159,6 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
         raise UserError(f"{ptd}: missing or not the file {out_dir / MANIFEST} describes")
     args = manifest_model_args(previous)
     envelope = Envelope.from_dict(previous["program"]["envelope"])
-    config = previous.get("config") or str(out_dir / "config.resolved.yaml")
     existing = {a["name"] for a in previous["adapters"]}
     adapters = []
     for name, folder in peft_dirs:
@@ -171,10 +169,13 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
                             "runner, the C API and the server; pick another name (NAME=DIR)")
         if not Path(folder).is_dir():
             raise UserError(f"{folder}: no such folder (a PEFT adapter folder)")
-        adapter = load_peft(name, Path(folder), args)
-        envelope.require_fits(adapter, config)
-        adapters.append(adapter)
+        adapters.append(load_peft(name, Path(folder), args))
         existing.add(name)
+    # The folder being added to is the one to rebuild: its own resolved config, its output_dir set to
+    # it (a copied deployment's config still names the folder it was built in).
+    envelope.require_fits(adapters, f"{out_dir} was built with this envelope: to widen it, rebuild that folder: "
+                                    f"edit lora_envelope in {out_dir / 'config.resolved.yaml'} (and output_dir to "
+                                    f"{out_dir}), then lora-share build it")
     log(f"lora-share add -> {out_dir}: {len(adapters)} adapter(s), keeping {PTD_NAME} and the program", quiet)
 
     resolved = yaml.safe_load((out_dir / "config.resolved.yaml").read_text())

@@ -86,14 +86,18 @@ class Envelope:
                                 f"{self.max_rank}")
         return problems
 
-    def require_fits(self, adapter, where: str) -> None:
-        """Refuse ``adapter`` unless it fits, naming every key to widen in ``where`` (the config)."""
-        problems = self.misfits(adapter)
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise UserError(f"adapter {adapter.name}: outside the deployment's LoRA envelope: {problems[0]}{more}; "
-                            f"widen lora_envelope in {where} and rebuild (an envelope is exported once; "
-                            f"adapters inside it are added without an export)")
+    def require_fits(self, adapters, remedy: str) -> None:
+        """Refuse unless every one of ``adapters`` fits, naming each misfit (the first key to widen of
+        each adapter) and ``remedy``: what to do, and where (the config, the deployment folder)."""
+        lines = []
+        for adapter in adapters:
+            problems = self.misfits(adapter)
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                lines.append(f"adapter {adapter.name}: outside the deployment's LoRA envelope: {problems[0]}{more}")
+        if lines:
+            raise UserError("; ".join(lines) + f"; {remedy} (an envelope is exported once; adapters inside it are "
+                            "added without an export)")
 
     def shapes(self, args: ModelArgs) -> list[tuple[int, int]]:
         """(out_features, in_features) of each slot's linear, in input order."""
