@@ -223,3 +223,23 @@ def test_chat_answers_as_lora_share_run_chat(runner_bin, text_build):
     assert (got["prompt_tokens"], got["tokens"], got["text"]) == (len(want["prompt"]), want["tokens"], want["text"])
     both = runner(runner_bin, *base_args(text_build.build.out_dir, "--chat", message, "--prompt", "x"))
     assert both.returncode == 2 and "pick one" in both.stderr
+
+
+def test_serve_messages_answer_as_chat(runner_bin, text_build):
+    """A --serve line with "messages" (system + user) is rendered with the build's chat template: the
+    answer of `lora-share run` on the prompt transformers' apply_chat_template makes of them."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    hf = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
+    ids = list(hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    want = run_cli("run", *base_args(text_build.build.out_dir, "--tokens", ",".join(map(str, ids)), "--json",
+                                     "--max-new-tokens", 8))  # the tiny context holds 52 + 8
+    assert want.returncode == 0, want.stderr
+    stdin = json.dumps({"adapter": TEXT_ADAPTER, "messages": messages, "max_new_tokens": 8}) + "\n" + \
+        json.dumps({"adapter": TEXT_ADAPTER, "messages": [{"role": "wizard", "content": "x"}]}) + "\n"
+    r = runner(runner_bin, *base_args(text_build.build.out_dir, "--serve"), stdin=stdin)
+    assert r.returncode == 0, r.stderr
+    got, bad = json_lines(r.stdout)
+    assert got["tokens"] == json.loads(want.stdout)["tokens"], got
+    assert "role 'wizard'" in bad["error"]

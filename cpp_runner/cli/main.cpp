@@ -39,15 +39,7 @@ StatusOr<std::vector<int64_t>> prompt_ids(const Options& options,
                                           const std::optional<tok::BoundTokenizer>& tokenizer) {
   if (!options.prompt_given) return options.tokens;
   if (!options.chat) return encode_prompt(*tokenizer, options.prompt, "--prompt");
-  if (!tokenizer->chat) {
-    return Status::usage(tokenizer->folder + "/manifest.json: the build has no chat format (its tokenizer has no "
-                         "chat template, or one that is not fixed text per role): give the formatted text with --prompt");
-  }
-  auto text = tok::render_chat(*tokenizer->chat, {{"user", options.prompt}});
-  if (!text.ok()) return text.status();
-  auto ids = tokenizer->tokenizer.encode(text.value(), /*add_special_tokens=*/false);
-  if (!ids.ok()) return Status::usage("--chat: " + ids.status().message());
-  return ids;
+  return encode_chat(*tokenizer, {{"user", options.prompt}}, "--chat");
 }
 
 // A single request from the command line.

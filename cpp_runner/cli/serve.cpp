@@ -89,9 +89,9 @@ StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& o
   if (j.is_discarded() || !j.is_object()) return Status::usage("not a JSON object: " + line);
   for (const auto& [key, value] : j.items()) {
     (void)value;
-    if (key != "adapter" && key != "prompt" && key != "tokens" && key != "max_new_tokens" &&
+    if (key != "adapter" && key != "prompt" && key != "tokens" && key != "messages" && key != "max_new_tokens" &&
         key != "temperature" && key != "seed")
-      return Status::usage("unknown key \"" + key + "\" (known: adapter, prompt, tokens, max_new_tokens, "
+      return Status::usage("unknown key \"" + key + "\" (known: adapter, prompt, tokens, messages, max_new_tokens, "
                            "temperature, seed)");
   }
   if (!j.contains("adapter") || !j.at("adapter").is_string())
@@ -102,8 +102,26 @@ StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& o
   r.adapter = adapter.value();
   Status s = read_settings(j, r);
   if (!s.ok()) return s;
-  if (j.contains("prompt") == j.contains("tokens"))
-    return Status::usage("give exactly one of \"prompt\" (text) or \"tokens\" (a list of ids)");
+  if (j.contains("prompt") + j.contains("tokens") + j.contains("messages") != 1)
+    return Status::usage("give exactly one of \"prompt\" (text), \"tokens\" (a list of ids) or \"messages\" "
+                         "(a list of {\"role\", \"content\"}, in the build's chat template)");
+  if (j.contains("messages")) {
+    if (tokenizer == nullptr) return Status::usage(tok::no_tokenizer_message(tokenizer_folder(options)));
+    const json& m = j.at("messages");
+    std::vector<tok::ChatTurn> turns;
+    for (const json& turn : m.is_array() ? m : json::array()) {
+      if (!turn.is_object() || !turn.contains("role") || !turn["role"].is_string() || !turn.contains("content") ||
+          !turn["content"].is_string())
+        return Status::usage("\"messages\": each needs a string \"role\" and \"content\"");
+      turns.push_back({turn["role"].get<std::string>(), turn["content"].get<std::string>()});
+    }
+    if (turns.empty()) return Status::usage("\"messages\": expected a non-empty list of {\"role\", \"content\"}");
+    auto ids = encode_chat(*tokenizer, turns, "\"messages\"");
+    if (!ids.ok()) return ids.status();
+    r.prompt = std::move(ids.value());
+    r.is_text = true;
+    return r;
+  }
   if (j.contains("tokens")) {
     auto ids = read_tokens(j.at("tokens"));
     if (!ids.ok()) return ids.status();

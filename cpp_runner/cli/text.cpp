@@ -27,6 +27,19 @@ StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenize
   return ids;
 }
 
+StatusOr<std::vector<int64_t>> encode_chat(const tok::BoundTokenizer& tokenizer,
+                                           const std::vector<tok::ChatTurn>& messages, const std::string& what) {
+  if (!tokenizer.chat) {
+    return Status::usage(what + ": the build has no chat format (its tokenizer has no chat template, or one that "
+                         "is not fixed text per role): give the formatted text as the prompt");
+  }
+  auto text = tok::render_chat(*tokenizer.chat, messages);
+  if (!text.ok()) return Status::usage(what + ": " + text.status().message());
+  auto ids = tokenizer.tokenizer.encode(text.value(), /*add_special_tokens=*/false);
+  if (!ids.ok()) return Status::usage(what + ": " + ids.status().message());
+  return ids;
+}
+
 std::optional<std::vector<int64_t>> stop_ids_for(const Options& options,
                                                  const tok::BoundTokenizer* tokenizer) {
   if (options.ignore_eos) return std::vector<int64_t>();

@@ -27,6 +27,12 @@ StatusOr<std::optional<tok::BoundTokenizer>> load_text_tokenizer(const Options& 
 StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenizer, const std::string& text,
                                              const std::string& what);
 
+// The ids of `messages` in the build's chat template (the manifest's chat
+// format), encoded without adding special tokens (the template writes them);
+// `what` names the source in errors ("--chat", "\"messages\"").
+StatusOr<std::vector<int64_t>> encode_chat(const tok::BoundTokenizer& tokenizer,
+                                           const std::vector<tok::ChatTurn>& messages, const std::string& what);
+
 // The ids generation stops after: none with --ignore-eos, else the bound
 // tokenizer's EOS ids (text and --serve), else (nullopt) the build's, which
 // the library reads from the manifest.json beside --ptd.
