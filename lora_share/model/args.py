@@ -13,6 +13,10 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 ACTIVATION_NAMES = ("silu", "gelu_pytorch_tanh")
 
 
+# The KV cache's element types by their config names, which are also torch's dtype names.
+KV_DTYPE_NAMES = ("float32", "float16")
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     """Shape of the foundation model (Hugging Face config, flattened) and its family's switches.
@@ -46,14 +50,16 @@ class ModelArgs:
     sliding_window: int | None = None  # the sliding layers' window: a query sees its own and the window - 1 before
     sliding_layers: tuple[int, ...] = ()  # which layers attend over the window only (Gemma 3)
     local_rope_theta: float | None = None  # the sliding layers' RoPE base (Gemma 3's rope_local_base_freq)
-    kv_dtype: str = "float32"  # the KV cache's element type, a key of decoder.KV_DTYPES: float16 runs attention in float16
+    kv_dtype: str = "float32"  # the KV cache's element type, one of KV_DTYPE_NAMES: float16 runs attention in float16
 
     @property
     def kv_torch_dtype(self):
         """The KV cache's element type, and attention's, as a torch dtype (imports torch)."""
-        from .decoder import KV_DTYPES
+        import torch
 
-        return KV_DTYPES[self.kv_dtype]
+        if self.kv_dtype not in KV_DTYPE_NAMES:
+            raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPE_NAMES)}")
+        return getattr(torch, self.kv_dtype)
 
     @property
     def chunk(self) -> int:

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .args import ModelArgs
+from .args import KV_DTYPE_NAMES, ModelArgs
 from .decode_attention import rope_attend, rope_attend_rows
 from .quantize import is_quantized
 
@@ -81,7 +81,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 # The KV cache's element type by its config name (``ModelArgs.kv_dtype``).
-KV_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+KV_DTYPES = {name: getattr(torch, name) for name in KV_DTYPE_NAMES}
 
 # The MLP's activation by Hugging Face's name for it (``hidden_act``): one for each of args.ACTIVATION_NAMES.
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
