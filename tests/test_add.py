@@ -245,6 +245,22 @@ def test_add_refuses_an_adapter_for_another_model(deployment):
     assert json.loads((out / "manifest.json").read_text()) == deployment["manifest"]
 
 
+def test_add_reports_every_bad_adapter_at_once(deployment, tmp_path):
+    """Two bad adapters in one add (a name already taken, a folder that is not there) and one that
+    does not fit the foundation: all three named in one refusal, and nothing written."""
+    root, out = deployment["root"], deployment["out"]
+    write_peft_lora(root / "other2", hf_config(dim=96, heads=4, kv_heads=2), r=2, alpha=4, targets=["q_proj"])
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = run_cli("add", "--to", out, f"first={root / 'rank1_q'}", f"nowhere={tmp_path / 'missing'}",
+                f"other2={root / 'other2'}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "3 error(s)" in r.stderr, r.stderr
+    assert "already has an adapter named 'first'" in r.stderr
+    assert f"{tmp_path / 'missing'}: no such folder" in r.stderr
+    assert "do not fit the foundation" in r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 @pytest.fixture(scope="module")
 def skipping(deployment):
     """The envelope deployment rebuilt with lora_envelope.skip_absent (its program reused), then

@@ -28,7 +28,7 @@ from ..checkpoints.adapters import load_adapter, load_peft
 from ..config import (BASE_NAME, config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors,
                      load_config)
 from ..model.envelope import Envelope
-from ..errors import UserError
+from ..errors import ConfigErrors, UserError
 from ..export.revision import EXPORTER_REVISION
 from ..files import sha256_file
 from ..formats import read_ptd
@@ -159,18 +159,7 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
         raise UserError(f"{ptd}: missing or not the file {out_dir / MANIFEST} describes")
     args = manifest_model_args(previous)
     envelope = Envelope.from_dict(previous["program"]["envelope"])
-    existing = {a["name"] for a in previous["adapters"]}
-    adapters = []
-    for name, folder in peft_dirs:
-        if name in existing:
-            raise UserError(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
-        if name == BASE_NAME:
-            raise UserError(f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
-                            "runner, the C API and the server; pick another name (NAME=DIR)")
-        if not Path(folder).is_dir():
-            raise UserError(f"{folder}: no such folder (a PEFT adapter folder)")
-        adapters.append(load_peft(name, Path(folder), args))
-        existing.add(name)
+    adapters = _load_new_adapters(out_dir, peft_dirs, {a["name"] for a in previous["adapters"]}, args)
     # The folder being added to is the one to rebuild: its own resolved config, its output_dir set to
     # it (a copied deployment's config still names the folder it was built in).
     envelope.require_fits(adapters, f"{out_dir} was built with this envelope: to widen it, rebuild that folder: "
@@ -200,6 +189,31 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
                      measure_quantization=False, previous=previous,
                      shared_available=_existing_shared_keys(out_dir, previous), started=t_start)
     return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet=quiet)
+
+
+def _load_new_adapters(out_dir: Path, peft_dirs: list[tuple[str, Path]], existing: set[str], args) -> list:
+    """The PEFT adapters ``add`` was given, each checked and read; every problem of every adapter is
+    reported at once (a name in use, the reserved base name, a missing folder, an unreadable adapter)."""
+    adapters, problems = [], []
+    for name, folder in peft_dirs:
+        if name in existing:
+            problems.append(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
+        elif name == BASE_NAME:
+            problems.append(f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
+                            "runner, the C API and the server; pick another name (NAME=DIR)")
+        elif not Path(folder).is_dir():
+            problems.append(f"{folder}: no such folder (a PEFT adapter folder)")
+        else:
+            try:
+                adapters.append(load_peft(name, Path(folder), args))
+            except UserError as e:
+                problems.append(str(e))
+        existing.add(name)
+    if len(problems) == 1:
+        raise UserError(problems[0])
+    if problems:
+        raise ConfigErrors(f"lora-share add --to {out_dir}", problems)
+    return adapters
 
 
 def _existing_shared_keys(out_dir: Path, previous: dict) -> set[str] | None:
