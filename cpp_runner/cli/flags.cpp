@@ -153,7 +153,8 @@ const FlagSpec kFlags[] = {
      }},
     {"serve", nullptr, "off",
      "read requests from stdin, one per line, either 'adapter<TAB>ids' or "
-     "JSON {\"adapter\": ..., \"prompt\": text | \"tokens\": [ids], "
+     "JSON {\"adapter\": ..., \"prompt\": text | \"messages\": [{\"role\", "
+     "\"content\"}] (the build's chat template) | \"tokens\": [ids], "
      "\"max_new_tokens\", \"temperature\", \"seed\" (optional)}; answer one "
      "JSON line each (with \"text\" when the build has a tokenizer); "
      "each stops after an end-of-sequence id unless --ignore-eos; the "
