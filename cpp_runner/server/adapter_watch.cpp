@@ -48,6 +48,10 @@ AdapterWatch::~AdapterWatch() {
 void AdapterWatch::run() {
   const std::string manifest = dir_ + "/manifest.json";
   Stamp last = stamp_of(manifest);
+  // The server read the manifest before this thread took its first stamp: a rewrite in between
+  // (a busy machine can schedule this thread late) would never differ from `last`, so one sweep now
+  // registers whatever the file lists already.
+  register_new();
   std::unique_lock<std::mutex> lock(lock_);
   while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
     Stamp now = stamp_of(manifest);
