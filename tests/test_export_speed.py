@@ -47,7 +47,7 @@ def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
     from lora_share.export.program import export_program
     from lora_share.checkpoints.foundation import load_foundation
 
-    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}  # the envelope is what counts
+    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["v_proj"]}}  # the envelope is what counts
     config = write_config(folder, _foundation(case, folder), [adapter], lora_envelope={"targets": TARGETS, "max_rank": 4})
     cfg = load_config(config)
     foundation = load_foundation(cfg.foundation)
@@ -80,7 +80,7 @@ def test_compact_dependencies_hold_executorch_sets(tmp_path):
     from lora_share.export.memory import _CompactDependencyViewer
     from lora_share.checkpoints.foundation import load_foundation
 
-    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}
+    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["v_proj"]}}  # inside the envelope, which validate checks
     cfg = load_config(write_config(tmp_path, {"synthetic": ONE_LAYER, "max_seq_len": 32}, [adapter],
                                    lora_envelope={"targets": TARGETS, "max_rank": 4}))
     foundation = load_foundation(cfg.foundation)
