@@ -255,7 +255,7 @@ def test_a_manifest_or_foundation_from_another_build_is_refused(text_build, plai
 
 def test_usage_errors(text_build):
     r = run_cli("run", "--pte", text_build.pte, "--ptd", text_build.build.ptd)
-    assert r.returncode == 2 and "one of the arguments --tokens --prompt --chat is required" in r.stderr
+    assert r.returncode == 2 and "one of the arguments --tokens --prompt --input --chat is required" in r.stderr
     r = run_cli("run", *_run_args(text_build, "--prompt", "hi", "--tokens", "1,2"))
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
     r = run_cli("run", *_run_args(text_build, "--tokens", "1,2", "--tokenizer", text_build.build.out_dir))
