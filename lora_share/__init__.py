@@ -21,7 +21,14 @@ from .errors import ConfigErrors, UserError  # noqa: E402
 
 
 def build(config_path, quiet: bool = False) -> dict:
-    """Build every output of a config file; returns the manifest."""
+    """Build every output of a config file (a foundation and adapters, or programs from PT2
+    archives); returns the manifest."""
+    from .config import load_config
+
+    if load_config(config_path).programs is not None:
+        from .programs.build import build_programs
+
+        return build_programs(config_path, quiet=quiet)
     from .deploy.builder import build as _build
 
     return _build(config_path, quiet=quiet)

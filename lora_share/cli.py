@@ -49,11 +49,8 @@ def _register_validate(subparsers) -> None:
 
 
 def _cmd_build(ns) -> int:
-    from .config import load_config
-    from .deploy.builder import build
+    from . import build
 
-    if load_config(ns.config).programs is not None:
-        from .programs.build import build_programs as build
     manifest = build(ns.config, quiet=ns.json)
     if ns.json:
         print(json.dumps(manifest, indent=2))

@@ -429,6 +429,13 @@ def _check_adapters_in_envelope(cfg: BuildConfig, env, L) -> None:
                                             f"[{', '.join(env.targets)}]: add them to targets, or leave the adapter out")
 
 
+def require_adapters(cfg: BuildConfig, what: str) -> None:
+    """Refuse a config of programs where ``what`` needs a foundation and adapters."""
+    if cfg.programs is not None:
+        raise UserError(f"{cfg.source}: a config of programs (PT2 archives); {what} takes a config with a "
+                        "foundation and adapters (build this one with `lora-share build`)")
+
+
 def hoists_shared_tensors(cfg: BuildConfig) -> bool:
     """Whether the config asks for adapter tensors shared by several adapters in adapters_shared.ptd."""
     return cfg.dedup is not None and cfg.dedup.shared_adapter_tensors == HOIST

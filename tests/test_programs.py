@@ -403,3 +403,13 @@ def test_add_cli_with_model(programs_build, tmp_path):
     missing = run_cli("add", "--to", out, f"x={programs_build.archives.tasks}", "--model", "birds")
     assert missing.returncode == 2 and "has no model 'birds'; it holds separate, merged" in missing.stderr
     assert "Traceback" not in missing.stderr and not (out / "x.pte").exists()
+
+
+def test_adapter_commands_refuse_a_config_of_programs(pt2_archives, tmp_path):
+    from lora_share.deploy.builder import build
+
+    path = _config(tmp_path, f"  - {{name: b, pt2: {pt2_archives.base}}}\n")
+    with pytest.raises(UserError, match="a config of programs"):
+        build(path, quiet=True)
+    result = run_cli("bench", path)
+    assert result.returncode == 2 and "a config of programs" in result.stderr and "Traceback" not in result.stderr

@@ -87,6 +87,9 @@ def _checked_counts(config: Path, counts: list[int], runner: Path, build_counts:
         raise UserError(f"--build-counts: adapter counts must be between 1 and {counts[-1]} (the largest of --counts)")
     if not config.is_file():
         raise UserError(f"{config}: no such config file")
+    from ..config import load_config, require_adapters
+
+    require_adapters(load_config(config), "the benchmark")
     if not runner.is_file():
         raise UserError(f"{runner}: no such runner (build it with `make runner`)")
     return build_counts

@@ -26,7 +26,7 @@ import yaml
 from .adapter_pte import Program
 from ..checkpoints.adapters import load_adapter, load_peft
 from ..config import (BASE_NAME, config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors,
-                     load_config)
+                     load_config, require_adapters)
 from ..model.envelope import Envelope
 from ..errors import ConfigErrors, UserError
 from ..export.revision import EXPORTER_REVISION
@@ -102,6 +102,7 @@ def build(config_path, quiet: bool = False) -> dict:
 
     t_start = time.perf_counter()
     cfg = load_config(config_path)
+    require_adapters(cfg, "this command")
     log(f"lora-share build {cfg.source} -> {cfg.output_dir}", quiet)
     foundation = load_foundation(cfg.foundation)
     n_params = sum(t.numel() for t in foundation.tensors.values())
