@@ -82,7 +82,7 @@ demo-outputs: setup model
 	$(VENV)/bin/lora-share build $(CONFIG)
 
 test: setup runner model
-	$(PY) -m pytest -q -m "not arm64 and not dist"
+	$(PY) -m pytest -q --durations=25 -m "not arm64 and not dist"
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner
