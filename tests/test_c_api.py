@@ -176,6 +176,30 @@ def test_threads_share_a_runtime_and_run_runtimes_side_by_side(library, runtime,
     assert answers == [expected[name] for _, name in jobs]
 
 
+def test_struct_layouts_match_the_library(library, tiny_build):
+    """The ctypes mirrors have the C structs' sizes (ls_diag_sizeof, the compiler's sizeof), and the
+    fields at their ends read what the library wrote there: ls_options_init's parallel = 1, ls_stats'
+    parallel the slots asked for (a mirror shorter or shifted would read other bytes)."""
+    lib = ctypes.CDLL(str(library))
+    lib.ls_diag_sizeof.restype, lib.ls_diag_sizeof.argtypes = ctypes.c_size_t, [ctypes.c_char_p]
+    for name, mirror in [("ls_options", native._Options), ("ls_generate_options", native._GenerateOptions),
+                         ("ls_runtime_stats", native._Stats), ("ls_error", native._Error)]:
+        assert lib.ls_diag_sizeof(name.encode()) == ctypes.sizeof(mirror), name
+    assert lib.ls_diag_sizeof(b"ls_nothing") == 0
+    opts = native._Options()
+    native.load_library(library).ls_options_init(ctypes.byref(opts))
+    assert opts.parallel == 1
+    with native.open_dir(tiny_build.out_dir, library=library) as rt:
+        s = rt.stats()
+    assert s["parallel"] == 1 and len(s["batch_size_counts"]) == native.MAX_PARALLEL
+
+
+@pytest.mark.parametrize("parallel", [0, native.MAX_PARALLEL + 1])
+def test_parallel_out_of_range_is_refused(library, tiny_build, parallel):
+    expect("LS_ERR_ARGUMENT", native.open_dir, tiny_build.out_dir, parallel=parallel, library=library,
+           contains="ls_options.parallel")
+
+
 def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
     with native.open(tiny_build.ptd, library=library) as other:
         handle = other.load_adapter(tiny_build.ptes["tiny_a"])

@@ -24,10 +24,25 @@
  * bad file or a failed run: each is a code and a one-line message.
  *
  * THREADS. Different runtimes may be used from different threads at once.
- * Calls on one runtime (and its adapters) are serialised by a lock inside the
- * runtime: requests run one at a time, because every program of a runtime
- * runs in one shared planned-memory arena. A callback (on_token) must not call
- * back into the runtime it was called from: that returns LS_ERR_BUSY.
+ * ls_generate (and ls_generate_named / _text / _chat, which go through it)
+ * may also be called from several threads on ONE runtime at once. With
+ * ls_options.parallel = N > 1 the runtime has N KV slots and one scheduler
+ * thread that owns its program: a call enqueues its request and blocks on its
+ * own queue of tokens; the scheduler runs every queued request in one batch
+ * (each decode step one row per request, each row with its own adapter, or
+ * none, its own position and slot; a joining request's prompt is fed one
+ * chunk per step between the others' steps). Each call's on_token callback
+ * runs on the caller's own thread, so a slow callback slows only its own
+ * request; a callback returning nonzero ends its request at the next step.
+ * More than N calls at once wait for a free slot. A slot keeps its tokens and
+ * KV after a request: a later request on the same adapter whose prompt begins
+ * with them continues from there (ls_runtime_stats.prefix_hits). An adapter a
+ * request uses stays resident (the budget's LRU eviction skips it) until the
+ * request ends. With parallel = 1 (the default) calls run one at a time under
+ * a lock inside the runtime, each from position 0, as before.
+ * Every other call on a runtime (loading, stats, programs) takes that lock
+ * too; a callback (on_token, on_text) must not call back into the runtime it
+ * was called from: that returns LS_ERR_BUSY.
  * The XNNPACK settings the runtime needs (weight cache on, one workspace) are
  * process-wide, as are ExecuTorch's operator registrations.
  *
@@ -74,6 +89,10 @@
 extern "C" {
 #endif
 
+/* The most KV slots (ls_options.parallel) a runtime may have, and the length
+ * of ls_runtime_stats.batch_size_counts. */
+#define LS_MAX_PARALLEL 32
+
 /* The name that asks for the foundation alone (no adapter): ls_generate_named
  * and ls_check_request take it; no adapter may be called that. */
 #define LS_BASE_NAME "base"
@@ -110,6 +129,9 @@ typedef struct {
   uint64_t budget_bytes;  /* 0 (default): no budget, nothing is evicted */
   uint64_t adapter_overhead_bytes; /* the per-adapter constant of the budget's
                              accounting (MEMORY BUDGET); 0 (default): 512 KiB */
+  int parallel;           /* KV slots, 1..LS_MAX_PARALLEL: requests that run
+                             in one batch at once (THREADS); default 1: one
+                             request at a time */
 } ls_options;
 
 typedef struct {
@@ -153,9 +175,17 @@ typedef struct {
   uint64_t resident_adapter_bytes; /* accounted cost of the resident adapters */
   uint64_t largest_adapter_bytes;  /* accounted cost of the largest known one */
   int64_t process_pss_bytes;  /* the whole process's PSS now; -1 if unreadable */
+  /* Batching (THREADS); with parallel = 1: parallel 1, the rest 0. */
+  uint32_t parallel;          /* KV slots (ls_options.parallel) */
+  uint32_t slots_in_use;      /* requests running now */
+  uint64_t prefix_hits;       /* requests that continued a slot's tokens */
+  uint64_t prefix_tokens;     /* prompt tokens those hits did not feed again */
+  uint64_t batch_steps;       /* decode steps run */
+  uint64_t batch_size_counts[LS_MAX_PARALLEL]; /* [b - 1]: steps of b rows */
+  uint64_t slot_bytes;        /* one slot's KV bytes (every layer's K and V) */
 } ls_runtime_stats;
 
-/* Defaults: no shared file, verify on, no budget. */
+/* Defaults: no shared file, verify on, no budget, one slot. */
 LS_API void ls_options_init(ls_options* options);
 /* Defaults: 16 new tokens, greedy, seed 0, stop at EOS, no filter or penalty. */
 LS_API void ls_generate_options_init(ls_generate_options* options);

@@ -48,6 +48,11 @@ typedef struct {
                            pages (--no-huge-pages) */
 } ls_diag_options;
 
+/* sizeof the public struct called `type_name` ("ls_options",
+ * "ls_generate_options", "ls_runtime_stats", "ls_error"), 0 for another
+ * name: lets a binding in another language check its layouts. */
+LS_API size_t ls_diag_sizeof(const char* type_name);
+
 /* Defaults: the library's loading (shared program, one arena, weight cache
  * on, no packed cache), EOS ids read, the library's wording. */
 LS_API void ls_diag_options_init(ls_diag_options* options);

@@ -54,6 +54,7 @@ struct PoolOptions {
   int threads = 0;              // ExecuTorch's threadpool: 0 = one per core (set_threads)
   std::string packed_cache;     // "" = none; else packed weights backed by this file
   bool read_eos = true;         // false: no EOS ids, manifest.json unread
+  size_t parallel = 1;          // KV slots (ls_options.parallel): requests batched at once
 };
 
 // What loading did, for the runner's report.
@@ -151,6 +152,9 @@ class AdapterPool {
   std::string foundation_fingerprint() const {
     return files_.foundation.record.present ? files_.foundation.record.fingerprint : "";
   }
+
+  // KV slots: requests the runtime batches at once (PoolOptions.parallel).
+  size_t parallel() const { return options_.parallel; }
 
   // The build's end-of-sequence ids (manifest.h, read_eos_ids); may be none.
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }

@@ -120,7 +120,16 @@ PoolOptions pool_options(const ls_options* options) {
   p.verify = o.verify != 0;
   p.budget_bytes = o.budget_bytes;
   if (o.adapter_overhead_bytes != 0) p.adapter_overhead_bytes = o.adapter_overhead_bytes;
+  p.parallel = static_cast<size_t>(o.parallel);
   return p;
+}
+
+ls_status check_options(const ls_options* options, ls_error* error) {
+  if (options == nullptr || (options->parallel >= 1 && options->parallel <= LS_MAX_PARALLEL)) return LS_OK;
+  set_error(error, LS_ERR_ARGUMENT,
+            "ls_options.parallel is " + std::to_string(options->parallel) + ": give 1 to " +
+                std::to_string(LS_MAX_PARALLEL) + " KV slots (ls_options_init sets 1)");
+  return LS_ERR_ARGUMENT;
 }
 
 ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code,

@@ -101,6 +101,9 @@ ls_adapter* handle_for(ls_runtime* rt, size_t index);
 // ls_options (NULL: defaults) as the pool's.
 PoolOptions pool_options(const ls_options* options);
 
+// LS_ERR_ARGUMENT for an option out of its range (parallel), else LS_OK.
+ls_status check_options(const ls_options* options, ls_error* error);
+
 // A runtime over `pool`, or NULL with `error` set: the budget's refusal is
 // LS_ERR_BUDGET, another usage error `usage_code`, a failure LS_ERR_LOAD.
 ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code,

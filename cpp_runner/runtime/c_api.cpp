@@ -4,7 +4,9 @@
 // (bad_alloc) and reports it as an error.
 #include "lora_share.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "api_support.h"
@@ -23,6 +25,7 @@ void ls_options_init(ls_options* options) {
   options->verify = 1;
   options->budget_bytes = 0;
   options->adapter_overhead_bytes = 0;
+  options->parallel = 1;
 }
 
 void ls_generate_options_init(ls_generate_options* options) {
@@ -55,6 +58,7 @@ const char* ls_status_name(ls_status code) {
 
 ls_runtime* ls_open(const char* ptd, const ls_options* options, ls_error* error) {
   if (ptd == nullptr) return missing(error, "ptd"), nullptr;
+  if (check_options(options, error) != LS_OK) return nullptr;
   try {
     lora_share::init_platform_for_library();
     lora_share::PoolOptions p = pool_options(options);
@@ -68,6 +72,7 @@ ls_runtime* ls_open(const char* ptd, const ls_options* options, ls_error* error)
 
 ls_runtime* ls_open_dir(const char* dir, const ls_options* options, ls_error* error) {
   if (dir == nullptr) return missing(error, "dir"), nullptr;
+  if (check_options(options, error) != LS_OK) return nullptr;
   if (options != nullptr && options->shared_ptd != nullptr) {
     set_error(error, LS_ERR_ARGUMENT,
               "ls_open_dir reads adapters_shared.ptd from manifest.json: leave "
@@ -258,6 +263,11 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   stats->largest_adapter_bytes = s.largest_adapter_bytes;
   int64_t pss_kb = lora_share::read_memory_stats().pss_kb;
   stats->process_pss_bytes = pss_kb < 0 ? -1 : pss_kb * 1024;
+  stats->parallel = static_cast<uint32_t>(runtime->pool->parallel());
+  stats->slots_in_use = 0;
+  stats->prefix_hits = stats->prefix_tokens = stats->batch_steps = 0;
+  std::fill(std::begin(stats->batch_size_counts), std::end(stats->batch_size_counts), uint64_t{0});
+  stats->slot_bytes = 0;
   clear_error(error);
   return LS_OK;
 }

@@ -30,6 +30,16 @@ void ls_diag_options_init(ls_diag_options* options) {
   options->threads = 0;
 }
 
+size_t ls_diag_sizeof(const char* type_name) {
+  if (type_name == nullptr) return 0;
+  const std::string name(type_name);
+  if (name == "ls_options") return sizeof(ls_options);
+  if (name == "ls_generate_options") return sizeof(ls_generate_options);
+  if (name == "ls_runtime_stats") return sizeof(ls_runtime_stats);
+  if (name == "ls_error") return sizeof(ls_error);
+  return 0;
+}
+
 const char* ls_diag_last_message(void) { return last_message().c_str(); }
 
 void ls_diag_init_process(int verbose) { lora_share::init_platform(verbose != 0); }
@@ -38,6 +48,7 @@ ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes
                          const ls_options* options, const ls_diag_options* diag,
                          ls_error* error) {
   if (ptes == nullptr && n_ptes > 0) return missing(error, "ptes"), nullptr;
+  if (check_options(options, error) != LS_OK) return nullptr;
   ls_diag_options diag_defaults;
   ls_diag_options_init(&diag_defaults);
   const ls_diag_options& d = diag ? *diag : diag_defaults;

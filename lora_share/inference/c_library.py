@@ -21,6 +21,7 @@ PACKAGED_LIBRARY = Path(__file__).resolve().parents[1] / "_native" / "liblora_sh
 # In a checkout: what `make runner` builds.
 DEFAULT_LIBRARY = REPO / "build" / "liblora_share.so"
 
+MAX_PARALLEL = 32  # LS_MAX_PARALLEL: the most KV slots, the length of stats' batch_size_counts
 STATUS_NAMES = ["LS_OK", "LS_ERR_ARGUMENT", "LS_ERR_NOT_FOUND", "LS_ERR_LOAD", "LS_ERR_REQUEST", "LS_ERR_RUN",
                 "LS_ERR_BUDGET", "LS_ERR_BUSY"]
 
@@ -39,7 +40,7 @@ class _Error(ctypes.Structure):
 
 class _Options(ctypes.Structure):
     _fields_ = [("shared_ptd", ctypes.c_char_p), ("verify", ctypes.c_int), ("budget_bytes", ctypes.c_uint64),
-                ("adapter_overhead_bytes", ctypes.c_uint64)]
+                ("adapter_overhead_bytes", ctypes.c_uint64), ("parallel", ctypes.c_int)]
 
 
 class _GenerateOptions(ctypes.Structure):
@@ -66,7 +67,10 @@ class _Stats(ctypes.Structure):
                 ("budget_bytes", ctypes.c_uint64), ("foundation_bytes", ctypes.c_uint64),
                 ("program_bytes", ctypes.c_uint64),
                 ("arena_bytes", ctypes.c_uint64), ("resident_adapter_bytes", ctypes.c_uint64),
-                ("largest_adapter_bytes", ctypes.c_uint64), ("process_pss_bytes", ctypes.c_int64)]
+                ("largest_adapter_bytes", ctypes.c_uint64), ("process_pss_bytes", ctypes.c_int64),
+                ("parallel", ctypes.c_uint32), ("slots_in_use", ctypes.c_uint32), ("prefix_hits", ctypes.c_uint64),
+                ("prefix_tokens", ctypes.c_uint64), ("batch_steps", ctypes.c_uint64),
+                ("batch_size_counts", ctypes.c_uint64 * MAX_PARALLEL), ("slot_bytes", ctypes.c_uint64)]
 
 
 class _ChatMessage(ctypes.Structure):
@@ -361,28 +365,31 @@ class Runtime:
                                  "finish_reason": FINISH_REASONS[result.finish_reason]}
 
     def stats(self) -> dict:
-        """ls_stats as a dict of its fields."""
+        """ls_stats as a dict of its fields (``batch_size_counts`` a list: [b - 1] counts steps of b rows)."""
         stats, err = _Stats(), _Error()
         if self.lib.ls_stats(self.handle, ctypes.byref(stats), ctypes.byref(err)) != 0:
             _raise(self.lib, err)
-        return {name: getattr(stats, name) for name, _ in _Stats._fields_}
+        out = {name: getattr(stats, name) for name, _ in _Stats._fields_}
+        out["batch_size_counts"] = list(stats.batch_size_counts)
+        return out
 
 
 def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0,
-             adapter_overhead_bytes: int = 0) -> _Options:
+             adapter_overhead_bytes: int = 0, parallel: int = 1) -> _Options:
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
     opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes
-    opts.adapter_overhead_bytes = adapter_overhead_bytes
+    opts.adapter_overhead_bytes, opts.parallel = adapter_overhead_bytes, parallel
     return opts
 
 
 def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapter_overhead_bytes: int = 0,  # noqa: A001
-         library=None) -> Runtime:
-    """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``."""
+         library=None, parallel: int = 1) -> Runtime:
+    """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``. ``parallel``: KV slots,
+    requests from several threads batched at once (lora_share.h, THREADS)."""
     lib = load_library(library)
     err = _Error()
-    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes)
+    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes, parallel)
     h = lib.ls_open(_path(ptd), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)
@@ -390,12 +397,13 @@ def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapt
 
 
 def open_dir(folder, budget_bytes: int = 0, verify: bool = True, adapter_overhead_bytes: int = 0,
-             library=None) -> Runtime:
+             library=None, parallel: int = 1) -> Runtime:
     """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``
-    (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default)."""
+    (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default;
+    ``parallel``: KV slots, requests from several threads batched at once)."""
     lib = load_library(library)
     err = _Error()
-    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes)
+    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes, parallel)
     h = lib.ls_open_dir(_path(folder), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)

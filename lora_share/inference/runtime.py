@@ -32,11 +32,13 @@ BASE = "base"  # the foundation alone (LS_BASE_NAME)
 class Runtime:
     """A deployment folder written by ``lora-share build``: every adapter its manifest lists, loaded on
     first use (under ``budget_bytes``, 0 = no budget), one foundation shared by all. ``library``: a
-    liblora_share.so to use instead of the installed one."""
+    liblora_share.so to use instead of the installed one. ``parallel``: KV slots; calls from that many
+    threads at once run in one batch (lora_share.h, THREADS), 1: one at a time."""
 
-    def __init__(self, path: str | os.PathLike, budget_bytes: int = 0, library: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike, budget_bytes: int = 0, library: str | os.PathLike | None = None,
+                 parallel: int = 1):
         self.path = os.fspath(path)
-        self._rt = c_library.open_dir(self.path, budget_bytes=budget_bytes, library=library)
+        self._rt = c_library.open_dir(self.path, budget_bytes=budget_bytes, library=library, parallel=parallel)
 
     def __enter__(self):
         return self
