@@ -313,3 +313,57 @@ def test_c_app_reports_errors_with_their_status(c_app, tiny_build, tmp_path):
         proc = subprocess.run([str(c_app), *args], capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.startswith(f"error: {status}: "), proc.stderr
+
+
+def test_removing_an_adapter_waits_for_its_request_in_flight(library, runner_bin, tiny_build):
+    """ls_remove_adapter while a generation on that adapter runs (its callback pausing, so the removal is
+    surely called mid-request): that generation finishes with every token of the runner's answer before the
+    removal returns; afterwards the name and the handle are LS_ERR_NOT_FOUND, the others serve as before,
+    and the name can be loaded again."""
+    import threading
+    import time
+
+    names = list(tiny_build.ptes)
+    name, other = names[0], names[1]
+    expected = runner_tokens(runner_bin, tiny_build, name, PROMPT)
+    with native.open(tiny_build.ptd, library=library) as rt:
+        for pte in tiny_build.ptes.values():
+            rt.load_adapter(pte)
+        handle = rt.adapter(name)
+        started, removed = threading.Event(), threading.Event()
+        tokens, removed_during = [], []
+
+        def on_token(token, _user):
+            tokens.append(token)
+            started.set()
+            time.sleep(0.05)
+            removed_during.append(removed.is_set())
+            return 0
+
+        def remove():
+            started.wait(timeout=TIMEOUT)
+            rt.remove_adapter(name)
+            removed.set()
+
+        remover = threading.Thread(target=remove)
+        remover.start()
+        err, ids = native._Error(), (ctypes.c_int64 * len(PROMPT))(*PROMPT)
+        opts = native._generate_options(rt.lib, NEW, 0.0, 0, False)
+        status = rt.lib.ls_generate(rt.handle, handle.handle, ids, len(PROMPT), ctypes.byref(opts),
+                                    native.TOKEN_CALLBACK(on_token), None, ctypes.byref(err))
+        remover.join(timeout=TIMEOUT)
+        assert status == 0, err.message
+        assert tokens == expected and not any(removed_during) and removed.is_set()
+
+        expect("LS_ERR_NOT_FOUND", rt.generate, name, PROMPT, 1, contains=other)
+        expect("LS_ERR_NOT_FOUND", rt.generate, handle, PROMPT, 1, contains="removed")
+        expect("LS_ERR_NOT_FOUND", rt.remove_adapter, name)
+        assert not handle.resident and handle.name == name
+        assert rt.stats()["adapters_known"] == len(names) - 1
+        err = native._Error()
+        listed = [native.Adapter(rt, rt.lib.ls_adapter_at(rt.handle, i, ctypes.byref(err))).name
+                  for i in range(len(names) - 1)]
+        assert listed == [n for n in names if n != name]
+        assert rt.generate(other, PROMPT, NEW) == runner_tokens(runner_bin, tiny_build, other, PROMPT)
+        again = rt.load_adapter(tiny_build.ptes[name])
+        assert again.handle != handle.handle and rt.generate(again, PROMPT, NEW) == expected

@@ -161,7 +161,8 @@ typedef struct {
 typedef int (*ls_token_callback)(int64_t token, void* user_data);
 
 typedef struct {
-  uint32_t adapters_known;    /* registered: the manifest's, plus loaded ones */
+  uint32_t adapters_known;    /* registered: the manifest's, plus loaded ones,
+                                 less removed ones */
   uint32_t adapters_resident; /* loaded now */
   uint64_t loads;             /* adapter loads (first use or after eviction) */
   uint64_t evictions;         /* adapters unloaded to fit the budget */
@@ -212,6 +213,14 @@ LS_API void ls_close(ls_runtime* runtime);
  * name is the file stem and must be new. */
 LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte,
                                    ls_error* error);
+/* Removes the adapter called `name`: from the moment it is called, new
+ * requests on it (by name or by its handle) are LS_ERR_NOT_FOUND and the name
+ * is free for ls_load_adapter again; requests already running on it finish on
+ * it; then it is unloaded and the call returns. Its handle stays valid memory
+ * until ls_close (ls_adapter_name still answers) but serves nothing; the
+ * other adapters' handles and ls_adapter_at's order, less this one, are
+ * unchanged. LS_ERR_NOT_FOUND: no adapter by that name ("base" included). */
+LS_API ls_status ls_remove_adapter(ls_runtime* runtime, const char* name, ls_error* error);
 /* The adapter called `name` (manifest name or file stem), loaded or not. */
 LS_API ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name,
                                       ls_error* error);

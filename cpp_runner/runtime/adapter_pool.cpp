@@ -297,7 +297,7 @@ Status AdapterPool::check_new_name(const std::string& name, const std::string& p
 
 StatusOr<size_t> AdapterPool::add(const std::string& pte) {
   for (size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].pte == pte) return i;
+    if (entries_[i].pte == pte && !entries_[i].removed) return i;
   std::string name = file_stem(pte);
   Status s = check_new_name(name, pte);
   if (!s.ok()) return s;
@@ -311,8 +311,50 @@ StatusOr<size_t> AdapterPool::add(const std::string& pte) {
 
 int64_t AdapterPool::find(const std::string& name) const {
   for (size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].name == name) return static_cast<int64_t>(i);
+    if (entries_[i].name == name && !entries_[i].removed) return static_cast<int64_t>(i);
   return -1;
+}
+
+int64_t AdapterPool::live_at(size_t nth) const {
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (!entries_[i].removed && nth-- == 0) return static_cast<int64_t>(i);
+  return -1;
+}
+
+Status AdapterPool::pin(size_t index) {
+  if (index == kBase) return Status();
+  if (entries_[index].removed)
+    return Status::usage("adapter '" + entries_[index].name + "' was removed");
+  std::lock_guard<std::mutex> lock(pins_lock_);
+  pins_[index]++;
+  return Status();
+}
+
+void AdapterPool::unpin(size_t index) {
+  if (index == kBase) return;
+  std::lock_guard<std::mutex> lock(pins_lock_);
+  auto it = pins_.find(index);
+  if (it == pins_.end()) return;
+  if (--it->second == 0) {
+    pins_.erase(it);
+    unpinned_.notify_all();
+  }
+}
+
+bool AdapterPool::pinned(size_t index) const {
+  std::lock_guard<std::mutex> lock(pins_lock_);
+  return pins_.count(index) != 0;
+}
+
+void AdapterPool::retire(size_t index) { entries_[index].removed = true; }
+
+void AdapterPool::wait_unpinned(size_t index) const {
+  std::unique_lock<std::mutex> lock(pins_lock_);
+  unpinned_.wait(lock, [&] { return pins_.count(index) == 0; });
+}
+
+void AdapterPool::drop(size_t index) {
+  if (entries_[index].adapter) evict(index);
 }
 
 std::vector<size_t> AdapterPool::arena_sizes() const {
@@ -352,7 +394,7 @@ void AdapterPool::make_room(uint64_t incoming, size_t keep) {
   while (accounted_bytes() + incoming > options_.budget_bytes) {
     int64_t lru = -1;
     for (size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].adapter && i != keep &&
+      if (entries_[i].adapter && i != keep && !pinned(i) &&
           (lru < 0 || entries_[i].last_used < entries_[lru].last_used))
         lru = static_cast<int64_t>(i);
     if (lru < 0) return;  // nothing left to evict; check_budget_holds ran on add
@@ -452,6 +494,13 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
   // Checked before loading: a bad request must not evict anything.
   Status s = check(index, prompt, max_new_tokens, prompt_label);
   if (!s.ok()) return s;
+  s = pin(index);
+  if (!s.ok()) return s;
+  struct Unpin {
+    AdapterPool* pool;
+    size_t index;
+    ~Unpin() { pool->unpin(index); }
+  } unpin_at_end{this, index};
   auto adapter = index == kBase ? acquire_base() : acquire(index);
   if (!adapter.ok()) return adapter.status();
   return lora_share::generate(*adapter.value(), prompt, max_new_tokens, sampling,
@@ -509,7 +558,8 @@ LoadingInfo AdapterPool::loading() const {
 
 PoolStats AdapterPool::stats() const {
   PoolStats s = counters_;
-  s.known = static_cast<uint32_t>(entries_.size());
+  s.known = 0;
+  for (const Entry& e : entries_) s.known += e.removed ? 0 : 1;
   s.budget_bytes = options_.budget_bytes;
   s.foundation_bytes = foundation_bytes_;
   // Every known program, loaded or not: what a budget must hold to serve any adapter.
@@ -520,7 +570,7 @@ PoolStats AdapterPool::stats() const {
       s.resident++;
       s.resident_adapter_bytes += e.cost;
     }
-    s.largest_adapter_bytes = std::max(s.largest_adapter_bytes, e.cost);
+    if (!e.removed) s.largest_adapter_bytes = std::max(s.largest_adapter_bytes, e.cost);
   }
   return s;
 }

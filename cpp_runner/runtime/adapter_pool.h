@@ -25,8 +25,11 @@
 // arenas, no weight cache, a packed-weight file, no .ptd) are PoolOptions.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -114,14 +117,38 @@ class AdapterPool {
   // Registers `pte` (checking it against the foundation) if it is new, and
   // returns its index; a path already registered returns the known index.
   StatusOr<size_t> add(const std::string& pte);
-  // The index of the adapter called `name`, or -1 ("base" is kBase, not found here).
+  // The index of the adapter called `name`, or -1 ("base" is kBase, not found here;
+  // nor is a removed adapter).
   int64_t find(const std::string& name) const;
   const std::string& name(size_t index) const { return entries_[index].name; }
   const std::string& pte(size_t index) const { return entries_[index].pte; }
   bool resident(size_t index) const {
     return index == kBase ? base_ != nullptr : entries_[index].adapter != nullptr;
   }
+  // Every index ever registered, removed ones included (indices stay stable).
   size_t size() const { return entries_.size(); }
+  // The `nth` adapter not removed (registration order), or -1 past the end.
+  int64_t live_at(size_t nth) const;
+
+  // PINS AND REMOVAL. A request in flight on adapter `index` pins it: a pinned
+  // adapter is never evicted, and removing it waits until its pins are gone,
+  // so the request finishes on what it started with. pin() and retire() run
+  // under the runtime's lock, like every other call; unpin() and
+  // wait_unpinned() may run without it (they take the pins' own lock), so a
+  // remover waiting for a request never blocks the request it waits for.
+  //
+  // A usage error naming the adapter if it was removed; else one pin more.
+  Status pin(size_t index);
+  void unpin(size_t index);
+  bool pinned(size_t index) const;
+  // Removal, step 1: new requests no longer find it (find, pin, add of the
+  // same path) and its name is free again.
+  void retire(size_t index);
+  bool removed(size_t index) const { return index != kBase && entries_[index].removed; }
+  // Step 2: blocks until no request pins adapter `index`.
+  void wait_unpinned(size_t index) const;
+  // Step 3: unloads it (its program stays, for the others and 'base').
+  void drop(size_t index);
 
   // Makes adapter `index` resident (loading it, evicting others if the
   // budget needs it) and marks it most recently used.
@@ -190,6 +217,7 @@ class AdapterPool {
     uint64_t cost = 0;   // accounted bytes when resident
     std::unique_ptr<Adapter> adapter;  // null = not resident
     uint64_t last_used = 0;
+    bool removed = false;  // retire()d: kept so that indices (and handles) stay valid
   };
 
   // An adapter's program shape.
@@ -247,6 +275,10 @@ class AdapterPool {
   std::vector<int64_t> eos_ids_;
   uint64_t clock_ = 0;
   PoolStats counters_;
+  // Pins by entry index, under their own lock (not the runtime's: see PINS).
+  mutable std::mutex pins_lock_;
+  mutable std::condition_variable unpinned_;
+  std::map<size_t, int> pins_;
 };
 
 }  // namespace lora_share

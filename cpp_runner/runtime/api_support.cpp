@@ -70,7 +70,8 @@ ls_status missing(ls_error* error, const char* what) {
 
 std::string unknown_adapter_message(ls_runtime* rt, const std::string& name) {
   std::string known;
-  for (size_t i = 0; i < rt->pool->size(); ++i) known += (known.empty() ? "" : ", ") + rt->pool->name(i);
+  for (size_t i = 0; i < rt->pool->size(); ++i)
+    if (!rt->pool->removed(i)) known += (known.empty() ? "" : ", ") + rt->pool->name(i);
   return "no adapter named '" + name + "' (known: " + (known.empty() ? "none" : known) +
          (name == lora_share::kBaseName
               ? "; 'base', the foundation alone, has no handle: pass a NULL adapter to ls_generate)"

@@ -120,6 +120,34 @@ ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte, ls_error* erro
   }
 }
 
+ls_status ls_remove_adapter(ls_runtime* runtime, const char* name, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (name == nullptr) return missing(error, "name");
+  try {
+    int64_t index = -1;
+    {
+      Guard guard(runtime);
+      if (!guard.held()) return busy(error);
+      index = runtime->pool->find(name);
+      if (index < 0) {
+        set_error(error, LS_ERR_NOT_FOUND, unknown_adapter_message(runtime, name));
+        return LS_ERR_NOT_FOUND;
+      }
+      runtime->pool->retire(static_cast<size_t>(index));
+    }
+    // Without the runtime's lock: the requests pinning it must be able to finish.
+    runtime->pool->wait_unpinned(static_cast<size_t>(index));
+    Guard guard(runtime);
+    if (!guard.held()) return busy(error);
+    runtime->pool->drop(static_cast<size_t>(index));
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_remove_adapter: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
+}
+
 ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime"), nullptr;
   if (name == nullptr) return missing(error, "name"), nullptr;
@@ -144,13 +172,14 @@ ls_adapter* ls_adapter_at(ls_runtime* runtime, size_t index, ls_error* error) {
   Guard guard(runtime);
   if (!guard.held()) return busy(error), nullptr;
   try {
-    if (index >= runtime->pool->size()) {
+    int64_t at = runtime->pool->live_at(index);
+    if (at < 0) {
       set_error(error, LS_ERR_NOT_FOUND, "no adapter at index " + std::to_string(index) + " (the runtime knows " +
-                                             std::to_string(runtime->pool->size()) + ")");
+                                             std::to_string(runtime->pool->stats().known) + ")");
       return nullptr;
     }
     clear_error(error);
-    return handle_for(runtime, index);
+    return handle_for(runtime, static_cast<size_t>(at));
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_NOT_FOUND, std::string("ls_adapter_at: ") + e.what());
     return nullptr;
@@ -176,6 +205,10 @@ ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* p
   if (!guard.held()) return busy(error);
   try {
     size_t index = adapter != nullptr ? adapter->index : AdapterPool::kBase;
+    if (runtime->pool->removed(index)) {
+      set_error(error, LS_ERR_NOT_FOUND, "adapter '" + adapter->name + "' was removed (ls_remove_adapter)");
+      return LS_ERR_NOT_FOUND;
+    }
     return generate_index(runtime, index, prompt, n, options, on_token, user_data,
                           GenerateExtras(), error);
   } catch (const std::exception& e) {

@@ -108,6 +108,7 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         "ls_close": (None, [_P]),
         "ls_load_adapter": (_P, [_P, ctypes.c_char_p, _ERR]),
         "ls_adapter_by_name": (_P, [_P, ctypes.c_char_p, _ERR]),
+        "ls_remove_adapter": (ctypes.c_int, [_P, ctypes.c_char_p, _ERR]),
         "ls_adapter_at": (_P, [_P, ctypes.c_size_t, _ERR]),
         "ls_context_length": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), _ERR]),
         "ls_adapter_name": (ctypes.c_char_p, [_P]),
@@ -287,6 +288,13 @@ class Runtime:
         if not h:
             _raise(self.lib, err)
         return Adapter(self, h)
+
+    def remove_adapter(self, name: str) -> None:
+        """ls_remove_adapter: new requests on ``name`` are refused at once; returns once those in flight
+        on it have finished and it is unloaded."""
+        err = _Error()
+        if self.lib.ls_remove_adapter(self.handle, name.encode(), ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
 
     def adapter(self, name: str) -> Adapter:
         err = _Error()
