@@ -1,10 +1,12 @@
-"""Adapters added to the folder a running lora-share-server serves are served without a restart.
+"""Adapters added to (and removed from) a running lora-share-server are served without a restart.
 
 `lora-share add --to DIR` rewrites DIR/manifest.json; the server polls it and registers each new adapter
 (checked against the foundation). Here a copy of untied_build starts with its last adapter left out of
 manifest.json; writing the full manifest back (a complete file renamed into place, as the writer does)
 must make /v1/models list it within 2 s, and its answer must be build/runner's for the same ids. An
-adapter whose file does not verify is refused, and the others keep serving.
+adapter whose file does not verify is refused, and the others keep serving. POST /v1/adapters serves a
+.pte named by path, DELETE /v1/adapters/NAME removes one: a request streaming on it finishes, later ones
+get 404 (that removal waits for a request in flight is checked with a paused callback in test_c_api).
 """
 
 from __future__ import annotations
@@ -58,6 +60,28 @@ class Server:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=TIMEOUT)
         return self.proc.stderr.read()
+
+
+def stream_events(server: Server, body: dict, on_first=None) -> list[dict]:
+    """The parsed events of a streamed completion up to [DONE] (asserted); ``on_first()`` runs once the
+    first event has arrived, while the rest is still being generated."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT)
+    conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    events = []
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            conn.close()
+            return events
+        events.append(json.loads(line[len("data: "):]))
+        if len(events) == 1 and on_first is not None:
+            on_first()
+    pytest.fail(f"the stream ended without [DONE] after {events}")
 
 
 def runner_tokens(runner_bin, build, name) -> list[int]:
@@ -146,3 +170,75 @@ def test_lora_share_add_into_a_served_folder(runner_bin, text_build, tmp_path):
         assert added["choices"][0]["message"] == built["choices"][0]["message"]
     finally:
         server.stop()
+
+
+def test_post_serves_an_adapter_and_refuses_what_does_not_verify(runner_bin, untied_build, folder):
+    """POST /v1/adapters {"path"}: a relative path is read in the served folder; the adapter is listed and
+    answers as build/runner does as soon as the POST returns. A name served already, a damaged file, a
+    foundation's file and a bad body are refused with a 4xx naming the problem; the others keep serving."""
+    target, full = folder
+    new, old = full["adapters"][-1], full["adapters"][0]["name"]
+    (target / "broken.pte").write_bytes(b"not a program" * 100)
+    server = Server(runner_bin.parent / "lora-share-server", target)
+    try:
+        status, body = server.request("POST", "/v1/adapters", {"path": new["file"]})
+        assert status == 201 and body["id"] == new["name"], body
+        assert new["name"] in server.models()
+        status, body = server.complete(new["name"])
+        assert status == 200 and body["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, new["name"])
+
+        status, body = server.request("POST", "/v1/adapters", {"path": str(target / new["file"])})
+        assert status == 409 and "served already" in body["error"]["message"], body
+        for path, words in [("broken.pte", "broken.pte"), ("foundation.ptd", "foundation.ptd"),
+                            ("nope.pte", "nope.pte")]:
+            status, body = server.request("POST", "/v1/adapters", {"path": path})
+            assert status == 400 and words in body["error"]["message"], (path, body)
+        for bad, words in [({}, "path must be"), ({"path": 3}, "path must be"), ({"path": "x.pte", "name": "y"},
+                                                                                  "unknown field 'name'")]:
+            status, body = server.request("POST", "/v1/adapters", bad)
+            assert status == 400 and words in body["error"]["message"], (bad, body)
+        assert "broken" not in server.models() and server.complete("broken")[0] == 404
+        status, body = server.complete(old)
+        assert status == 200 and body["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, old)
+    finally:
+        log = server.stop()
+    assert f"serving adapter {new['name']} (POST /v1/adapters" in log
+
+
+def test_delete_lets_the_stream_in_flight_finish_then_404(runner_bin, untied_build, folder):
+    """DELETE /v1/adapters/NAME sent after a stream on NAME has sent its first event: the stream still
+    ends with every token of the runner's answer and [DONE]; afterwards NAME is 404 and no longer listed,
+    the folder watch does not bring it back, the others serve, and POST serves it again."""
+    import threading
+
+    target, full = folder
+    write_manifest(target, full)
+    name, other = full["adapters"][0]["name"], full["adapters"][1]["name"]
+    server = Server(runner_bin.parent / "lora-share-server", target)
+    deleted = []
+    try:
+        def delete():
+            deleted.append(server.request("DELETE", f"/v1/adapters/{name}"))
+
+        remover = threading.Thread(target=delete)
+        events = stream_events(server, {"model": name, "prompt": PROMPT, "max_tokens": NEW},
+                               on_first=remover.start)
+        remover.join(timeout=TIMEOUT)
+        assert [t for e in events for t in e["choices"][0]["tokens"]] == runner_tokens(runner_bin, untied_build,
+                                                                                       name)
+        assert deleted and deleted[0][0] == 200 and deleted[0][1] == {"id": name, "object": "model",
+                                                                      "deleted": True}
+        assert name not in server.models() and server.complete(name)[0] == 404
+        assert server.request("DELETE", f"/v1/adapters/{name}")[0] == 404
+        assert server.request("DELETE", "/v1/adapters/base")[0] == 400
+        write_manifest(target, dict(full, adapters=list(full["adapters"])))  # a new stamp: the watch sweeps
+        time.sleep(1.5)
+        assert name not in server.models()
+        status, body = server.complete(other)
+        assert status == 200 and body["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, other)
+        assert server.request("POST", "/v1/adapters", {"path": full["adapters"][0]["file"]})[0] == 201
+        status, body = server.complete(name)
+        assert status == 200 and body["choices"][0]["tokens"] == runner_tokens(runner_bin, untied_build, name)
+    finally:
+        log = server.stop()
+    assert f"removed adapter {name} (DELETE /v1/adapters/{name})" in log

@@ -28,11 +28,9 @@ Stamp stamp_of(const std::string& path) {
 
 }  // namespace
 
-AdapterWatch::AdapterWatch(ls_runtime* runtime, std::string dir, std::chrono::milliseconds interval,
-                           std::function<bool(const std::string&)> known,
-                           std::function<void(const std::string&)> added)
-    : runtime_(runtime), dir_(std::move(dir)), interval_(interval), known_(std::move(known)),
-      added_(std::move(added)) {
+AdapterWatch::AdapterWatch(std::string dir, std::chrono::milliseconds interval,
+                           std::function<void(const std::string&, const std::string&)> offer)
+    : dir_(std::move(dir)), interval_(interval), offer_(std::move(offer)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -50,20 +48,20 @@ void AdapterWatch::run() {
   Stamp last = stamp_of(manifest);
   // The server read the manifest before this thread took its first stamp: a rewrite in between
   // (a busy machine can schedule this thread late) would never differ from `last`, so one sweep now
-  // registers whatever the file lists already.
-  register_new();
+  // offers whatever the file lists already.
+  offer_listed();
   std::unique_lock<std::mutex> lock(lock_);
   while (!wake_.wait_for(lock, interval_, [this] { return stop_; })) {
     Stamp now = stamp_of(manifest);
     if (now == last || now.size < 0) continue;
     last = now;
     lock.unlock();
-    register_new();
+    offer_listed();
     lock.lock();
   }
 }
 
-void AdapterWatch::register_new() {
+void AdapterWatch::offer_listed() {
   // The writer renames a complete file into place: a read sees the old or the new one.
   auto manifest = read_manifest(dir_);
   if (!manifest.ok()) {
@@ -71,19 +69,7 @@ void AdapterWatch::register_new() {
               << "): serving the adapters known before" << std::endl;
     return;
   }
-  for (const ManifestAdapter& a : manifest->adapters) {
-    if (known_(a.name)) continue;
-    ls_error err;
-    ls_adapter* handle = ls_load_adapter(runtime_, (dir_ + "/" + a.file).c_str(), &err);
-    if (handle == nullptr) {
-      std::cerr << "refused adapter " << a.name << ": " << ls_status_name(err.code) << ": " << err.message
-                << std::endl;
-      continue;
-    }
-    added_(ls_adapter_name(handle));
-    std::cerr << "serving adapter " << ls_adapter_name(handle) << " (added to " << dir_ << "/manifest.json)"
-              << std::endl;
-  }
+  for (const ManifestAdapter& a : manifest->adapters) offer_(a.name, dir_ + "/" + a.file);
 }
 
 }  // namespace lora_share::server

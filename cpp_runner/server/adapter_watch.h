@@ -1,10 +1,9 @@
 // Adapters added to the served folder while the server runs: `lora-share add
 // --to DIR` rewrites DIR/manifest.json, and the watch, polling that file's
-// modification time and size, registers each adapter it lists that the
-// runtime does not know yet (ls_load_adapter: checked against the foundation,
-// then served). An adapter whose file does not verify is refused with one
-// stderr line; the others keep serving. Requests in flight finish first (the
-// runtime's lock), on what they started with.
+// modification time and size, offers each adapter it lists to the server
+// (App::add_adapter, adapter_routes.cpp: the one way an adapter joins the
+// served set, POST /v1/adapters's too), which registers those it does not
+// serve yet.
 #pragma once
 
 #include <chrono>
@@ -14,29 +13,25 @@
 #include <string>
 #include <thread>
 
-#include "lora_share.h"
-
 namespace lora_share::server {
 
 class AdapterWatch {
  public:
-  // `added(name)` is called for each adapter registered; `known(name)` says
-  // whether the server serves it already.
-  AdapterWatch(ls_runtime* runtime, std::string dir, std::chrono::milliseconds interval,
-               std::function<bool(const std::string&)> known, std::function<void(const std::string&)> added);
+  // `offer(name, pte)` is called for each adapter manifest.json lists, once
+  // when the watch starts and again after each change of the file.
+  AdapterWatch(std::string dir, std::chrono::milliseconds interval,
+               std::function<void(const std::string& name, const std::string& pte)> offer);
   ~AdapterWatch();  // stops and joins the polling thread
   AdapterWatch(const AdapterWatch&) = delete;
   AdapterWatch& operator=(const AdapterWatch&) = delete;
 
  private:
   void run();
-  void register_new();
+  void offer_listed();
 
-  ls_runtime* runtime_;
   std::string dir_;
   std::chrono::milliseconds interval_;
-  std::function<bool(const std::string&)> known_;
-  std::function<void(const std::string&)> added_;
+  std::function<void(const std::string&, const std::string&)> offer_;
   std::mutex lock_;
   std::condition_variable wake_;
   bool stop_ = false;

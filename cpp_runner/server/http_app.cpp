@@ -15,8 +15,6 @@
 namespace lora_share::server {
 namespace {
 
-constexpr char kJson[] = "application/json";
-
 // HTTP status for a library error: the caller's fault (4xx) or ours (5xx).
 int http_status(ls_status code) {
   switch (code) {
@@ -26,12 +24,6 @@ int http_status(ls_status code) {
     case LS_ERR_BUDGET: return 507;  // the budget cannot hold the adapter
     default: return 500;
   }
-}
-
-void send_error(httplib::Response& res, int status, const std::string& message) {
-  const std::string type = status < 500 ? "invalid_request_error" : "server_error";
-  res.status = status;
-  res.set_content(error_json(message, type, status), kJson);
 }
 
 std::string next_id(bool chat) {
@@ -128,6 +120,12 @@ void log_request(ls_runtime* runtime, const CompletionRequest& request, const An
 
 }  // namespace
 
+void send_error(httplib::Response& res, int status, const std::string& message) {
+  const std::string type = status < 500 ? "invalid_request_error" : "server_error";
+  res.status = status;
+  res.set_content(error_json(message, type, status), kJson);
+}
+
 App::App(ls_runtime* runtime, Deployment deployment)
     : runtime_(runtime), deployment_(std::move(deployment)) {}
 
@@ -143,11 +141,8 @@ bool App::serves(const std::string& name) const {
 
 void App::watch_folder(std::chrono::milliseconds interval) {
   watch_ = std::make_unique<AdapterWatch>(
-      runtime_, deployment_.dir, interval, [this](const std::string& name) { return serves(name); },
-      [this](const std::string& name) {
-        std::lock_guard<std::mutex> lock(adapters_lock_);
-        deployment_.adapters.push_back(name);
-      });
+      deployment_.dir, interval,
+      [this](const std::string& name, const std::string& pte) { offer_from_folder(name, pte); });
 }
 
 void App::install(httplib::Server& http) {
@@ -158,7 +153,7 @@ void App::install(httplib::Server& http) {
     const std::string message =
         res.status == 404   ? "no route " + req.method + " " + req.path +
                                 " (the routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
-                                "GET /v1/stats, GET /health)"
+                                "POST /v1/adapters, DELETE /v1/adapters/NAME, GET /v1/stats, GET /health)"
         : res.status == 413 ? "the request body is larger than the server's --max-body"
                             : "the request failed (HTTP " + std::to_string(res.status) + ")";
     send_error(res, res.status, message);
@@ -183,6 +178,9 @@ void App::install(httplib::Server& http) {
     res.set_content(models_json(adapters), kJson);
   });
   http.Get("/v1/stats", [this](const httplib::Request&, httplib::Response& res) { stats(res); });
+  http.Post("/v1/adapters", [this](const httplib::Request& req, httplib::Response& res) { post_adapter(req, res); });
+  http.Delete(R"(/v1/adapters/([^/]+))",
+              [this](const httplib::Request& req, httplib::Response& res) { delete_adapter(req, res); });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completions(req, res, /*chat=*/false);
   });

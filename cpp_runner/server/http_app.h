@@ -1,12 +1,14 @@
 // The HTTP surface: OpenAI-style completions and chat completions over one
 // lora-share runtime, /v1/models from the deployment's manifest, /health and
-// /v1/stats. Requests are served one at a time in arrival order (fifo_gate.h);
+// /v1/stats; adapters added and removed while serving (POST /v1/adapters,
+// DELETE /v1/adapters/NAME and the folder watch: adapter_routes.cpp). Requests are served one at a time in arrival order (fifo_gate.h);
 // no request, however malformed or abandoned, stops the server.
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "adapter_watch.h"
@@ -21,6 +23,11 @@ struct Response;
 }  // namespace httplib
 
 namespace lora_share::server {
+
+constexpr char kJson[] = "application/json";
+
+// An error response in OpenAI's shape: a 4xx is the client's (invalid_request_error), a 5xx ours.
+void send_error(httplib::Response& res, int status, const std::string& message);
 
 class App {
  public:
@@ -40,6 +47,24 @@ class App {
  private:
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
   void stats(httplib::Response& res);
+  // POST /v1/adapters, DELETE /v1/adapters/NAME (adapter_routes.cpp).
+  void post_adapter(const httplib::Request& req, httplib::Response& res);
+  void delete_adapter(const httplib::Request& req, httplib::Response& res);
+
+  // What registering an adapter came to: HTTP status 201, or the refusal's
+  // status and message.
+  struct Added {
+    int http_status = 201;
+    std::string name, message;
+    ls_status code = LS_OK;
+  };
+  // The one way an adapter joins the served set (POST and the folder watch):
+  // `pte` checked against the foundation and loaded (ls_load_adapter), named
+  // by its file stem. Under registry_lock_.
+  Added add_adapter(const std::string& pte);
+  // The folder watch's offer: registers `name` unless it is served or was
+  // removed with DELETE, and says on stderr what became of it.
+  void offer_from_folder(const std::string& name, const std::string& pte);
 
   // The adapters served (deployment_.adapters) under adapters_lock_: the
   // folder watch adds to them while requests read them.
@@ -48,6 +73,10 @@ class App {
   ls_runtime* runtime_;
   Deployment deployment_;
   mutable std::mutex adapters_lock_;
+  // One registration or removal at a time (POST, DELETE, the watch), so that a
+  // name is never both being added and being removed.
+  std::mutex registry_lock_;
+  std::set<std::string> removed_;  // DELETEd: the folder watch does not bring them back
   std::unique_ptr<AdapterWatch> watch_;  // stopped before the runtime closes
   FifoGate gate_;
 };
