@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <utility>
 
 #include "et_platform.h"
 #include "file_check.h"
@@ -47,7 +48,7 @@ MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
     : planned(planned_buffers),
       manager(&method_allocator, &planned, &temp_allocator) {}
 
-Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
+Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_slots) {
   auto t0 = std::chrono::steady_clock::now();
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
@@ -84,12 +85,17 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
   if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
   // Programs exported before decode existed have forward alone.
   has_decode_ = program_->method_meta("decode").ok();
-  if (has_decode_) {
-    auto decode_sizes = planned_buffer_sizes(*program_, "decode");
-    if (!decode_sizes.ok()) return Status::failure(pte + ": " + decode_sizes.status().message());
-    if (decode_sizes->size() > sizes->size()) sizes->resize(decode_sizes->size(), 0);
-    for (size_t i = 0; i < decode_sizes->size(); ++i)
-      (*sizes)[i] = std::max((*sizes)[i], (*decode_sizes)[i]);
+  // decode_batch (EXPORTER_REVISION 11) only for a runtime with several slots:
+  // its activations are planned for its most rows, which one slot never uses.
+  file_has_batch_ = program_->method_meta("decode_batch").ok();
+  has_batch_ = file_has_batch_ && kv_slots > 1;
+  for (auto [method, wanted] : {std::pair<const char*, bool>{"decode", has_decode_},
+                                {"decode_batch", has_batch_}}) {
+    if (!wanted) continue;
+    auto more = planned_buffer_sizes(*program_, method);
+    if (!more.ok()) return Status::failure(pte + ": " + more.status().message());
+    if (more->size() > sizes->size()) sizes->resize(more->size(), 0);
+    for (size_t i = 0; i < more->size(); ++i) (*sizes)[i] = std::max((*sizes)[i], (*more)[i]);
   }
   auto forward = program_->method_meta("forward");
   if (!forward.ok()) return Status::failure(pte + ": the program has no method 'forward'");
@@ -106,7 +112,8 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots) {
   auto layout = read_kv_layout(forward.get(), max_seq_len_, ring, 2 * lora_slots, pte);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
-  planned_sizes_ = {kv_.layout.bytes()};
+  kv_.pool_slots = std::max<size_t>(kv_slots, 1);
+  planned_sizes_ = {kv_.pool_slots * kv_.layout.bytes()};
   planned_sizes_.insert(planned_sizes_.end(), sizes->begin(), sizes->end());
   load_ms_ += ms_since(t0);
   return Status();
@@ -123,6 +130,8 @@ Status SharedProgram::load_methods(PlannedArena& arena, const Foundation& founda
   memory_ = std::make_unique<MethodMemory>(
       arena.spans(planned_sizes_.size() - 1, /*first=*/1));
   decode_memory_ = std::make_unique<MethodMemory>(
+      arena.spans(planned_sizes_.size() - 1, /*first=*/1));
+  batch_memory_ = std::make_unique<MethodMemory>(
       arena.spans(planned_sizes_.size() - 1, /*first=*/1));
   kv_.data = reinterpret_cast<uint8_t*>(arena.buffer(0).data());
   // No foundation (no --ptd): the program's own named data is all there is.
@@ -144,6 +153,13 @@ Status SharedProgram::load_methods(PlannedArena& arena, const Foundation& founda
                               backend_options);
     if (!decode.ok()) return explain_load_failure(decode.error(), foundation);
     decode_ = std::make_unique<Method>(std::move(decode.get()));
+  }
+  if (has_batch_) {
+    Result<Method> batch =
+        program_->load_method("decode_batch", &batch_memory_->manager,
+                              /*event_tracer=*/nullptr, data_map_.get(), backend_options);
+    if (!batch.ok()) return explain_load_failure(batch.error(), foundation);
+    batch_ = std::make_unique<Method>(std::move(batch.get()));
   }
   load_ms_ += ms_since(t0);
   set_phase("running " + pte_path_);
@@ -215,13 +231,29 @@ Status SharedProgram::explain_load_failure(Error error,
 Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& lora,
                            const std::vector<int64_t>& tokens, int64_t pos,
                            std::vector<float>* logits, const std::string& adapter_pte) {
+  return step_in(kv_, lora, tokens, pos, logits, adapter_pte);
+}
+
+Status SharedProgram::step_in(const KvCache& cache,
+                              const std::vector<executorch::extension::TensorPtr>& lora,
+                              const std::vector<int64_t>& tokens, int64_t pos,
+                              std::vector<float>* logits, const std::string& what) {
   Method& method = tokens.size() == 1 && decode_ ? *decode_ : *forward_;
-  std::string what = adapter_pte + (&method == decode_.get() ? ": decode" : ": forward");
+  std::string call = what + (&method == decode_.get() ? ": decode" : ": forward");
   return run_forward(
-      [this, &method, &what](const std::vector<EValue>& inputs) {
-        return execute(method, inputs, what);
+      [this, &method, &call](const std::vector<EValue>& inputs) {
+        return execute(method, inputs, call);
       },
-      kv_, lora, tokens, pos, vocab_size_, what, logits);
+      cache, lora, tokens, pos, vocab_size_, call, logits);
+}
+
+StatusOr<std::vector<EValue>> SharedProgram::run_batch(const std::vector<EValue>& inputs) {
+  if (!batch_) return Status::failure(pte_path_ + ": decode_batch is not loaded");
+  return execute(*batch_, inputs, pte_path_ + ": decode_batch");
+}
+
+executorch::runtime::MethodMeta SharedProgram::batch_meta() const {
+  return program_->method_meta("decode_batch").get();
 }
 
 SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program,

@@ -47,14 +47,17 @@ class SharedProgram {
   // Step 1: maps and checks `pte` (any adapter file that carries the
   // program), runs its constant methods and reads the sizes of its methods'
   // planned buffers, its KV cache and its `lora_slots` LoRA input pairs.
-  Status open(const std::string& pte, size_t lora_slots);
-  // The arena buffers the methods need: the KV cache's bytes, then each
-  // planned buffer (memory-id order, planned_arena.h says why) at the larger
-  // of forward's and decode's sizes: one call runs at a time, so the two
-  // methods take turns in the same buffers.
+  // `kv_slots` N > 1: the KV buffer holds N slots (decode_batch's pools,
+  // forward_io.h's KvCache) and decode_batch is loaded too, when the program
+  // has it (batch/batch_engine.h runs it); N = 1: one cache, no decode_batch.
+  Status open(const std::string& pte, size_t lora_slots, size_t kv_slots = 1);
+  // The arena buffers the methods need: the KV cache's bytes (all slots), then
+  // each planned buffer (memory-id order, planned_arena.h says why) at the
+  // largest of forward's, decode's and decode_batch's sizes: one call runs at
+  // a time, so the methods take turns in the same buffers.
   const std::vector<size_t>& planned_sizes() const { return planned_sizes_; }
 
-  // Step 2: loads forward (and decode, when the program has it) against
+  // Step 2: loads forward (and decode, decode_batch when opened for them) against
   // `foundation`, in `arena`'s buffers (which must hold planned_sizes() and
   // outlive this program, as `foundation` must).
   Status load_methods(PlannedArena& arena, const Foundation& foundation,
@@ -67,6 +70,13 @@ class SharedProgram {
   Status step(const std::vector<executorch::extension::TensorPtr>& lora,
               const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
               const std::string& adapter_pte);
+  // step over `cache` (a slot of kv(): kv().at_slot(n)); `what` names the call in errors.
+  Status step_in(const KvCache& cache, const std::vector<executorch::extension::TensorPtr>& lora,
+                 const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
+                 const std::string& what);
+  // decode_batch on `inputs` (in its input order); its outputs, valid until the next call.
+  StatusOr<std::vector<executorch::runtime::EValue>> run_batch(
+      const std::vector<executorch::runtime::EValue>& inputs);
 
   const std::string& pte() const { return pte_path_; }
   int64_t vocab_size() const { return vocab_size_; }
@@ -74,6 +84,15 @@ class SharedProgram {
   int64_t prefill_chunk() const { return prefill_chunk_; }
   // Whether the program has a decode method (programs before EXPORTER_REVISION 9 do not).
   bool has_decode() const { return has_decode_; }
+  // Whether the file has decode_batch (EXPORTER_REVISION 11 and later builds),
+  // and whether it was opened with it (kv_slots > 1).
+  bool file_has_batch() const { return file_has_batch_; }
+  bool has_batch() const { return has_batch_; }
+  // decode_batch's input and output metadata (has_batch() only).
+  executorch::runtime::MethodMeta batch_meta() const;
+  size_t kv_slots() const { return kv_.pool_slots; }
+  // The KV cache: slot 0 of kv_slots() pools (valid once loaded).
+  const KvCache& kv() const { return kv_; }
   double load_ms() const { return load_ms_; }
   const std::vector<LoraShape>& lora_shapes() const { return lora_shapes_; }
   // Zeros for the LoRA slots an adapter leaves alone: one buffer for all.
@@ -98,10 +117,10 @@ class SharedProgram {
   std::unique_ptr<executorch::runtime::Program> program_;
   std::unique_ptr<KeyRecordingDataMap> data_map_;
   std::vector<size_t> planned_sizes_;
-  bool has_decode_ = false;
+  bool has_decode_ = false, file_has_batch_ = false, has_batch_ = false;
   KvCache kv_;  // its data is arena buffer 0, set by load_methods
-  std::unique_ptr<MethodMemory> memory_, decode_memory_;
-  std::unique_ptr<executorch::runtime::Method> forward_, decode_;
+  std::unique_ptr<MethodMemory> memory_, decode_memory_, batch_memory_;
+  std::unique_ptr<executorch::runtime::Method> forward_, decode_, batch_;
 };
 
 // An adapter of a loaded program: its LoRA data, bound to the program's inputs.
@@ -114,6 +133,9 @@ class SharedAdapter final : public Adapter {
                 double load_ms, const std::string& name = "");
   Status step(const std::vector<int64_t>& tokens, int64_t pos,
               std::vector<float>* logits) override;
+  // Its program and LoRA data (null: the foundation alone), for a BatchEngine row.
+  SharedProgram* program() const { return program_; }
+  const LoraData* lora_data() const { return data_.get(); }
 
  private:
   SharedProgram* program_;

@@ -230,7 +230,7 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   p.pte = pte;
   p.lora_slots = info.record.envelope.size();
   p.program = std::make_unique<SharedProgram>();
-  Status s = p.program->open(pte, p.lora_slots);
+  Status s = p.program->open(pte, p.lora_slots, options_.parallel);
   if (!s.ok()) return s;
   p.planned_sizes = p.program->planned_sizes();
   p.vocab_size = p.program->vocab_size();
@@ -239,7 +239,7 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   uint64_t data = 0;
   for (const auto& [key, range] : info.own_ranges) data += range.second;
   uint64_t size = file_size(pte);
-  p.cost = program_cost_bytes(size > data ? size - data : 0, p.program->has_decode() ? 2 : 1);
+  p.cost = program_cost_bytes(size > data ? size - data : 0, 1 + p.program->has_decode() + p.program->has_batch());
   programs_.push_back(std::move(p));
   return programs_.size() - 1;
 }
@@ -249,7 +249,7 @@ Status AdapterPool::load_program(size_t index) {
   if (p.loaded) return Status();
   if (!p.program) {
     p.program = std::make_unique<SharedProgram>();
-    Status s = p.program->open(p.pte, p.lora_slots);
+    Status s = p.program->open(p.pte, p.lora_slots, options_.parallel);
     if (!s.ok()) return s;
   }
   PlannedArena* arena = arena_.get();

@@ -57,7 +57,11 @@ struct PoolOptions {
   int threads = 0;              // ExecuTorch's threadpool: 0 = one per core (set_threads)
   std::string packed_cache;     // "" = none; else packed weights backed by this file
   bool read_eos = true;         // false: no EOS ids, manifest.json unread
-  size_t parallel = 1;          // KV slots (ls_options.parallel): requests batched at once
+  // KV slots (ls_options.parallel): requests batched at once (issue 47). > 1
+  // sizes the arena's KV buffer for that many slots and loads decode_batch
+  // (batch/batch_engine.h runs it), so the budget counts every slot; 1: one
+  // cache, the one-row path alone.
+  size_t parallel = 1;
 };
 
 // What loading did, for the runner's report.
@@ -89,8 +93,9 @@ struct PoolStats {
 uint64_t adapter_cost_bytes(uint64_t lora_bytes, uint64_t overhead_bytes);
 
 // The accounted cost of a loaded program whose file, without any adapter's
-// data, is `program_bytes`, running `methods` methods (forward, and decode when
-// it has one): 1.2 x those bytes + 4 MiB per method (method and XNNPACK state).
+// data, is `program_bytes`, running `methods` methods (forward, and decode and
+// decode_batch when it runs them): 1.2 x those bytes + 4 MiB per method (method
+// and XNNPACK state).
 uint64_t program_cost_bytes(uint64_t program_bytes, int methods);
 
 class AdapterPool {

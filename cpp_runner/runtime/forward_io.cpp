@@ -74,7 +74,7 @@ ForwardInputs::ForwardInputs(const std::vector<int64_t>& tokens, int64_t pos,
     tensors_.push_back(make_tensor_ptr(
         {static_cast<SizesType>(kv.is_ring[j] ? kv.ring + 1 : kv_view_rows(pos, kv.rows(j))),
          static_cast<SizesType>(kv.head_dim)},
-        cache.data + kv.offsets[j] * kv.value_bytes(), kv.dtype));
+        cache.slab(j), kv.dtype));
   for (const TensorPtr& t : tensors_) values_.emplace_back(*t);
   for (const TensorPtr& t : lora) values_.emplace_back(*t);
 }
@@ -135,7 +135,7 @@ Status store_new_rows(const std::vector<EValue>& outputs, const KvCache& cache,
         static_cast<const uint8_t*>(value.toTensor().const_data_ptr());
     for (int64_t h = 0; h < heads; ++h) {
       int64_t slab = g * heads + h;
-      uint8_t* base = cache.data + kv.offsets[slab] * kv.value_bytes();
+      uint8_t* base = cache.slab(slab);
       if (!kv.is_ring[slab]) {
         // The context's last position has no row: no later call reads it.
         size_t kept = std::min<size_t>(count, static_cast<size_t>(kv.max_seq_len - pos - 1));
@@ -168,6 +168,18 @@ size_t KvLayout::values() const { return offsets.empty() ? 0 : offsets.back(); }
 size_t KvLayout::value_bytes() const { return dtype == ScalarType::Half ? 2 : 4; }
 
 size_t KvLayout::bytes() const { return values() * value_bytes(); }
+
+uint8_t* KvCache::slab(int64_t j) const {
+  size_t first = pool_slots * layout.offsets[j] +
+                 slot * static_cast<size_t>(layout.rows(j) * layout.head_dim);
+  return data + first * layout.value_bytes();
+}
+
+KvCache KvCache::at_slot(size_t n) const {
+  KvCache cache = *this;
+  cache.slot = n;
+  return cache;
+}
 
 StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len,
                                   int64_t ring, size_t lora_inputs, const std::string& pte) {

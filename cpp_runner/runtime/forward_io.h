@@ -76,10 +76,18 @@ StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward
                                   const std::string& pte);
 
 // A KV cache: layout.bytes() bytes at `data`, zeroed when allocated and
-// owned by the caller.
+// owned by the caller. With `pool_slots` N > 1, `data` holds N caches laid
+// out per slab (decode_batch's pools, docs/batching.md): pool j is
+// [N, rows(j), head_dim] at N x offsets[j] values, and this cache is slot
+// `slot` of them, each of its slabs contiguous (slab()).
 struct KvCache {
   KvLayout layout;
   uint8_t* data = nullptr;
+  size_t pool_slots = 1, slot = 0;
+  // Slab j's first byte in this cache.
+  uint8_t* slab(int64_t j) const;
+  // Slot n of the same pools.
+  KvCache at_slot(size_t n) const;
 };
 
 // Sets forward's inputs, runs it and returns its outputs, however the

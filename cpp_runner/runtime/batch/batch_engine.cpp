@@ -1,0 +1,261 @@
+#include "batch_engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "forward_io.h"
+
+namespace lora_share {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::extension::make_tensor_ptr;
+using executorch::extension::TensorPtr;
+using executorch::runtime::EValue;
+using executorch::runtime::MethodMeta;
+
+SizesType dim(size_t n) { return static_cast<SizesType>(n); }
+
+// decode_batch's input `i`: its upper-bound sizes (empty when unreadable).
+std::vector<int64_t> input_sizes(const MethodMeta& meta, size_t i) {
+  auto info = meta.input_tensor_meta(i);
+  if (!info.ok()) return {};
+  return std::vector<int64_t>(info->sizes().begin(), info->sizes().end());
+}
+
+}  // namespace
+
+struct BatchEngine::Impl {
+  SharedProgram* program = nullptr;
+  size_t slots = 0, rows = 0;
+  // Per envelope slot: At [rows, in, max_rank], Bt [rows, max_rank, out].
+  std::vector<std::vector<float>> at, bt;
+  // Per row: forward's LoRA inputs over its adapter's data (prefill), empty until set_row.
+  std::vector<std::vector<TensorPtr>> row_lora;
+
+  Status check_row(size_t row, const char* what) const {
+    if (row >= rows)
+      return Status::usage(std::string(what) + ": row " + std::to_string(row) +
+                           " is outside the engine's " + std::to_string(rows) + " rows");
+    if (row_lora[row].empty())
+      return Status::usage(std::string(what) + ": row " + std::to_string(row) +
+                           " has no adapter yet (set_row first)");
+    return Status();
+  }
+  Status check_slot(size_t slot, const char* what) const {
+    if (slot >= slots)
+      return Status::usage(std::string(what) + ": slot " + std::to_string(slot) +
+                           " is outside the engine's " + std::to_string(slots) + " KV slots");
+    return Status();
+  }
+};
+
+BatchEngine::BatchEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BatchEngine::~BatchEngine() = default;
+
+StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& program, size_t slots) {
+  const std::string& pte = program.pte();
+  if (!program.file_has_batch())
+    return Status::usage(pte + ": built by an older lora-share (no decode_batch method): "
+                         "rebuild it with this version to run several requests at once");
+  if (!program.has_batch() || program.kv().data == nullptr)
+    return Status::usage(pte + ": not loaded with several KV slots (open it with kv_slots > 1)");
+  if (slots < 1 || slots > program.kv_slots())
+    return Status::usage(pte + ": " + std::to_string(slots) + " slots asked for; the program " +
+                         "was opened with " + std::to_string(program.kv_slots()));
+  MethodMeta meta = program.batch_meta();
+  const KvLayout& kv = program.kv().layout;
+  const std::vector<LoraShape>& shapes = program.lora_shapes();
+  size_t expected = 3 + static_cast<size_t>(kv.slabs) + 2 * shapes.size();
+  std::vector<int64_t> tokens = input_sizes(meta, 0), pool = input_sizes(meta, 3);
+  if (meta.num_inputs() != expected || tokens.size() != 2 || pool.size() != 3 ||
+      meta.num_outputs() != 1 + static_cast<size_t>(kv.groups))
+    return Status::failure(pte + ": decode_batch takes " + std::to_string(meta.num_inputs()) +
+                           " inputs and returns " + std::to_string(meta.num_outputs()) +
+                           "; the export contract (docs/batching.md) takes " +
+                           std::to_string(expected) + " and returns " +
+                           std::to_string(1 + kv.groups));
+  if (static_cast<int64_t>(slots) > pool[0])
+    return Status::usage(pte + ": decode_batch takes at most " + std::to_string(pool[0]) +
+                         " KV slots; " + std::to_string(slots) + " asked for");
+  auto impl = std::make_unique<Impl>();
+  impl->program = &program;
+  impl->slots = slots;
+  impl->rows = std::min<size_t>(slots, static_cast<size_t>(std::max<int64_t>(tokens[0], 1)));
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    std::vector<int64_t> a = input_sizes(meta, 3 + kv.slabs + 2 * s);
+    std::vector<int64_t> b = input_sizes(meta, 4 + kv.slabs + 2 * s);
+    const LoraShape& shape = shapes[s];
+    if (a != std::vector<int64_t>{tokens[0], shape.in, shape.max_rank} ||
+        b != std::vector<int64_t>{tokens[0], shape.max_rank, shape.out})
+      return Status::failure(pte + ": decode_batch's LoRA inputs of envelope slot " +
+                             std::to_string(s) + " are not At [rows, " +
+                             std::to_string(shape.in) + ", " + std::to_string(shape.max_rank) +
+                             "] and Bt [rows, " + std::to_string(shape.max_rank) + ", " +
+                             std::to_string(shape.out) + "] as forward's are");
+    impl->at.emplace_back(impl->rows * shape.in * shape.max_rank, 0.0f);
+    impl->bt.emplace_back(impl->rows * shape.max_rank * shape.out, 0.0f);
+  }
+  impl->row_lora.resize(impl->rows);
+  return std::unique_ptr<BatchEngine>(new BatchEngine(std::move(impl)));
+}
+
+size_t BatchEngine::slots() const { return impl_->slots; }
+size_t BatchEngine::rows() const { return impl_->rows; }
+size_t BatchEngine::slot_bytes() const { return impl_->program->kv().layout.bytes(); }
+
+size_t BatchEngine::bytes() const {
+  size_t lora = 0;
+  for (size_t s = 0; s < impl_->at.size(); ++s)
+    lora += (impl_->at[s].size() + impl_->bt[s].size()) * sizeof(float);
+  return impl_->slots * slot_bytes() + lora;
+}
+
+int64_t BatchEngine::vocab_size() const { return impl_->program->vocab_size(); }
+int64_t BatchEngine::max_seq_len() const { return impl_->program->max_seq_len(); }
+int64_t BatchEngine::prefill_chunk() const { return impl_->program->prefill_chunk(); }
+bool BatchEngine::ring() const { return impl_->program->kv().layout.ring > 0; }
+
+Status BatchEngine::set_row(size_t row, const LoraData* lora) {
+  Impl& e = *impl_;
+  if (row >= e.rows)
+    return Status::usage("set_row: row " + std::to_string(row) + " is outside the engine's " +
+                         std::to_string(e.rows) + " rows");
+  const std::vector<LoraShape>& shapes = e.program->lora_shapes();
+  if (lora != nullptr && lora->slots().size() != shapes.size())
+    return Status::usage("set_row: the adapter has " + std::to_string(lora->slots().size()) +
+                         " LoRA slots; the program's envelope " + std::to_string(shapes.size()));
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    const LoraShape& shape = shapes[s];
+    int64_t in = shape.in, out = shape.out, max_rank = shape.max_rank;
+    float* at = e.at[s].data() + row * in * max_rank;  // [in, max_rank]
+    float* bt = e.bt[s].data() + row * max_rank * out;  // [max_rank, out]
+    std::fill(at, at + in * max_rank, 0.0f);
+    std::fill(bt, bt + max_rank * out, 0.0f);
+    if (lora == nullptr || lora->slots()[s].rank == 0) continue;
+    const LoraData::Slot& slot = lora->slots()[s];
+    int64_t r = std::min(slot.rank, max_rank);
+    // A [r, in] -> At [in, max_rank]; B [out, r] -> Bt [max_rank, out]: ranks past r stay zero.
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t i = 0; i < in; ++i) at[i * max_rank + k] = slot.a[k * in + i];
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) bt[k * out + o] = slot.b[o * slot.rank + k];
+  }
+  e.row_lora[row] = lora_input_tensors(lora, shapes, e.program->zeros());
+  return Status();
+}
+
+Status BatchEngine::prefill(size_t row, size_t slot, const std::vector<int64_t>& tokens,
+                            int64_t pos, std::vector<float>* logits) {
+  Impl& e = *impl_;
+  Status s = e.check_row(row, "prefill");
+  if (!s.ok()) return s;
+  s = e.check_slot(slot, "prefill");
+  if (!s.ok()) return s;
+  if (static_cast<int64_t>(tokens.size()) > prefill_chunk())
+    return Status::usage("prefill: " + std::to_string(tokens.size()) +
+                         " tokens in one chunk; the program takes at most " +
+                         std::to_string(prefill_chunk()));
+  return e.program->step_in(e.program->kv().at_slot(slot), e.row_lora[row], tokens, pos, logits,
+                            e.program->pte() + " (row " + std::to_string(row) + ", slot " +
+                                std::to_string(slot) + ")");
+}
+
+Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>* logits) {
+  Impl& e = *impl_;
+  size_t n = rows.size();
+  if (n == 0 || n > e.rows)
+    return Status::usage("decode: " + std::to_string(n) + " rows; the engine runs 1.." +
+                         std::to_string(e.rows));
+  int64_t vocab = vocab_size(), max_seq = max_seq_len();
+  // Batch index b is the row's LoRA buffer row: rows 0..n-1 of them, read in place.
+  std::vector<int64_t> tokens(n), pos(n), slots(n);
+  std::vector<bool> row_seen(n, false), slot_seen(e.slots, false);
+  for (const BatchRow& r : rows) {
+    if (r.row >= n || row_seen[r.row])
+      return Status::usage("decode: the rows of a step must be rows 0.." + std::to_string(n - 1) +
+                           ", each once (row " + std::to_string(r.row) + ")");
+    Status s = e.check_row(r.row, "decode");
+    if (!s.ok()) return s;
+    s = e.check_slot(r.slot, "decode");
+    if (!s.ok()) return s;
+    if (slot_seen[r.slot])
+      return Status::usage("decode: two rows on KV slot " + std::to_string(r.slot));
+    if (r.pos < 0 || r.pos >= max_seq)
+      return Status::usage("decode: row " + std::to_string(r.row) + "'s position " +
+                           std::to_string(r.pos) + " is outside its KV cache of " +
+                           std::to_string(max_seq) + " (max_seq_len)");
+    if (r.token < 0 || r.token >= vocab)
+      return Status::usage("decode: row " + std::to_string(r.row) + "'s token " +
+                           std::to_string(r.token) + " is outside the vocabulary of " +
+                           std::to_string(vocab));
+    row_seen[r.row] = slot_seen[r.slot] = true;
+    tokens[r.row] = r.token;
+    pos[r.row] = r.pos;
+    slots[r.row] = static_cast<int64_t>(r.slot);
+  }
+
+  const KvCache& kv = e.program->kv();
+  const KvLayout& layout = kv.layout;
+  std::vector<TensorPtr> tensors;
+  tensors.push_back(make_tensor_ptr({dim(n), 1}, tokens.data(), ScalarType::Long));
+  tensors.push_back(make_tensor_ptr({dim(n)}, pos.data(), ScalarType::Long));
+  tensors.push_back(make_tensor_ptr({dim(n)}, slots.data(), ScalarType::Long));
+  // Every pool whole, in place: slot 0's slab j starts pool j.
+  for (int64_t j = 0; j < layout.slabs; ++j)
+    tensors.push_back(make_tensor_ptr(
+        {dim(kv.pool_slots), static_cast<SizesType>(layout.rows(j)),
+         static_cast<SizesType>(layout.head_dim)},
+        kv.at_slot(0).slab(j), layout.dtype));
+  const std::vector<LoraShape>& shapes = e.program->lora_shapes();
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    SizesType in = static_cast<SizesType>(shapes[s].in), out = static_cast<SizesType>(shapes[s].out);
+    SizesType r = static_cast<SizesType>(shapes[s].max_rank);
+    tensors.push_back(make_tensor_ptr({dim(n), in, r}, e.at[s].data(), ScalarType::Float));
+    tensors.push_back(make_tensor_ptr({dim(n), r, out}, e.bt[s].data(), ScalarType::Float));
+  }
+  std::vector<EValue> inputs;
+  for (const TensorPtr& t : tensors) inputs.emplace_back(*t);
+  auto outputs = e.program->run_batch(inputs);
+  if (!outputs.ok()) return outputs.status();
+  std::string what = e.program->pte() + ": decode_batch";
+  const EValue& head = (*outputs)[0];
+  if (!head.isTensor() || head.toTensor().scalar_type() != ScalarType::Float ||
+      static_cast<size_t>(head.toTensor().numel()) != n * static_cast<size_t>(vocab))
+    return Status::failure(what + " did not return float32 logits [" + std::to_string(n) +
+                           ", " + std::to_string(vocab) + "]");
+  const float* all = head.toTensor().const_data_ptr<float>();
+  logits->resize(n * static_cast<size_t>(vocab));
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(logits->data() + i * vocab, all + rows[i].row * vocab, vocab * sizeof(float));
+
+  // Output g + 1: [n, heads, hd], row b's new key or value of slabs g * heads.. at its position.
+  int64_t heads = layout.slabs_per_group();
+  size_t row_bytes = static_cast<size_t>(layout.head_dim) * layout.value_bytes();
+  for (int64_t g = 0; g < layout.groups; ++g) {
+    const EValue& value = (*outputs)[static_cast<size_t>(g) + 1];
+    if (!value.isTensor() || value.toTensor().scalar_type() != layout.dtype ||
+        static_cast<size_t>(value.toTensor().numel()) != n * heads * layout.head_dim)
+      return Status::failure(what + ": output " + std::to_string(g + 1) + " is not [" +
+                             std::to_string(n) + ", " + std::to_string(heads) + ", " +
+                             std::to_string(layout.head_dim) + "] " +
+                             (layout.dtype == ScalarType::Half ? "float16" : "float32") +
+                             " (the new rows of KV slabs " + std::to_string(g * heads) + "..)");
+    const uint8_t* block = static_cast<const uint8_t*>(value.toTensor().const_data_ptr());
+    for (size_t b = 0; b < n; ++b) {
+      KvCache slot = kv.at_slot(static_cast<size_t>(slots[b]));
+      for (int64_t h = 0; h < heads; ++h) {
+        int64_t slab = g * heads + h;
+        int64_t at = layout.is_ring[slab] ? 1 + pos[b] % layout.ring : pos[b] + 1;
+        // The context's last position has no row: no later call reads it.
+        if (!layout.is_ring[slab] && at >= max_seq) continue;
+        std::memcpy(slot.slab(slab) + at * row_bytes, block + (b * heads + h) * row_bytes,
+                    row_bytes);
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace lora_share

@@ -1,0 +1,99 @@
+// The batched decode step (docs/batching.md, issue 47): N KV slots and up to
+// B_max rows over one loaded SharedProgram that has decode_batch. Each row
+// carries its own adapter (or none), its own position and its own slot; one
+// decode_batch call streams the foundation's weights once for every row.
+//
+// KV slots. The program's KV buffer (arena buffer 0) holds `kv_slots` slots
+// when the pool opened it so (PoolOptions::parallel): one pool per slab,
+// [N, rows_j, head_dim], slot n of slab j contiguous at [n]. The engine runs
+// over those pools, so the memory budget counts N slots through the arena;
+// nothing is allocated per step. Slot 0 is also the one-row path's cache
+// (SharedProgram::step): a caller that mixes the two owns that conflict.
+// A slot's rows are valid only while the same program runs in the arena
+// (programs of different envelopes share it; adapters of one program do not
+// disturb each other's slots).
+//
+// LoRA rows. The engine owns B_max rows of LoRA buffers, per envelope slot
+// At [B_max, in, max_rank] and Bt [B_max, max_rank, out] (A and B transposed,
+// decode_batch's contract), filled once per row by set_row: a smaller rank
+// or a slot the adapter leaves alone is zero-padded (adds exactly nothing).
+// decode() takes rows 0..B-1 of those buffers in place: the rows a step runs
+// must be exactly rows 0..B-1 (in any order in `rows`), so a scheduler keeps
+// its live rows packed at the front (moving a row = set_row again).
+//
+// Threads: none of its own. One call at a time per program (forward, decode
+// and decode_batch share the program's planned memory), as the pool's lock
+// already ensures for the one-row path. The engine must not outlive the
+// program (the pool unloads programs when its arena grows: make the engine
+// again then).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "adapter_on_foundation.h"
+#include "lora_data.h"
+#include "status.h"
+
+namespace lora_share {
+
+// One row of a decode step: batch row `row` (its LoRA buffers, set_row),
+// feeding `token` at position `pos` of KV slot `slot`.
+struct BatchRow {
+  size_t row;
+  size_t slot;
+  int64_t token;
+  int64_t pos;
+};
+
+class BatchEngine {
+ public:
+  // N = `slots` KV slots (at most program.kv_slots()) and B_max = min(N,
+  // decode_batch's most rows) rows over `program`, which must be loaded, have
+  // decode_batch and outlive the engine. A usage error names what to change
+  // (rebuild an older program; fewer slots).
+  static StatusOr<std::unique_ptr<BatchEngine>> create(SharedProgram& program, size_t slots);
+  ~BatchEngine();
+  BatchEngine(const BatchEngine&) = delete;
+  BatchEngine& operator=(const BatchEngine&) = delete;
+
+  size_t slots() const;       // N
+  size_t rows() const;        // B_max
+  size_t slot_bytes() const;  // one slot's KV bytes (all slabs)
+  size_t bytes() const;       // all pools (N x slot_bytes) + LoRA row buffers
+
+  // Fill row `row`'s LoRA inputs once, when a request joins it (nullptr:
+  // base, zeros). decode reads the engine's copy; prefill reads `lora`'s
+  // tensors in place (as the one-row path does), so `lora` must stay alive
+  // (its adapter pinned) while the row is in use.
+  Status set_row(size_t row, const LoraData* lora);
+
+  // One prompt chunk of one request: forward over slot `slot`'s KV in place,
+  // with row `row`'s LoRA, tokens at positions pos..pos+n-1 (n at most
+  // prefill_chunk()); writes their K/V into the slot; logits (vocab_size()
+  // floats) of the last token. Equals the one-row path (SharedProgram::step
+  // with forward) on the same adapter, tokens and earlier KV.
+  Status prefill(size_t row, size_t slot, const std::vector<int64_t>& tokens, int64_t pos,
+                 std::vector<float>* logits);
+
+  // One decode_batch step over `rows` (each row's token at its pos in its
+  // slot; their `row` fields exactly 0..rows.size()-1, each once; no two rows
+  // on one slot); writes each row's new K/V into its slot (row pos + 1; a ring
+  // slab 1 + pos % W); logits row-major [rows.size() x vocab], in the order
+  // of `rows`.
+  Status decode(const std::vector<BatchRow>& rows, std::vector<float>* logits);
+
+  int64_t vocab_size() const;
+  int64_t max_seq_len() const;
+  int64_t prefill_chunk() const;
+  bool ring() const;  // any ring (sliding-window) slab: prefix reuse only from the end
+
+ private:
+  struct Impl;
+  explicit BatchEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lora_share
