@@ -53,6 +53,22 @@ typedef struct {
  * name: lets a binding in another language check its layouts. */
 LS_API size_t ls_diag_sizeof(const char* type_name);
 
+/* The runtime's KV slot bookkeeping alone (runtime/batch/slot_table.h):
+ * which slot a request takes and how many of its tokens the slot already
+ * holds, without a program, for checking it against the Python reference
+ * (lora_share/inference/batching.py's Slots). `ring` nonzero: a program with
+ * ring slabs. ls_diag_slots_claim returns 0 and sets *slot and *kept, or 1
+ * when every slot is busy; `adapter` is any key (equal keys: one adapter). */
+typedef struct ls_diag_slots ls_diag_slots;
+LS_API ls_diag_slots* ls_diag_slots_new(size_t slots, int ring);
+LS_API void ls_diag_slots_free(ls_diag_slots* table);
+LS_API int ls_diag_slots_claim(ls_diag_slots* table, uint64_t adapter, const int64_t* tokens,
+                               size_t n, size_t* slot, size_t* kept);
+LS_API void ls_diag_slots_fed(ls_diag_slots* table, size_t slot, const int64_t* tokens, size_t n);
+LS_API void ls_diag_slots_release(ls_diag_slots* table, size_t slot);
+/* Prefix hits so far, and the prompt tokens they skipped. */
+LS_API void ls_diag_slots_hits(const ls_diag_slots* table, uint64_t* hits, uint64_t* tokens);
+
 /* Defaults: the library's loading (shared program, one arena, weight cache
  * on, no packed cache), EOS ids read, the library's wording. */
 LS_API void ls_diag_options_init(ls_diag_options* options);
