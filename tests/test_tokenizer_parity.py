@@ -1,7 +1,9 @@
 """build/tokenize (the C++ tokenizer the runner uses) against the `tokenizers` library, id for id.
 
-Every tokenizer.json here is encoded and decoded by both: thousands of seeded strings covering
-scripts, digits, emoji, whitespace runs, contractions, punctuation and special tokens mid-text;
+Every tokenizer.json here is encoded and decoded by both: N_STRINGS (5,600) seeded strings per
+tokenizer covering scripts (mixed inside one word too), digits and long digit runs, emoji, whitespace
+runs, contractions, punctuation, long words, characters outside the vocab (byte fallback) and special
+tokens mid-text, glued to words or cut short;
 their ids decoded with and without skip_special_tokens; and random id sequences, byte-fallback
 bytes that form invalid UTF-8 included. One build/tokenize process per tokenizer, all lines
 batched through its stdin. Besides the two styles of tests/tokenizer_files.py, variants rewire
@@ -24,7 +26,7 @@ from tokenizers import Tokenizer
 
 from tokenizer_files import byte_level_bpe, sentencepiece_bpe
 
-N_STRINGS = 1200
+N_STRINGS = 5600  # per tokenizer: issue 49 asks ls_tokenize to equal the library on 5,600 strings each
 N_RANDOM_IDS = 400
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Hello", "WORLD", "token", "tokenizer",
@@ -55,10 +57,73 @@ def _random_char(rng: random.Random) -> str:
             return chr(cp)
 
 
+# Blocks of the scripts real text mixes, as code point ranges (letters, marks and digits of each).
+SCRIPT_RANGES = [(0x41, 0x5A), (0x61, 0x7A), (0xC0, 0x24F), (0x300, 0x36F), (0x370, 0x3FF), (0x400, 0x4FF),
+                 (0x531, 0x587), (0x5D0, 0x5EA), (0x620, 0x669), (0x900, 0x97F), (0xE01, 0xE5B), (0x10A0, 0x10FF),
+                 (0x1100, 0x11FF), (0x3041, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0x1D400, 0x1D7FF)]
+# Characters a 1000-token vocab has not seen: SentencePiece styles spell them in <0x..> byte tokens.
+RARE_RANGES = [(0x1200, 0x137C), (0x13A0, 0x13F5), (0x0F00, 0x0FDA), (0x2200, 0x22FF), (0x2800, 0x28FF),
+               (0xE000, 0xF8FF), (0x20000, 0x2A6DF), (0x1F300, 0x1F5FF), (0x1F900, 0x1F9FF)]
+WHITESPACE = "".join(dict.fromkeys("".join(SPACES)))
+
+
+def _from_ranges(rng: random.Random, ranges: list[tuple[int, int]]) -> str:
+    """A character assigned in Unicode 14 (see _random_char) from one of `ranges`."""
+    while True:
+        lo, hi = rng.choice(ranges)
+        c = chr(rng.randint(lo, hi))
+        if unicodedata.category(c) not in ("Cn", "Cs"):
+            return c
+
+
+def _mixed_script_word(rng: random.Random) -> str:
+    """Runs of 1-8 characters from 2-4 scripts with nothing between them."""
+    runs = []
+    for _ in range(rng.randint(2, 4)):
+        block = [rng.choice(SCRIPT_RANGES)]
+        runs.append("".join(_from_ranges(rng, block) for _ in range(rng.randint(1, 8))))
+    return "".join(runs)
+
+
+def _whitespace_run(rng: random.Random) -> str:
+    return "".join(rng.choice(WHITESPACE) for _ in range(rng.randint(2, 40)))
+
+
+def _long_word(rng: random.Random) -> str:
+    """A word longer than any token: random letters, a word said many times, or a long digit run."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in
+                       range(rng.randint(20, 300)))
+    if kind == 1:
+        return rng.choice(WORDS) * rng.randint(3, 30)
+    return "".join(rng.choice("0123456789") for _ in range(rng.randint(20, 100)))
+
+
+def _byte_fallback_text(rng: random.Random) -> str:
+    """1-6 characters the vocab lacks, alone or inside a word."""
+    rare = "".join(_from_ranges(rng, RARE_RANGES) for _ in range(rng.randint(1, 6)))
+    return rng.choice(["", rng.choice(WORDS)]) + rare + rng.choice(["", rng.choice(WORDS)])
+
+
+def _special_in_text(rng: random.Random, specials: list[str]) -> str:
+    """A special token glued to text, repeated, or cut short (a prefix that must not match)."""
+    token = rng.choice(specials)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return rng.choice(WORDS) + token + rng.choice(WORDS + PUNCT)
+    if kind == 1:
+        return token * rng.randint(2, 4)
+    return token[:rng.randint(1, max(1, len(token) - 1))] + rng.choice(WORDS)
+
+
 def make_strings(specials: list[str], seed: int, n: int = N_STRINGS) -> list[str]:
     """n deterministic test strings, the empty string and a few fixed edge cases first."""
     rng = random.Random(seed)
     pools = [WORDS, WORDS, CONTRACTIONS, UNICODE_WORDS, DIGITS, EMOJI, SPACES, SPACES, PUNCT, specials]
+    generated = [(0.06, _random_digits), (0.12, _random_char), (0.17, _mixed_script_word), (0.21, _whitespace_run),
+                 (0.24, _long_word), (0.29, _byte_fallback_text),
+                 (0.33, lambda r: _special_in_text(r, specials))]
     fixed = ["", " ", "  ", "\n", "hello", " hello", "hello ", "   leading and trailing   ", "\r\n\r\n",
              "a\u00a0b", specials[0], specials[0] + specials[-1], f" {specials[-1]} ", "12345678901234567890"]
     out = list(fixed)
@@ -66,12 +131,8 @@ def make_strings(specials: list[str], seed: int, n: int = N_STRINGS) -> list[str
         parts = []
         for _ in range(rng.randint(1, 14)):
             kind = rng.random()
-            if kind < 0.06:
-                parts.append(_random_digits(rng))
-            elif kind < 0.12:
-                parts.append(_random_char(rng))
-            else:
-                parts.append(rng.choice(rng.choice(pools)))
+            make = next((f for bound, f in generated if kind < bound), None)
+            parts.append(make(rng) if make else rng.choice(rng.choice(pools)))
             if rng.random() < 0.5:
                 parts.append(" ")
         out.append("".join(parts))
@@ -178,30 +239,43 @@ def tokenizers_dir(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="module")
+def reference(tokenizers_dir):
+    """reference(style): the tokenizer's N_STRINGS strings and the library's ids for each, with and without
+    special tokens; computed once for the two tests that compare them. (One encode at a time: the
+    library's encode_batch spreads over threads, slower than this on a busy 2-core machine.)"""
+    cache = {}
+
+    def get(style: str) -> tuple[Tokenizer, list[str], dict[bool, list[list[int]]]]:
+        if style not in cache:
+            lib = Tokenizer.from_file(str(tokenizers_dir[style] / "tokenizer.json"))
+            specials = [t.content for t in lib.get_added_tokens_decoder().values()]
+            strings = make_strings(specials, seed=sum(map(ord, style)))
+            encoded = {add: [lib.encode(s, add_special_tokens=add).ids for s in strings] for add in (True, False)}
+            cache[style] = lib, strings, encoded
+        return cache[style]
+    return get
+
+
 @pytest.mark.parametrize("style", ["llama3", "llama2", "gpt2", "metaspace"])
-def test_encode_decode_parity(tokenize_bin, tokenizers_dir, style):
+def test_encode_decode_parity(tokenize_bin, tokenizers_dir, reference, style):
     folder = tokenizers_dir[style]
-    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    lib, strings, encoded = reference(style)
     vocab = lib.get_vocab(with_added_tokens=True)
     assert len(lib.get_vocab(with_added_tokens=False)) > 600, "the vocab must have real merges"
-    specials = [t.content for t in lib.get_added_tokens_decoder().values()]
-    strings = make_strings(specials, seed=sum(map(ord, style)))
-    # Round one: encode both ways, then decode the library's ids both ways.
+    assert len(strings) >= 5600
+    # Encode every string both ways; decode the library's ids of every other one both ways, and random ids.
+    sequences = encoded[True][::2] + random_id_sequences(len(vocab), byte_fallback_ids(vocab), seed=7)
+    decoded = {skip: lib.decode_batch(sequences, skip_special_tokens=skip) for skip in (True, False)}
     requests, expected = [], []
-    for s in strings:
+    for i, s in enumerate(strings):
         for add in (True, False):
             requests.append({"encode": s, "add_special_tokens": add})
-            expected.append({"ids": lib.encode(s, add_special_tokens=add).ids})
-    for s in strings:
-        ids = lib.encode(s).ids
+            expected.append({"ids": encoded[add][i]})
+    for i, ids in enumerate(sequences):
         for skip in (True, False):
             requests.append({"decode": ids, "skip_special_tokens": skip})
-            expected.append({"text": lib.decode(ids, skip_special_tokens=skip)})
-    byte_ids = byte_fallback_ids(vocab)
-    for seq in random_id_sequences(len(vocab), byte_ids, seed=7):
-        for skip in (True, False):
-            requests.append({"decode": seq, "skip_special_tokens": skip})
-            expected.append({"text": lib.decode(seq, skip_special_tokens=skip)})
+            expected.append({"text": decoded[skip][i]})
     got = run_tokenize(tokenize_bin, folder / "tokenizer.json", requests)
     bad = [(r, e, g) for r, e, g in zip(requests, expected, got) if e != g]
     assert not bad, f"{len(bad)} of {len(requests)} differ; first ones:\n" + "\n".join(
@@ -367,26 +441,28 @@ def c_library(runner_bin) -> Path:
 
 
 @pytest.mark.parametrize("style", ["llama3", "llama2", "gpt2", "metaspace"])
-def test_c_api_tokenize_and_detokenize_equal_the_library(c_library, tokenizers_dir, style):
-    """ls_tokenize and ls_detokenize (through lora_share/inference/c_library.py) on the same strings as
-    test_encode_decode_parity: ids and text equal the `tokenizers` library's."""
+def test_c_api_tokenize_and_detokenize_equal_the_library(c_library, tokenizers_dir, reference, style):
+    """ls_tokenize (through lora_share/inference/c_library.py) on the same 5,600 strings as
+    test_encode_decode_parity, with and without special tokens, and ls_detokenize on the ids of every
+    fourth of them (ls_detokenize decodes the whole sequence again at each id, so all of them would cost
+    seconds; build/tokenize decodes every other one above with the same decoder): ids and text equal the
+    `tokenizers` library's."""
     from lora_share.inference import c_library as native
 
     folder = tokenizers_dir[style]
-    lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    specials = [t.content for t in lib.get_added_tokens_decoder().values()]
-    strings = make_strings(specials, seed=sum(map(ord, style)))
+    lib, strings, encoded = reference(style)
+    assert len(strings) >= 5600
+    sequences = encoded[True][::4]
+    decoded = {skip: lib.decode_batch(sequences, skip_special_tokens=skip) for skip in (True, False)}
     bad = []
     with native.open_tokenizer(folder / "tokenizer.json", library=c_library) as tok:
-        for s in strings:
-            for add in (True, False):
-                if tok.encode(s, add) != lib.encode(s, add_special_tokens=add).ids:
-                    bad.append(("encode", add, s))
-            ids = lib.encode(s).ids
-            for skip in (True, False):
-                if tok.decode(ids, skip) != lib.decode(ids, skip_special_tokens=skip):
-                    bad.append(("decode", skip, ids))
-    assert not bad, f"{len(bad)} of {len(strings) * 4} differ; first ones: {bad[:5]}"
+        for add in (True, False):
+            bad += [("encode", add, s) for s, ids in zip(strings, encoded[add]) if tok.encode(s, add) != ids]
+        for skip in (True, False):
+            bad += [("decode", skip, ids) for ids, text in zip(sequences, decoded[skip])
+                    if tok.decode(ids, skip) != text]
+    checks = 2 * (len(strings) + len(sequences))
+    assert not bad, f"{len(bad)} of {checks} differ; first ones: {bad[:5]}"
 
 
 def test_c_api_detokenize_streams_whole_characters(c_library, tokenizers_dir):

@@ -39,9 +39,16 @@ size_t rightmost_space_at_start(const std::string& text, size_t begin) {
 
 }  // namespace
 
+// The `tokenizers` library tests single_word boundaries with Rust's regex crate,
+// whose \w is Unicode's word class (UTS #18): Alphabetic, marks, decimal digits,
+// connector punctuation and the join controls. PCRE2's \w (UCP) is letters and
+// numbers and '_' instead: it would take "½" or "②" as word characters and not
+// a combining mark or U+200D, so the class is spelled out.
+constexpr char kRustWord[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
+
 AddedTokenMatcher::AddedTokenMatcher()
-    : word_start_(Regex::compile("^\\w", "added tokens").value()),
-      word_end_(Regex::compile("\\w\\z", "added tokens").value()) {}
+    : word_start_(Regex::compile(std::string("^") + kRustWord, "added tokens").value()),
+      word_end_(Regex::compile(std::string(kRustWord) + "\\z", "added tokens").value()) {}
 
 void AddedTokenMatcher::add(const AddedToken& token, const std::string& pattern) {
   if (pattern.empty()) return;
