@@ -233,6 +233,48 @@ LS_API const char* ls_adapter_name(const ls_adapter* adapter);
 /* Nonzero when `adapter` is loaded now. */
 LS_API int ls_adapter_resident(const ls_adapter* adapter);
 
+/* MIXES. Adapters of one runtime mixed with scales, run as one adapter: on
+ * each envelope slot (a linear of a layer) their A matrices stacked along the
+ * rank and their B matrices (each carrying its adapter's LoRA scale) scaled
+ * by the term's scale and stacked, as peft's add_weighted_adapter(adapters,
+ * weights, combination_type="cat") combines them. Adapters are inputs of the
+ * one program every adapter of a deployment runs, so a mix is data too: no
+ * export, no other program, while the summed rank fits the envelope. */
+typedef struct {
+  const char* name; /* an adapter the runtime knows ("base" is none) */
+  double scale;     /* finite: 1 the adapter as trained, 0 nothing of it,
+                       negative its opposite */
+} ls_lora_term;
+
+/* The mix of `n` terms, in order: a handle usable wherever an adapter's is
+ * (ls_generate, ls_adapter_name, ls_adapter_resident), named after its terms
+ * ("brief*0.5+json*1.1", scales written shortest), a name every call that
+ * takes one accepts while the mix is held (ls_generate_named, ls_generate_text,
+ * ls_generate_chat, ls_check_request, ls_context_length, ls_adapter_by_name).
+ * A mix of one adapter at scale 1 is that adapter, bit for bit.
+ * Refused: n == 0 or a NULL name (LS_ERR_ARGUMENT); a name the runtime does
+ * not know (LS_ERR_NOT_FOUND); a scale that is not finite, a summed rank on
+ * a slot above the envelope's max rank (the message names the slot, the sum
+ * and the bound), adapters whose files carry different program variants
+ * (lora_envelope.skip_absent with other slots) (LS_ERR_REQUEST); a mix the
+ * memory budget cannot hold beside the foundation (LS_ERR_BUDGET).
+ * LIFETIME. Each call holds the mix once; the same terms (names and scales,
+ * in order) give the same handle while it is held. ls_adapter_release drops
+ * one hold; the last frees the mix, and its handle and name are invalid
+ * after. ls_close frees every mix. Release a mix after the requests using it
+ * have returned. The mix owns its tensors: its terms may be evicted, it does
+ * not change.
+ * MEMORY. Its tensors are composed on first use (its terms' files are read
+ * then and not kept mapped) and the budget counts them as an adapter's
+ * (1.05 x the terms' LoRA bytes + adapter_overhead_bytes); mixes and adapters
+ * are evicted least recently used first, and an evicted mix is composed again
+ * on its next use. A mix is not one of adapters_known (nor ls_adapter_at's). */
+LS_API ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_t n,
+                                  ls_error* error);
+/* Drops one hold of the mix `adapter` (see ls_adapter_mix). NULL is ignored;
+ * an adapter that is no mix is LS_ERR_ARGUMENT (adapters live until ls_close). */
+LS_API ls_status ls_adapter_release(ls_adapter* adapter, ls_error* error);
+
 /* Prefill `prompt` (n ids), then generate up to options->max_new_tokens,
  * calling on_token (may be NULL) with each. Loads the adapter first if it is
  * not resident. `options` may be NULL (defaults).

@@ -312,6 +312,8 @@ StatusOr<size_t> AdapterPool::add(const std::string& pte) {
 int64_t AdapterPool::find(const std::string& name) const {
   for (size_t i = 0; i < entries_.size(); ++i)
     if (entries_[i].name == name && !entries_[i].removed) return static_cast<int64_t>(i);
+  for (const auto& [index, mix] : mixes_)
+    if (mix.name == name && !mix.removed) return static_cast<int64_t>(index);
   return -1;
 }
 
@@ -323,8 +325,9 @@ int64_t AdapterPool::live_at(size_t nth) const {
 
 Status AdapterPool::pin(size_t index) {
   if (index == kBase) return Status();
-  if (entries_[index].removed)
-    return Status::usage("adapter '" + entries_[index].name + "' was removed");
+  if (entry(index).removed)
+    return Status::usage((is_mix(index) ? "mix '" : "adapter '") + entry(index).name + "' was " +
+                         (is_mix(index) ? "released" : "removed"));
   std::lock_guard<std::mutex> lock(pins_lock_);
   pins_[index]++;
   return Status();
@@ -378,11 +381,13 @@ uint64_t AdapterPool::accounted_bytes() const {
     if (p.loaded) sum += p.cost;
   for (const Entry& e : entries_)
     if (e.adapter) sum += e.cost;
+  for (const auto& [index, mix] : mixes_)
+    if (mix.adapter) sum += mix.cost;
   return sum;
 }
 
 void AdapterPool::evict(size_t index) {
-  entries_[index].adapter.reset();  // unmaps its tensors
+  entry(index).adapter.reset();  // unmaps its tensors (frees a mix's)
   counters_.evictions++;
   // Hand freed heap pages back to the kernel now, so that the process's PSS
   // follows the accounting.
@@ -392,19 +397,23 @@ void AdapterPool::evict(size_t index) {
 void AdapterPool::make_room(uint64_t incoming, size_t keep) {
   if (options_.budget_bytes == 0) return;
   while (accounted_bytes() + incoming > options_.budget_bytes) {
-    int64_t lru = -1;
-    for (size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].adapter && i != keep && !pinned(i) &&
-          (lru < 0 || entries_[i].last_used < entries_[lru].last_used))
-        lru = static_cast<int64_t>(i);
-    if (lru < 0) return;  // nothing left to evict; check_budget_holds ran on add
-    evict(static_cast<size_t>(lru));
+    size_t lru = kBase;  // none yet
+    uint64_t oldest = 0;
+    for_each_entry([&](size_t i, const Entry& e) {
+      if (e.adapter && i != keep && !pinned(i) && (lru == kBase || e.last_used < oldest)) {
+        lru = i;
+        oldest = e.last_used;
+      }
+    });
+    if (lru == kBase) return;  // nothing left to evict; check_budget_holds ran on add
+    evict(lru);
   }
 }
 
 Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
-  for (size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].adapter) evict(i);
+  for_each_entry([&](size_t i, const Entry& e) {
+    if (e.adapter) evict(i);
+  });
   base_.reset();
   // Their forward methods point into the old arena: open them again on use.
   for (ProgramEntry& p : programs_) {
@@ -425,7 +434,7 @@ Status AdapterPool::ensure_arena(const ProgramEntry& program) {
 }
 
 StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
-  Entry& entry = entries_[index];
+  Entry& entry = this->entry(index);
   entry.last_used = ++clock_;
   if (entry.adapter) {
     counters_.hits++;
@@ -444,10 +453,13 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
     make_room(entry.cost + (program.loaded ? 0 : program.cost), index);
     s = load_program(entry.program);
     if (!s.ok()) return s;
-    auto data = LoraData::open(entry.pte, entry.info, *foundation_, program.program->lora_shapes());
+    auto data = entry.terms.empty()
+                    ? LoraData::open(entry.pte, entry.info, *foundation_, program.program->lora_shapes())
+                    : compose(entry, *program.program);
     if (!data.ok()) return data.status();
     entry.adapter = std::make_unique<SharedAdapter>(entry.pte, program.program.get(),
-                                                    std::move(data.value()), ms_since(t0));
+                                                    std::move(data.value()), ms_since(t0),
+                                                    entry.terms.empty() ? "" : entry.name);
   }
   double ms = ms_since(t0);
   counters_.loads++;
@@ -457,7 +469,7 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
 }
 
 StatusOr<size_t> AdapterPool::program_of(size_t index) const {
-  if (index != kBase) return entries_[index].program;
+  if (index != kBase) return entry(index).program;
   if (options_.stock)
     return Status::usage("the foundation alone ('base') runs through the program an adapter "
                          "carries, which stock loading (a Module per adapter) does not load");
@@ -510,8 +522,8 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
 StatusOr<AdapterPool::Limits> AdapterPool::limits(size_t index) const {
   if (options_.stock && index != kBase) {
     // Stock adapters are never evicted (no budget): the Module is the shape.
-    const Adapter* a = entries_[index].adapter.get();
-    if (a == nullptr) return Status::failure("adapter '" + entries_[index].name + "' is not loaded");
+    const Adapter* a = entry(index).adapter.get();
+    if (a == nullptr) return Status::failure("adapter '" + entry(index).name + "' is not loaded");
     return Limits{a->vocab_size(), a->max_seq_len(), a->prefill_chunk()};
   }
   auto program_index = program_of(index);
@@ -538,7 +550,7 @@ StatusOr<AdapterInfo> AdapterPool::info(size_t index) const {
     info.name = kBaseName;
     info.pte = programs_[program_of(kBase).value()].pte;
   } else {
-    const Entry& e = entries_[index];
+    const Entry& e = entry(index);
     info.name = e.name;
     info.pte = e.pte;
     info.load_ms = e.adapter ? e.adapter->load_ms() : 0.0;
@@ -572,6 +584,9 @@ PoolStats AdapterPool::stats() const {
     }
     if (!e.removed) s.largest_adapter_bytes = std::max(s.largest_adapter_bytes, e.cost);
   }
+  // A resident mix is memory the budget counts, not one more adapter known.
+  for (const auto& [index, mix] : mixes_)
+    if (mix.adapter) s.resident_adapter_bytes += mix.cost;
   return s;
 }
 

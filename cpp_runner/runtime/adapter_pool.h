@@ -122,15 +122,16 @@ class AdapterPool {
   // Registers `pte` (checking it against the foundation) if it is new, and
   // returns its index; a path already registered returns the known index.
   StatusOr<size_t> add(const std::string& pte);
-  // The index of the adapter called `name`, or -1 ("base" is kBase, not found here;
-  // nor is a removed adapter).
+  // The index of the adapter (or live mix) called `name`, or -1 ("base" is
+  // kBase, not found here; nor is a removed adapter).
   int64_t find(const std::string& name) const;
-  const std::string& name(size_t index) const { return entries_[index].name; }
-  const std::string& pte(size_t index) const { return entries_[index].pte; }
+  const std::string& name(size_t index) const { return entry(index).name; }
+  const std::string& pte(size_t index) const { return entry(index).pte; }
   bool resident(size_t index) const {
-    return index == kBase ? base_ != nullptr : entries_[index].adapter != nullptr;
+    return index == kBase ? base_ != nullptr : entry(index).adapter != nullptr;
   }
-  // Every index ever registered, removed ones included (indices stay stable).
+  // Every index ever registered, removed ones included (indices stay stable);
+  // mixes are not counted: they are indexed apart.
   size_t size() const { return entries_.size(); }
   // The `nth` adapter not removed (registration order), or -1 past the end.
   int64_t live_at(size_t nth) const;
@@ -149,11 +150,26 @@ class AdapterPool {
   // Removal, step 1: new requests no longer find it (find, pin, add of the
   // same path) and its name is free again.
   void retire(size_t index);
-  bool removed(size_t index) const { return index != kBase && entries_[index].removed; }
+  bool removed(size_t index) const { return index != kBase && entry(index).removed; }
   // Step 2: blocks until no request pins adapter `index`.
   void wait_unpinned(size_t index) const;
   // Step 3: unloads it (its program stays, for the others and 'base').
   void drop(size_t index);
+
+  // A mix of registered adapters (`terms`: index, scale; lora_share.h,
+  // ls_adapter_mix, has the rules): an index usable wherever an adapter's is,
+  // named "a*0.5+b*1.1". The same terms while that mix is held give the same
+  // index and one more hold. Checked now (finite scales, one program, summed
+  // ranks within the envelope, the budget); composed on first use, evicted and
+  // composed again like an adapter is loaded.
+  StatusOr<size_t> mix(const std::vector<std::pair<size_t, double>>& terms);
+  // Drops one hold of mix `index`. The last one retires it (find no longer
+  // finds it, pin refuses it) and returns true: then, as for a removal,
+  // wait_unpinned and drop_mix, which forgets it. A usage error for an index
+  // that is no mix.
+  StatusOr<bool> release_mix(size_t index);
+  void drop_mix(size_t index);
+  bool is_mix(size_t index) const { return mixes_.count(index) != 0; }
 
   // Makes adapter `index` resident (loading it, evicting others if the
   // budget needs it) and marks it most recently used.
@@ -222,8 +238,25 @@ class AdapterPool {
     uint64_t cost = 0;   // accounted bytes when resident
     std::unique_ptr<Adapter> adapter;  // null = not resident
     uint64_t last_used = 0;
-    bool removed = false;  // retire()d: kept so that indices (and handles) stay valid
+    bool removed = false;  // retire()d (a mix: its last hold released): kept so that indices (and handles) stay valid
+    // A mix's terms (registered adapters' indices, scales); empty for an adapter.
+    std::vector<std::pair<size_t, double>> terms;
+    uint32_t holds = 0;  // a mix's: mix() calls less release_mix() calls
   };
+  // Mixes are indexed from here on, apart from registered adapters and kBase.
+  static constexpr size_t kFirstMix = size_t{1} << 62;
+  Entry& entry(size_t index) { return index >= kFirstMix ? mixes_.at(index) : entries_[index]; }
+  const Entry& entry(size_t index) const {
+    return index >= kFirstMix ? mixes_.at(index) : entries_[index];
+  }
+  // Every entry, registered adapters then mixes, for what visits them all.
+  template <typename F>
+  void for_each_entry(F&& visit) {
+    for (size_t i = 0; i < entries_.size(); ++i) visit(i, entries_[i]);
+    for (auto& [index, mix] : mixes_) visit(index, mix);
+  }
+  // Maps each term's LoRA data and composes the mix's (LoraData::compose).
+  StatusOr<std::unique_ptr<LoraData>> compose(const Entry& mix, const SharedProgram& program);
 
   // An adapter's program shape.
   struct Limits {
@@ -276,6 +309,8 @@ class AdapterPool {
   std::unique_ptr<PlannedArena> arena_;
   std::vector<ProgramEntry> programs_;
   std::vector<Entry> entries_;
+  std::map<size_t, Entry> mixes_;  // by index, from kFirstMix
+  size_t next_mix_ = kFirstMix;
   std::unique_ptr<SharedAdapter> base_;  // over programs_[entries_[0].program], once used
   std::vector<int64_t> eos_ids_;
   uint64_t clock_ = 0;

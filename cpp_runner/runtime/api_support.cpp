@@ -105,6 +105,11 @@ ls_status busy(ls_error* error) {
 }
 
 ls_adapter* handle_for(ls_runtime* rt, size_t index) {
+  if (rt->pool->is_mix(index)) {
+    auto& handle = rt->mix_handles[index];
+    if (!handle) handle.reset(new ls_adapter{rt, index, rt->pool->name(index), rt->pool->pte(index)});
+    return handle.get();
+  }
   while (rt->handles.size() <= index) rt->handles.emplace_back();
   if (!rt->handles[index])
     rt->handles[index].reset(

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +44,7 @@ struct ls_runtime {
   std::vector<std::unique_ptr<ls_program>> programs;
   // Handles by pool index; unique_ptr so that handles stay where they are.
   std::vector<std::unique_ptr<ls_adapter>> handles;
+  std::map<size_t, std::unique_ptr<ls_adapter>> mix_handles;  // by pool index, while held
   std::string base_pte;  // the file 'base' runs, once asked (ls_diag_adapter_info)
   std::mutex lock;
   std::atomic<std::thread::id> owner{};  // the thread holding `lock`

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "api_support.h"
 #include "et_platform.h"
@@ -133,6 +135,10 @@ ls_status ls_remove_adapter(ls_runtime* runtime, const char* name, ls_error* err
         set_error(error, LS_ERR_NOT_FOUND, unknown_adapter_message(runtime, name));
         return LS_ERR_NOT_FOUND;
       }
+      if (runtime->pool->is_mix(static_cast<size_t>(index))) {
+        set_error(error, LS_ERR_ARGUMENT, "'" + std::string(name) + "' is a mix: release it with ls_adapter_release");
+        return LS_ERR_ARGUMENT;
+      }
       runtime->pool->retire(static_cast<size_t>(index));
     }
     // Without the runtime's lock: the requests pinning it must be able to finish.
@@ -194,6 +200,74 @@ int ls_adapter_resident(const ls_adapter* adapter) {
   if (adapter == nullptr) return 0;
   Guard guard(adapter->runtime);
   return adapter->runtime->pool->resident(adapter->index) ? 1 : 0;
+}
+
+ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_t n,
+                           ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime"), nullptr;
+  if (n > 0 && terms == nullptr) return missing(error, "terms"), nullptr;
+  if (n == 0) {
+    set_error(error, LS_ERR_ARGUMENT, "a mix needs at least one term: n is 0");
+    return nullptr;
+  }
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error), nullptr;
+  try {
+    std::vector<std::pair<size_t, double>> indices;
+    for (size_t i = 0; i < n; ++i) {
+      if (terms[i].name == nullptr)
+        return missing(error, ("terms[" + std::to_string(i) + "].name").c_str()), nullptr;
+      int64_t index = runtime->pool->find(terms[i].name);
+      if (index < 0 || runtime->pool->is_mix(static_cast<size_t>(index))) {
+        set_error(error, LS_ERR_NOT_FOUND, "terms[" + std::to_string(i) + "]: " +
+                                               unknown_adapter_message(runtime, terms[i].name));
+        return nullptr;
+      }
+      indices.emplace_back(static_cast<size_t>(index), terms[i].scale);
+    }
+    auto index = runtime->pool->mix(indices);
+    if (!index.ok()) {
+      report(error, index.status(), is_budget_error(index.status()) ? LS_ERR_BUDGET : LS_ERR_REQUEST,
+             LS_ERR_LOAD, runtime->runner_messages);
+      return nullptr;
+    }
+    clear_error(error);
+    return handle_for(runtime, index.value());
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_LOAD, std::string("ls_adapter_mix: ") + e.what());
+    return nullptr;
+  }
+}
+
+ls_status ls_adapter_release(ls_adapter* adapter, ls_error* error) {
+  if (adapter == nullptr) return clear_error(error), LS_OK;
+  ls_runtime* runtime = adapter->runtime;
+  const size_t index = adapter->index;
+  try {
+    {
+      Guard guard(runtime);
+      if (!guard.held()) return busy(error);
+      if (!runtime->pool->is_mix(index)) {
+        set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name +
+                                              "' is no mix: adapters live until ls_close, only a mix is released");
+        return LS_ERR_ARGUMENT;
+      }
+      auto last = runtime->pool->release_mix(index);
+      if (!last.ok()) return report(error, last.status(), LS_ERR_ARGUMENT, LS_ERR_ARGUMENT, runtime->runner_messages);
+      if (!last.value()) return clear_error(error), LS_OK;
+    }
+    // The last hold: as a removal, without the runtime's lock while requests on it finish.
+    runtime->pool->wait_unpinned(index);
+    Guard guard(runtime);
+    if (!guard.held()) return busy(error);
+    runtime->pool->drop_mix(index);
+    runtime->mix_handles.erase(index);  // `adapter` is gone
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_adapter_release: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
 }
 
 ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt,

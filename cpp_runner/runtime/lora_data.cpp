@@ -137,6 +137,48 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
   return data;
 }
 
+StatusOr<std::unique_ptr<LoraData>> LoraData::compose(const std::vector<Term>& terms,
+                                                     const std::vector<LoraShape>& shapes,
+                                                     const std::vector<std::string>& names) {
+  auto mix = std::unique_ptr<LoraData>(new LoraData());
+  mix->slots_.assign(shapes.size(), Slot());
+  std::vector<size_t> offsets(shapes.size());  // where each slot's A, then B, start in composed_
+  size_t floats = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    int64_t rank = 0;
+    for (const Term& t : terms) rank += t.data->slots()[i].rank;
+    if (rank > shapes[i].max_rank)
+      return Status::usage("the mix's summed rank on " + names[i] + " is " + std::to_string(rank) +
+                           ", above the envelope's max rank " + std::to_string(shapes[i].max_rank));
+    mix->slots_[i].rank = rank;
+    offsets[i] = floats;
+    floats += static_cast<size_t>(rank * (shapes[i].in + shapes[i].out));
+  }
+  mix->composed_.resize(floats);
+  mix->own_bytes_ = floats * sizeof(float);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Slot& slot = mix->slots_[i];
+    if (slot.rank == 0) continue;
+    const int64_t in = shapes[i].in, out = shapes[i].out;
+    float* a = mix->composed_.data() + offsets[i];
+    float* b = a + slot.rank * in;
+    slot.a = a;
+    slot.b = b;
+    int64_t first = 0;  // the term's first row of A, first column of B
+    for (const Term& t : terms) {
+      const Slot& part = t.data->slots()[i];
+      if (part.rank == 0) continue;
+      std::copy(part.a, part.a + part.rank * in, a + first * in);
+      // B [out, rank] row-major: the term's columns first..first+rank of each row.
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t k = 0; k < part.rank; ++k)
+          b[o * slot.rank + first + k] = static_cast<float>(part.b[o * part.rank + k] * t.scale);
+      first += part.rank;
+    }
+  }
+  return mix;
+}
+
 size_t zero_floats_needed(const std::vector<LoraShape>& shapes) {
   int64_t most = 0;
   for (const LoraShape& s : shapes) most = std::max({most, s.in, s.out});

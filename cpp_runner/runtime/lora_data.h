@@ -54,13 +54,29 @@ class LoraData {
   static StatusOr<std::unique_ptr<LoraData>> open(const std::string& pte, const PteInfo& info,
                                                   const Foundation& data,
                                                   const std::vector<LoraShape>& shapes);
+  // One term of a mix: an adapter's data and the factor its B is scaled by.
+  struct Term {
+    const LoraData* data;
+    double scale;
+  };
+  // A mix of adapters as one adapter's data, in memory of its own (the terms'
+  // files may be unmapped after): on each slot, the terms' A stacked along the
+  // rank in term order and their B, each scaled by its term's scale, stacked
+  // alike. Each B already carries its adapter's LoRA scale, so this is peft's
+  // add_weighted_adapter(combination_type="cat"). A failure names the slot
+  // whose summed rank exceeds what `shapes` take (`names`: the envelope's
+  // slots, as "q_proj in layer 3").
+  static StatusOr<std::unique_ptr<LoraData>> compose(const std::vector<Term>& terms,
+                                                     const std::vector<LoraShape>& shapes,
+                                                     const std::vector<std::string>& names);
   ~LoraData();
   LoraData(const LoraData&) = delete;
   LoraData& operator=(const LoraData&) = delete;
 
   // By envelope slot, in forward's input order.
   const std::vector<Slot>& slots() const { return slots_; }
-  // Bytes of the tensors read from the .pte itself (hoisted ones excluded).
+  // Bytes of the tensors read from the .pte itself (hoisted ones excluded);
+  // a mix's: all of its tensors.
   uint64_t own_bytes() const { return own_bytes_; }
 
  private:
@@ -71,6 +87,7 @@ class LoraData {
   std::vector<executorch::runtime::FreeableBuffer> shared_;
   std::vector<Slot> slots_;
   uint64_t own_bytes_ = 0;
+  std::vector<float> composed_;  // a mix's tensors (compose), which slots_ point into
 };
 
 // forward's LoRA inputs for `data` (null: no adapter, every slot zero):

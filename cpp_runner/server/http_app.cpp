@@ -5,7 +5,9 @@
 #include <ctime>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -86,6 +88,8 @@ struct Run {
 // Everything a request needs after parsing: its ids and a place in the queue.
 struct Prepared {
   CompletionRequest request;
+  std::string adapter;               // what the library runs: model, or the mix's name
+  std::shared_ptr<ls_adapter> mix;   // the lora field's mix, released when the response is done with
   std::vector<int64_t> ids;
   std::string id;
   int64_t created = 0;
@@ -216,6 +220,24 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     return send_error(res, 404, "no adapter called '" + request.model +
                                     "' in this deployment: GET /v1/models lists them ('base' is the foundation alone)");
   }
+  ls_error err;
+  prepared->adapter = request.model;
+  if (!request.lora.empty()) {
+    std::vector<ls_lora_term> terms;
+    for (size_t i = 0; i < request.lora.size(); ++i) {
+      const std::string& name = request.lora[i].name;
+      if (name == "base" || !serves(name)) {
+        return send_error(res, 400, "lora[" + std::to_string(i) + "].name: no adapter called '" + name +
+                                        "' in this deployment: GET /v1/models lists them ('base', the foundation "
+                                        "alone, is no adapter to mix)");
+      }
+      terms.push_back({name.c_str(), request.lora[i].scale});
+    }
+    ls_adapter* mix = ls_adapter_mix(runtime_, terms.data(), terms.size(), &err);
+    if (mix == nullptr) return send_error(res, http_status(err.code), std::string("lora: ") + err.message);
+    prepared->mix.reset(mix, [](ls_adapter* a) { ls_adapter_release(a, nullptr); });
+    prepared->adapter = ls_adapter_name(mix);
+  }
   if (!request.stop.empty() && !deployment_.tokenizer) {
     return send_error(res, 400, "stop needs the text of the answer, and this deployment has no tokenizer (" +
                                     deployment_.no_tokenizer_reason + "): leave stop out");
@@ -226,20 +248,19 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   prepared->id = next_id(chat);
   prepared->created = static_cast<int64_t>(std::time(nullptr));
 
-  ls_error err;
   // No max_tokens: until EOS or the end of the context, as OpenAI's and
   // llama-server's (a prompt that fills the context asks for one token, so
   // the check below says it is too long).
   int64_t max_new_tokens = request.max_tokens.value_or(0);
   if (!request.max_tokens) {
     int64_t context = 0;
-    if (ls_context_length(runtime_, request.model.c_str(), &context, &err) != LS_OK) {
+    if (ls_context_length(runtime_, prepared->adapter.c_str(), &context, &err) != LS_OK) {
       return send_error(res, http_status(err.code), err.message);
     }
     max_new_tokens = std::max<int64_t>(1, context - static_cast<int64_t>(prepared->ids.size()) + 1);
   }
   // Refused before any byte is sent, so a streamed request gets a plain 400 too.
-  if (ls_check_request(runtime_, request.model.c_str(), prepared->ids.data(), prepared->ids.size(),
+  if (ls_check_request(runtime_, prepared->adapter.c_str(), prepared->ids.data(), prepared->ids.size(),
                        max_new_tokens, &err) != LS_OK) {
     return send_error(res, http_status(err.code), err.message);
   }
@@ -249,7 +270,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     FifoGate::Ticket ticket(gate_);
     ticket.wait();
     Run run(deployment_, request, static_cast<int64_t>(prepared->ids.size()));
-    if (ls_generate_named(runtime_, request.model.c_str(), prepared->ids.data(),
+    if (ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(),
                           prepared->ids.size(), &options, &Run::on_token, &run, &err) != LS_OK) {
       return send_error(res, http_status(err.code), err.message);
     }
@@ -278,7 +299,7 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
         };
         ls_error e;
         const ls_status status =
-            ls_generate_named(runtime_, rq.model.c_str(), prepared->ids.data(), prepared->ids.size(),
+            ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(), prepared->ids.size(),
                               &options, &Run::on_token, &run, &e);
         if (run.client_gone) return false;  // nothing more to say to nobody
         if (status != LS_OK) {

@@ -79,6 +79,37 @@ Status read_messages(const json& body, CompletionRequest* request) {
   return {};
 }
 
+// "lora": a non-empty array of {"name": adapter, "scale": finite number},
+// which mixes adapters on the foundation alone (model "base").
+Status read_lora(const json& body, CompletionRequest* request) {
+  auto it = body.find("lora");
+  if (it == body.end() || it->is_null()) return {};
+  if (!it->is_array() || it->empty())
+    return Status::usage("lora must be a non-empty array of {\"name\": adapter, \"scale\": number}, got " +
+                         it->dump());
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& term = (*it)[i];
+    const std::string where = "lora[" + std::to_string(i) + "]";
+    if (!term.is_object()) return Status::usage(where + " must be {\"name\": adapter, \"scale\": number}, got " + term.dump());
+    for (const auto& [key, value] : term.items())
+      if (key != "name" && key != "scale")
+        return Status::usage(where + " has the key '" + key +
+                             "': give {\"name\": adapter, \"scale\": number} (adapters by name, as GET /v1/models lists them)");
+    auto name = term.find("name");
+    if (name == term.end() || !name->is_string() || name->get<std::string>().empty())
+      return Status::usage(where + ".name must be an adapter's name (GET /v1/models lists them)");
+    auto scale = term.find("scale");
+    if (scale == term.end() || !scale->is_number() || !std::isfinite(scale->get<double>()))
+      return Status::usage(where + ".scale must be a finite number, got " +
+                           (scale == term.end() ? std::string("nothing") : scale->dump()));
+    request->lora.push_back({name->get<std::string>(), scale->get<double>()});
+  }
+  if (request->model != "base")
+    return Status::usage("with lora, model must be 'base' (the mix of lora's adapters runs on the foundation "
+                         "alone), got '" + request->model + "'");
+  return {};
+}
+
 // Fields that would change the answer and are not served: refused by name
 // unless they hold their no-op value (null, false, 1, an empty list...).
 struct Unserved {
@@ -116,7 +147,7 @@ const std::vector<Unserved>& unserved_fields() {
 // Fields read below, and fields that change nothing about the answer.
 bool known_field(const std::string& key, bool chat) {
   static const std::vector<std::string> common = {
-      "model", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos", "stop",
+      "model", "lora", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos", "stop",
       "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
       "repetition_penalty",
       // accepted, and change nothing here
@@ -206,7 +237,8 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
     return Status::usage("model is missing: name one of the adapters GET /v1/models lists");
   }
   request->model = model->get<std::string>();
-  Status s = chat ? read_messages(body, request) : read_prompt(body, request);
+  Status s = read_lora(body, request);
+  if (s.ok()) s = chat ? read_messages(body, request) : read_prompt(body, request);
   if (!s.ok()) return s;
   // max_completion_tokens is the newer chat name for max_tokens.
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {

@@ -18,9 +18,18 @@ struct ChatMessage {
   std::string content;
 };
 
+// One adapter of a per-request mix (the "lora" field): ls_lora_term's.
+struct LoraTerm {
+  std::string name;
+  double scale = 1;
+};
+
 struct CompletionRequest {
   bool chat = false;        // /v1/chat/completions
   std::string model;        // the adapter's name; "base": the foundation alone
+  // "lora": [{"name", "scale"}, ...]: a mix of adapters (ls_adapter_mix) on
+  // the foundation, with model "base"; empty: model's adapter as it is.
+  std::vector<LoraTerm> lora;
   std::string prompt;       // completions: a text prompt
   std::vector<int64_t> prompt_ids;  // completions: a prompt of token ids
   bool prompt_is_ids = false;

@@ -77,6 +77,10 @@ class _ChatMessage(ctypes.Structure):
     _fields_ = [("role", ctypes.c_char_p), ("content", ctypes.c_char_p)]
 
 
+class _LoraTerm(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("scale", ctypes.c_double)]
+
+
 class _TextResult(ctypes.Structure):
     _fields_ = [("prompt_tokens", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64),
                 ("finish_reason", ctypes.c_int)]
@@ -113,6 +117,8 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         "ls_context_length": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), _ERR]),
         "ls_adapter_name": (ctypes.c_char_p, [_P]),
         "ls_adapter_resident": (ctypes.c_int, [_P]),
+        "ls_adapter_mix": (_P, [_P, ctypes.POINTER(_LoraTerm), ctypes.c_size_t, _ERR]),
+        "ls_adapter_release": (ctypes.c_int, [_P, _ERR]),
         "ls_generate": (ctypes.c_int, [_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
                                        ctypes.POINTER(_GenerateOptions), TOKEN_CALLBACK, ctypes.c_void_p, _ERR]),
         "ls_generate_named": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
@@ -264,6 +270,12 @@ class Adapter:
     def resident(self) -> bool:
         return bool(self.runtime.lib.ls_adapter_resident(self.handle))
 
+    def release(self) -> None:
+        """ls_adapter_release: drops one hold of a mix (Runtime.mix); the handle is invalid after the last."""
+        err = _Error()
+        if self.runtime.lib.ls_adapter_release(self.handle, ctypes.byref(err)) != 0:
+            _raise(self.runtime.lib, err)
+
 
 class Runtime:
     """An open ls_runtime. Use ``open``/``open_dir``; close it (or use ``with``)."""
@@ -295,6 +307,21 @@ class Runtime:
         err = _Error()
         if self.lib.ls_remove_adapter(self.handle, name.encode(), ctypes.byref(err)) != 0:
             _raise(self.lib, err)
+
+    def mix(self, lora: list[dict]) -> Adapter:
+        """ls_adapter_mix: ``[{"name": adapter, "scale": factor}, ...]`` as one adapter, held until its
+        ``release()`` (the same terms while held: the same mix, held once more)."""
+        terms = (_LoraTerm * len(lora))()
+        for i, term in enumerate(lora):
+            if not (isinstance(term, dict) and set(term) == {"name", "scale"} and isinstance(term["name"], str)
+                    and isinstance(term["scale"], (int, float)) and not isinstance(term["scale"], bool)):
+                raise TypeError(f"lora[{i}] must be {{'name': adapter, 'scale': number}}, got {term!r}")
+            terms[i].name, terms[i].scale = term["name"].encode(), term["scale"]
+        err = _Error()
+        h = self.lib.ls_adapter_mix(self.handle, terms, len(lora), ctypes.byref(err))
+        if not h:
+            _raise(self.lib, err)
+        return Adapter(self, h)
 
     def adapter(self, name: str) -> Adapter:
         err = _Error()

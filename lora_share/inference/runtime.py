@@ -6,6 +6,7 @@
     rt.create_chat_completion([{"role": "user", "content": "Why is the sky blue?"}], adapter="brief")
     for chunk in rt.generate("Once upon a time", adapter="json", max_tokens=32, stream=True):
         print(chunk["choices"][0]["text"], end="")
+    rt.generate("Once upon a time", lora=[{"name": "brief", "scale": 0.5}, {"name": "json", "scale": 1.1}])
 
 Every call goes to liblora_share (lora_share.h: ls_open_dir, ls_generate_text, ls_generate_chat, ls_stats),
 so the answers are the server's and build/runner's; the build's tokenizer and chat template are read by the
@@ -16,6 +17,7 @@ package. A failing call raises ``NativeError`` carrying the library's status and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -74,18 +76,22 @@ class Runtime:
         return self._rt.tokenizer().decode(ids, skip_special)
 
     def generate(self, prompt: str, adapter: str = BASE, max_tokens: int | None = 16, temperature: float = 0.0,
-                 seed: int = 0, stream: bool = False) -> dict | Iterator[dict]:
+                 seed: int = 0, stream: bool = False, lora: list[dict] | None = None) -> dict | Iterator[dict]:
         """A text completion (the prompt encoded with the tokenizer's special tokens), as
         llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or with ``stream`` an
-        iterator of chunks. ``max_tokens`` None: up to the end of the context."""
-        return self._complete(prompt, adapter, max_tokens, temperature, seed, stream, chat=False)
+        iterator of chunks. ``max_tokens`` None: up to the end of the context. ``lora``: a mix of
+        adapters instead of one, ``[{"name": adapter, "scale": number}, ...]`` (ls_adapter_mix: as peft's
+        ``add_weighted_adapter(combination_type="cat")``), with ``adapter`` left "base"."""
+        return self._complete(prompt, adapter, max_tokens, temperature, seed, stream, chat=False, lora=lora)
 
     def create_chat_completion(self, messages: list[dict], adapter: str = BASE, max_tokens: int | None = None,
-                               temperature: float = 0.0, seed: int = 0, stream: bool = False) -> dict | Iterator[dict]:
+                               temperature: float = 0.0, seed: int = 0, stream: bool = False,
+                               lora: list[dict] | None = None) -> dict | Iterator[dict]:
         """A chat completion of ``[{"role", "content"}, ...]`` in the build's chat template, as
         llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or with ``stream`` an
-        iterator of ``chat.completion.chunk`` dicts. ``max_tokens`` None: up to the end of the context."""
-        return self._complete(messages, adapter, max_tokens, temperature, seed, stream, chat=True)
+        iterator of ``chat.completion.chunk`` dicts. ``max_tokens`` None: up to the end of the context.
+        ``lora``: a mix of adapters, as for ``generate``."""
+        return self._complete(messages, adapter, max_tokens, temperature, seed, stream, chat=True, lora=lora)
 
     # --- one request -------------------------------------------------------------------------------
 
@@ -104,15 +110,37 @@ class Runtime:
             used = len(tokenizer.encode(tokenizer.apply_chat_template(prompt), False))
         return max(n.value - used + 1, 1)
 
-    def _complete(self, prompt, adapter: str, max_tokens, temperature, seed, stream: bool, chat: bool):
+    def _complete(self, prompt, adapter: str, max_tokens, temperature, seed, stream: bool, chat: bool,
+                  lora: list[dict] | None):
         shape = _Shape(chat, adapter)
-        max_new = self._max_new(prompt, adapter, max_tokens)
-        if not stream:
-            text, result = self._rt.generate_text(adapter, prompt, max_new, temperature=temperature, seed=seed)
-            return shape.whole(text, result)
-        return self._stream(prompt, adapter, max_new, temperature, seed, shape)
+        if lora is not None and adapter != BASE:
+            raise ValueError(f"lora mixes adapters on the foundation alone: leave adapter '{BASE}', "
+                             f"got adapter={adapter!r}")
+        # Checked now, so that a bad request raises here rather than at the first chunk of a stream.
+        with self._running(adapter, lora) as name:
+            max_new = self._max_new(prompt, name, max_tokens)
+            if not stream:
+                text, result = self._rt.generate_text(name, prompt, max_new, temperature=temperature, seed=seed)
+                return shape.whole(text, result)
+        return self._stream(prompt, adapter, lora, max_new, temperature, seed, shape)
 
-    def _stream(self, prompt, adapter, max_new, temperature, seed, shape: "_Shape") -> Iterator[dict]:
+    @contextlib.contextmanager
+    def _running(self, adapter: str, lora: list[dict] | None) -> Iterator[str]:
+        """The name the library runs: ``adapter``, or the mix of ``lora`` (ls_adapter_mix), held meanwhile."""
+        if lora is None:
+            yield adapter
+            return
+        mix = self._rt.mix(lora)
+        try:
+            yield mix.name
+        finally:
+            mix.release()
+
+    def _stream(self, prompt, adapter, lora, max_new, temperature, seed, shape: "_Shape") -> Iterator[dict]:
+        with self._running(adapter, lora) as name:
+            yield from self._stream_named(prompt, name, max_new, temperature, seed, shape)
+
+    def _stream_named(self, prompt, adapter, max_new, temperature, seed, shape: "_Shape") -> Iterator[dict]:
         """Generation runs on a thread (the library calls back with each piece); the caller's loop takes
         the pieces from a queue. Leaving the loop early stops generation at the next piece."""
         pieces: queue.Queue = queue.Queue()

@@ -1,0 +1,229 @@
+"""Adapters mixed per request (ls_adapter_mix, the server's "lora" field, Runtime(..., lora=...)).
+
+The reference is peft: the same checkpoint and PEFT folders loaded by transformers + peft and combined
+with ``add_weighted_adapter(adapters, weights, combination_type="cat")``. The deployment is text_build's
+output folder plus two PEFT adapters of other ranks and targets, added with ``lora-share add`` (data
+only, no export): "terse" r=3 on q/v_proj and "lively" r=1 on v/down_proj, so their mix sums rank 4 on
+v_proj, the envelope's max rank, while "chat" (r=4 on q/v/o/down_proj) with "terse" sums 7 on q_proj.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import TEXT_ADAPTER, run_cli
+from hf_files import hf_config, hf_generate, write_peft_lora
+from lora_share.inference import c_library
+from lora_share.inference.c_library import NativeError
+from test_server import Server, server_bin  # noqa: F401 (a fixture)
+
+PROMPT = [0, 17, 230, 41, 99, 5, 301, 12, 77, 150, 3, 8, 260, 44, 19, 2, 101, 33]  # > the chunk of 16
+NEW = 6
+MIXES = [[("terse", 0.5), ("lively", 1.1)], [("lively", -0.7), ("terse", 1.1)]]
+
+
+@pytest.fixture(scope="module")
+def mix_build(text_build, tmp_path_factory):
+    """The output folder, and the PEFT folders of its adapters by name."""
+    out = tmp_path_factory.mktemp("mix") / "out"
+    shutil.copytree(text_build.build.out_dir, out)
+    cfg = hf_config(vocab=400)
+    peft = {
+        "terse": write_peft_lora(out.parent / "terse", cfg, r=3, alpha=6, targets=["q_proj", "v_proj"], seed=11),
+        "lively": write_peft_lora(out.parent / "lively", cfg, r=1, alpha=4, targets=["v_proj", "down_proj"],
+                                  seed=12),
+    }
+    r = run_cli("add", "--to", out, *[f"{n}={p}" for n, p in peft.items()])
+    assert r.returncode == 0, r.stderr
+    return out, {TEXT_ADAPTER: text_build.peft, **peft}
+
+
+@pytest.fixture(scope="module")
+def peft_mixes(text_build, mix_build):
+    """transformers + peft with "terse" and "lively" loaded and each of MIXES added by
+    add_weighted_adapter(..., combination_type="cat"), as adapters "mix0", "mix1"."""
+    import torch
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    _, peft = mix_build
+    model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
+                                             attn_implementation="eager")
+    model = PeftModel.from_pretrained(model, str(peft["terse"]), adapter_name="terse")
+    model.load_adapter(str(peft["lively"]), adapter_name="lively")
+    for i, mix in enumerate(MIXES):
+        model.add_weighted_adapter([n for n, _ in mix], [s for _, s in mix], f"mix{i}", combination_type="cat")
+    return model.eval()
+
+
+def peft_logits(model, adapter: str, tokens: list[int]) -> np.ndarray:
+    import torch
+
+    model.set_adapter(adapter)
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].numpy()
+
+
+@pytest.fixture(scope="module")
+def runtime(mix_build):
+    rt = c_library.open_dir(mix_build[0])
+    yield rt
+    rt.close()
+
+
+class _DiagOptions(ctypes.Structure):
+    _fields_ = [("logits", ctypes.POINTER(ctypes.c_float)), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
+                ("n_stop_ids", ctypes.c_size_t), ("stop_ids_given", ctypes.c_int), ("prompt_label", ctypes.c_char_p)]
+
+
+class _DiagGeneration(ctypes.Structure):
+    _fields_ = [("tokens", ctypes.c_size_t), ("logits_rows", ctypes.c_int64), ("prefill_ms", ctypes.c_double),
+                ("decode_ms", ctypes.c_double), ("prefill_tokens_per_s", ctypes.c_double),
+                ("decode_tokens_per_s", ctypes.c_double)]
+
+
+def library_logits(rt, adapter) -> tuple[list[int], np.ndarray]:
+    """ls_diag_generate on a handle: NEW greedy tokens after PROMPT (no EOS stop) and their logits rows."""
+    lib = rt.lib
+    fn = lib.ls_diag_generate
+    fn.restype = ctypes.c_int
+    fn.argtypes = [c_library._P, c_library._P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
+                   ctypes.POINTER(c_library._GenerateOptions), ctypes.POINTER(_DiagOptions), c_library.TOKEN_CALLBACK,
+                   ctypes.c_void_p, ctypes.POINTER(_DiagGeneration), c_library._ERR]
+    vocab = 400
+    logits = np.zeros((NEW, vocab), dtype=np.float32)
+    diag = _DiagOptions(logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 0, 1, None)  # no stop ids
+    tokens: list[int] = []
+    callback = c_library.TOKEN_CALLBACK(lambda t, _: tokens.append(t) or 0)
+    opts = c_library._generate_options(lib, NEW, 0.0, 0, ignore_eos=True)
+    ids = (ctypes.c_int64 * len(PROMPT))(*PROMPT)
+    out, err = _DiagGeneration(), c_library._Error()
+    if fn(rt.handle, adapter.handle, ids, len(PROMPT), ctypes.byref(opts), ctypes.byref(diag), callback, None,
+          ctypes.byref(out), ctypes.byref(err)) != 0:
+        c_library._raise(lib, err)
+    assert out.logits_rows == NEW
+    return tokens, logits
+
+
+@pytest.mark.parametrize("which", range(len(MIXES)))
+def test_mix_matches_peft_cat(runtime, peft_mixes, which):
+    mix = runtime.mix([{"name": n, "scale": s} for n, s in MIXES[which]])
+    assert mix.name == "+".join(f"{n}*{s}" for n, s in MIXES[which])
+    tokens, got = library_logits(runtime, mix)
+    # One forward over prompt + generated tokens gives every row the library produced.
+    ref = peft_logits(peft_mixes, f"mix{which}", PROMPT + tokens[:-1])[len(PROMPT) - 1:]
+    assert np.abs(got - ref).max() <= 1e-4
+    assert tokens == [int(i) for i in ref.argmax(-1)]
+    # Not the terms alone: the mix is what changed the logits.
+    for name, _ in MIXES[which]:
+        assert np.abs(library_logits(runtime, runtime.adapter(name))[1] - got).max() > 1e-3
+    mix.release()
+
+
+def test_one_term_at_scale_one_is_the_adapter(runtime):
+    alone = library_logits(runtime, runtime.adapter("terse"))
+    mix = runtime.mix([{"name": "terse", "scale": 1.0}])
+    mixed = library_logits(runtime, mix)
+    mix.release()
+    assert mixed[0] == alone[0]
+    assert np.array_equal(mixed[1], alone[1])
+
+
+def test_mix_beyond_the_envelope_names_slot_sum_and_bound(runtime):
+    with pytest.raises(NativeError) as e:
+        runtime.mix([{"name": TEXT_ADAPTER, "scale": 1.0}, {"name": "terse", "scale": 0.5}])
+    assert e.value.status == "LS_ERR_REQUEST"
+    assert "q_proj in layer 0" in e.value.message
+    assert "sums rank 7" in e.value.message and "(chat 4 + terse 3)" in e.value.message
+    assert "max rank 4" in e.value.message
+
+
+def test_bad_terms_are_refused(runtime):
+    for terms, status, words in [
+        ([{"name": "nope", "scale": 1.0}], "LS_ERR_NOT_FOUND", "no adapter named 'nope'"),
+        ([{"name": "base", "scale": 1.0}], "LS_ERR_NOT_FOUND", "'base', the foundation alone"),
+        ([], "LS_ERR_ARGUMENT", "at least one term"),
+        ([{"name": "terse", "scale": float("nan")}], "LS_ERR_REQUEST", "finite number, got nan"),
+        ([{"name": "terse", "scale": float("inf")}], "LS_ERR_REQUEST", "finite number, got inf"),
+    ]:
+        with pytest.raises(NativeError) as e:
+            runtime.mix(terms)
+        assert e.value.status == status and words in e.value.message, (terms, e.value)
+    with pytest.raises(TypeError, match=r"lora\[0\]"):
+        runtime.mix([{"name": "terse"}])
+
+
+def test_same_terms_share_a_mix_until_the_last_release(runtime):
+    terms = [{"name": "terse", "scale": 0.25}, {"name": "lively", "scale": 2.0}]
+    first, second = runtime.mix(terms), runtime.mix(terms)
+    assert first.handle == second.handle and first.name == "terse*0.25+lively*2"
+    assert runtime.stats()["adapters_known"] == 3  # a mix is not one of the adapters
+    first.release()
+    assert runtime.adapter(first.name).handle == second.handle  # still held once
+    second.release()
+    with pytest.raises(NativeError, match="LS_ERR_NOT_FOUND"):
+        runtime.adapter("terse*0.25+lively*2")
+    with pytest.raises(NativeError, match="LS_ERR_ARGUMENT: adapter 'terse' is no mix"):
+        runtime.adapter("terse").release()
+
+
+@pytest.fixture(scope="module")
+def server(server_bin, mix_build):  # noqa: F811
+    s = Server(server_bin, mix_build[0])
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0
+
+
+def test_server_lora_field_matches_peft(server, peft_mixes):
+    lora = [{"name": n, "scale": s} for n, s in MIXES[1]]
+    status, body = server.request("POST", "/v1/completions", {
+        "model": "base", "prompt": PROMPT, "max_tokens": NEW, "ignore_eos": True, "lora": lora})
+    assert status == 200, body
+    peft_mixes.set_adapter("mix1")
+    assert body["choices"][0]["tokens"] == hf_generate(peft_mixes, PROMPT, NEW, eos=[])
+
+
+def test_server_and_runtime_answer_a_mixed_chat_alike(server, mix_build):
+    from lora_share import Runtime
+
+    lora = [{"name": n, "scale": s} for n, s in MIXES[0]]
+    messages = [{"role": "user", "content": "Mix two adapters, please."}]
+    status, body = server.request("POST", "/v1/chat/completions",
+                                  {"model": "base", "messages": messages, "max_tokens": 8, "lora": lora})
+    assert status == 200, body
+    with Runtime(mix_build[0]) as rt:
+        ours = rt.create_chat_completion(messages, max_tokens=8, lora=lora)
+        streamed = "".join(c["choices"][0]["delta"].get("content", "")
+                           for c in rt.create_chat_completion(messages, max_tokens=8, lora=lora, stream=True))
+        with pytest.raises(ValueError, match="leave adapter 'base'"):
+            rt.generate("x", adapter="terse", lora=lora)
+    text = body["choices"][0]["message"]["content"]
+    assert ours["choices"][0]["message"]["content"] == text == streamed
+    assert ours["usage"] == body["usage"]
+
+
+@pytest.mark.parametrize("lora, words", [
+    ({"name": "terse", "scale": 1}, "lora must be a non-empty array"),
+    ([], "lora must be a non-empty array"),
+    ([{"id": 0, "scale": 0.5}], "lora[0] has the key 'id'"),
+    ([{"name": "terse"}], "lora[0].scale must be a finite number, got nothing"),
+    ([{"name": "terse", "scale": "big"}], "lora[0].scale must be a finite number"),
+    ([{"name": "terse", "scale": 1}, {"name": "nope", "scale": 1}], "lora[1].name: no adapter called 'nope'"),
+    ([{"name": TEXT_ADAPTER, "scale": 1}, {"name": "terse", "scale": 1}], "sums rank 7 on q_proj in layer 0"),
+])
+def test_server_refuses_a_bad_lora_field(server, lora, words):
+    status, body = server.request("POST", "/v1/chat/completions", {
+        "model": "base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "lora": lora})
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error" and words in body["error"]["message"], body
+
+
+def test_server_lora_needs_model_base(server):
+    status, body = server.request("POST", "/v1/completions", {
+        "model": "terse", "prompt": "hi", "max_tokens": 2, "lora": [{"name": "lively", "scale": 1}]})
+    assert status == 400 and "with lora, model must be 'base'" in body["error"]["message"], body
