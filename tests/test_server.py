@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -321,10 +322,54 @@ def test_stats_count_requests_and_each_request_is_logged(server):
     assert served and all("resident" in line and "loads" in line and "evictions" in line for line in served)
 
 
+def test_stats_report_slots_batches_and_requests(server):
+    """/v1/stats against a real server: the default 4 slots, a histogram of batch sizes 1..4 that adds up
+    to the decode steps, and each answered completion counted once (two more after two requests,
+    streamed or not)."""
+    _, before = server.request("GET", "/v1/stats")
+    server.request("POST", "/v1/completions", {"model": SECOND, "prompt": [0, 17, 42], "max_tokens": 3})
+    server.stream("/v1/completions", {"model": TEXT_ADAPTER, "prompt": [0, 17, 42], "max_tokens": 3})
+    status, after = server.request("GET", "/v1/stats")
+    assert status == 200
+    assert after["parallel"] == 4 and after["slots_in_use"] == 0
+    assert isinstance(after["slot_bytes"], int)
+    assert len(after["batch_size_counts"]) == 4 and sum(after["batch_size_counts"]) == after["batch_steps"]
+    assert after["requests"] == before["requests"] + 2
+    assert after["prefix_hits"] >= before["prefix_hits"] and after["prefix_tokens"] >= before["prefix_tokens"]
+
+
+def test_a_client_hanging_up_leaves_a_concurrent_stream_as_it_is_alone(server):
+    """Two streams at once; one client hangs up after its first event: the other's greedy text is the
+    same request's alone, and every slot is free again afterwards."""
+    kept = {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 30, "ignore_eos": True}
+    _, alone = server.request("POST", "/v1/completions", kept)
+    got = {}
+    streaming = threading.Thread(target=lambda: got.update(events=server.stream("/v1/completions", kept)))
+    streaming.start()
+    body = json.dumps({"model": SECOND, "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True,
+                       "stream": True}).encode()
+    with socket.create_connection((server.host, server.port), timeout=TIMEOUT) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert b"200" in s.recv(4096).split(b"\r\n", 1)[0]
+    streaming.join(timeout=TIMEOUT)
+    assert "".join(e["choices"][0]["text"] for e in got["events"]) == alone["choices"][0]["text"]
+    assert [t for e in got["events"] for t in e["choices"][0]["tokens"]] == alone["choices"][0]["tokens"]
+    # The hung-up request leaves at its next step, which may come after the other stream ended.
+    deadline = time.monotonic() + TIMEOUT
+    while server.request("GET", "/v1/stats")[1]["slots_in_use"] != 0:
+        assert time.monotonic() < deadline, "a slot stayed in use after both requests ended"
+        time.sleep(0.05)
+    assert server.proc.poll() is None
+
+
 @pytest.mark.parametrize("args, words", [
     (["--port", "http"], "--port must be a number"),
     (["--memory-budget", "lots"], "--memory-budget must be a size"),
     (["--bogus"], "unknown flag '--bogus'"),
+    (["--parallel", "0"], "--parallel must be a number from 1 to"),
+    (["--parallel", "two"], "--parallel must be a number from 1 to"),
+    (["--parallel"], "--parallel needs a value"),
 ])
 def test_bad_flags_are_usage_errors(server_bin, deployment, args, words):
     r = subprocess.run([str(server_bin), "--dir", str(deployment), *args], capture_output=True, text=True,

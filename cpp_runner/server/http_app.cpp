@@ -196,10 +196,14 @@ void App::install(httplib::Server& http) {
 void App::stats(httplib::Response& res) {
   ls_runtime_stats s;
   ls_error err;
-  FifoGate::Ticket ticket(gate_);  // counters change while a request runs
-  ticket.wait();
   if (ls_stats(runtime_, &s, &err) != LS_OK) return send_error(res, 500, err.message);
+  // [b - 1]: decode steps that ran b rows, for b = 1..parallel (the rest are 0).
+  const std::vector<uint64_t> batch_sizes(s.batch_size_counts,
+                                          s.batch_size_counts + std::min<size_t>(s.parallel, LS_MAX_PARALLEL));
   nlohmann::json out = {
+      {"parallel", s.parallel}, {"slots_in_use", s.slots_in_use}, {"slot_bytes", s.slot_bytes},
+      {"prefix_hits", s.prefix_hits}, {"prefix_tokens", s.prefix_tokens}, {"batch_steps", s.batch_steps},
+      {"batch_size_counts", batch_sizes}, {"requests", requests_.load()},
       {"adapters_known", s.adapters_known}, {"adapters_resident", s.adapters_resident},
       {"loads", s.loads}, {"evictions", s.evictions}, {"hits", s.hits},
       {"last_load_ms", s.last_load_ms}, {"total_load_ms", s.total_load_ms},
@@ -267,28 +271,25 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   const ls_generate_options options = generate_options(request, max_new_tokens);
 
   if (!request.stream) {
-    FifoGate::Ticket ticket(gate_);
-    ticket.wait();
     Run run(deployment_, request, static_cast<int64_t>(prepared->ids.size()));
     if (ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(),
                           prepared->ids.size(), &options, &Run::on_token, &run, &err) != LS_OK) {
       return send_error(res, http_status(err.code), err.message);
     }
     run.finish();
+    ++requests_;
     log_request(runtime_, request, run.answer, "whole");
     res.set_content(response_json(request, prepared->id, prepared->created, run.answer), kJson);
     return;
   }
 
   // Streamed: the provider runs after this handler returns, on the same
-  // connection's thread; the ticket is taken now (arrival order) and released
-  // when the response is done with, whether it finished or the client left.
-  auto ticket = std::make_shared<FifoGate::Ticket>(gate_);
+  // connection's thread. A client that hung up fails a write: the callback
+  // then returns non-zero and the library frees the request's row.
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, prepared, ticket, options](size_t, httplib::DataSink& sink) {
-        ticket->wait();
+      [this, prepared, options](size_t, httplib::DataSink& sink) {
         const CompletionRequest& rq = prepared->request;
         auto send = [&sink](const std::string& event) {
           return sink.is_writable() && sink.write(event.data(), event.size());
@@ -309,13 +310,13 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
           if (!tail.empty()) send(stream_event(rq, prepared->id, prepared->created, tail, {}, std::nullopt));
           send(stream_event(rq, prepared->id, prepared->created, "", {}, run.answer.finish_reason));
           if (rq.include_usage) send(usage_event(rq, prepared->id, prepared->created, run.answer));
+          ++requests_;
           log_request(runtime_, rq, run.answer, "streamed");
         }
         send(kStreamDone);
         sink.done();
         return true;
-      },
-      [ticket](bool) mutable { ticket.reset(); });
+      });
 }
 
 }  // namespace lora_share::server

@@ -1,10 +1,13 @@
 // The HTTP surface: OpenAI-style completions and chat completions over one
 // lora-share runtime, /v1/models from the deployment's manifest, /health and
 // /v1/stats; adapters added and removed while serving (POST /v1/adapters,
-// DELETE /v1/adapters/NAME and the folder watch: adapter_routes.cpp). Requests are served one at a time in arrival order (fifo_gate.h);
+// DELETE /v1/adapters/NAME and the folder watch: adapter_routes.cpp). Each
+// connection's thread calls the library, which runs up to ls_options.parallel
+// requests at once in one batch (more wait for a slot);
 // no request, however malformed or abandoned, stops the server.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -13,7 +16,6 @@
 
 #include "adapter_watch.h"
 #include "deployment.h"
-#include "fifo_gate.h"
 #include "lora_share.h"
 
 namespace httplib {
@@ -78,7 +80,7 @@ class App {
   std::mutex registry_lock_;
   std::set<std::string> removed_;  // DELETEd: the folder watch does not bring them back
   std::unique_ptr<AdapterWatch> watch_;  // stopped before the runtime closes
-  FifoGate gate_;
+  std::atomic<uint64_t> requests_{0};     // completions answered to the end (/v1/stats)
 };
 
 }  // namespace lora_share::server

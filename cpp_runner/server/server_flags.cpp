@@ -6,6 +6,8 @@
 #include <sstream>
 #include <vector>
 
+#include "lora_share.h"
+
 namespace lora_share::server {
 namespace {
 
@@ -26,6 +28,17 @@ Status parse_port(const std::string& text, int* port) {
   return {};
 }
 
+Status parse_parallel(const std::string& text, int* parallel) {
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 1 || value > LS_MAX_PARALLEL) {
+    return Status::usage("--parallel must be a number from 1 to " + std::to_string(LS_MAX_PARALLEL) +
+                         " (requests run at once), got '" + text + "'");
+  }
+  *parallel = static_cast<int>(value);
+  return {};
+}
+
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = {
       {"--dir", "DIR", "a lora-share build's output folder (manifest.json, foundation.ptd, *.pte); required",
@@ -43,6 +56,10 @@ const std::vector<Flag>& flags() {
          o.memory_budget = bytes.value();
          return Status();
        }},
+      {"--parallel", "N",
+       "requests run at once, on any adapters, sharing each decode step (KV slots; default 4); more "
+       "wait for a free slot",
+       [](ServerOptions& o, const std::string& v) { return parse_parallel(v, &o.parallel); }},
       {"--max-body", "SIZE", "largest request body accepted (default 8MiB)",
        [](ServerOptions& o, const std::string& v) {
          auto bytes = parse_size(v, "--max-body");
@@ -102,13 +119,17 @@ StatusOr<ServerOptions> parse_server_flags(int argc, char** argv) {
 
 std::string server_usage(const char* program) {
   std::ostringstream out;
-  out << "usage: " << program << " --dir OUT_DIR [--host 127.0.0.1] [--port 8080] [--memory-budget SIZE]\n\n"
+  out << "usage: " << program
+      << " --dir OUT_DIR [--host 127.0.0.1] [--port 8080] [--parallel 4] [--memory-budget SIZE]\n\n"
       << "A local OpenAI-compatible server over one lora-share deployment: the request's \"model\"\n"
-      << "names the adapter. Requests are served one at a time, in arrival order.\n\n"
+      << "names the adapter. Up to --parallel requests run at once, each on its own adapter (or the\n"
+      << "same one) and KV slot, batched into one decode step; a slot keeps a request's tokens, so a\n"
+      << "later request on the same adapter that starts with them (a chat's next turn) continues\n"
+      << "from there. A client that hangs up frees its slot at the next step.\n\n"
       << "  POST /v1/completions       {\"model\": \"a\", \"prompt\": \"...\" | [ids], \"max_tokens\": 16, \"stream\": false}\n"
       << "  POST /v1/chat/completions  {\"model\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}\n"
       << "  GET  /v1/models            the deployment's adapters, and base (the foundation alone)\n"
-      << "  GET  /v1/stats             resident adapters, loads, evictions, load time, memory\n"
+      << "  GET  /v1/stats             slots, batch sizes, prefix hits, requests served, adapters, memory\n"
       << "  GET  /health\n\n"
       << "Temperature defaults to 0 (greedy), so answers are reproducible. Text prompts need a build\n"
       << "with a tokenizer; without one, give \"prompt\" as token ids.\n\n"

@@ -15,6 +15,7 @@ struct ServerOptions {
   int port = 8080;                    // --port (0: any free port, printed)
   uint64_t memory_budget = 0;         // --memory-budget (0: every adapter may stay loaded)
   uint64_t max_body = 8ull << 20;     // --max-body: larger request bodies get 413
+  int parallel = 4;                   // --parallel: requests run at once (ls_options.parallel)
   bool help = false;
 };
 

@@ -1,5 +1,6 @@
 // build/lora-share-server: parse flags -> open the deployment -> listen ->
 // serve until SIGINT/SIGTERM.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -29,6 +30,7 @@ ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
   ls_options opts;
   ls_options_init(&opts);
   opts.budget_bytes = options.memory_budget;
+  opts.parallel = options.parallel;
   ls_error err;
   ls_runtime* runtime = ls_open_dir(options.dir.c_str(), &opts, &err);
   if (runtime == nullptr) {
@@ -72,6 +74,11 @@ int main(int argc, char** argv) {
 
   httplib::Server http;
   http.set_payload_max_length(options->max_body);
+  // A streamed answer holds its connection's thread to the end, and a request
+  // beyond --parallel holds one while it waits for a slot: threads for both,
+  // and spare ones so /health and /v1/stats answer while every slot is busy.
+  const size_t threads = std::max<size_t>(CPPHTTPLIB_THREAD_POOL_COUNT, 2 * options->parallel + 4);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // httplib's default sets SO_REUSEPORT, with which a second server on the
   // same port binds too and the kernel splits the traffic between the two.
   // SO_REUSEADDR alone only lets a restart reuse a port left in TIME_WAIT.
