@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs test bench bench-scale bench-budget bench-quality bench-peers held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs test bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
 
 all: setup runner
 
@@ -204,6 +204,13 @@ test-arm64: setup runner arm64 dist
 PEERS_GGUF ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 bench-peers: setup runner model bench-quality
 	$(VENV)/bin/lora-share bench-peers --gguf $(PEERS_GGUF)
+
+# lora-share-server with 1, 2, 4, 8 concurrent streaming clients on different adapters (and 4 on one) against
+# llama-server -np 4 with the same adapters per request, on the demo deployment (configs/smollm2.yaml), fp32 and
+# 8da4w: aggregate decode, first token, gaps between tokens, an 8-turn chat, PSS (issue 47). llama.cpp is
+# bench-peers' build in out/peers (built once). `lora-share bench-serve --quick` is a smoke run of minutes.
+bench-serve: setup runner model
+	$(VENV)/bin/lora-share bench-serve --gguf $(PEERS_GGUF)
 
 clean:
 	rm -rf build out .pytest_cache build-arm64 dist

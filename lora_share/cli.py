@@ -23,6 +23,7 @@ EPILOG = """examples:
   lora-share bench-scale
   lora-share bench-quality
   lora-share bench-peers
+  lora-share bench-serve
 """
 SHARED_HELP = ("the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
                "adapter that reads tensors it shares with other adapters from there")
@@ -323,7 +324,7 @@ def _register_schema(subparsers) -> None:
 def parser() -> argparse.ArgumentParser:
     """The ``lora-share`` parser: each subcommand registers its own flags (the benchmarks in their modules)."""
     from . import bench
-    from .bench import budget, peers, quality, scale
+    from .bench import budget, peers, quality, scale, serve
 
     p = argparse.ArgumentParser(
         prog="lora-share",
@@ -333,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in (_register_validate, _register_build, _register_add, _register_run, _register_inspect,
                      _register_verify, _register_eval, bench.register, scale.register, peers.register,
-                     budget.register, quality.register, _register_schema):
+                     serve.register, budget.register, quality.register, _register_schema):
         register(sub)
     return p
 

@@ -62,7 +62,7 @@ def test_every_subcommand_registers_its_flags_without_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["validate", "build", "add", "run", "inspect", "verify", "eval", "bench", "bench-scale",
-                                   "bench-peers", "bench-budget", "bench-quality", "schema", "False"]
+                                   "bench-peers", "bench-serve", "bench-budget", "bench-quality", "schema", "False"]
 
 
 def test_validate_schema_inspect_verify_run_without_torch(tiny_build):

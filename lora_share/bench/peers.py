@@ -208,12 +208,14 @@ def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path],
 
 
 class LlamaServer:
-    """llama-server with every adapter loaded at scale 0; each request switches its own adapter on."""
+    """llama-server with every adapter loaded at scale 0; each request switches its own adapter on.
+    ``parallel`` slots (-np), each of ``context`` tokens (llama-server splits -c among its slots)."""
 
-    def __init__(self, binary: Path, model: Path, loras: list[Path], port: int, log: Path):
+    def __init__(self, binary: Path, model: Path, loras: list[Path], port: int, log: Path, parallel: int = 1,
+                 context: int = CONTEXT):
         # The runner's priority, not the build steps' low one (sh): under it llama-server's threads lost
         # the CPU to the runner's idle pool (llama.cpp F32 decode 10% slower with a runner alive).
-        cmd = [binary, "-m", model, "-t", "2", "-tb", "2", "-c", CONTEXT, "-np", "1",
+        cmd = [binary, "-m", model, "-t", "2", "-tb", "2", "-c", context * parallel, "-np", parallel,
                "--port", port, "--no-webui", "--lora-init-without-apply",
                "-lv", "4"]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
         for lora in loras:
