@@ -46,14 +46,17 @@ def ours(tiny_build, runner_bin):
         for _ in range(3):
             samples["short"].append(peers.runner_answer(server.ask(name, short)[0]))
             samples["long"].append(peers.runner_answer(server.ask(name, long)[0]))
+    load = processes.start_times(runner_bin, b["ptd"], b["ptes"][:1], [], 1)
     return {"build": "fp32", **peers.summarize(samples), "kv_bytes": peers.kv_bytes_lora_share(b["manifest"]),
-            "pss_per_extra_adapter_kb": peers.extra_adapter_ours(runner_bin, b, short)}
+            "pss_per_extra_adapter_kb": peers.extra_adapter_ours(runner_bin, b, short),
+            "load_first_ms": load["first_ms"], "load_ms": load["second_ms"]}
 
 
 def test_lora_share_side_is_measured(ours):
     f = TINY_FOUNDATION
     assert ours["kv_bytes"] == 2 * f["n_layers"] * f["n_kv_heads"] * (f["dim"] // f["n_heads"]) * 32 * 4
-    for key in ("decode_10_tokens_per_s", "decode_1000_tokens_per_s", "prefill_tokens_per_s", "first_token_ms"):
+    for key in ("decode_10_tokens_per_s", "decode_1000_tokens_per_s", "prefill_tokens_per_s", "first_token_ms",
+                "load_first_ms", "load_ms"):
         assert ours[key] > 0, key
     assert ours["pss_per_extra_adapter_kb"] > 0  # tiny_b and tiny_c cost pages of their own
 
@@ -63,17 +66,19 @@ def test_checks_and_report(ours):
               "decode_1000_tokens_per_s": ours["decode_1000_tokens_per_s"],  # ratio 1: below 1.1, fails
               "prefill_tokens_per_s": ours["prefill_tokens_per_s"] / 1.1 * 1.001,  # just under 1.1: fails
               "kv_bytes": ours["kv_bytes"] // 2,  # half of ours: fails
-              "pss_per_extra_adapter_kb": ours["pss_per_extra_adapter_kb"]}  # equal: passes
+              "pss_per_extra_adapter_kb": ours["pss_per_extra_adapter_kb"],  # equal: passes
+              "load_first_ms": ours["load_first_ms"], "load_ms": ours["load_ms"] * 5}  # ours 0.2x theirs: passes
     result = {"command": "lora-share bench-peers", "repeats": 3, "adapters": 3,
               "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}}}
     result["checks"] = peers.checks(result["rows"])
     verdict = {c["check"].split(":")[0]: c["pass"] for c in result["checks"]}
     assert verdict == {"decode tokens/s at ~10": True, "decode tokens/s at ~1,000": False,
-                       "prefill tokens/s of 1000": False, "KV bytes at context 2048": False,
-                       "PSS per extra adapter (kB)": True}
+                       "prefill tokens/s of 1000": False, "load (second start)": True,
+                       "KV bytes at context 2048": False, "PSS per extra adapter (kB)": True}
     assert result["checks"][0]["value"] == pytest.approx(2.0, abs=0.01)
     md = peers.report(result)
-    assert md.count("PASS") == 2 and md.count("FAIL") == 3
+    assert md.count("PASS") == 3 and md.count("FAIL") == 3
+    assert "PASS [fp32 vs f32] load (second start): lora-share / llama.cpp: 0.2 (target <= 0.25)" in md
     assert "| decode tokens/s, position ~10 | " in md and "| 2.00 |" in md
     json.dumps(result, default=str)
 

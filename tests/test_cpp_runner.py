@@ -177,24 +177,11 @@ def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_buil
     assert skip["skipped"] >= NEW - 2 and skip["run"] < every["run"]
 
 
-def test_packed_cache_cold_then_warm(runner_bin, tiny_build, tmp_path):
-    cache = tmp_path / "packed.bin"
-    runs = []
-    for _ in range(2):
-        proc = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--tokens", ids(PROMPT),
-                          "--max-new-tokens", NEW, "--packed-cache", cache, "--json")
-        assert proc.returncode == 0, proc.stderr
-        runs.append(json.loads(proc.stdout))
-    assert cache.stat().st_size > 0
-    assert [r["loading"]["packed_cache_warm"] for r in runs] == [False, True]
-    assert runs[0]["tokens"] == runs[1]["tokens"]
-
-
 def test_help_lists_every_flag_with_default(runner_bin):
     proc = run_runner(runner_bin, "--help")
     assert proc.returncode == 0
     for flag in ("--pte", "--ptd", "--tokens", "--max-new-tokens", "--temperature", "--seed", "--adapter",
-                 "--serve", "--dump-logits", "--json", "--packed-cache", "--no-weight-cache", "--stock",
+                 "--serve", "--dump-logits", "--json", "--packed-cache", "--no-packed-cache", "--no-weight-cache", "--stock",
                  "--private-arenas", "--threads", "--no-huge-pages"):
         line = next((l for l in proc.stdout.splitlines() if l.strip().startswith(flag + " ")
                      or l.strip() == flag), None)

@@ -191,11 +191,18 @@ const FlagSpec kFlags[] = {
        o.json = true;
        return Status();
      }},
-    {"packed-cache", "PATH", "(none)",
-     "XNNPACK packed-weight file: written on the first run, mapped on later "
-     "runs to skip repacking",
+    {"packed-cache", "DIR", "(the --ptd's folder's .packed/, else ~/.cache/lora-share/packed)",
+     "folder of the packed-weights file: XNNPACK's packed weights are written "
+     "there on the first start and mapped on later ones, skipping the repacking "
+     "(a stale or damaged file is noted and written again)",
      [](Options& o, const std::string& v) {
        o.packed_cache = v;
+       return Status();
+     }},
+    {"no-packed-cache", nullptr, "off",
+     "pack the weights in memory at every start: no packed-weights file read or written",
+     [](Options& o, const std::string&) {
+       o.no_packed_cache = true;
        return Status();
      }},
     {"no-weight-cache", nullptr, "off",
@@ -336,6 +343,9 @@ Status check_combinations(const Options& o) {
   if (!o.shared_ptd.empty() && o.ptd.empty())
     return Status::usage("--shared-ptd is read beside the foundation: give "
                          "the build's foundation.ptd with --ptd too");
+  if (!o.packed_cache.empty() && o.no_packed_cache)
+    return Status::usage("--packed-cache names the packed-weights file's folder, "
+                         "--no-packed-cache turns the file off: give one of them");
   if (!o.packed_cache.empty() && (o.no_weight_cache || o.stock))
     return Status::usage("--packed-cache needs the weight cache, which "
                          "--no-weight-cache/--stock turn off");

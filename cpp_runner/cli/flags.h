@@ -30,7 +30,8 @@ struct Options {
   std::string output;                 // --output
   std::string dump_logits;            // --dump-logits
   bool json = false;                  // --json
-  std::string packed_cache;           // --packed-cache
+  std::string packed_cache;           // --packed-cache (a folder; "" = the default ones)
+  bool no_packed_cache = false;       // --no-packed-cache
   bool no_weight_cache = false;       // --no-weight-cache
   bool no_huge_pages = false;         // --no-huge-pages
   bool stock = false;                 // --stock

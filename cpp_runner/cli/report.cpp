@@ -67,6 +67,7 @@ std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter,
       .key("weight_cache").value(loading.weight_cache != 0)
       .key("workspace_sharing_mode").value(loading.workspace_sharing_mode)
       .key("packed_cache_warm").value(loading.packed_cache_warm != 0)
+      .key("packed_cache").value(loading.packed_cache)
       .key("arena").value(loading.arena)
       .key("planned_bytes").value(static_cast<int64_t>(loading.planned_bytes))
       .key("threads").value(static_cast<int64_t>(loading.threads))

@@ -46,13 +46,14 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
   ls_options_init(&lib);
   lib.shared_ptd = options.shared_ptd.empty() ? nullptr : options.shared_ptd.c_str();
   lib.verify = options.no_verify ? 0 : 1;
+  lib.packed_cache = options.no_packed_cache ? 0 : 1;
+  lib.packed_cache_dir = options.packed_cache.empty() ? nullptr : options.packed_cache.c_str();
   ls_diag_options diag;
   ls_diag_options_init(&diag);
   diag.stock = options.stock;
   diag.private_arenas = options.private_arenas;
   diag.weight_cache = !options.no_weight_cache;
   diag.huge_pages = !options.no_huge_pages;
-  diag.packed_cache = options.packed_cache.empty() ? nullptr : options.packed_cache.c_str();
   diag.ignore_eos = options.ignore_eos;
   diag.runner_messages = 1;
   diag.threads = options.threads;

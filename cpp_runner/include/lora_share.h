@@ -65,6 +65,10 @@
  *                bound of the process PSS one more resident adapter costs (its
  *                mapped LoRA tensors bound as the program's inputs);
  *                `lora-share bench-budget` and `bench-scale` measure it.
+ * With the packed-weights file (PACKED WEIGHTS) the packed foundation is
+ * that file's pages, mapped and shared with every process that maps it,
+ * instead of memory of the runtime's own: the same accounted bytes, and a
+ * process PSS no higher than packing in memory.
  * It does not cover the process's code, libraries or the caller's memory.
  * Before an adapter is loaded, the least recently used resident adapters are
  * evicted until its cost fits. A budget below foundation + the adapter's
@@ -72,6 +76,20 @@
  * runtime opens, or when ls_load_adapter registers such an adapter. A
  * program stays loaded once used (evicting an adapter unmaps its tensors
  * only), so switching adapters never repacks the foundation.
+ *
+ * PACKED WEIGHTS (ls_options.packed_cache, on by default). XNNPACK repacks
+ * every foundation weight into its own layout when a program loads, most of
+ * a start. The first start writes the packed weights to a file and every
+ * later one maps it instead: <foundation's folder>/.packed/<key>.bin when
+ * that folder can be written, else $XDG_CACHE_HOME/lora-share/packed (or
+ * ~/.cache/lora-share/packed), or ls_options.packed_cache_dir. The file is
+ * written under a temporary name and renamed when complete; it holds its key
+ * (the foundation's fingerprint, the program's sha256, the ExecuTorch and
+ * lora-share versions, the CPU's features), checked before it is mapped. A
+ * file that is truncated, damaged or for another key is ignored with a
+ * one-line note on stderr and written again; with no folder to write in,
+ * the weights are packed in memory (also noted). Processes map one file at
+ * once; deleting it is always safe (the next start writes it again).
  */
 #ifndef LORA_SHARE_H
 #define LORA_SHARE_H
@@ -132,6 +150,14 @@ typedef struct {
   int parallel;           /* KV slots, 1..LS_MAX_PARALLEL: requests that run
                              in one batch at once (THREADS); default 1: one
                              request at a time */
+  int packed_cache;       /* nonzero (default): keep XNNPACK's packed weights
+                             in a file between starts (PACKED WEIGHTS); 0:
+                             pack them in memory at every start */
+  const char* packed_cache_dir; /* NULL (default): the file beside the
+                             foundation (<its folder>/.packed/) when that
+                             folder can be written, else in the user's cache
+                             folder; else this folder (made if missing; one
+                             that cannot be written is refused at open) */
 } ls_options;
 
 typedef struct {

@@ -4,8 +4,7 @@
  *
  *   - open with the loading variants a benchmark compares (ExecuTorch's stock
  *     Module per adapter, one planned-memory arena per program, the XNNPACK
- *     weight cache off, packed weights backed by a file) and load every
- *     adapter up front (ls_diag_open);
+ *     weight cache off) and load every adapter up front (ls_diag_open);
  *   - what loading did (ls_diag_loading_info), each adapter's shape and load
  *     time (ls_diag_adapter_info), the process's memory (ls_diag_memory_stats),
  *     how often XNNPACK re-planned its runtimes (ls_diag_xnnpack_reshapes);
@@ -33,9 +32,6 @@ typedef struct {
                            instead of one arena for all (--private-arenas) */
   int weight_cache;     /* default 1; 0: every program packs its own copy of
                            the foundation (--no-weight-cache) */
-  const char* packed_cache; /* NULL (default), or an XNNPACK packed-weight
-                           file: written after the first load, mapped on later
-                           ones (--packed-cache) */
   int ignore_eos;       /* nonzero: read no EOS ids (the manifest.json beside
                            the .ptd is not read); --ignore-eos */
   int runner_messages;  /* nonzero: error messages name build/runner's flags
@@ -70,7 +66,8 @@ LS_API void ls_diag_slots_release(ls_diag_slots* table, size_t slot);
 LS_API void ls_diag_slots_hits(const ls_diag_slots* table, uint64_t* hits, uint64_t* tokens);
 
 /* Defaults: the library's loading (shared program, one arena, weight cache
- * on, no packed cache), EOS ids read, the library's wording. */
+ * on), EOS ids read, the library's wording. The packed-weights file is
+ * ls_options' (packed_cache, packed_cache_dir), as for ls_open. */
 LS_API void ls_diag_options_init(ls_diag_options* options);
 
 /* The whole message of the last error a call on this thread reported:
@@ -86,11 +83,11 @@ LS_API const char* ls_diag_last_message(void);
 LS_API void ls_diag_init_process(int verbose);
 
 /* Opens `ptd` (NULL or "": programs that carry every weight themselves) and
- * loads every `ptes[i]`, in order, named by its file stem; then, with
- * diag->packed_cache, writes the packed weights. `options` (may be NULL):
- * shared_ptd and verify as for ls_open; a budget is refused with
- * diag->stock. Files given wrongly (an adapter for a foundation without
- * `ptd`, a manifest.json of another build, a bad packed_cache path) are
+ * loads every `ptes[i]`, in order, named by its file stem. `options` (may be
+ * NULL): shared_ptd, verify and the packed-weights file as for ls_open; a
+ * budget is refused with diag->stock. Files given wrongly (an adapter for a
+ * foundation without `ptd`, a manifest.json of another build, a
+ * packed_cache_dir that cannot be written) are
  * LS_ERR_ARGUMENT; a file that cannot be loaded is LS_ERR_LOAD. */
 LS_API ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes,
                                 const ls_options* options, const ls_diag_options* diag,
@@ -102,7 +99,11 @@ typedef struct {
                         program) or "module" (stock: each Module its own) */
   int weight_cache;  /* XNNPACK's weight cache, as the backend reports it */
   int64_t workspace_sharing_mode; /* as the backend reports it; -1: unread */
-  int packed_cache_warm; /* the packed-cache file held data before loading */
+  int packed_cache_warm; /* a valid packed-weights file was there before
+                            this runtime loaded (it maps it) */
+  const char* packed_cache; /* the packed-weights file in use, valid until
+                            ls_close; "" when the weights are packed in memory
+                            (cache off, stock, or no program loaded yet) */
   uint64_t planned_bytes; /* planned memory the runtime allocated (arenas) */
   int threads;       /* threads ExecuTorch's threadpool runs (--threads) */
 } ls_diag_loading;

@@ -60,10 +60,9 @@ Status AdapterPool::open_foundation() {
   s = xnnpack_.configure(options_.weight_cache && !options_.stock,
                          /*share_workspace=*/!options_.stock);
   if (!s.ok()) return s;
-  if (!options_.packed_cache.empty()) {
-    struct stat st;
-    packed_cache_warm_ = stat(options_.packed_cache.c_str(), &st) == 0 && st.st_size > 0;
-    s = xnnpack_.use_packed_cache(options_.packed_cache);
+  // A folder the caller names must take the file: refused now, not at the first load.
+  if (options_.packed_cache && !options_.packed_cache_dir.empty()) {
+    s = check_packed_cache_folder(options_.packed_cache_dir);
     if (!s.ok()) return s;
   }
   xnnpack_state_ = xnnpack_.read_state();
@@ -181,8 +180,7 @@ Status AdapterPool::load_all() {
     auto adapter = acquire(i);
     if (!adapter.ok()) return adapter.status();
   }
-  if (options_.packed_cache.empty()) return Status();
-  return xnnpack_.save_packed_cache();
+  return Status();
 }
 
 StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
@@ -261,13 +259,65 @@ Status AdapterPool::load_program(size_t index) {
     }
     arena = p.own_arena.get();
   }
-  Status s = p.program->load_methods(*arena, *foundation_, xnnpack_.load_options());
+  Status s = resolve_packed_cache(p);
   if (!s.ok()) return s;
-  p.loaded = true;
+  if (packed_ && packed_->state() == PackedCache::State::kCold) {
+    s = write_packed_cache(p, *arena);
+    if (!s.ok()) return s;
+  }
+  if (!p.loaded) {
+    s = p.program->load_methods(*arena, *foundation_, xnnpack_.load_options());
+    if (!s.ok()) return s;
+    p.loaded = true;
+  }
   // Loading packed the foundation (the first program) or this program's own
   // weights: every token reads them, so they go into 2 MiB pages now.
   if (options_.huge_pages) collapse_resident_memory(options_.threads);
   return Status();
+}
+
+Status AdapterPool::resolve_packed_cache(const ProgramEntry& p) {
+  if (packed_resolved_) return Status();
+  packed_resolved_ = true;
+  // Without the weight cache there is nothing to keep; without a fingerprint
+  // or a program record (files not written by lora-share) nothing to key it by.
+  std::string fingerprint = foundation_fingerprint();
+  if (!options_.packed_cache || options_.stock || !options_.weight_cache || fingerprint.empty() ||
+      p.sha256.rfind("file:", 0) == 0)
+    return Status();
+  packed_ = PackedCache::locate(packed_cache_folders(options_.packed_cache_dir, options_.ptd),
+                                packed_cache_key(fingerprint, p.sha256));
+  Status s = xnnpack_.use_packed_cache(packed_->path());
+  if (s.ok()) return s;
+  packed_->abandon(s.message());
+  return xnnpack_.use_packed_cache("");
+}
+
+Status AdapterPool::write_packed_cache(ProgramEntry& p, PlannedArena& arena) {
+  Status s = p.program->load_methods(arena, *foundation_, xnnpack_.load_options());
+  if (!s.ok()) {
+    packed_->abandon("");
+    xnnpack_.use_packed_cache("");
+    return s;
+  }
+  // XNNPACK wrote its index as each method finished loading; saving again
+  // only makes sure of it.
+  s = xnnpack_.save_packed_cache();
+  if (s.ok()) s = packed_->publish();
+  if (!s.ok()) {
+    // What was loaded works (packed into the temporary file, which goes).
+    packed_->abandon("not kept (" + s.message() + ")");
+    p.loaded = true;
+    return Status();
+  }
+  // Unloading the program releases XNNPACK's writer of the file (its
+  // exclusive lock), then it loads from the published file as every later
+  // start will, sharing it with other processes.
+  p.program = std::make_unique<SharedProgram>();
+  s = p.program->open(p.pte, p.lora_slots);
+  if (!s.ok()) return s;
+  packed_->open_published();
+  return xnnpack_.use_packed_cache(packed_->path());
 }
 
 Status AdapterPool::check_budget_holds(const Entry& entry) const {
@@ -563,7 +613,8 @@ LoadingInfo AdapterPool::loading() const {
   l.mode = options_.stock ? "stock" : "shared";
   l.arena = options_.stock ? "module" : options_.private_arenas ? "private" : "shared";
   l.xnnpack = xnnpack_state_;
-  l.packed_cache_warm = packed_cache_warm_;
+  l.packed_cache_warm = packed_ && packed_->found_warm();
+  l.packed_cache = packed_ ? packed_->path() : "";
   l.planned_bytes = arena_bytes();
   return l;
 }

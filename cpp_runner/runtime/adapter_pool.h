@@ -22,7 +22,14 @@
 //
 // It is the one loading path: the C API's runtimes and build/runner's
 // (lora_share_diag.h) use it; the runner's variants (stock Modules, private
-// arenas, no weight cache, a packed-weight file, no .ptd) are PoolOptions.
+// arenas, no weight cache, no packed-weights file, no .ptd) are PoolOptions.
+//
+// Packed weights (packed_cache.h): the first program loaded decides the
+// packed-weights file, by the foundation's fingerprint and its own sha256.
+// A valid file is mapped (warm). Without one (cold), the program loads once
+// with XNNPACK writing a temporary file, which is then put in place and the
+// program loaded again from it as a warm start would: every method it loads
+// (forward, decode, ...) and every later program use that one file.
 #pragma once
 
 #include <condition_variable>
@@ -39,6 +46,7 @@
 #include "planned_arena.h"
 #include "adapter_on_foundation.h"
 #include "status.h"
+#include "packed_cache.h"
 #include "xnnpack_options.h"
 
 namespace lora_share {
@@ -55,7 +63,8 @@ struct PoolOptions {
   bool weight_cache = true;     // XNNPACK's process-wide weight cache
   bool huge_pages = true;       // packed weights in 2 MiB pages once loaded (huge_pages.h)
   int threads = 0;              // ExecuTorch's threadpool: 0 = one per core (set_threads)
-  std::string packed_cache;     // "" = none; else packed weights backed by this file
+  bool packed_cache = true;     // packed weights kept in a file between starts (packed_cache.h)
+  std::string packed_cache_dir; // "" = beside the .ptd, else the user's cache folder
   bool read_eos = true;         // false: no EOS ids, manifest.json unread
   // KV slots (ls_options.parallel): requests batched at once (issue 47). > 1
   // sizes the arena's KV buffer for that many slots and loads decode_batch
@@ -69,7 +78,8 @@ struct LoadingInfo {
   const char* mode = "shared";  // "shared" or "stock"
   const char* arena = "shared"; // "shared", "private" or "module" (stock)
   XnnpackState xnnpack;
-  bool packed_cache_warm = false;
+  bool packed_cache_warm = false;  // a valid packed-weights file was there before this process
+  std::string packed_cache;        // the packed-weights file in use ("" = packed in memory)
   uint64_t planned_bytes = 0;
 };
 
@@ -115,8 +125,7 @@ class AdapterPool {
   // load_all() then loads them.
   static StatusOr<std::unique_ptr<AdapterPool>> open_files(
       const std::vector<std::string>& ptes, const PoolOptions& options);
-  // Makes every registered adapter resident, in order, then writes the
-  // packed-weight file if options name one.
+  // Makes every registered adapter resident, in order.
   Status load_all();
 
   // Registers `pte` (checking it against the foundation) if it is new, and
@@ -280,6 +289,12 @@ class AdapterPool {
   StatusOr<size_t> program_for(const std::string& pte, const PteInfo& info);
   // Opens (if needed) and loads program `index` into the arena.
   Status load_program(size_t index);
+  // Chooses the packed-weights file for program `p` (once, for the first
+  // program loaded) and sets XNNPACK's load options to it.
+  Status resolve_packed_cache(const ProgramEntry& p);
+  // Cold: loads `p` once to write the packed-weights file, publishes it and
+  // unloads `p` again, so that it loads from the published file.
+  Status write_packed_cache(ProgramEntry& p, PlannedArena& arena);
   // Makes the program of the first registered adapter loaded and returns
   // the foundation-alone adapter over it.
   StatusOr<Adapter*> acquire_base();
@@ -304,7 +319,10 @@ class AdapterPool {
   DataFiles files_;
   uint64_t foundation_bytes_ = 0;
   XnnpackState xnnpack_state_;  // as configured, before loading
-  bool packed_cache_warm_ = false;
+  // The packed-weights file, chosen when the first program loads (null before,
+  // and without a weight cache, a fingerprint or options.packed_cache).
+  std::unique_ptr<PackedCache> packed_;
+  bool packed_resolved_ = false;
   std::unique_ptr<Foundation> foundation_;
   std::unique_ptr<PlannedArena> arena_;
   std::vector<ProgramEntry> programs_;

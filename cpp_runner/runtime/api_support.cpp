@@ -14,6 +14,8 @@ namespace {
 std::string library_wording(std::string text) {
   static const std::pair<const char*, const char*> kRenames[] = {
       {"; --no-verify skips this check", "; ls_options.verify = 0 skips this check"},
+      {"--no-packed-cache", "ls_options.packed_cache = 0"},
+      {"--packed-cache ", "packed_cache_dir "},
       {"--max-new-tokens", "max_new_tokens"},
       {"--shared-ptd", "shared_ptd"},
       {"--ptd ", "ptd "},
@@ -127,6 +129,8 @@ PoolOptions pool_options(const ls_options* options) {
   p.budget_bytes = o.budget_bytes;
   if (o.adapter_overhead_bytes != 0) p.adapter_overhead_bytes = o.adapter_overhead_bytes;
   p.parallel = static_cast<size_t>(o.parallel);
+  p.packed_cache = o.packed_cache != 0;
+  p.packed_cache_dir = o.packed_cache_dir ? o.packed_cache_dir : "";
   return p;
 }
 

@@ -46,6 +46,7 @@ struct ls_runtime {
   std::vector<std::unique_ptr<ls_adapter>> handles;
   std::map<size_t, std::unique_ptr<ls_adapter>> mix_handles;  // by pool index, while held
   std::string base_pte;  // the file 'base' runs, once asked (ls_diag_adapter_info)
+  std::string packed_cache;  // the packed-weights file in use, once asked (ls_diag_loading_info)
   std::mutex lock;
   std::atomic<std::thread::id> owner{};  // the thread holding `lock`
   // Messages name build/runner's flags (ls_diag_options.runner_messages).

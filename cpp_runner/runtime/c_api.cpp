@@ -28,6 +28,8 @@ void ls_options_init(ls_options* options) {
   options->budget_bytes = 0;
   options->adapter_overhead_bytes = 0;
   options->parallel = 1;
+  options->packed_cache = 1;
+  options->packed_cache_dir = nullptr;
 }
 
 void ls_generate_options_init(ls_generate_options* options) {

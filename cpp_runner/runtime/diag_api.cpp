@@ -24,7 +24,6 @@ void ls_diag_options_init(ls_diag_options* options) {
   options->private_arenas = 0;
   options->weight_cache = 1;
   options->huge_pages = 1;
-  options->packed_cache = nullptr;
   options->ignore_eos = 0;
   options->runner_messages = 0;
   options->threads = 0;
@@ -65,7 +64,6 @@ ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes
     p.private_arenas = d.private_arenas != 0;
     p.weight_cache = d.weight_cache != 0;
     p.huge_pages = d.huge_pages != 0;
-    p.packed_cache = d.packed_cache ? d.packed_cache : "";
     p.read_eos = d.ignore_eos == 0;
     p.threads = d.threads;
     std::vector<std::string> files;
@@ -100,6 +98,8 @@ ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info, ls_er
   info->weight_cache = l.xnnpack.weight_cache ? 1 : 0;
   info->workspace_sharing_mode = l.xnnpack.workspace_sharing_mode;
   info->packed_cache_warm = l.packed_cache_warm ? 1 : 0;
+  runtime->packed_cache = l.packed_cache;
+  info->packed_cache = runtime->packed_cache.c_str();
   info->planned_bytes = l.planned_bytes;
   info->threads = l.xnnpack.threads;
   clear_error(error);

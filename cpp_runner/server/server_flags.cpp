@@ -67,6 +67,12 @@ const std::vector<Flag>& flags() {
          o.max_body = bytes.value();
          return Status();
        }},
+      {"--packed-cache", "DIR",
+       "folder of the packed-weights file, written on the first start and mapped on later ones "
+       "(default: DIR/.packed beside the deployment, else ~/.cache/lora-share/packed)",
+       [](ServerOptions& o, const std::string& v) { o.packed_cache = v; return Status(); }},
+      {"--no-packed-cache", nullptr, "pack the weights in memory at every start (no packed-weights file)",
+       [](ServerOptions& o, const std::string&) { o.no_packed_cache = true; return Status(); }},
       {"--help", nullptr, "print this help",
        [](ServerOptions& o, const std::string&) { o.help = true; return Status(); }},
   };
@@ -110,6 +116,10 @@ StatusOr<ServerOptions> parse_server_flags(int argc, char** argv) {
     }
     Status s = flag->set(options, value);
     if (!s.ok()) return s;
+  }
+  if (!options.packed_cache.empty() && options.no_packed_cache) {
+    return Status::usage("--packed-cache names the packed-weights file's folder, --no-packed-cache "
+                         "turns the file off: give one of them");
   }
   if (!options.help && options.dir.empty()) {
     return Status::usage("--dir is required: the output folder of `lora-share build`");

@@ -16,6 +16,8 @@ struct ServerOptions {
   uint64_t memory_budget = 0;         // --memory-budget (0: every adapter may stay loaded)
   uint64_t max_body = 8ull << 20;     // --max-body: larger request bodies get 413
   int parallel = 4;                   // --parallel: requests run at once (ls_options.parallel)
+  std::string packed_cache;           // --packed-cache: the packed-weights file's folder ("" = default)
+  bool no_packed_cache = false;       // --no-packed-cache
   bool help = false;
 };
 

@@ -13,7 +13,9 @@ Steps, each cached under ``--workdir`` (out/peers) and reused when present:
   for llama.cpp with convert_lora_to_gguf.py.
 - Measured with 2 threads on both sides (lora-share's runner uses XNNPACK's default pool, one
   thread per core: 2 here), requests alternating between the two: decode tokens/s at about 10 and
-  about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time, PSS after
+  about 1,000 positions, prefill tokens/s of 1,000 tokens, time to first token, load time (lora-share's
+  with default flags on the first start, which writes the packed-weights file, and from the second start
+  on, which maps it; checked at most LOAD_RATIO x llama.cpp's), PSS after
   load and per extra adapter (two servers alive at once, N adapters against 1), KV bytes at context
   2048; and before each fp32 pair of requests, the bare stream (benchmarks/stream_bound.cpp: every
   F32 weight read once per token, nothing else), so each side's fp32 decode is read as a share of
@@ -55,6 +57,8 @@ SHORT_PROMPT = 8
 NEW_TOKENS = 32
 ADAPTER = {"rank": 8, "target_modules": ["q_proj", "v_proj"]}
 TARGET_SPEED = 1.1
+# Issue 49: from the second start on, lora-share's load (mapping its packed-weights file) against llama.cpp's.
+LOAD_RATIO = 0.25
 # lora-share's 8da4w foundation on the grid of the model's own file: Q4_1 groups kept exactly
 # (asymmetric), the Q8_0 output projection and embedding at 8 bits, as llama.cpp runs the Q4_1 original.
 QUANTIZE = {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8", "embedding": "int8"}
@@ -369,10 +373,12 @@ def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, wor
                     samples["theirs"][kind].append(l1.ask(0, prompt, NEW_TOKENS))
             kv_theirs = parse_kv_bytes(l1.log.read_text())
             load_theirs = l1.load_ms
-        load_ours = processes.load_times(runner, b["ptd"], b["ptes"][:1], ["--tokens", "1", "--max-new-tokens", "1"], 3)
-        row = {"lora_share": {"build": ours, **summarize(samples["ours"]), "load_ms": load_ours["session_ms"],
+        load_ours = processes.start_times(runner, b["ptd"], b["ptes"][:1], [], 3)
+        row = {"lora_share": {"build": ours, **summarize(samples["ours"]), "load_first_ms": load_ours["first_ms"],
+                              "load_ms": load_ours["second_ms"],
                               "pss_after_load_kb": mem_ours["pss_kb"], "kv_bytes": kv_bytes_lora_share(b["manifest"])},
-               "llama_cpp": {"model": theirs, **summarize(samples["theirs"]), "load_ms": round(load_theirs, 1),
+               "llama_cpp": {"model": theirs, **summarize(samples["theirs"]), "load_first_ms": round(load_theirs, 1),
+                             "load_ms": round(load_theirs, 1),
                              "pss_after_load_kb": mem_theirs["pss_kb"], "kv_bytes": kv_theirs}}
         if streamed:
             row["bare_stream"] = {"median_ms": round(statistics.median(streamed), 3), "samples_ms": streamed}
@@ -448,18 +454,22 @@ def _prompt(n: int, vocab: int) -> list[int]:
 CHECKS = [("decode_10_tokens_per_s", "decode tokens/s at ~10", "ratio", TARGET_SPEED),
           ("decode_1000_tokens_per_s", "decode tokens/s at ~1,000", "ratio", TARGET_SPEED),
           ("prefill_tokens_per_s", f"prefill tokens/s of {PROMPT_TOKENS}", "ratio", TARGET_SPEED),
+          ("load_ms", "load (second start)", "at_most", LOAD_RATIO),
           ("kv_bytes", "KV bytes at context 2048", "le", None),
           ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)", "le", None)]
 ROWS = [("decode_10_tokens_per_s", "decode tokens/s, position ~10"),
         ("decode_1000_tokens_per_s", "decode tokens/s, position ~1,000"),
         ("prefill_tokens_per_s", f"prefill tokens/s, {PROMPT_TOKENS} tokens"),
         ("first_token_ms", f"time to first token (ms), {SHORT_PROMPT}-token prompt"),
-        ("load_ms", "load time (ms)"), ("pss_after_load_kb", "PSS after load (kB)"),
+        ("load_first_ms", "load time (ms), first start (lora-share: packs, writes the packed-weights file)"),
+        ("load_ms", "load time (ms), from the second start on (lora-share: maps the packed-weights file)"),
+        ("pss_after_load_kb", "PSS after load (kB)"),
         ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)"), ("kv_bytes", "KV bytes, context 2048")]
 
 
 def checks(rows: dict) -> list[dict]:
-    """The issue's targets, per pair: speed ratios >= 1.1, KV bytes and PSS per extra adapter <= llama.cpp's."""
+    """The issues' targets, per pair: speed ratios >= 1.1, load from the second start <= 0.25 x llama.cpp's,
+    KV bytes and PSS per extra adapter <= llama.cpp's."""
     out = []
     for pair, row in rows.items():
         ours, theirs = row["lora_share"], row["llama_cpp"]
@@ -470,6 +480,10 @@ def checks(rows: dict) -> list[dict]:
                 value = ours[key] / theirs[key]
                 out.append({"pair": pair, "check": f"{what}: lora-share / llama.cpp", "value": round(value, 3),
                             "target": f">= {bound}", "pass": value >= bound})
+            elif kind == "at_most":
+                value = ours[key] / theirs[key]
+                out.append({"pair": pair, "check": f"{what}: lora-share / llama.cpp", "value": round(value, 3),
+                            "target": f"<= {bound}", "pass": value <= bound})
             else:
                 out.append({"pair": pair, "check": f"{what}: lora-share <= llama.cpp",
                             "value": f"{ours[key]} vs {theirs[key]}", "target": "<=", "pass": ours[key] <= theirs[key]})

@@ -142,6 +142,23 @@ def load_times(runner: Path, ptd: Path | None, ptes: list[Path], extra: list[str
             "session_ms": round(statistics.median(r["load_ms"] for r in runs), 2), "programs": len(ptes)}
 
 
+def start_times(runner: Path, ptd: Path, ptes: list[Path], extra: list[str], repeats: int) -> dict:
+    """Load time (ms, the runner's ``load_ms``) with default flags on the first start, which packs the
+    weights and writes the packed-weights file, and from the second start on (the median of ``repeats``),
+    which maps it. The file the runner reports is removed first so that the first start really is one."""
+    first = run_runner(runner, ptd, ptes, extra)
+    cache = first["loading"]["packed_cache"]
+    if not cache:
+        raise BenchError(f"{runner} used no packed-weights file with default flags (see its stderr)")
+    Path(cache).unlink()
+    cold = run_runner(runner, ptd, ptes, extra)
+    warm = [run_runner(runner, ptd, ptes, extra) for _ in range(repeats)]
+    if cold["loading"]["packed_cache_warm"] or not all(w["loading"]["packed_cache_warm"] for w in warm):
+        raise BenchError(f"{runner}: the packed-weights file {cache} was not written once and then mapped")
+    return {"first_ms": round(cold["load_ms"], 1),
+            "second_ms": round(statistics.median(w["load_ms"] for w in warm), 1), "file": cache}
+
+
 def speeds(programs: dict[str, tuple[Server, str]], prompt: list[int], repeats: int) -> dict:
     """Median prefill and decode tokens/s per program: label -> (a server, the name it serves the program by).
 

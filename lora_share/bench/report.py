@@ -124,8 +124,9 @@ def _load_time(result: dict) -> list[str]:
         "| loading | first adapter | each further adapter (median) | all, with file checks |",
         "|---|---:|---:|---:|",
     ]
-    for key, label in (("shared", "lora-share"), ("packed_cold", "lora-share, `--packed-cache` cold (packs, writes)"),
-                       ("packed_warm", "lora-share, `--packed-cache` warm (maps)"),
+    for key, label in (("shared", "lora-share, packing in memory (`--no-packed-cache`)"),
+                       ("packed_cold", "lora-share, first start (packs, writes the packed-weights file)"),
+                       ("packed_warm", "lora-share, later starts (map the packed-weights file)"),
                        ("stock", "stock `Module` per adapter"), ("standalone", "one stand-alone program")):
         row = ld[key]
         out.append(f"| {label} | {_ms(row['first_ms'])} | {_ms(row['further_median_ms'])} | "

@@ -108,7 +108,7 @@ def _memory_row(runner: Path, n: int, ptes: list[Path], ptd: Path, standalone: l
 def _load_times(runner: Path, ptd: Path, ptes: list[Path], standalone: list[Path]) -> dict:
     """Start-up times: lora-share, stock, one stand-alone program, and with a packed-weights cache file."""
     load = {"repeats": LOAD_REPEATS,
-            "shared": processes.load_times(runner, ptd, ptes, [], LOAD_REPEATS),
+            "shared": processes.load_times(runner, ptd, ptes, ["--no-packed-cache"], LOAD_REPEATS),
             "stock": processes.load_times(runner, ptd, ptes, ["--stock"], LOAD_REPEATS),
             "standalone": processes.load_times(runner, None, standalone[:1], [], LOAD_REPEATS)}
     for start in packed_cache_starts(runner, ptd, ptes):

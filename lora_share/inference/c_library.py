@@ -40,7 +40,8 @@ class _Error(ctypes.Structure):
 
 class _Options(ctypes.Structure):
     _fields_ = [("shared_ptd", ctypes.c_char_p), ("verify", ctypes.c_int), ("budget_bytes", ctypes.c_uint64),
-                ("adapter_overhead_bytes", ctypes.c_uint64), ("parallel", ctypes.c_int)]
+                ("adapter_overhead_bytes", ctypes.c_uint64), ("parallel", ctypes.c_int),
+                ("packed_cache", ctypes.c_int), ("packed_cache_dir", ctypes.c_char_p)]
 
 
 class _GenerateOptions(ctypes.Structure):
@@ -410,21 +411,25 @@ class Runtime:
 
 
 def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0,
-             adapter_overhead_bytes: int = 0, parallel: int = 1) -> _Options:
+             adapter_overhead_bytes: int = 0, parallel: int = 1, packed_cache=True) -> _Options:
+    """ls_options; ``packed_cache``: True (the default folders), False (packed in memory) or a folder."""
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
     opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes
     opts.adapter_overhead_bytes, opts.parallel = adapter_overhead_bytes, parallel
+    opts.packed_cache = int(packed_cache is not False)
+    opts.packed_cache_dir = None if isinstance(packed_cache, bool) else _path(packed_cache)
     return opts
 
 
 def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapter_overhead_bytes: int = 0,  # noqa: A001
-         library=None, parallel: int = 1) -> Runtime:
+         library=None, parallel: int = 1, packed_cache=True) -> Runtime:
     """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``. ``parallel``: KV slots,
-    requests from several threads batched at once (lora_share.h, THREADS)."""
+    requests from several threads batched at once (lora_share.h, THREADS); ``packed_cache``: the
+    packed-weights file (lora_share.h, PACKED WEIGHTS): True, False (off) or its folder."""
     lib = load_library(library)
     err = _Error()
-    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes, parallel)
+    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes, parallel, packed_cache)
     h = lib.ls_open(_path(ptd), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)
@@ -432,13 +437,14 @@ def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapt
 
 
 def open_dir(folder, budget_bytes: int = 0, verify: bool = True, adapter_overhead_bytes: int = 0,
-             library=None, parallel: int = 1) -> Runtime:
+             library=None, parallel: int = 1, packed_cache=True) -> Runtime:
     """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``
     (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default;
-    ``parallel``: KV slots, requests from several threads batched at once)."""
+    ``parallel``: KV slots, requests from several threads batched at once; ``packed_cache``: the
+    packed-weights file, True, False (off) or its folder)."""
     lib = load_library(library)
     err = _Error()
-    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes, parallel)
+    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes, parallel, packed_cache)
     h = lib.ls_open_dir(_path(folder), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)

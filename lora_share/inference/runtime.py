@@ -35,12 +35,15 @@ class Runtime:
     """A deployment folder written by ``lora-share build``: every adapter its manifest lists, loaded on
     first use (under ``budget_bytes``, 0 = no budget), one foundation shared by all. ``library``: a
     liblora_share.so to use instead of the installed one. ``parallel``: KV slots; calls from that many
-    threads at once run in one batch (lora_share.h, THREADS), 1: one at a time."""
+    threads at once run in one batch (lora_share.h, THREADS), 1: one at a time. ``packed_cache``:
+    XNNPACK's packed weights kept in a file between starts (lora_share.h, PACKED WEIGHTS): True (beside
+    the deployment, else the user's cache folder), False (packed in memory at every start) or a folder."""
 
     def __init__(self, path: str | os.PathLike, budget_bytes: int = 0, library: str | os.PathLike | None = None,
-                 parallel: int = 1):
+                 parallel: int = 1, packed_cache: bool | str | os.PathLike = True):
         self.path = os.fspath(path)
-        self._rt = c_library.open_dir(self.path, budget_bytes=budget_bytes, library=library, parallel=parallel)
+        self._rt = c_library.open_dir(self.path, budget_bytes=budget_bytes, library=library, parallel=parallel,
+                                      packed_cache=packed_cache)
 
     def __enter__(self):
         return self

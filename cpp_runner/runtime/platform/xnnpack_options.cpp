@@ -2,10 +2,6 @@
 
 #include <executorch/runtime/backend/interface.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -75,20 +71,18 @@ Status XnnpackSettings::configure(bool weight_cache, bool share_workspace) {
 }
 
 Status XnnpackSettings::use_packed_cache(const std::string& path) {
+  if (path.empty()) {
+    has_load_options_ = false;
+    return Status();
+  }
   if (path.size() >= executorch::runtime::kMaxOptionValueLength)
-    return Status::usage("--packed-cache: the path must be shorter than " +
-                         std::to_string(executorch::runtime::kMaxOptionValueLength) +
-                         " characters");
-  // XNNPACK silently falls back to memory when it cannot open the file, which
-  // would turn a typo into "the cache never warms up". Check it here.
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
-  if (fd < 0)
-    return Status::failure("--packed-cache " + path + ": " + std::strerror(errno));
-  ::close(fd);
+    return Status::failure(path + ": the packed-weights file's path must be shorter than " +
+                           std::to_string(executorch::runtime::kMaxOptionValueLength) +
+                           " characters");
   load_options_.set_option("packed_cache_path", path.c_str());
   Error err = load_options_map_.set_options(kBackend, load_options_.view());
   if (err != Error::Ok)
-    return Status::failure("--packed-cache: could not set the load option");
+    return Status::failure("could not set XNNPACK's packed_cache_path load option");
   has_load_options_ = true;
   return Status();
 }

@@ -9,7 +9,9 @@
 //   workspace for every delegate in the process. Safe here because the runner
 //   runs one method at a time.
 // - "packed_cache_path" (string, per load only): back the weight cache with a
-//   file so a later process maps the packed weights instead of repacking.
+//   file so a later process maps the packed weights instead of repacking
+//   (packed_cache.h chooses the file). One weight cache per path: loads with
+//   the same path share their packed weights.
 #pragma once
 
 #include <executorch/runtime/backend/backend_options_map.h>
@@ -51,7 +53,7 @@ class XnnpackSettings {
   // also asks for one workspace for the whole process.
   Status configure(bool weight_cache, bool share_workspace);
 
-  // Per-load option: back the weight cache with `path`.
+  // Per-load option: back the weight cache with `path` ("" = none: packed in memory).
   Status use_packed_cache(const std::string& path);
 
   // The options to pass to Program::load_method (nullptr if none).
