@@ -267,3 +267,31 @@ def programs_build(pt2_archives) -> ProgramsBuild:
     config = pt2_archives.folder / "programs.yaml"
     config.write_text(PROGRAMS_YAML.format(out=out, a=pt2_archives))
     return ProgramsBuild(pt2_archives, out, build_programs(config, quiet=True))
+
+
+@pytest.fixture(scope="session")
+def wheel_python(runner_bin, tmp_path_factory) -> Path:
+    """The python of a fresh venv outside the checkout holding only the wheel `make wheel` writes
+    (dist/lora_share-<version>-*linux*.whl, installed with --no-deps: no torch, no other package)."""
+    import venv
+
+    proc = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "wheel"], capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wheel = Path([line for line in proc.stdout.splitlines() if line.endswith(".whl")][-1])
+    wheel = wheel if wheel.is_absolute() else REPO / wheel
+    assert wheel.parent == REPO / "dist" and wheel.name.startswith("lora_share-") and "linux" in wheel.name
+    env_dir = tmp_path_factory.mktemp("wheel") / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr
+    assert sys.prefix != str(env_dir)
+    return python
+
+
+def run_in_wheel_venv(python: Path, script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
+    """`script` run by the wheel's venv python (wheel_python) from `cwd`, with no environment but PATH."""
+    return subprocess.run([str(python), "-c", script, *map(str, args)], capture_output=True, text=True,
+                          timeout=1200, cwd=cwd, env={"PATH": "/usr/bin:/bin"})

@@ -23,7 +23,7 @@ import torch
 import yaml
 
 import lora_share
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, run_in_wheel_venv
 from test_server import Server, server_bin  # noqa: F401  (the server fixture and its client)
 
 sys.path.insert(0, str(REPO / "examples" / "smollm2"))
@@ -187,3 +187,43 @@ def test_demo_adapters_do_their_task(references, smollm2):
         texts = [tokenizer.decode(r, skip_special_tokens=True) for r in refs]
         rate = sum(train_adapters.follows(name, t) for t in texts) / len(texts)
         assert rate >= 0.6, (name, rate, texts[:3])
+
+
+WHEEL_CHATS = """
+import json, sys
+from lora_share import Runtime
+folder, asks = sys.argv[1], json.loads(sys.argv[2])
+with Runtime(folder) as rt:
+    print(json.dumps([rt.create_chat_completion(messages, adapter=name, max_tokens=n) for name, messages, n in asks]))
+"""
+
+
+def test_wheel_runtime_answers_as_the_server_for_each_demo_adapter(smollm2, server_bin, wheel_python,  # noqa: F811
+                                                                     tmp_path):
+    """Issue 49's Done when: `Runtime(dir).create_chat_completion(...)` from the wheel installed in a fresh
+    venv outside the checkout answers each demo adapter (and base) greedily with the server's text, finish
+    reason and usage."""
+    out, manifest, _ = smollm2
+    asks = [(name, [{"role": "user", "content": q}], REPLY_TOKENS)
+            for name in [a["name"] for a in manifest["adapters"]] + ["base"] for q in QUESTIONS[:2]]
+    server = Server(server_bin, out)
+    try:
+        want = []
+        for name, messages, n in asks:
+            status, body = server.request("POST", "/v1/chat/completions",
+                                          {"model": name, "messages": messages, "max_tokens": n})
+            assert status == 200, body
+            want.append(body)
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
+    run = run_in_wheel_venv(wheel_python, WHEEL_CHATS, out, json.dumps(asks), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    for (name, messages, _), g, w in zip(asks, got, want, strict=True):
+        assert g["model"] == name and g["choices"][0]["message"]["content"], (name, g)
+        assert g["choices"][0]["message"] == w["choices"][0]["message"], (name, messages)
+        assert g["choices"][0]["finish_reason"] == w["choices"][0]["finish_reason"], name
+        assert g["usage"] == w["usage"], name
+    # Each adapter answers in its own way: the comparison covers distinct texts, not one repeated.
+    assert len({g["choices"][0]["message"]["content"] for g in got}) > len(manifest["adapters"])

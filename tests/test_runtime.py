@@ -8,14 +8,11 @@ checkout, with no torch and no other package, answers the same (slow: it builds 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import venv
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TEXT_ADAPTER
+from conftest import REPO, TEXT_ADAPTER, run_in_wheel_venv
 from devices import CHAT, chat_once, command
 from lora_share import NativeError, Runtime
 
@@ -94,25 +91,13 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_wheel_in_a_fresh_venv_answers_as_the_server(runner_bin, text_build, server_answer, tmp_path):
-    proc = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "wheel"], capture_output=True,
-                          text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    wheel = Path([line for line in proc.stdout.splitlines() if line.endswith(".whl")][-1])
-    wheel = wheel if wheel.is_absolute() else REPO / wheel
-    assert wheel.parent == REPO / "dist" and wheel.name.startswith("lora_share-") and "linux" in wheel.name
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
-    python = env_dir / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                             capture_output=True, text=True, timeout=600)
-    assert install.returncode == 0, install.stderr
-    run = subprocess.run([str(python), "-c", SCRIPT, str(text_build.build.out_dir), TEXT_ADAPTER, json.dumps(CHAT)],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+def test_wheel_in_a_fresh_venv_answers_as_the_server(wheel_python, text_build, server_answer, tmp_path):
+    run = run_in_wheel_venv(wheel_python, SCRIPT, text_build.build.out_dir, TEXT_ADAPTER, json.dumps(CHAT),
+                            cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
+    env_dir = wheel_python.parent.parent
     assert Path(out["package"]).is_relative_to(env_dir) and Path(out["library"]).is_relative_to(env_dir)
     assert not out["torch"] and out["adapters"] == [TEXT_ADAPTER] and out["error"] == "LS_ERR_LOAD"
     assert out["answer"]["choices"][0]["message"] == server_answer["choices"][0]["message"]
     assert out["answer"]["usage"] == server_answer["usage"]
-    assert sys.prefix != str(env_dir)
