@@ -171,6 +171,22 @@ def test_same_terms_share_a_mix_until_the_last_release(runtime):
         runtime.adapter("terse").release()
 
 
+def test_a_mix_is_counted_while_composed_and_freed_at_its_last_release(runtime, mix_build):
+    """The budget counts a composed mix as an adapter of its terms' LoRA bytes (1.05 x + 512 KiB)."""
+    from safetensors.numpy import load_file
+
+    _, peft = mix_build
+    lora_bytes = sum(t.nbytes for n in ("terse", "lively")
+                     for t in load_file(str(peft[n] / "adapter_model.safetensors")).values())
+    before = runtime.stats()["resident_adapter_bytes"]
+    mix = runtime.mix([{"name": "terse", "scale": 0.3}, {"name": "lively", "scale": 0.9}])
+    assert runtime.stats()["resident_adapter_bytes"] == before  # composed on first use
+    runtime.generate(mix, PROMPT[:4], max_new_tokens=1)
+    assert runtime.stats()["resident_adapter_bytes"] - before == lora_bytes + lora_bytes // 20 + (512 << 10)
+    mix.release()
+    assert runtime.stats()["resident_adapter_bytes"] == before
+
+
 @pytest.fixture(scope="module")
 def server(server_bin, mix_build):  # noqa: F811
     s = Server(server_bin, mix_build[0])
