@@ -32,6 +32,7 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
   if (options_.stock)
     return Status::usage("a mix runs through the shared program, which stock loading (a Module per "
                          "adapter) does not load");
+  const Entry& first = entries_[terms[0].first];
   std::string name;
   for (size_t i = 0; i < terms.size(); ++i) {
     const auto& [index, scale] = terms[i];
@@ -41,7 +42,6 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
                            "'): the scale must be a finite number, got " + shortest(scale));
     // Skip-absent builds give adapters with other slots another program
     // variant, whose absent slots are dead code: a mix needs all its LoRA live.
-    const Entry& first = entries_[terms[0].first];
     if (e.program != first.program)
       return Status::usage("'" + first.name + "' and '" + e.name +
                            "' carry different program variants (lora_envelope.skip_absent gives "
@@ -58,7 +58,7 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
 
   // The summed rank on each slot against the envelope, from the records: no
   // file is mapped for a mix that cannot run.
-  const Record& record = entries_[terms[0].first].info.record;
+  const Record& record = first.info.record;
   std::map<uint32_t, uint32_t> ranks;  // slot -> summed rank
   std::map<uint32_t, std::string> parts;  // slot -> "a 4 + b 3"
   uint64_t bytes = 0;  // the mix's tensors: its terms', hoisted ones included
@@ -85,8 +85,8 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
 
   Entry mix;
   mix.name = name;
-  mix.pte = entries_[terms[0].first].pte;  // the file its program is read from
-  mix.program = entries_[terms[0].first].program;
+  mix.pte = first.pte;  // the file its program is read from
+  mix.program = first.program;
   mix.terms = terms;
   mix.holds = 1;
   mix.cost = adapter_cost_bytes(bytes, options_.adapter_overhead_bytes);
