@@ -18,6 +18,9 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+PACKED_DIR = ".packed"  # the runtime's packed-weights files beside a deployment
+
+
 def _recover(final: Path) -> None:
     """Finish a swap that an earlier, interrupted build left half done."""
     backup = final.with_name(final.name + ".previous")
@@ -33,7 +36,11 @@ def staged_dir(final: Path):
 
     If the body raises (or the process dies), ``final`` is untouched and the
     staging folder is removed (or left as ``.staging-*`` debris that the next
-    build clears). The swap is two renames on one file system.
+    build clears). The swap is two renames on one file system. The runtime's
+    packed-weights files (``.packed/``, lora_share.h PACKED WEIGHTS) move into
+    the new folder: each names the foundation and program it is for, so a
+    rebuild or an ``add`` that keeps them starts warm, and one that changes
+    them starts cold without reading a stale file.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -47,6 +54,9 @@ def staged_dir(final: Path):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    packed = final / PACKED_DIR
+    if packed.is_dir() and not (staging / PACKED_DIR).exists():
+        packed.rename(staging / PACKED_DIR)
     backup = final.with_name(final.name + ".previous")
     if final.exists():
         final.rename(backup)

@@ -17,6 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from lora_share.files import staged_dir
 from lora_share.inference import c_library as native
 
 PROMPT = "1,17,42"
@@ -50,10 +51,14 @@ def start(runner_bin, out, *flags, env=None):
 def test_first_start_writes_the_file_later_starts_map_it(runner_bin, deployment):
     _, reference, _ = start(runner_bin, deployment, "--no-packed-cache")
     assert not (deployment / ".packed").exists()  # off: nothing read or written
+    # What an earlier build (another key) and a writer that died left: cleared once the file is written.
+    (deployment / ".packed").mkdir()
+    for stale in ("0123456789abcdef.bin", "0123456789abcdef.bin.tmp-999999999-0"):
+        (deployment / ".packed" / stale).write_bytes(b"stale")
     cold, cold_logits, cold_err = start(runner_bin, deployment)
     warm, warm_logits, warm_err = start(runner_bin, deployment)
     files = list((deployment / ".packed").iterdir())
-    assert [f.name for f in files] == [os.path.basename(cold["loading"]["packed_cache"])]  # no temporary left
+    assert [f.name for f in files] == [os.path.basename(cold["loading"]["packed_cache"])]  # nothing else left
     assert cold["loading"]["packed_cache_warm"] is False and warm["loading"]["packed_cache_warm"] is True
     assert warm["loading"]["packed_cache"] == cold["loading"]["packed_cache"] == str(files[0])
     # The file holds every program's packed weights, beyond the foundation's own bytes (XNNPACK's layout).
@@ -137,6 +142,19 @@ def test_a_named_folder_and_the_flags_errors(runner_bin, deployment, tmp_path):
         proc = subprocess.run(base + flags, capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.startswith("error: ") and all(w in proc.stderr for w in words), proc.stderr
+
+
+def test_a_rebuild_keeps_the_packed_folder(tmp_path):
+    """A build or `lora-share add` replaces the deployment folder whole (files.staged_dir): the
+    packed-weights files move into the new one (each names what it is for, so a stale one is never read)."""
+    final = tmp_path / "out"
+    (final / ".packed").mkdir(parents=True)
+    (final / ".packed" / "k.bin").write_bytes(b"packed")
+    (final / "old.pte").write_bytes(b"old")
+    with staged_dir(final) as stage:
+        (stage / "new.pte").write_bytes(b"new")
+    assert sorted(p.name for p in final.iterdir()) == [".packed", "new.pte"]
+    assert (final / ".packed" / "k.bin").read_bytes() == b"packed"
 
 
 def test_the_library_writes_it_on_first_use_by_default(runner_bin, deployment, tmp_path):

@@ -1,6 +1,8 @@
 #include "packed_cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -109,6 +111,29 @@ std::string check_file(int fd, const std::string& key) {
   return "";
 }
 
+// Removes from `path`'s folder every other packed-weights file and every
+// temporary one whose writer is gone. Processes that map a removed file keep
+// their mapping (unlinking never takes pages from under a mapping).
+void prune_folder(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string folder = path.substr(0, slash), keep = path.substr(slash + 1);
+  DIR* dir = ::opendir(folder.c_str());
+  if (dir == nullptr) return;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    const size_t temp = name.find(".bin.tmp-");
+    bool stale = false;
+    if (temp != std::string::npos) {
+      const long pid = std::strtol(name.c_str() + temp + 9, nullptr, 10);
+      stale = pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    } else {
+      stale = name != keep && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0;
+    }
+    if (stale) ::unlink((folder + "/" + name).c_str());
+  }
+  ::closedir(dir);
+}
+
 void note(const std::string& text) {
   std::fprintf(stderr, "lora-share: packed-weights cache: %s\n", text.c_str());
 }
@@ -147,18 +172,22 @@ std::string packed_cache_key(const std::string& fingerprint, const std::string& 
          "\ncpu " + hex16(fnv1a(cpu_features())) + "\n";
 }
 
-std::vector<std::string> packed_cache_folders(const std::string& dir, const std::string& ptd) {
-  if (!dir.empty()) return {dir};
-  std::vector<std::string> folders;
+PackedFolders packed_cache_folders(const std::string& dir, const std::string& ptd) {
+  PackedFolders folders;
+  if (!dir.empty()) {
+    folders.paths = {dir};
+    return folders;
+  }
   size_t slash = ptd.rfind('/');
-  folders.push_back((slash == std::string::npos ? std::string(".") : ptd.substr(0, slash)) +
-                    "/.packed");
+  folders.paths.push_back((slash == std::string::npos ? std::string(".") : ptd.substr(0, slash)) +
+                          "/.packed");
+  folders.own = true;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   if (xdg != nullptr && xdg[0] == '/')
-    folders.push_back(std::string(xdg) + "/lora-share/packed");
+    folders.paths.push_back(std::string(xdg) + "/lora-share/packed");
   else if (home != nullptr && home[0] == '/')
-    folders.push_back(std::string(home) + "/.cache/lora-share/packed");
+    folders.paths.push_back(std::string(home) + "/.cache/lora-share/packed");
   return folders;
 }
 
@@ -174,12 +203,12 @@ Status check_packed_cache_folder(const std::string& dir) {
                        "): give a folder this process can write, or --no-packed-cache");
 }
 
-std::unique_ptr<PackedCache> PackedCache::locate(const std::vector<std::string>& folders,
+std::unique_ptr<PackedCache> PackedCache::locate(const PackedFolders& folders,
                                                  const std::string& key) {
   std::unique_ptr<PackedCache> cache(new PackedCache());
   cache->key_ = key;
   const std::string name = hex16(fnv1a(key)) + ".bin";
-  for (const std::string& folder : folders) {
+  for (const std::string& folder : folders.paths) {
     cache->path_ = folder + "/" + name;
     if (::access(cache->path_.c_str(), F_OK) != 0) continue;
     std::string why = cache->open_and_check();
@@ -190,7 +219,7 @@ std::unique_ptr<PackedCache> PackedCache::locate(const std::vector<std::string>&
     note(cache->path_ + " ignored (" + why + "); writing it again");
   }
   std::string tried;
-  for (const std::string& folder : folders) {
+  for (const std::string& folder : folders.paths) {
     std::string why;
     Status s = make_folders(folder);
     if (s.ok()) {
@@ -198,6 +227,7 @@ std::unique_ptr<PackedCache> PackedCache::locate(const std::vector<std::string>&
       cache->temp_ = new_temp(cache->path_, &why);
       if (!cache->temp_.empty()) {
         cache->state_ = State::kCold;
+        cache->prune_ = folders.own && folder == folders.paths[0];
         return cache;
       }
     } else {
@@ -260,6 +290,7 @@ Status PackedCache::publish() {
   if (std::rename(temp_.c_str(), path_.c_str()) != 0)
     return Status::failure("renaming " + temp_ + ": " + std::strerror(errno));
   temp_.clear();
+  if (prune_) prune_folder(path_);
   return Status();
 }
 

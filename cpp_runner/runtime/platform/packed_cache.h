@@ -38,8 +38,13 @@ namespace lora_share {
 std::string packed_cache_key(const std::string& fingerprint, const std::string& program_sha256);
 
 // The folders a packed-weights file may live in, in order: `dir` alone when
-// given, else beside `ptd` (its folder's .packed/) and the user's cache folder.
-std::vector<std::string> packed_cache_folders(const std::string& dir, const std::string& ptd);
+// given, else beside `ptd` (its folder's .packed/, which belongs to that
+// deployment alone: `own` is set) and the user's cache folder.
+struct PackedFolders {
+  std::vector<std::string> paths;
+  bool own = false;  // paths[0] is the deployment's own folder
+};
+PackedFolders packed_cache_folders(const std::string& dir, const std::string& ptd);
 
 // Makes `dir` (and its parents) a folder this process can write a file into;
 // a usage error naming it otherwise.
@@ -56,8 +61,7 @@ class PackedCache {
   // The file for `key` in `folders`: the first valid one (warm), else a new
   // temporary file in the first folder that takes one (cold), else none
   // (off, with a note). Files found invalid are noted and replaced later.
-  static std::unique_ptr<PackedCache> locate(const std::vector<std::string>& folders,
-                                             const std::string& key);
+  static std::unique_ptr<PackedCache> locate(const PackedFolders& folders, const std::string& key);
   ~PackedCache();
   PackedCache(const PackedCache&) = delete;
   PackedCache& operator=(const PackedCache&) = delete;
@@ -70,8 +74,11 @@ class PackedCache {
   bool found_warm() const { return found_warm_; }
 
   // Cold, once XNNPACK has written the temporary file (a program loaded):
-  // appends the key and renames it into place. The caller then unloads what
-  // it loaded (XNNPACK's writer goes with it) and calls open_published().
+  // appends the key and renames it into place. In the deployment's own
+  // folder, the files of other keys (an earlier build, runtime or CPU) and
+  // temporary files of processes that died go: only this key is read there.
+  // The caller then unloads what it loaded (XNNPACK's writer goes with it)
+  // and calls open_published().
   Status publish();
   // After publish(): the published file, opened and locked for reading
   // (warm); off with a note if it cannot be.
@@ -88,6 +95,7 @@ class PackedCache {
 
   State state_ = State::kOff;
   std::string key_, path_, temp_;
+  bool prune_ = false;  // publish() clears path_'s folder of stale files
   int fd_ = -1;  // path_, read-only, under a shared lock while warm
   bool found_warm_ = false;
 };
