@@ -187,6 +187,19 @@ def test_a_mix_is_counted_while_composed_and_freed_at_its_last_release(runtime, 
     assert runtime.stats()["resident_adapter_bytes"] == before
 
 
+def test_a_mix_is_no_adapter_to_remove_and_outlives_a_removed_term(mix_build):
+    with c_library.open_dir(mix_build[0]) as rt:
+        mix = rt.mix([{"name": "terse", "scale": 0.5}, {"name": "lively", "scale": 1.0}])
+        before = rt.generate(mix, PROMPT[:8], max_new_tokens=4, ignore_eos=True)
+        with pytest.raises(NativeError, match=r"LS_ERR_ARGUMENT: 'terse\*0.5\+lively\*1' is a mix"):
+            rt.remove_adapter(mix.name)
+        rt.remove_adapter("lively")
+        assert rt.generate(mix, PROMPT[:8], max_new_tokens=4, ignore_eos=True) == before  # its own copy
+        mix.release()
+        with pytest.raises(NativeError, match="LS_ERR_NOT_FOUND"):
+            rt.mix([{"name": "lively", "scale": 1.0}])
+
+
 @pytest.fixture(scope="module")
 def server(server_bin, mix_build):  # noqa: F811
     s = Server(server_bin, mix_build[0])
