@@ -34,7 +34,9 @@
  * chunk per step between the others' steps). Each call's on_token callback
  * runs on the caller's own thread, so a slow callback slows only its own
  * request; a callback returning nonzero ends its request at the next step.
- * More than N calls at once wait for a free slot. A slot keeps its tokens and
+ * More than N calls at once wait for a free slot; a call on an adapter of
+ * another program (another envelope) than the batch's waits until the batch
+ * is empty (a deployment's adapters share one program). A slot keeps its tokens and
  * KV after a request: a later request on the same adapter whose prompt begins
  * with them continues from there (ls_runtime_stats.prefix_hits). An adapter a
  * request uses stays resident (the budget's LRU eviction skips it) until the

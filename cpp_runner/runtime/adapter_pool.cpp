@@ -466,6 +466,7 @@ Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
   });
   base_.reset();
   // Their forward methods point into the old arena: open them again on use.
+  ++programs_generation_;
   for (ProgramEntry& p : programs_) {
     p.program.reset();
     p.loaded = false;
@@ -484,6 +485,7 @@ Status AdapterPool::ensure_arena(const ProgramEntry& program) {
 }
 
 StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
+  if (index == kBase) return acquire_base();
   Entry& entry = this->entry(index);
   entry.last_used = ++clock_;
   if (entry.adapter) {
@@ -563,7 +565,7 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
     size_t index;
     ~Unpin() { pool->unpin(index); }
   } unpin_at_end{this, index};
-  auto adapter = index == kBase ? acquire_base() : acquire(index);
+  auto adapter = acquire(index);
   if (!adapter.ok()) return adapter.status();
   return lora_share::generate(*adapter.value(), prompt, max_new_tokens, sampling,
                               keep_logits, on_token, stop_ids);

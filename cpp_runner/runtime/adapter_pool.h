@@ -181,8 +181,14 @@ class AdapterPool {
   bool is_mix(size_t index) const { return mixes_.count(index) != 0; }
 
   // Makes adapter `index` resident (loading it, evicting others if the
-  // budget needs it) and marks it most recently used.
+  // budget needs it) and marks it most recently used; kBase: the foundation
+  // alone over its program.
   StatusOr<Adapter*> acquire(size_t index);
+  // The program entry `index` (an adapter's, or kBase's) runs.
+  StatusOr<size_t> program_of(size_t index) const;
+  // Bumped whenever every program is unloaded (the arena grew): programs,
+  // and what points into them, from before are gone.
+  uint64_t programs_generation() const { return programs_generation_; }
 
   // check_request for adapter `index`, without loading it: the request's
   // ids against its vocabulary, prompt + new tokens against its context.
@@ -298,8 +304,6 @@ class AdapterPool {
   // Makes the program of the first registered adapter loaded and returns
   // the foundation-alone adapter over it.
   StatusOr<Adapter*> acquire_base();
-  // The program entry `index` (an adapter's, or kBase's) runs.
-  StatusOr<size_t> program_of(size_t index) const;
   Status check_budget_holds(const Entry& entry) const;
   // Evicts LRU adapters until `incoming` more bytes fit.
   void make_room(uint64_t incoming, size_t keep);
@@ -332,6 +336,7 @@ class AdapterPool {
   std::unique_ptr<SharedAdapter> base_;  // over programs_[entries_[0].program], once used
   std::vector<int64_t> eos_ids_;
   uint64_t clock_ = 0;
+  uint64_t programs_generation_ = 0;
   PoolStats counters_;
   // Pins by entry index, under their own lock (not the runtime's: see PINS).
   mutable std::mutex pins_lock_;

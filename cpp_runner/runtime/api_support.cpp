@@ -86,11 +86,39 @@ ls_status check_owner(ls_runtime* runtime, const ls_adapter* adapter, ls_error* 
   return LS_ERR_ARGUMENT;
 }
 
+namespace {
+
+// The runtime whose lock this thread gave up while it waits in the batch (Unguard).
+thread_local const ls_runtime* t_waiting_in = nullptr;
+
+void take_lock(ls_runtime* rt) {
+  rt->lock_waiters.fetch_add(1);
+  rt->lock.lock();
+  rt->lock_waiters.fetch_sub(1);
+  rt->owner.store(std::this_thread::get_id());
+}
+
+}  // namespace
+
+bool inside(const ls_runtime* rt) {
+  return rt->owner.load() == std::this_thread::get_id() || t_waiting_in == rt;
+}
+
 Guard::Guard(ls_runtime* rt) : rt_(rt) {
-  if (rt_->owner.load() == std::this_thread::get_id()) return;
-  rt_->lock.lock();
-  rt_->owner.store(std::this_thread::get_id());
+  if (inside(rt_)) return;
+  take_lock(rt_);
   held_ = true;
+}
+
+Unguard::Unguard(ls_runtime* rt) : rt_(rt), outer_(t_waiting_in) {
+  t_waiting_in = rt_;
+  rt_->owner.store(std::thread::id());
+  rt_->lock.unlock();
+}
+
+Unguard::~Unguard() {
+  take_lock(rt_);
+  t_waiting_in = outer_;
 }
 
 Guard::~Guard() {
@@ -102,7 +130,7 @@ Guard::~Guard() {
 ls_status busy(ls_error* error) {
   set_error(error, LS_ERR_BUSY,
             "called from inside this runtime's on_token callback: return from the "
-            "callback first (requests of one runtime run one at a time)");
+            "callback first (another thread may call the runtime meanwhile)");
   return LS_ERR_BUSY;
 }
 
@@ -152,9 +180,42 @@ ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status u
   auto* rt = new ls_runtime();
   rt->pool = std::move(pool.value());
   rt->runner_messages = runner_messages;
+  if (rt->pool->parallel() > 1)
+    rt->scheduler = std::make_unique<Scheduler>(*rt->pool, rt->lock, rt->lock_waiters, rt->pool->parallel());
   clear_error(error);
   return rt;
 }
+
+namespace {
+
+// generate_index's request in the runtime's batch: checked and its adapter
+// pinned under the lock (as AdapterPool::generate does), then run with the
+// lock released, so that the scheduler and the other callers go on.
+StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int64_t> prompt,
+                                  int64_t max_new_tokens, const Sampling& sampling,
+                                  const std::vector<int64_t>& stop_ids, const GenerateExtras& extras,
+                                  const TokenCallback& callback) {
+  Status s = rt->pool->check(index, prompt, max_new_tokens, extras.prompt_label);
+  if (!s.ok()) return s;
+  s = rt->pool->pin(index);
+  if (!s.ok()) return s;
+  BatchRequest request;
+  request.adapter = index;
+  request.prompt = std::move(prompt);
+  request.max_new_tokens = max_new_tokens;
+  request.sampling = sampling;
+  request.stop_ids = stop_ids;
+  request.keep_logits = extras.keep_logits;
+  StatusOr<Generation> g = Status::failure("not run");
+  {
+    Unguard waiting(rt);
+    g = rt->scheduler->run(std::move(request), callback);
+    rt->pool->unpin(index);
+  }
+  return g;
+}
+
+}  // namespace
 
 ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, size_t n,
                          const ls_generate_options* options, ls_token_callback on_token,
@@ -194,9 +255,11 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   static const std::vector<int64_t> kNone;
   const std::vector<int64_t>& stop_ids =
       extras.stop_ids ? *extras.stop_ids : o.ignore_eos != 0 ? kNone : rt->pool->eos_ids();
-  auto g = rt->pool->generate(index, std::vector<int64_t>(prompt, prompt + n), o.max_new_tokens,
-                              sampling, stop_ids, extras.keep_logits, callback,
-                              extras.prompt_label);
+  std::vector<int64_t> ids(prompt, prompt + n);
+  auto g = rt->scheduler ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, sampling, stop_ids,
+                                        extras, callback)
+                         : rt->pool->generate(index, ids, o.max_new_tokens, sampling, stop_ids,
+                                              extras.keep_logits, callback, extras.prompt_label);
   if (!g.ok()) {
     // Usage errors come from the request's check; failures from loading or running.
     bool loading = !rt->pool->resident(index);

@@ -17,6 +17,7 @@
 #include "binding.h"
 #include "lora_share.h"
 #include "program_forward.h"
+#include "scheduler.h"
 
 struct ls_adapter {
   ls_runtime* runtime;
@@ -49,9 +50,13 @@ struct ls_runtime {
   std::string packed_cache;  // the packed-weights file in use, once asked (ls_diag_loading_info)
   std::mutex lock;
   std::atomic<std::thread::id> owner{};  // the thread holding `lock`
+  std::atomic<int> lock_waiters{0};      // threads waiting for `lock` (Guard)
   // Messages name build/runner's flags (ls_diag_options.runner_messages).
   bool runner_messages = false;
   std::unique_ptr<ls_tokenizer> tokenizer;  // bound on first ask (ls_runtime_tokenizer)
+  // parallel > 1: batches every ls_generate (THREADS). Last, so that it goes
+  // first: its thread uses the pool and the lock.
+  std::unique_ptr<lora_share::Scheduler> scheduler;
 };
 
 namespace lora_share::capi {
@@ -90,6 +95,23 @@ class Guard {
  private:
   ls_runtime* rt_;
   bool held_ = false;
+};
+
+// Whether this thread is inside a call on `rt` (holding its lock, or waiting
+// in the batch with it released): a call from its callback is refused.
+bool inside(const ls_runtime* rt);
+
+// Releases the runtime's lock that this thread's Guard holds, for as long as
+// it waits in the batch (the scheduler and the other callers need the lock),
+// and takes it back; the thread still counts as inside the runtime.
+class Unguard {
+ public:
+  explicit Unguard(ls_runtime* rt);
+  ~Unguard();
+
+ private:
+  ls_runtime* rt_;
+  const ls_runtime* outer_;
 };
 
 // LS_ERR_BUSY: a call from inside this runtime's callback.

@@ -95,7 +95,7 @@ ls_runtime* ls_open_dir(const char* dir, const ls_options* options, ls_error* er
 
 void ls_close(ls_runtime* runtime) {
   if (runtime == nullptr) return;
-  if (runtime->owner.load() == std::this_thread::get_id()) return;  // from a callback: refused
+  if (inside(runtime)) return;  // from a callback: refused
   delete runtime;
 }
 
@@ -372,11 +372,16 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   stats->largest_adapter_bytes = s.largest_adapter_bytes;
   int64_t pss_kb = lora_share::read_memory_stats().pss_kb;
   stats->process_pss_bytes = pss_kb < 0 ? -1 : pss_kb * 1024;
+  lora_share::SchedulerStats b;
+  if (runtime->scheduler) b = runtime->scheduler->stats();
   stats->parallel = static_cast<uint32_t>(runtime->pool->parallel());
-  stats->slots_in_use = 0;
-  stats->prefix_hits = stats->prefix_tokens = stats->batch_steps = 0;
+  stats->slots_in_use = static_cast<uint32_t>(b.slots_in_use);
+  stats->prefix_hits = b.prefix_hits;
+  stats->prefix_tokens = b.prefix_tokens;
+  stats->batch_steps = b.batch_steps;
   std::fill(std::begin(stats->batch_size_counts), std::end(stats->batch_size_counts), uint64_t{0});
-  stats->slot_bytes = 0;
+  std::copy(b.batch_size_counts.begin(), b.batch_size_counts.end(), stats->batch_size_counts);
+  stats->slot_bytes = b.slot_bytes;
   clear_error(error);
   return LS_OK;
 }

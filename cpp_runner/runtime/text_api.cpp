@@ -119,6 +119,8 @@ struct TextRun {
   tok::StreamDecoder decoder;
   ls_text_callback on_text;
   void* user_data;
+  // The tokenizer's lock: with parallel > 1 other requests decode with it at once.
+  std::mutex* tokenizer_lock;
   ls_text_result result{};
   bool stopped = false;  // the callback asked to stop
 
@@ -135,7 +137,12 @@ struct TextRun {
       return 1;
     }
     ++run->result.completion_tokens;
-    return run->hand_out(run->decoder.push(id)) ? 0 : 1;
+    std::string piece;
+    {
+      std::lock_guard<std::mutex> lock(*run->tokenizer_lock);
+      piece = run->decoder.push(id);
+    }
+    return run->hand_out(piece) ? 0 : 1;
   }
 };
 
@@ -170,15 +177,18 @@ ls_status generate_from_text(ls_runtime* rt, const char* name, const std::string
   // The adapter pool's EOS ids are the bound tokenizer's: both read the
   // same manifest.json section.
   TextRun run{&rt->pool->eos_ids(), options != nullptr && options->ignore_eos != 0,
-              tok::StreamDecoder(t->bound.tokenizer, /*skip_special_tokens=*/true), on_text, user_data};
+              tok::StreamDecoder(t->bound.tokenizer, /*skip_special_tokens=*/true), on_text, user_data,
+              &t->lock};
   run.result.prompt_tokens = ids.size();
   status = generate_index(rt, index, ids.data(), ids.size(), options, &TextRun::on_token, &run,
                                     GenerateExtras(), error);
   if (status != LS_OK) return status;
+  std::string rest;
   {
     std::lock_guard<std::mutex> lock(t->lock);
-    run.hand_out(run.decoder.finish());
+    rest = run.decoder.finish();
   }
+  run.hand_out(rest);
   if (run.stopped) run.result.finish_reason = LS_FINISH_CALLBACK;
   if (result != nullptr) *result = run.result;
   clear_error(error);

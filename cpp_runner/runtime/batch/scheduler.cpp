@@ -1,0 +1,336 @@
+#include "scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "adapter_on_foundation.h"
+
+namespace lora_share {
+
+using Clock = std::chrono::steady_clock;
+
+struct Scheduler::Job {
+  Job(BatchRequest r) : request(std::move(r)), sampler(request.sampling, request.prompt) {}
+  BatchRequest request;
+  Sampler sampler;
+  std::atomic<bool> cancelled{false};  // the caller's callback asked to stop
+
+  // The scheduler thread's.
+  const LoraData* lora = nullptr;
+  size_t slot = 0, row = 0;
+  bool placed = false;  // its row's LoRA is set (set_row)
+  size_t fed = 0;       // prompt tokens whose KV the slot holds
+  std::vector<int64_t> tokens;
+  std::vector<float> logits;  // kept rows (keep_logits)
+  bool ended = false;
+  Status failure;  // why it ended, if it failed
+  Clock::time_point admitted, first_token, last_token;
+
+  bool decoding() const { return fed == request.prompt.size() && !ended; }
+
+  // Shared with the caller, under the scheduler's mu_.
+  std::deque<int64_t> pending;
+  bool done = false;
+  Status status;
+  Generation result;
+  std::condition_variable ready;
+};
+
+Scheduler::Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots)
+    : pool_(pool),
+      pool_lock_(pool_lock),
+      lock_waiters_(lock_waiters),
+      slots_(slots),
+      batch_size_counts_(slots, 0),
+      thread_([this] { loop(); }) {}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> q(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+StatusOr<Generation> Scheduler::run(BatchRequest request, const TokenCallback& on_token) {
+  Job job(std::move(request));
+  std::unique_lock<std::mutex> q(mu_);
+  if (stop_) return Status::failure("the runtime is closing");
+  incoming_.push_back(&job);
+  wake_.notify_all();
+  bool stopped = false;
+  std::vector<int64_t> delivered;
+  for (;;) {
+    job.ready.wait(q, [&] { return job.done || !job.pending.empty(); });
+    std::deque<int64_t> tokens;
+    tokens.swap(job.pending);
+    bool done = job.done;
+    q.unlock();
+    for (int64_t t : tokens) {
+      if (stopped) break;  // what came after the caller hung up is not its answer
+      delivered.push_back(t);
+      if (on_token && !on_token(t)) {
+        stopped = true;
+        job.cancelled.store(true);
+      }
+    }
+    q.lock();
+    if (done && job.pending.empty()) break;
+  }
+  if (!job.status.ok()) return job.status;
+  Generation g = std::move(job.result);
+  if (stopped && g.rows > static_cast<int64_t>(delivered.size())) {
+    g.rows = static_cast<int64_t>(delivered.size());
+    g.logits.resize(static_cast<size_t>(g.rows * g.vocab));
+  }
+  g.tokens = std::move(delivered);
+  return g;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.slots = slots_;
+  s.batch_steps = batch_steps_;
+  s.batch_size_counts = batch_size_counts_;
+  if (table_) {
+    s.slots_in_use = table_->in_use();
+    s.prefix_hits = table_->prefix_hits();
+    s.prefix_tokens = table_->prefix_tokens();
+  }
+  if (engine_) s.slot_bytes = engine_->slot_bytes();
+  return s;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> q(mu_);
+      wake_.wait(q, [&] { return stop_ || !incoming_.empty() || !active_.empty() || !waiting_.empty(); });
+      if (stop_) break;
+      waiting_.insert(waiting_.end(), incoming_.begin(), incoming_.end());
+      incoming_.clear();
+    }
+    // Callers waiting for the runtime's lock (to submit, to load, for stats)
+    // go first: the scheduler would take it back before they wake otherwise.
+    while (lock_waiters_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::lock_guard<std::mutex> lock(pool_lock_);
+    step();
+  }
+  std::lock_guard<std::mutex> lock(pool_lock_);
+  fail_active(Status::failure("the runtime was closed while this request ran"));
+  std::lock_guard<std::mutex> q(mu_);
+  waiting_.insert(waiting_.end(), incoming_.begin(), incoming_.end());
+  incoming_.clear();
+  for (Job* job : waiting_) {
+    job->status = Status::failure("the runtime was closed before this request ran");
+    job->done = true;
+    job->ready.notify_all();
+  }
+  waiting_.clear();
+}
+
+void Scheduler::step() {
+  for (Job* job : active_)
+    if (job->cancelled.load()) job->ended = true;
+  leave_finished();
+  admit();
+  prefill_one();
+  decode_all();
+  leave_finished();
+}
+
+Status Scheduler::set_engine(SharedProgram& program, size_t index) {
+  table_.reset();
+  engine_.reset();
+  auto engine = BatchEngine::create(program, slots_);
+  if (!engine.ok()) return engine.status();
+  engine_ = std::move(engine.value());
+  table_ = std::make_unique<SlotTable>(engine_->slots(), engine_->ring());
+  engine_program_ = index;
+  engine_generation_ = pool_.programs_generation();
+  return Status();
+}
+
+void Scheduler::admit() {
+  // Loading a program of another shape re-plans the arena: the engine's
+  // program and every row's LoRA are gone, so are their requests.
+  if (engine_ && pool_.programs_generation() != engine_generation_) {
+    fail_active(Status::failure("a program of another shape was loaded while this request ran "
+                                "(the runtime re-planned its memory): run it again"));
+    engine_.reset();
+    table_.reset();
+  }
+  while (!waiting_.empty()) {
+    Job& job = *waiting_.front();
+    auto program = pool_.program_of(job.request.adapter);
+    // Another program than the batch's: after this batch (loading it may
+    // re-plan the memory the batch runs in).
+    bool other = program.ok() && (!engine_ || program.value() != engine_program_);
+    if (other && !active_.empty()) return;
+    if (program.ok() && !other && active_.size() >= engine_->rows()) return;
+    waiting_.pop_front();
+    auto adapter = program.ok() ? pool_.acquire(job.request.adapter) : StatusOr<Adapter*>(program.status());
+    if (!adapter.ok()) {
+      finish(job, adapter.status());
+      continue;
+    }
+    auto* shared = dynamic_cast<SharedAdapter*>(adapter.value());
+    if (shared == nullptr) {
+      finish(job, Status::usage("parallel > 1 batches adapters over one shared program: stock "
+                                "loading (a Module per adapter) cannot"));
+      continue;
+    }
+    if (other) {
+      Status s = set_engine(*shared->program(), program.value());
+      if (!s.ok()) {
+        finish(job, s);
+        continue;
+      }
+    }
+    auto claim = table_->claim(job.request.adapter, job.request.prompt);
+    if (!claim) {  // rows <= slots: a free row has a free slot
+      finish(job, Status::failure("no free KV slot for a free row"));
+      continue;
+    }
+    job.lora = shared->lora_data();
+    job.slot = claim->slot;
+    job.fed = claim->kept;
+    job.row = active_.size();
+    job.admitted = Clock::now();
+    Status s = engine_->set_row(job.row, job.lora);
+    if (!s.ok()) {
+      table_->release(job.slot);
+      finish(job, s);
+      continue;
+    }
+    job.placed = true;
+    active_.push_back(&job);
+  }
+}
+
+void Scheduler::pack() {
+  std::stable_partition(active_.begin(), active_.end(), [](const Job* j) { return j->decoding(); });
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Job& job = *active_[i];
+    if (job.row == i && job.placed) continue;
+    job.row = i;
+    Status s = engine_->set_row(i, job.lora);
+    job.placed = s.ok();
+    if (!s.ok()) {
+      job.ended = true;
+      job.failure = s;
+    }
+  }
+}
+
+void Scheduler::prefill_one() {
+  auto it = std::find_if(active_.begin(), active_.end(),
+                         [](const Job* j) { return !j->ended && j->fed < j->request.prompt.size(); });
+  if (it == active_.end()) return;
+  Job& job = **it;
+  const std::vector<int64_t>& prompt = job.request.prompt;
+  size_t chunk = static_cast<size_t>(std::max<int64_t>(engine_->prefill_chunk(), 1));
+  std::vector<int64_t> part(prompt.begin() + job.fed, prompt.begin() + std::min(prompt.size(), job.fed + chunk));
+  std::vector<float> logits;
+  Status s = engine_->prefill(job.row, job.slot, part, static_cast<int64_t>(job.fed), &logits);
+  if (!s.ok()) {
+    job.ended = true;
+    job.failure = s;
+    return;
+  }
+  table_->fed(job.slot, part.data(), part.size());
+  job.fed += part.size();
+  if (job.fed == prompt.size()) {
+    job.first_token = Clock::now();
+    deliver(job, logits);
+  }
+}
+
+void Scheduler::decode_all() {
+  pack();
+  std::vector<BatchRow> rows;
+  for (Job* job : active_) {
+    if (!job->decoding() || job->tokens.empty()) break;  // packed: decoding rows first
+    rows.push_back(BatchRow{job->row, job->slot, job->tokens.back(),
+                            static_cast<int64_t>(job->request.prompt.size() + job->tokens.size() - 1)});
+  }
+  if (rows.empty()) return;
+  std::vector<float> logits;
+  Status s = engine_->decode(rows, &logits);
+  if (!s.ok()) {
+    for (size_t b = 0; b < rows.size(); ++b) active_[b]->ended = true, active_[b]->failure = s;
+    return;
+  }
+  ++batch_steps_;
+  ++batch_size_counts_[rows.size() - 1];
+  const size_t vocab = static_cast<size_t>(engine_->vocab_size());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    Job& job = *active_[b];
+    table_->fed(job.slot, &rows[b].token, 1);
+    std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
+    deliver(job, row);
+  }
+}
+
+void Scheduler::deliver(Job& job, std::vector<float>& logits) {
+  if (job.request.keep_logits) job.logits.insert(job.logits.end(), logits.begin(), logits.end());
+  int64_t token = job.sampler.pick(logits);
+  job.tokens.push_back(token);
+  job.last_token = Clock::now();
+  const auto& stop = job.request.stop_ids;
+  if (static_cast<int64_t>(job.tokens.size()) >= job.request.max_new_tokens ||
+      std::find(stop.begin(), stop.end(), token) != stop.end())
+    job.ended = true;
+  std::lock_guard<std::mutex> q(mu_);
+  job.pending.push_back(token);
+  job.ready.notify_all();
+}
+
+void Scheduler::leave_finished() {
+  bool left = false;
+  for (size_t i = 0; i < active_.size();) {
+    Job& job = *active_[i];
+    if (!job.ended) {
+      ++i;
+      continue;
+    }
+    table_->release(job.slot);
+    active_.erase(active_.begin() + i);
+    finish(job, job.failure);
+    left = true;
+  }
+  if (left) pack();
+}
+
+void Scheduler::fail_active(const Status& status) {
+  for (Job* job : active_) {
+    if (table_) table_->release(job->slot);
+    finish(*job, status);
+  }
+  active_.clear();
+}
+
+void Scheduler::finish(Job& job, const Status& status) {
+  using seconds = std::chrono::duration<double>;
+  Generation g;
+  g.vocab = engine_ ? engine_->vocab_size() : 0;
+  g.rows = job.request.keep_logits ? static_cast<int64_t>(job.tokens.size()) : 0;
+  g.logits = std::move(job.logits);
+  g.tokens = job.tokens;
+  if (!job.tokens.empty()) {
+    double prefill_s = seconds(job.first_token - job.admitted).count();
+    double decode_s = seconds(job.last_token - job.first_token).count();
+    g.prefill_ms = prefill_s * 1e3;
+    g.decode_ms = decode_s * 1e3;
+    if (prefill_s > 0) g.prefill_tokens_per_s = job.request.prompt.size() / prefill_s;
+    if (job.tokens.size() > 1 && decode_s > 0) g.decode_tokens_per_s = (job.tokens.size() - 1) / decode_s;
+  }
+  std::lock_guard<std::mutex> q(mu_);
+  job.status = status;
+  job.result = std::move(g);
+  job.done = true;
+  job.ready.notify_all();
+}
+
+}  // namespace lora_share

@@ -1,0 +1,127 @@
+// Continuous batching of a runtime's requests (docs/batching.md, "Continuous
+// batching" and "The C API's threads"; the C++ port of
+// lora_share/inference/batching.py's Scheduler over BatchEngine).
+//
+// One scheduler thread per runtime opened with parallel > 1 owns the
+// BatchEngine and the slot table. ls_generate's callers (any threads) hand a
+// request to run() and block on their own queue of tokens; the callback runs
+// on the caller's thread. Each iteration of the scheduler thread, under the
+// runtime's lock (the pool is not thread-safe):
+//   1. requests whose caller hung up leave;
+//   2. waiting requests are admitted while rows and slots are free: the
+//      adapter is made resident, the slot table picks a slot (a prefix hit
+//      starts the prompt after what the slot holds), BatchEngine::set_row
+//      fills the row's LoRA once;
+//   3. one prompt chunk of one request still in its prompt (so a long prompt
+//      delays the others by one chunk a step);
+//   4. one decode step over every request that is generating, each row's
+//      token picked by its own Sampler and handed to its caller;
+//   5. finished requests leave; their slot keeps its tokens and KV.
+// Rows that decode are kept packed at rows 0..D-1 (BatchEngine's contract);
+// a request whose row index changes gets set_row again.
+//
+// Every request of a batch runs on one program (adapters of one deployment
+// share it): a request on another program (another envelope) waits until the
+// batch is empty, then the engine is made again over its program, and the
+// slots start empty.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "adapter_pool.h"
+#include "batch_engine.h"
+#include "generate.h"
+#include "sampler.h"
+#include "slot_table.h"
+#include "status.h"
+
+namespace lora_share {
+
+// One ls_generate call.
+struct BatchRequest {
+  size_t adapter = AdapterPool::kBase;  // pool index, or kBase
+  std::vector<int64_t> prompt;
+  int64_t max_new_tokens = 16;
+  Sampling sampling;
+  std::vector<int64_t> stop_ids;  // ends it after one of them
+  bool keep_logits = false;
+};
+
+// Counters for ls_runtime_stats.
+struct SchedulerStats {
+  size_t slots = 0, slots_in_use = 0, slot_bytes = 0;
+  uint64_t prefix_hits = 0, prefix_tokens = 0, batch_steps = 0;
+  std::vector<uint64_t> batch_size_counts;  // [b - 1]: decode steps of b rows
+};
+
+class Scheduler {
+ public:
+  // `slots` KV slots over `pool`, whose calls the scheduler makes holding
+  // `pool_lock`; `lock_waiters` counts the threads waiting for that lock (the
+  // scheduler lets them in between its iterations).
+  Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots);
+  // Ends the thread; requests still queued end with an error.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Runs `request` in the batch, calling `on_token` (may be null) on this
+  // thread with each token; false stops it (its row leaves at the next
+  // step). Blocks until it ends. The caller checked the request, pinned its
+  // adapter, and holds no lock of the runtime.
+  StatusOr<Generation> run(BatchRequest request, const TokenCallback& on_token);
+
+  // Call with the pool's lock held.
+  SchedulerStats stats() const;
+
+ private:
+  struct Job;
+  void loop();
+  void step();
+  void admit();
+  void prefill_one();
+  void decode_all();
+  // Puts decoding rows first, each at its index (set_row when it moved).
+  void pack();
+  void leave_finished();
+  void fail_active(const Status& status);
+  // Hands `token` (picked from `logits`) to its caller; marks the job done
+  // when it stops it (max_new_tokens, a stop id).
+  void deliver(Job& job, std::vector<float>& logits);
+  // The job's caller learns that it ended with `status`; the scheduler drops it.
+  void finish(Job& job, const Status& status);
+  // The engine over `program` (the pool's program `index`), slots empty.
+  Status set_engine(SharedProgram& program, size_t index);
+
+  AdapterPool& pool_;
+  std::mutex& pool_lock_;
+  std::atomic<int>& lock_waiters_;
+  const size_t slots_;
+
+  // The scheduler thread's own state (read by stats() under the pool's lock).
+  std::unique_ptr<BatchEngine> engine_;
+  std::unique_ptr<SlotTable> table_;
+  size_t engine_program_ = 0;
+  uint64_t engine_generation_ = 0;
+  std::deque<Job*> waiting_;
+  std::vector<Job*> active_;  // index = engine row
+  uint64_t batch_steps_ = 0;
+  std::vector<uint64_t> batch_size_counts_;
+
+  // Shared with the callers, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Job*> incoming_;
+  bool stop_ = false;
+
+  std::thread thread_;  // last: starts after everything above is ready
+};
+
+}  // namespace lora_share
