@@ -181,6 +181,10 @@ void Scheduler::admit() {
                                 "loading (a Module per adapter) cannot"));
       continue;
     }
+    if (other && !shared->program()->file_has_batch()) {
+      run_alone(job);  // a build before decode_batch: one request at a time, as with parallel 1
+      continue;
+    }
     if (other) {
       Status s = set_engine(*shared->program(), program.value());
       if (!s.ok()) {
@@ -207,6 +211,23 @@ void Scheduler::admit() {
     job.placed = true;
     active_.push_back(&job);
   }
+}
+
+void Scheduler::run_alone(Job& job) {
+  table_.reset();
+  engine_.reset();
+  const BatchRequest& r = job.request;
+  auto g = pool_.generate(r.adapter, r.prompt, r.max_new_tokens, r.sampling, r.stop_ids, r.keep_logits,
+                          [&](int64_t token) {
+                            job.tokens.push_back(token);
+                            std::lock_guard<std::mutex> q(mu_);
+                            job.pending.push_back(token);
+                            job.ready.notify_all();
+                            return !job.cancelled.load();
+                          });
+  if (!g.ok()) return finish(job, g.status());
+  job.logits = std::move(g->logits);
+  finish(job, Status(), &g.value());
 }
 
 void Scheduler::pack() {
@@ -311,14 +332,19 @@ void Scheduler::fail_active(const Status& status) {
   active_.clear();
 }
 
-void Scheduler::finish(Job& job, const Status& status) {
+void Scheduler::finish(Job& job, const Status& status, const Generation* alone) {
   using seconds = std::chrono::duration<double>;
   Generation g;
-  g.vocab = engine_ ? engine_->vocab_size() : 0;
+  g.vocab = engine_ ? engine_->vocab_size() : alone ? alone->vocab : 0;
   g.rows = job.request.keep_logits ? static_cast<int64_t>(job.tokens.size()) : 0;
   g.logits = std::move(job.logits);
   g.tokens = job.tokens;
-  if (!job.tokens.empty()) {
+  if (alone != nullptr) {
+    g.prefill_ms = alone->prefill_ms;
+    g.decode_ms = alone->decode_ms;
+    g.prefill_tokens_per_s = alone->prefill_tokens_per_s;
+    g.decode_tokens_per_s = alone->decode_tokens_per_s;
+  } else if (!job.tokens.empty()) {
     double prefill_s = seconds(job.first_token - job.admitted).count();
     double decode_s = seconds(job.last_token - job.first_token).count();
     g.prefill_ms = prefill_s * 1e3;

@@ -23,7 +23,8 @@
 // Every request of a batch runs on one program (adapters of one deployment
 // share it): a request on another program (another envelope) waits until the
 // batch is empty, then the engine is made again over its program, and the
-// slots start empty.
+// slots start empty. A program built before decode_batch runs its requests
+// one at a time on the one-row path, as a runtime of one slot does.
 #pragma once
 
 #include <atomic>
@@ -95,8 +96,12 @@ class Scheduler {
   // Hands `token` (picked from `logits`) to its caller; marks the job done
   // when it stops it (max_new_tokens, a stop id).
   void deliver(Job& job, std::vector<float>& logits);
-  // The job's caller learns that it ended with `status`; the scheduler drops it.
-  void finish(Job& job, const Status& status);
+  // The job's caller learns that it ended with `status`; the scheduler drops
+  // it. `alone`: the timings of a request run_alone ran.
+  void finish(Job& job, const Status& status, const Generation* alone = nullptr);
+  // A request on a program built before decode_batch: the one-row path
+  // (AdapterPool::generate), alone, its tokens handed to its caller as they come.
+  void run_alone(Job& job);
   // The engine over `program` (the pool's program `index`), slots empty.
   Status set_engine(SharedProgram& program, size_t index);
 
