@@ -185,6 +185,9 @@ def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, set
     """Every scenario ``settings['repeats']`` times, the sides alternating (which goes first swaps each
     repeat); then each concurrent request again alone on its side, the texts compared. Client c asks
     ``questions[c]`` (cycled)."""
+    for server in sides.values():  # every adapter loaded (and packed weights written) before anything is timed
+        for a, adapter in enumerate(builds_adapters):
+            http_streams.stream(server.address, server.body(adapter, a, prompts.tagged(questions[0]), 1, True))
     figures = {side: {name: [] for name in SCENARIOS} for side in sides}
     asked = {side: [] for side in sides}  # (adapter index, ids, concurrent text)
     order = list(sides)
