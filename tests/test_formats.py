@@ -110,13 +110,13 @@ def test_pte_reader_matches_executorch(tiny_build):
     assert sorted(e.key for e in pte.named_data) == sorted(named.pte_data)
     for e in pte.named_data:
         assert pte.data(e.key) == bytes(named.buffers[named.pte_data[e.key].buffer_index]), e.key
-    for plan in program.execution_plan:  # forward and decode delegate; the constant methods do not
+    for plan in program.execution_plan:  # forward, decode and decode_batch delegate; the constant methods do not
         ours = [d for d in pte.delegates if d.plan == plan.name]
         assert len(ours) == len(plan.delegates), plan.name
         for d, theirs_d in zip(ours, plan.delegates):
             payload = program.backend_delegate_data[theirs_d.processed.index].data
             assert d.id == theirs_d.id and bytes(pte.blob[d.start:d.end]) == bytes(payload)
-    assert {d.plan for d in pte.delegates} == {"forward", "decode"}
+    assert {d.plan for d in pte.delegates} == {"forward", "decode", "decode_batch"}
     # XNNPACK names constants by the sha256 of their bytes.
     for d in pte.delegates:
         for c in d.constants:

@@ -165,7 +165,8 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         assert proc.returncode == 0, proc.stderr
         pte = json.loads(proc.stdout)
         assert pte["size"] == entry["size"]
-        assert pte["methods"] == ["decode", "forward", "get_max_seq_len", "get_vocab_size", "get_prefill_chunk"]
+        assert pte["methods"] == ["decode", "decode_batch", "forward", "get_max_seq_len", "get_vocab_size",
+                                  "get_prefill_chunk"]
         a = pte["adapter"]
         assert (a["name"], a["rank"], a["alpha"], a["targets"], a["layers"], a["lora_bytes"]) == (
             entry["name"], entry["rank"], entry["alpha"], entry["targets"], entry["layers"], entry["lora_bytes"])

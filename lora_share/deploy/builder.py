@@ -85,7 +85,8 @@ def _exporter(dep: Deployment):
         foundation = dep.get_foundation()
         record = encode_foundation(foundation_meta(foundation, dep.fingerprint))
         model = eager_model(foundation, envelope=dep.envelope)
-        exported = export_program(model, dep.envelope, workdir, {FOUNDATION_KEY: record})
+        # decode_batch too: a runtime with several KV slots (--parallel) batches requests with it.
+        exported = export_program(model, dep.envelope, workdir, {FOUNDATION_KEY: record}, batch=True)
         return Program(exported.pte, "the exported program"), exported.ptd
     return export
 

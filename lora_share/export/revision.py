@@ -15,4 +15,6 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 8: the position is forward's input; the slabs' views may be longer than the past (model.kv_view_rows).
 # 9: a second method, decode: one token, each layer's attention one lora_share::attend call.
 # 10: decode's attention from the projections to o_proj's input one lora_share::rope_attend call.
-EXPORTER_REVISION = 10
+# 11: a third method, decode_batch, in every build: one token for each of several rows, each its own
+#     position, KV slot and LoRA (docs/batching.md); runtimes with several slots run it.
+EXPORTER_REVISION = 11
