@@ -393,6 +393,34 @@ def test_quantized_foundation_runner(qwen2_8da4w, runner_bin, tmp_path):
     assert np.abs(logits - python.logits).max() <= TOL
 
 
+def _mixed_script(build: Build) -> list:
+    """Base and each adapter of ``build`` on their own slots, at different positions, joining at different
+    steps; slot 0 used again once base has left."""
+    from batch_script import Req
+
+    names = list(build.ptes)
+    return [Req(None, PROMPT, slot=0, new=6), Req(names[0], list(range(7, 19)), slot=1, new=8),
+            Req(names[-1], [5, 6], slot=2, new=9, joins=1), Req(names[0], [9, 9, 9], slot=0, new=5, joins=8)]
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_batched_rows_equal_each_request_alone(families, family, runner_bin):
+    """The C++ batched decode step (tests/test_batch_engine.py) on every family's build: each row of a mixed
+    batch answers as the same request alone through the one-row C path (Gemma 3: ring slabs wrapping)."""
+    from batch_script import check_rows_equal_alone
+
+    check_rows_equal_alone(families(family).build, _mixed_script(families(family).build),
+                           REPO / "build" / "liblora_share.so", min_batch=3)
+
+
+def test_batched_rows_equal_each_request_alone_8da4w(qwen2_8da4w, runner_bin):
+    """As above over an 8da4w foundation (each row's activations quantized on their own)."""
+    from batch_script import check_rows_equal_alone
+
+    check_rows_equal_alone(qwen2_8da4w, _mixed_script(qwen2_8da4w), REPO / "build" / "liblora_share.so",
+                           min_batch=3)
+
+
 def test_llama_biases(tmp_path):
     """llama's attention_bias (q/k/v/o) and mlp_bias (gate/up/down), in the eager model every export
     is checked against, match transformers + peft (the export of a biased linear: Qwen2, above)."""

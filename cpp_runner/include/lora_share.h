@@ -57,10 +57,14 @@
  *   programs     per distinct program loaded (every adapter of a deployment
  *                carries the same one, named by its sha256 in the adapter's
  *                record): 1.2 x its .pte size without adapter data + 4 MiB
- *                per method it runs (forward, and decode when it has one:
- *                each method's state and XNNPACK runtimes);
+ *                per method it runs (forward, and decode when it has one,
+ *                and decode_batch with parallel > 1: each method's state and
+ *                XNNPACK runtimes);
  *   arena        the planned memory (KV cache and activations) every program
- *                shares, sized to the largest program: its allocated bytes;
+ *                shares, sized to the largest program: its allocated bytes.
+ *                Its KV cache is `parallel` slots, each a whole context
+ *                (slot_bytes in ls_runtime_stats is one slot's), so a budget
+ *                holds parallel x slot_bytes of KV;
  *   adapters     per resident adapter, 1.05 x its own LoRA bytes (the tensors
  *                its .pte holds, not those in adapters_shared.ptd) + an
  *                overhead (adapter_overhead_bytes, default 512 KiB): an upper

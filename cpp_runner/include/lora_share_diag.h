@@ -9,7 +9,9 @@
  *     time (ls_diag_adapter_info), the process's memory (ls_diag_memory_stats),
  *     how often XNNPACK re-planned its runtimes (ls_diag_xnnpack_reshapes);
  *   - a request's timings and logits rows, with the ids it stops at chosen by
- *     the caller (ls_diag_generate).
+ *     the caller (ls_diag_generate);
+ *   - a script of requests through the batched decode step
+ *     (ls_diag_batch_script).
  *
  * Not a stable API: it follows the runner's flags. Errors, threads and the
  * runtime's lock are as in lora_share.h.
@@ -177,6 +179,31 @@ LS_API ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter,
                                   const ls_diag_generate_options* diag,
                                   ls_token_callback on_token, void* user_data,
                                   ls_diag_generation* out, ls_error* error);
+
+/* One request of a batch script (ls_diag_batch_script). */
+typedef struct {
+  ls_adapter* adapter;     /* NULL: the foundation alone ('base') */
+  const int64_t* prompt;
+  size_t n_prompt;
+  size_t slot;             /* its KV slot, < ls_options.parallel */
+  int64_t max_new_tokens;  /* greedy tokens; no stop ids */
+  int64_t joins;           /* the decode step before which it arrives */
+  int64_t* tokens;         /* out: room for max_new_tokens */
+  float* logits;           /* out: NULL, or room for max_new_tokens x
+                              vocab_size floats (row i: token i's logits) */
+  size_t max_batch;        /* out: the most rows of a decode step it was in */
+} ls_diag_batch_request;
+
+/* Runs `requests` through the batched engine (issue 47) of a runtime opened
+ * with ls_options.parallel > 1, on a build with decode_batch: requests join
+ * at their step, feed their prompt on their slot chunk by chunk, then
+ * decode greedily, one decode_batch step over every live request (each its
+ * own adapter, position and slot), and leave when done. Every adapter must
+ * fit the budget at once. Usage errors (LS_ERR_ARGUMENT): no decode_batch,
+ * a slot out of range or shared by two live requests, more live requests
+ * than rows. */
+LS_API ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests,
+                                      size_t n, ls_error* error);
 
 #ifdef __cplusplus
 }

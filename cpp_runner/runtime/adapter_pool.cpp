@@ -629,6 +629,10 @@ PoolStats AdapterPool::stats() const {
   s.foundation_bytes = foundation_bytes_;
   // Every known program, loaded or not: what a budget must hold to serve any adapter.
   for (const ProgramEntry& p : programs_) s.program_bytes += p.cost;
+  // The KV buffer (arena buffer 0) holds `parallel` slots of the largest program's cache.
+  for (const ProgramEntry& p : programs_)
+    if (!p.planned_sizes.empty())
+      s.slot_bytes = std::max<uint64_t>(s.slot_bytes, p.planned_sizes[0] / std::max<size_t>(options_.parallel, 1));
   s.arena_bytes = arena_bytes();
   for (const Entry& e : entries_) {
     if (e.adapter) {

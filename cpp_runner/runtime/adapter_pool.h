@@ -96,6 +96,7 @@ struct PoolStats {
   double last_load_ms = 0, total_load_ms = 0;
   uint64_t budget_bytes = 0, foundation_bytes = 0, program_bytes = 0, arena_bytes = 0;
   uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
+  uint64_t slot_bytes = 0;  // one KV slot's bytes (the arena's KV buffer holds `parallel`)
 };
 
 // The accounted resident cost of an adapter whose own LoRA tensors are

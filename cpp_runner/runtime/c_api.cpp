@@ -381,7 +381,8 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   stats->batch_steps = b.batch_steps;
   std::fill(std::begin(stats->batch_size_counts), std::end(stats->batch_size_counts), uint64_t{0});
   std::copy(b.batch_size_counts.begin(), b.batch_size_counts.end(), stats->batch_size_counts);
-  stats->slot_bytes = b.slot_bytes;
+  // The pool's figure before the scheduler has run (and with one slot): the same slot.
+  stats->slot_bytes = b.slot_bytes != 0 ? b.slot_bytes : s.slot_bytes;
   clear_error(error);
   return LS_OK;
 }

@@ -9,6 +9,7 @@
 
 #include "api_support.h"
 #include "attend_kernel.h"
+#include "batch_script.h"
 #include "et_platform.h"
 #include "memory_stats.h"
 #include "xnnpack_reshape.h"
@@ -202,6 +203,42 @@ ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64
     set_error(error, LS_ERR_RUN, std::string("ls_diag_generate: ") + e.what());
     return LS_ERR_RUN;
   }
+}
+
+ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests, size_t n,
+                               ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (requests == nullptr && n > 0) return missing(error, "requests");
+  std::vector<lora_share::ScriptRequest> script(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ls_diag_batch_request& r = requests[i];
+    if (r.prompt == nullptr && r.n_prompt > 0) return missing(error, "requests[i].prompt");
+    if (r.tokens == nullptr) return missing(error, "requests[i].tokens");
+    if (check_owner(runtime, r.adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
+    script[i].index = r.adapter ? r.adapter->index : AdapterPool::kBase;
+    script[i].prompt.assign(r.prompt, r.prompt + r.n_prompt);
+    script[i].slot = r.slot;
+    script[i].max_new_tokens = r.max_new_tokens;
+    script[i].joins = r.joins;
+  }
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    lora_share::Status s = lora_share::run_batch_script(*runtime->pool, &script);
+    if (!s.ok()) return report(error, s, LS_ERR_ARGUMENT, LS_ERR_RUN, runtime->runner_messages);
+    for (size_t i = 0; i < n; ++i) {
+      std::copy(script[i].tokens.begin(), script[i].tokens.end(), requests[i].tokens);
+      if (requests[i].logits)
+        std::copy(script[i].logits.begin(), script[i].logits.end(), requests[i].logits);
+      const auto& sizes = script[i].batch_sizes;
+      requests[i].max_batch = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+    }
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_diag_batch_script: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
 }
 
 }  // extern "C"

@@ -60,7 +60,8 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
     return Status::usage(pte + ": built by an older lora-share (no decode_batch method): "
                          "rebuild it with this version to run several requests at once");
   if (!program.has_batch() || program.kv().data == nullptr)
-    return Status::usage(pte + ": not loaded with several KV slots (open it with kv_slots > 1)");
+    return Status::usage(pte + ": loaded with one KV slot; batching needs several KV slots "
+                         "(ls_options.parallel > 1)");
   if (slots < 1 || slots > program.kv_slots())
     return Status::usage(pte + ": " + std::to_string(slots) + " slots asked for; the program " +
                          "was opened with " + std::to_string(program.kv_slots()));

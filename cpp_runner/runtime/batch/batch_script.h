@@ -1,0 +1,37 @@
+// A script of requests run through a BatchEngine (lora_share_diag.h,
+// ls_diag_batch_script): the diagnostic that tests every row of a mixed batch
+// against the same request alone. Each request joins at a given step, on a
+// given KV slot, feeds its prompt chunk by chunk (forward on its slot) and then
+// decodes greedily, one decode_batch step over every decoding row, until it
+// has its tokens; then it leaves. Live rows stay packed at rows 0..B-1
+// (batch_engine.h): a leaving row's place goes to the last row (set_row again).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "adapter_pool.h"
+#include "status.h"
+
+namespace lora_share {
+
+struct ScriptRequest {
+  size_t index = AdapterPool::kBase;  // the adapter (kBase: the foundation alone)
+  std::vector<int64_t> prompt;
+  size_t slot = 0;              // its KV slot
+  int64_t max_new_tokens = 1;   // greedy tokens, no stop ids
+  int64_t joins = 0;            // the decode step before which it arrives
+  // Out: its tokens, and the logits each was picked from (tokens x vocab).
+  std::vector<int64_t> tokens;
+  std::vector<float> logits;
+  // Out: the rows of the decode steps it was part of (its first token comes from its prompt).
+  std::vector<size_t> batch_sizes;
+};
+
+// Runs `requests` over `pool`'s program with pool.parallel() KV slots. Usage
+// errors: a slot or adapter the engine cannot take, two live requests on one
+// slot, more live requests than rows, adapters of different programs.
+Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests);
+
+}  // namespace lora_share

@@ -1,0 +1,127 @@
+"""Batched decode through the C library (ls_diag_batch_script, lora_share_diag.h) against the same requests
+alone through the one-row C path (ls_diag_generate on a runtime with one KV slot): shared by
+tests/test_batch_engine.py (the tiny build) and tests/test_families.py (every family's build, 8da4w)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from lora_share.inference import c_library as native
+
+TOL = 1e-4
+
+
+class _Request(ctypes.Structure):
+    _fields_ = [("adapter", ctypes.c_void_p), ("prompt", ctypes.POINTER(ctypes.c_int64)),
+                ("n_prompt", ctypes.c_size_t), ("slot", ctypes.c_size_t), ("max_new_tokens", ctypes.c_int64),
+                ("joins", ctypes.c_int64), ("tokens", ctypes.POINTER(ctypes.c_int64)),
+                ("logits", ctypes.POINTER(ctypes.c_float)), ("max_batch", ctypes.c_size_t)]
+
+
+class _GenOptions(ctypes.Structure):
+    _fields_ = [("logits", ctypes.POINTER(ctypes.c_float)), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
+                ("n_stop_ids", ctypes.c_size_t), ("stop_ids_given", ctypes.c_int),
+                ("prompt_label", ctypes.c_char_p)]
+
+
+@dataclass
+class Req:
+    adapter: str | None  # None: base
+    prompt: list[int]
+    slot: int
+    new: int
+    joins: int = 0
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    logits: np.ndarray  # [new, vocab]
+    max_batch: int = 1
+
+
+def _bind(lib):
+    lib.ls_diag_batch_script.restype = ctypes.c_int
+    lib.ls_diag_batch_script.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Request), ctypes.c_size_t,
+                                         ctypes.c_void_p]
+    lib.ls_diag_generate.restype = ctypes.c_int
+    lib.ls_diag_generate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+                                     ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(_GenOptions),
+                                     native.TOKEN_CALLBACK, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ls_diag_last_message.restype = ctypes.c_char_p
+
+
+def _open(build, library, parallel: int) -> native.Runtime:
+    rt = native.open(build.ptd, library=library, parallel=parallel,
+                     shared_ptd=build.shared_ptd if build.shared_ptd.exists() else None)
+    for pte in build.ptes.values():
+        rt.load_adapter(pte)
+    return rt
+
+
+def _handle(rt: native.Runtime, name: str | None):
+    return None if name is None else rt.adapter(name).handle
+
+
+def _ints(values):
+    return (ctypes.c_int64 * max(len(values), 1))(*values)
+
+
+def batch_script(build, requests: list[Req], library, parallel: int = 4) -> list[Result] | str:
+    """``requests`` through ls_diag_batch_script on a runtime with ``parallel`` slots: each one's greedy tokens,
+    logits and the most rows it decoded with; or the library's error message."""
+    rt = _open(build, library, parallel)
+    try:
+        lib = rt.lib
+        _bind(lib)
+        vocab = build.manifest["foundation"]["args"]["vocab_size"]
+        keep, array = [], (_Request * len(requests))()
+        for r, c in zip(requests, array):
+            prompt, tokens = _ints(r.prompt), (ctypes.c_int64 * r.new)()
+            logits = (ctypes.c_float * (r.new * vocab))()
+            keep += [prompt, tokens, logits]
+            c.adapter, c.prompt, c.n_prompt, c.slot = _handle(rt, r.adapter), prompt, len(r.prompt), r.slot
+            c.max_new_tokens, c.joins, c.tokens, c.logits = r.new, r.joins, tokens, logits
+        if lib.ls_diag_batch_script(rt.handle, array, len(requests), None) != 0:
+            return lib.ls_diag_last_message().decode()
+        return [Result(list(c.tokens[:r.new]), np.ctypeslib.as_array(c.logits, (r.new * vocab,)).reshape(r.new, vocab).copy(),
+                       c.max_batch) for r, c in zip(requests, array)]
+    finally:
+        rt.close()
+
+
+def alone(build, requests: list[Req], library) -> list[Result]:
+    """Each request alone through the one-row path (one KV slot; forward then decode), no stop ids."""
+    rt = _open(build, library, 1)
+    try:
+        lib = rt.lib
+        _bind(lib)
+        vocab = build.manifest["foundation"]["args"]["vocab_size"]
+        out = []
+        for r in requests:
+            logits = (ctypes.c_float * (r.new * vocab))()
+            diag = _GenOptions(logits, None, 0, 1, None)
+            opts = native._generate_options(lib, r.new, 0.0, 0, True)
+            tokens = []
+            cb = native.TOKEN_CALLBACK(lambda t, _u: tokens.append(t) or 0)
+            status = lib.ls_diag_generate(rt.handle, _handle(rt, r.adapter), _ints(r.prompt), len(r.prompt),
+                                          ctypes.byref(opts), ctypes.byref(diag), cb, None, None, None)
+            assert status == 0, lib.ls_diag_last_message().decode()
+            out.append(Result(tokens, np.ctypeslib.as_array(logits, (r.new * vocab,)).reshape(r.new, vocab).copy()))
+        return out
+    finally:
+        rt.close()
+
+
+def check_rows_equal_alone(build, requests: list[Req], library, min_batch: int) -> None:
+    """Every request of the mixed batch has the greedy tokens of the same request alone and its logits
+    within TOL; some decode step really ran ``min_batch`` rows."""
+    got, ref = batch_script(build, requests, library), alone(build, requests, library)
+    assert not isinstance(got, str), got
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert g.tokens == r.tokens, (i, requests[i])
+        assert np.abs(g.logits - r.logits).max() <= TOL, (i, requests[i], np.abs(g.logits - r.logits).max())
+    assert max(g.max_batch for g in got) >= min_batch
