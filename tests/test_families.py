@@ -413,14 +413,6 @@ def test_batched_rows_equal_each_request_alone(families, family, runner_bin):
                            REPO / "build" / "liblora_share.so", min_batch=3)
 
 
-def test_batched_rows_equal_each_request_alone_8da4w(qwen2_8da4w, runner_bin):
-    """As above over an 8da4w foundation (each row's activations quantized on their own)."""
-    from batch_script import check_rows_equal_alone
-
-    check_rows_equal_alone(qwen2_8da4w, _mixed_script(qwen2_8da4w), REPO / "build" / "liblora_share.so",
-                           min_batch=3)
-
-
 def test_llama_biases(tmp_path):
     """llama's attention_bias (q/k/v/o) and mlp_bias (gate/up/down), in the eager model every export
     is checked against, match transformers + peft (the export of a biased linear: Qwen2, above)."""

@@ -314,7 +314,7 @@ Status AdapterPool::write_packed_cache(ProgramEntry& p, PlannedArena& arena) {
   // exclusive lock), then it loads from the published file as every later
   // start will, sharing it with other processes.
   p.program = std::make_unique<SharedProgram>();
-  s = p.program->open(p.pte, p.lora_slots);
+  s = p.program->open(p.pte, p.lora_slots, options_.parallel);
   if (!s.ok()) return s;
   packed_->open_published();
   return xnnpack_.use_packed_cache(packed_->path());
@@ -632,7 +632,8 @@ PoolStats AdapterPool::stats() const {
   // The KV buffer (arena buffer 0) holds `parallel` slots of the largest program's cache.
   for (const ProgramEntry& p : programs_)
     if (!p.planned_sizes.empty())
-      s.slot_bytes = std::max<uint64_t>(s.slot_bytes, p.planned_sizes[0] / std::max<size_t>(options_.parallel, 1));
+      s.slot_bytes = std::max<uint64_t>(
+          s.slot_bytes, p.planned_sizes[0] / std::max<size_t>(options_.parallel, 1));
   s.arena_bytes = arena_bytes();
   for (const Entry& e : entries_) {
     if (e.adapter) {

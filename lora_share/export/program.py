@@ -182,7 +182,10 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
             programs["decode"] = _without_unread_constants(
                 torch.export.export(model, example_inputs(args, envelope, tokens=1),
                                     dynamic_shapes=(None, None, dynamic[1:]), strict=False))
-        if batch:
+        # Not with a quantized embedding yet (quant fusion and constant propagation on): the C++ runtime then
+        # refuses to load decode_batch against foundation.ptd (InvalidExternalData, a tensor's dims differ;
+        # seen on Qwen2 8da4w + int8 embedding). Such a build runs the one-row path.
+        if batch and not fuse_quant:
             programs["decode_batch"] = _without_unread_constants(_export_rows(model, envelope))
         ep = programs["forward"]
         user_inputs = {name for p in programs.values() for name in p.graph_signature.user_inputs}
