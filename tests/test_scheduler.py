@@ -184,11 +184,15 @@ def assert_same(got, expected, what):
 
 def test_concurrent_requests_each_equal_the_request_alone(alone, batched):
     expected = [generate_with_logits(alone, name, prompt) for name, prompt in REQUESTS]
+    before = batched.stats()
     got = concurrently([lambda n=name, p=prompt: generate_with_logits(batched, n, p) for name, prompt in REQUESTS])
     for (name, _), g, e in zip(REQUESTS, got, expected):
         assert_same(g, e, name)
     after = batched.stats()
+    steps = [a - b for a, b in zip(after["batch_size_counts"], before["batch_size_counts"])]
     assert after["parallel"] == PARALLEL and after["slots_in_use"] == 0
+    assert sum(steps[1:]) > 0, steps  # some steps ran several rows
+    assert sum(steps) == after["batch_steps"] - before["batch_steps"]
 
 
 def test_a_caller_hanging_up_leaves_the_others_unchanged(alone, batched):
@@ -201,6 +205,39 @@ def test_a_caller_hanging_up_leaves_the_others_unchanged(alone, batched):
             assert_same(g, (e[0][:2], e[1][:2]), name)
         else:
             assert_same(g, e, name)
+
+
+def test_a_prompt_extending_a_slot_continues_there(alone, batched):
+    """A second turn (the first prompt, its answer, a new message) on the same adapter: a prefix hit that
+    skips the first turn's tokens, with the answer of a fresh prefill."""
+    first = [1, 17, 42, 7, 99]
+    answer, _ = generate_with_logits(batched, "tiny_a", first, new=6)
+    second = first + answer + [11, 12]
+    before = batched.stats()
+    got = generate_with_logits(batched, "tiny_a", second, new=8)
+    after = batched.stats()
+    assert after["prefix_hits"] == before["prefix_hits"] + 1
+    # The slot holds the first prompt and the answer's tokens that were fed (all but the last).
+    assert after["prefix_tokens"] - before["prefix_tokens"] == len(first) + len(answer) - 1
+    assert_same(got, generate_with_logits(alone, "tiny_a", second, new=8), "second turn")
+
+
+def test_slots_are_counted_in_the_memory_budget(alone, batched, runner_bin, tiny_build):
+    """One slot is every layer's K and V for the whole context (float32); the arena holds PARALLEL of them
+    (3 more than a runtime of one slot); a budget of the accounted total serves PARALLEL requests at once."""
+    f = TINY_FOUNDATION
+    slot = 2 * f["n_layers"] * f["n_kv_heads"] * 32 * (f["dim"] // f["n_heads"]) * 4  # context 32
+    s = batched.stats()
+    assert s["slot_bytes"] == slot
+    assert s["arena_bytes"] - alone.stats()["arena_bytes"] >= (PARALLEL - 1) * slot
+    budget = s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + 4 * s["largest_adapter_bytes"]
+    with native.open_dir(tiny_build.out_dir, parallel=PARALLEL, budget_bytes=budget,
+                         library=runner_bin.parent / "liblora_share.so") as rt:
+        got = concurrently([lambda n=name, p=prompt: generate_with_logits(rt, n, p) for name, prompt in REQUESTS])
+        used = rt.stats()
+    assert [g[0] for g in got] == [generate_with_logits(alone, n, p)[0] for n, p in REQUESTS]
+    assert used["foundation_bytes"] + used["program_bytes"] + used["arena_bytes"] + \
+        used["resident_adapter_bytes"] <= budget
 
 
 def test_python_runtime_from_several_threads(runner_bin, text_build):
