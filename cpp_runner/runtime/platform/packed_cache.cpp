@@ -1,5 +1,7 @@
 #include "packed_cache.h"
 
+#include "huge_pages.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -214,6 +216,9 @@ std::unique_ptr<PackedCache> PackedCache::locate(const PackedFolders& folders,
     std::string why = cache->open_and_check();
     if (why.empty()) {
       cache->found_warm_ = true;
+      // Already in 2 MiB folios when published here; this reads it so again
+      // when the page cache has dropped it since (a reboot).
+      settle_file_in_huge_folios(cache->fd_, /*drop_cached=*/false);
       return cache;
     }
     note(cache->path_ + " ignored (" + why + "); writing it again");
@@ -296,7 +301,12 @@ Status PackedCache::publish() {
 
 void PackedCache::open_published() {
   std::string why = open_and_check();
-  if (why.empty()) return;
+  if (why.empty()) {
+    // Written through 4 KiB folios: dropped and read back in 2 MiB ones
+    // before XNNPACK maps it (huge_pages.h says why).
+    settle_file_in_huge_folios(fd_, /*drop_cached=*/true);
+    return;
+  }
   abandon(path_ + " cannot be read back (" + why + "); packing in memory");
 }
 
