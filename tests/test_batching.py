@@ -74,7 +74,7 @@ def model_of(case: str) -> tuple[LlamaLoRA, Envelope]:
         from lora_share.config import QuantizeConfig
         from lora_share.model.quantize import quantize_foundation_
 
-        quantize_foundation_(model, QuantizeConfig("8da4w"))
+        quantize_foundation_(model, QuantizeConfig("8da4w", embedding="int8"))
         model.fuse_projections()
     return model.eval(), envelope
 

@@ -413,6 +413,16 @@ def test_batched_rows_equal_each_request_alone(families, family, runner_bin):
                            REPO / "build" / "liblora_share.so", min_batch=3)
 
 
+def test_batched_rows_8da4w(qwen2_8da4w, runner_bin):
+    """The same on an 8da4w foundation with an int8 embedding (its quantized embedding's constants kept per
+    method, export/program.py): base and adapter rows of one batch against each request alone."""
+    from batch_script import Req, check_rows_equal_alone
+
+    script = [Req(None, PROMPT, slot=0, new=6), Req("a", list(range(7, 19)), slot=1, new=8),
+              Req("a", [5, 6], slot=2, new=9, joins=1)]
+    check_rows_equal_alone(qwen2_8da4w, script, REPO / "build" / "liblora_share.so", min_batch=3)
+
+
 def test_llama_biases(tmp_path):
     """llama's attention_bias (q/k/v/o) and mlp_bias (gate/up/down), in the eager model every export
     is checked against, match transformers + peft (the export of a biased linear: Qwen2, above)."""

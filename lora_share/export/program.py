@@ -61,9 +61,13 @@ def constant_methods(args: ModelArgs) -> dict[str, int]:
     return methods
 
 
-def _foundation_tag(node: torch.fx.Node) -> str:
-    """Every constant of a program is the foundation's: LoRA weights are inputs, not constants."""
-    return FOUNDATION_TAG
+def _foundation_tag(node: torch.fx.Node) -> str | None:
+    """Every constant of a program is the foundation's (LoRA weights are inputs, not constants), but for
+    the scalars constant propagation makes (a quantized embedding's build): each method numbers its own
+    ``_prop_tensor_constantN`` from 0, so in foundation.ptd, one namespace for all methods, decode's and
+    decode_batch's would take each other's bytes under one name (ExecuTorch then refuses to load the
+    method: a dtype or dims mismatch). Those stay in the method's own program."""
+    return None if node.name.startswith("_prop_tensor_constant") else FOUNDATION_TAG
 
 
 def _tag_foundation_constants(user_inputs: set[str]):
@@ -182,10 +186,7 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
             programs["decode"] = _without_unread_constants(
                 torch.export.export(model, example_inputs(args, envelope, tokens=1),
                                     dynamic_shapes=(None, None, dynamic[1:]), strict=False))
-        # Not with a quantized embedding yet (quant fusion and constant propagation on): the C++ runtime then
-        # refuses to load decode_batch against foundation.ptd (InvalidExternalData, a tensor's dims differ;
-        # seen on Qwen2 8da4w + int8 embedding). Such a build runs the one-row path.
-        if batch and not fuse_quant:
+        if batch:
             programs["decode_batch"] = _without_unread_constants(_export_rows(model, envelope))
         ep = programs["forward"]
         user_inputs = {name for p in programs.values() for name in p.graph_signature.user_inputs}

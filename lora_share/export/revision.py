@@ -17,4 +17,5 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 10: decode's attention from the projections to o_proj's input one lora_share::rope_attend call.
 # 11: a third method, decode_batch, in every build: one token for each of several rows, each its own
 #     position, KV slot and LoRA (docs/batching.md); runtimes with several slots run it.
-EXPORTER_REVISION = 11
+# 12: decode_batch with a quantized embedding too (constant propagation's scalars kept per method).
+EXPORTER_REVISION = 12
