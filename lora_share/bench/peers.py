@@ -211,7 +211,7 @@ def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path],
     return {"models": models, "loras": loras}
 
 
-class LlamaServer:
+class LlamaServer(processes.HttpServerProcess):
     """llama-server with every adapter loaded at scale 0; each request switches its own adapter on.
     ``parallel`` slots (-np), each of ``context`` tokens (llama-server splits -c among its slots)."""
 
@@ -259,25 +259,6 @@ class LlamaServer:
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
             return llama_answer(json.loads(r.read()))
-
-    def memory(self) -> dict:
-        return processes.process_memory(self.proc.pid)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def parse_kv_bytes(log: str) -> int | None:

@@ -116,6 +116,32 @@ class Server:
         self.close()
 
 
+class HttpServerProcess:
+    """A server child process (lora-share-server, llama-server) whose output goes to the log file
+    ``self._log``: its memory, and a stop that waits for it (SIGTERM, then SIGKILL after 30 s)."""
+
+    proc: subprocess.Popen
+
+    def memory(self) -> dict:
+        return process_memory(self.proc.pid)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def memory_one_process(runner: Path, ptes: list[Path], ptd: Path, extra: list[str], prompt: list[int]) -> dict:
     """One runner process with every program of ``ptes`` loaded (and run once)."""
     with Server(runner, ptes, ptd, extra) as server:

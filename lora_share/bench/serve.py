@@ -69,7 +69,7 @@ QUICK = {"max_tokens": 8, "repeats": 1, "turns": 3, "chat_tokens": 8, "precision
 LLAMA_PORT = 18433
 
 
-class LoraShareServer:
+class LoraShareServer(processes.HttpServerProcess):
     """build/lora-share-server over one deployment folder on a free port; its stderr goes to ``log``."""
 
     def __init__(self, binary: Path, folder: Path, parallel: int, log: Path):
@@ -96,25 +96,6 @@ class LoraShareServer:
     def stats(self) -> dict:
         with urllib.request.urlopen(f"http://{self.address}/v1/stats", timeout=60) as r:
             return json.loads(r.read())
-
-    def memory(self) -> dict:
-        return processes.process_memory(self.proc.pid)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class LlamaSide:
