@@ -1,6 +1,7 @@
 """Batched decode through the C library (ls_diag_batch_script, lora_share_diag.h) against the same requests
 alone through the one-row C path (ls_diag_generate on a runtime with one KV slot): shared by
-tests/test_batch_engine.py (the tiny build) and tests/test_families.py (every family's build, 8da4w)."""
+tests/test_batch_engine.py (the tiny build) and tests/test_families.py (every family's build, 8da4w); and
+``diag_generate``, one request with its logits rows, for tests/test_scheduler.py and test_adapter_mix.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class _GenOptions(ctypes.Structure):
                 ("prompt_label", ctypes.c_char_p)]
 
 
+class _DiagGeneration(ctypes.Structure):
+    _fields_ = [("tokens", ctypes.c_size_t), ("logits_rows", ctypes.c_int64), ("prefill_ms", ctypes.c_double),
+                ("decode_ms", ctypes.c_double), ("prefill_tokens_per_s", ctypes.c_double),
+                ("decode_tokens_per_s", ctypes.c_double)]
+
+
 @dataclass
 class Req:
     adapter: str | None  # None: base
@@ -50,7 +57,8 @@ def _bind(lib):
     lib.ls_diag_generate.restype = ctypes.c_int
     lib.ls_diag_generate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
                                      ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(_GenOptions),
-                                     native.TOKEN_CALLBACK, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                                     native.TOKEN_CALLBACK, ctypes.c_void_p, ctypes.POINTER(_DiagGeneration),
+                                     ctypes.POINTER(native._Error)]
     lib.ls_diag_last_message.restype = ctypes.c_char_p
 
 
@@ -60,6 +68,31 @@ def _open(build, library, parallel: int) -> native.Runtime:
     for pte in build.ptes.values():
         rt.load_adapter(pte)
     return rt
+
+
+def diag_generate(rt: native.Runtime, adapter, prompt: list[int], new: int, vocab: int,
+                  stop_after: int | None = None) -> tuple[list[int], np.ndarray]:
+    """ls_diag_generate, greedy, no end-of-sequence stop, on the adapter handle ``adapter`` (None: base): the
+    tokens the callback saw and the logits row each was picked from. ``stop_after``: the callback asks to stop
+    (a caller hanging up) once it has seen that many tokens."""
+    lib = rt.lib
+    _bind(lib)
+    seen: list[int] = []
+
+    def on_token(token, _user):
+        seen.append(token)
+        return 1 if stop_after is not None and len(seen) >= stop_after else 0
+
+    logits = np.zeros((new, vocab), dtype=np.float32)
+    diag = _GenOptions(logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 0, 1, None)  # no stop ids
+    opts = native._generate_options(lib, new, 0.0, 0, True)
+    callback = native.TOKEN_CALLBACK(on_token)
+    out, err = _DiagGeneration(), native._Error()
+    if lib.ls_diag_generate(rt.handle, adapter, _ints(prompt), len(prompt), ctypes.byref(opts), ctypes.byref(diag),
+                            callback, None, ctypes.byref(out), ctypes.byref(err)) != 0:
+        native._raise(lib, err)
+    assert out.tokens == len(seen)
+    return seen, logits[:out.logits_rows]
 
 
 def _handle(rt: native.Runtime, name: str | None):
@@ -97,20 +130,11 @@ def alone(build, requests: list[Req], library) -> list[Result]:
     """Each request alone through the one-row path (one KV slot; forward then decode), no stop ids."""
     rt = _open(build, library, 1)
     try:
-        lib = rt.lib
-        _bind(lib)
         vocab = build.manifest["foundation"]["args"]["vocab_size"]
         out = []
         for r in requests:
-            logits = (ctypes.c_float * (r.new * vocab))()
-            diag = _GenOptions(logits, None, 0, 1, None)
-            opts = native._generate_options(lib, r.new, 0.0, 0, True)
-            tokens = []
-            cb = native.TOKEN_CALLBACK(lambda t, _u: tokens.append(t) or 0)
-            status = lib.ls_diag_generate(rt.handle, _handle(rt, r.adapter), _ints(r.prompt), len(r.prompt),
-                                          ctypes.byref(opts), ctypes.byref(diag), cb, None, None, None)
-            assert status == 0, lib.ls_diag_last_message().decode()
-            out.append(Result(tokens, np.ctypeslib.as_array(logits, (r.new * vocab,)).reshape(r.new, vocab).copy()))
+            tokens, logits = diag_generate(rt, _handle(rt, r.adapter), r.prompt, r.new, vocab)
+            out.append(Result(tokens, logits))
         return out
     finally:
         rt.close()

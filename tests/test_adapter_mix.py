@@ -9,12 +9,12 @@ v_proj, the envelope's max rank, while "chat" (r=4 on q/v/o/down_proj) with "ter
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 
 import numpy as np
 import pytest
 
+from batch_script import diag_generate
 from conftest import TEXT_ADAPTER, run_cli
 from hf_files import hf_config, hf_generate, write_peft_lora
 from lora_share.inference import c_library
@@ -75,37 +75,10 @@ def runtime(mix_build):
     rt.close()
 
 
-class _DiagOptions(ctypes.Structure):
-    _fields_ = [("logits", ctypes.POINTER(ctypes.c_float)), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
-                ("n_stop_ids", ctypes.c_size_t), ("stop_ids_given", ctypes.c_int), ("prompt_label", ctypes.c_char_p)]
-
-
-class _DiagGeneration(ctypes.Structure):
-    _fields_ = [("tokens", ctypes.c_size_t), ("logits_rows", ctypes.c_int64), ("prefill_ms", ctypes.c_double),
-                ("decode_ms", ctypes.c_double), ("prefill_tokens_per_s", ctypes.c_double),
-                ("decode_tokens_per_s", ctypes.c_double)]
-
-
 def library_logits(rt, adapter) -> tuple[list[int], np.ndarray]:
     """ls_diag_generate on a handle: NEW greedy tokens after PROMPT (no EOS stop) and their logits rows."""
-    lib = rt.lib
-    fn = lib.ls_diag_generate
-    fn.restype = ctypes.c_int
-    fn.argtypes = [c_library._P, c_library._P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
-                   ctypes.POINTER(c_library._GenerateOptions), ctypes.POINTER(_DiagOptions), c_library.TOKEN_CALLBACK,
-                   ctypes.c_void_p, ctypes.POINTER(_DiagGeneration), c_library._ERR]
-    vocab = 400
-    logits = np.zeros((NEW, vocab), dtype=np.float32)
-    diag = _DiagOptions(logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 0, 1, None)  # no stop ids
-    tokens: list[int] = []
-    callback = c_library.TOKEN_CALLBACK(lambda t, _: tokens.append(t) or 0)
-    opts = c_library._generate_options(lib, NEW, 0.0, 0, ignore_eos=True)
-    ids = (ctypes.c_int64 * len(PROMPT))(*PROMPT)
-    out, err = _DiagGeneration(), c_library._Error()
-    if fn(rt.handle, adapter.handle, ids, len(PROMPT), ctypes.byref(opts), ctypes.byref(diag), callback, None,
-          ctypes.byref(out), ctypes.byref(err)) != 0:
-        c_library._raise(lib, err)
-    assert out.logits_rows == NEW
+    tokens, logits = diag_generate(rt, adapter.handle, PROMPT, NEW, 400)
+    assert len(logits) == NEW
     return tokens, logits
 
 

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from batch_script import diag_generate
 from conftest import TINY_FOUNDATION
 from lora_share.inference import c_library as native
 from lora_share.inference.batching import Slots
@@ -104,44 +105,11 @@ TOL = 1e-4
 VOCAB = TINY_FOUNDATION["vocab_size"]
 
 
-class _DiagOptions(ctypes.Structure):
-    _fields_ = [("logits", ctypes.POINTER(ctypes.c_float)), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
-                ("n_stop_ids", ctypes.c_size_t), ("stop_ids_given", ctypes.c_int), ("prompt_label", ctypes.c_char_p)]
-
-
-class _DiagGeneration(ctypes.Structure):
-    _fields_ = [("tokens", ctypes.c_size_t), ("logits_rows", ctypes.c_int64), ("prefill_ms", ctypes.c_double),
-                ("decode_ms", ctypes.c_double), ("prefill_tokens_per_s", ctypes.c_double),
-                ("decode_tokens_per_s", ctypes.c_double)]
-
-
 def generate_with_logits(rt, name: str, prompt: list[int], new: int = NEW, stop_after: int | None = None):
     """ls_diag_generate on ``name`` ("base": a NULL adapter): the tokens the callback saw and the logits row
-    each was picked from, as numpy arrays."""
-    lib = rt.lib
-    fn = lib.ls_diag_generate
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
-                   ctypes.POINTER(native._GenerateOptions), ctypes.POINTER(_DiagOptions), native.TOKEN_CALLBACK,
-                   ctypes.c_void_p, ctypes.POINTER(_DiagGeneration), ctypes.POINTER(native._Error)]
-    seen: list[int] = []
-
-    def on_token(token, _user):
-        seen.append(token)
-        return 1 if stop_after is not None and len(seen) >= stop_after else 0
-
-    logits = np.zeros((new, VOCAB), dtype=np.float32)
-    diag = _DiagOptions(logits=logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
-    opts = native._generate_options(lib, new, 0.0, 0, True)
-    out, err = _DiagGeneration(), native._Error()
+    each was picked from."""
     handle = None if name == "base" else rt.adapter(name).handle
-    callback = native.TOKEN_CALLBACK(on_token)
-    ids = (ctypes.c_int64 * len(prompt))(*prompt)
-    if fn(rt.handle, handle, ids, len(prompt), ctypes.byref(opts), ctypes.byref(diag), callback, None,
-          ctypes.byref(out), ctypes.byref(err)) != 0:
-        native._raise(lib, err)
-    assert out.tokens == len(seen)
-    return seen, logits[:out.logits_rows]
+    return diag_generate(rt, handle, prompt, new, VOCAB, stop_after)
 
 
 def concurrently(jobs):
