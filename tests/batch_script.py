@@ -71,10 +71,10 @@ def _open(build, library, parallel: int) -> native.Runtime:
 
 
 def diag_generate(rt: native.Runtime, adapter, prompt: list[int], new: int, vocab: int,
-                  stop_after: int | None = None) -> tuple[list[int], np.ndarray]:
+                  stop_after: int | None = None, cache_prompt: bool = True) -> tuple[list[int], np.ndarray]:
     """ls_diag_generate, greedy, no end-of-sequence stop, on the adapter handle ``adapter`` (None: base): the
     tokens the callback saw and the logits row each was picked from. ``stop_after``: the callback asks to stop
-    (a caller hanging up) once it has seen that many tokens."""
+    (a caller hanging up) once it has seen that many tokens; ``cache_prompt`` False: no prefix reuse."""
     lib = rt.lib
     _bind(lib)
     seen: list[int] = []
@@ -86,6 +86,7 @@ def diag_generate(rt: native.Runtime, adapter, prompt: list[int], new: int, voca
     logits = np.zeros((new, vocab), dtype=np.float32)
     diag = _GenOptions(logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 0, 1, None)  # no stop ids
     opts = native._generate_options(lib, new, 0.0, 0, True)
+    opts.cache_prompt = int(cache_prompt)
     callback = native.TOKEN_CALLBACK(on_token)
     out, err = _DiagGeneration(), native._Error()
     if lib.ls_diag_generate(rt.handle, adapter, _ints(prompt), len(prompt), ctypes.byref(opts), ctypes.byref(diag),

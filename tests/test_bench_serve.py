@@ -72,10 +72,13 @@ def test_every_client_streams_its_tokens(measured):
     assert len(measured["alone"].token_times) == TOKENS and measured["alone"].first_token_ms > 0
     for answer in measured["together"]:
         assert len(answer.token_times) == TOKENS and len(answer.gaps_ms) == TOKENS - 1
-    # run_scenarios asked every concurrent request again alone: the texts, request by request.
-    texts = measured["row"]["texts"]["lora_share"]
-    assert texts["compared"] == sum(len(c) for c in serve.SCENARIOS.values() if len(c) > 1)
-    assert texts["differ"] == []
+    # run_scenarios asked every concurrent request again alone, with the prompt cache (the timed answers)
+    # and without it (each scenario once more): the texts, request by request.
+    several = sum(len(c) for c in serve.SCENARIOS.values() if len(c) > 1)
+    for key in ("texts", "texts_cached"):
+        texts = measured["row"][key]["lora_share"]
+        assert texts["compared"] == several, key
+        assert texts["differ"] == [], key
 
 
 def test_scenarios_chat_and_memory_are_measured(measured):

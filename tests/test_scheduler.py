@@ -105,11 +105,12 @@ TOL = 1e-4
 VOCAB = TINY_FOUNDATION["vocab_size"]
 
 
-def generate_with_logits(rt, name: str, prompt: list[int], new: int = NEW, stop_after: int | None = None):
+def generate_with_logits(rt, name: str, prompt: list[int], new: int = NEW, stop_after: int | None = None,
+                         cache_prompt: bool = True):
     """ls_diag_generate on ``name`` ("base": a NULL adapter): the tokens the callback saw and the logits row
     each was picked from."""
     handle = None if name == "base" else rt.adapter(name).handle
-    return diag_generate(rt, handle, prompt, new, VOCAB, stop_after)
+    return diag_generate(rt, handle, prompt, new, VOCAB, stop_after, cache_prompt)
 
 
 def concurrently(jobs):
@@ -188,6 +189,22 @@ def test_a_prompt_extending_a_slot_continues_there(alone, batched):
     # The slot holds the first prompt and the answer's tokens that were fed (all but the last).
     assert after["prefix_tokens"] - before["prefix_tokens"] == len(first) + len(answer) - 1
     assert_same(got, generate_with_logits(alone, "tiny_a", second, new=8), "second turn")
+
+
+def test_cache_prompt_off_feeds_the_whole_prompt(batched):
+    """cache_prompt = 0: a prompt a slot holds is fed again from position 0 (no prefix hit), and the answer
+    is bit for bit the first one's, whatever ran in between; on by default, the same prompt is a hit."""
+    prompt = [3, 141, 59, 26, 53]  # starts unlike every other test's prompt: the first run is fresh
+    hits = batched.stats()["prefix_hits"]
+    first = generate_with_logits(batched, "tiny_b", prompt, new=6)
+    assert batched.stats()["prefix_hits"] == hits
+    generate_with_logits(batched, "tiny_a", [1, 2, 3], new=4)  # another request between
+    hits = batched.stats()["prefix_hits"]
+    again = generate_with_logits(batched, "tiny_b", prompt, new=6, cache_prompt=False)
+    assert batched.stats()["prefix_hits"] == hits
+    assert again[0] == first[0] and np.array_equal(again[1], first[1])
+    generate_with_logits(batched, "tiny_b", prompt, new=6)
+    assert batched.stats()["prefix_hits"] == hits + 1
 
 
 def test_slots_are_counted_in_the_memory_budget(alone, batched, runner_bin, tiny_build):

@@ -246,6 +246,7 @@ def good_tokens(runner_bin, deployment, tokenizer, eos_ids):
     ({"model": SECOND, "prompt": "hi", "top_p": 1.5}, None, 400, "top_p must be a number between 0 and 1"),
     ({"model": SECOND, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "up to 4"),
     ({"model": SECOND, "prompt": "hi", "stop": ""}, None, 400, "stop must be a non-empty string"),
+    ({"model": SECOND, "prompt": "hi", "cache_prompt": "no"}, None, 400, "cache_prompt must be true or false"),
     ({"model": SECOND, "prompt": "hi", "stream": True, "max_tokens": 10 ** 6}, None, 400, "context (max_seq_len)"),
 ])
 def test_bad_requests_get_a_clear_error_and_serving_goes_on(server, good_tokens, body, raw, status, words):
@@ -336,6 +337,19 @@ def test_stats_report_slots_batches_and_requests(server):
     assert len(after["batch_size_counts"]) == 4 and sum(after["batch_size_counts"]) == after["batch_steps"]
     assert after["requests"] == before["requests"] + 2
     assert after["prefix_hits"] >= before["prefix_hits"] and after["prefix_tokens"] >= before["prefix_tokens"]
+
+
+def test_cache_prompt_false_is_no_prefix_hit(server):
+    """A request's ``cache_prompt: false`` (llama-server's field) feeds its whole prompt though a slot holds
+    it: no prefix hit; the same request without it is one."""
+    body = {"model": SECOND, "prompt": [5, 77, 31, 8, 2], "max_tokens": 3}
+    assert server.request("POST", "/v1/completions", body)[0] == 200
+    _, before = server.request("GET", "/v1/stats")
+    assert server.request("POST", "/v1/completions", {**body, "cache_prompt": False})[0] == 200
+    _, after = server.request("GET", "/v1/stats")
+    assert after["prefix_hits"] == before["prefix_hits"]
+    assert server.request("POST", "/v1/completions", body)[0] == 200
+    assert server.request("GET", "/v1/stats")[1]["prefix_hits"] == before["prefix_hits"] + 1
 
 
 def test_a_client_hanging_up_leaves_a_concurrent_stream_as_it_is_alone(server):

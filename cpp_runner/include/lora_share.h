@@ -38,7 +38,8 @@
  * another program (another envelope) than the batch's waits until the batch
  * is empty (a deployment's adapters share one program). A slot keeps its tokens and
  * KV after a request: a later request on the same adapter whose prompt begins
- * with them continues from there (ls_runtime_stats.prefix_hits). An adapter a
+ * with them continues from there (ls_runtime_stats.prefix_hits; a call with
+ * ls_generate_options.cache_prompt = 0 does not). An adapter a
  * request uses stays resident (the budget's LRU eviction skips it) until the
  * request ends. With parallel = 1 (the default) calls run one at a time under
  * a lock inside the runtime, each from position 0, as before.
@@ -186,6 +187,16 @@ typedef struct {
   double repeat_penalty;    /* default 1: off; > 0, over prompt + answer */
   double presence_penalty;  /* default 0; [-2, 2], over the answer */
   double frequency_penalty; /* default 0; [-2, 2], over the answer */
+  int cache_prompt;         /* nonzero (default): with parallel > 1, continue
+                               from a KV slot that holds the prompt's start
+                               on the same adapter (THREADS); 0: feed the
+                               whole prompt. The same request can then answer
+                               differently with and without a hit: the reused
+                               tokens' KV was computed in other chunks, and a
+                               quantized (8da4w) foundation amplifies those
+                               last-bit differences (llama.cpp's cache_prompt
+                               has the same caveat). 0 makes an answer
+                               independent of what ran before it. */
 } ls_generate_options;
 
 /* Called with each generated token id, in order. Return 0 to go on, nonzero

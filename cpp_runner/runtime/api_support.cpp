@@ -193,8 +193,8 @@ namespace {
 // lock released, so that the scheduler and the other callers go on.
 StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int64_t> prompt,
                                   int64_t max_new_tokens, const Sampling& sampling,
-                                  const std::vector<int64_t>& stop_ids, const GenerateExtras& extras,
-                                  const TokenCallback& callback) {
+                                  const std::vector<int64_t>& stop_ids, bool cache_prompt,
+                                  const GenerateExtras& extras, const TokenCallback& callback) {
   Status s = rt->pool->check(index, prompt, max_new_tokens, extras.prompt_label);
   if (!s.ok()) return s;
   s = rt->pool->pin(index);
@@ -206,6 +206,7 @@ StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int6
   request.sampling = sampling;
   request.stop_ids = stop_ids;
   request.keep_logits = extras.keep_logits;
+  request.cache_prompt = cache_prompt;
   StatusOr<Generation> g = Status::failure("not run");
   {
     Unguard waiting(rt);
@@ -257,7 +258,7 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
       extras.stop_ids ? *extras.stop_ids : o.ignore_eos != 0 ? kNone : rt->pool->eos_ids();
   std::vector<int64_t> ids(prompt, prompt + n);
   auto g = rt->scheduler ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, sampling, stop_ids,
-                                        extras, callback)
+                                        o.cache_prompt != 0, extras, callback)
                          : rt->pool->generate(index, ids, o.max_new_tokens, sampling, stop_ids,
                                               extras.keep_logits, callback, extras.prompt_label);
   if (!g.ok()) {

@@ -44,6 +44,7 @@ void ls_generate_options_init(ls_generate_options* options) {
   options->repeat_penalty = 1.0;
   options->presence_penalty = 0.0;
   options->frequency_penalty = 0.0;
+  options->cache_prompt = 1;
 }
 
 const char* ls_status_name(ls_status code) {

@@ -108,6 +108,7 @@ ls_generate_options generate_options(const CompletionRequest& request, int64_t m
   g.presence_penalty = request.presence_penalty;
   g.frequency_penalty = request.frequency_penalty;
   g.ignore_eos = request.ignore_eos ? 1 : 0;
+  g.cache_prompt = request.cache_prompt ? 1 : 0;
   return g;
 }
 

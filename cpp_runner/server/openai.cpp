@@ -148,6 +148,7 @@ const std::vector<Unserved>& unserved_fields() {
 bool known_field(const std::string& key, bool chat) {
   static const std::vector<std::string> common = {
       "model", "lora", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos", "stop",
+      "cache_prompt",
       "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
       "repetition_penalty",
       // accepted, and change nothing here
@@ -254,6 +255,7 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
   if (s = parse_sampling(body, request); !s.ok()) return s;
   if (s = read_bool(body, "stream", &request->stream); !s.ok()) return s;
   if (s = read_bool(body, "ignore_eos", &request->ignore_eos); !s.ok()) return s;
+  if (s = read_bool(body, "cache_prompt", &request->cache_prompt); !s.ok()) return s;
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
     if (!so->is_object()) return Status::usage("stream_options must be an object, got " + so->dump());
     if (s = read_bool(*so, "include_usage", &request->include_usage); !s.ok()) {

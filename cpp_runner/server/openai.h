@@ -45,6 +45,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;  // as vLLM's: generate max_tokens past any EOS id
+  bool cache_prompt = true;  // as llama-server's: continue from a KV slot holding the prompt's start
 };
 
 // Parses and checks a request body. Every problem is a usage Status naming

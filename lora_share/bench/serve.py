@@ -17,7 +17,14 @@ timed. Measured, for each precision, repeated with the two servers alternating:
 
 - 1, 2, 4 and 8 concurrent clients each on its own adapter (8 clients on 4 adapters: two per adapter),
   and 4 clients on one adapter: aggregate decode tokens/s, time to first token and the gap between
-  tokens (p50, p95); every concurrent answer is then asked again alone and the texts compared;
+  tokens (p50, p95);
+- the same texts: each scenario of several clients once more at once, then each of its requests alone, all
+  with ``cache_prompt: false`` (llama-server's field: the whole prompt fed, no KV slot continued), the
+  texts compared. With the prompt cache, the same request can answer differently from one ask to the
+  next: a reused prefix's KV was computed in other chunks, and a quantized foundation amplifies those
+  last-bit differences (llama.cpp documents the same for its cache_prompt); so the comparison that isolates
+  batching turns it off. The timed answers are also asked again alone with the cache on, and that count
+  reported beside it;
 - an 8-turn chat (each turn's prompt the history so far plus a new message, EOS honoured): the first
   token's time at each turn;
 - the server's PSS (/proc/PID/smaps_rollup) at ``--parallel N`` and at ``--parallel 1``, two servers
@@ -90,8 +97,10 @@ class LoraShareServer(processes.HttpServerProcess):
         self.close()
         raise BenchError(f"{' '.join(cmd)}: not listening after 300 s; see {log}")
 
-    def body(self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool) -> dict:
-        return {"model": adapter, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos}
+    def body(self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool,
+             cache_prompt: bool = True) -> dict:
+        return {"model": adapter, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos,
+                "cache_prompt": cache_prompt}
 
     def stats(self) -> dict:
         with urllib.request.urlopen(f"http://{self.address}/v1/stats", timeout=60) as r:
@@ -104,9 +113,11 @@ class LlamaSide:
     def __init__(self, server: peers.LlamaServer):
         self.server, self.address = server, server.url.split("://", 1)[1]
 
-    def body(self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool) -> dict:
+    def body(self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool,
+             cache_prompt: bool = True) -> dict:
         lora = [{"id": i, "scale": 1.0 if i == index else 0.0} for i in range(self.server.n_loras)]
-        return {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos, "lora": lora}
+        return {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos, "lora": lora,
+                "cache_prompt": cache_prompt}
 
 
 def demo_builds(config: Path, work: Path, precisions: list[str], log=print) -> dict[str, dict]:
@@ -164,8 +175,8 @@ class Prompts:
 def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, settings: dict, log,
                   questions: list[str] = QUESTIONS) -> dict:
     """Every scenario ``settings['repeats']`` times, the sides alternating (which goes first swaps each
-    repeat); then each concurrent request again alone on its side, the texts compared. Client c asks
-    ``questions[c]`` (cycled)."""
+    repeat); then each concurrent request again alone on its side, the texts compared (``texts_cached``);
+    then the texts without the prompt cache (``texts``, same_texts). Client c asks ``questions[c]`` (cycled)."""
     for server in sides.values():  # every adapter loaded (and packed weights written) before anything is timed
         for a, adapter in enumerate(builds_adapters):
             http_streams.stream(server.address, server.body(adapter, a, prompts.tagged(questions[0]), 1, True))
@@ -185,7 +196,7 @@ def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, set
                     asked[side] += [(a, i, ans.text) for a, i, ans in zip(clients, ids, answers)]
                 log(f"  {side} {name}: {figures[side][name][-1]['aggregate_decode_tokens_per_s']} tokens/s")
         order.reverse()
-    texts = {}
+    cached = {}
     for side, server in sides.items():
         differ = []
         for a, ids, text in asked[side]:
@@ -193,10 +204,31 @@ def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, set
                                                                     settings["max_tokens"], True)).text
             if alone != text:
                 differ.append({"adapter": builds_adapters[a], "concurrent": text, "alone": alone})
-        texts[side] = {"compared": len(asked[side]), "differ": differ}
+        cached[side] = {"compared": len(asked[side]), "differ": differ}
     return {"scenarios": {side: {name: median_figures(rows) for name, rows in f.items()}
                           for side, f in figures.items()},
-            "samples": figures, "texts": texts}
+            "samples": figures, "texts_cached": cached,
+            "texts": {side: same_texts(server, builds_adapters, prompts, settings, questions)
+                      for side, server in sides.items()}}
+
+
+def same_texts(server, builds_adapters: list[str], prompts: Prompts, settings: dict, questions: list[str]) -> dict:
+    """Each scenario of several clients once at once, then each of its requests alone, every request with
+    ``cache_prompt: false``: how many texts were compared and the ones that differ."""
+    differ, compared = [], 0
+    for clients in SCENARIOS.values():
+        if len(clients) < 2:
+            continue
+        ids = [prompts.tagged(questions[c % len(questions)]) for c in range(len(clients))]
+        bodies = [server.body(builds_adapters[a], a, i, settings["max_tokens"], True, cache_prompt=False)
+                  for a, i in zip(clients, ids)]
+        answers = http_streams.at_once(server.address, bodies)
+        for body, a, ans in zip(bodies, clients, answers):
+            alone = http_streams.stream(server.address, body).text
+            compared += 1
+            if alone != ans.text:
+                differ.append({"adapter": builds_adapters[a], "concurrent": ans.text, "alone": alone})
+    return {"compared": compared, "differ": differ}
 
 
 def median_figures(rows: list[dict]) -> dict:
@@ -264,7 +296,7 @@ def checks(precision: str, result: dict, llama: bool) -> list[dict]:
         check("4 clients on 4 adapters: aggregate decode / llama-server -np 4", round(ratio, 3), f">= {OVER_LLAMA}",
               ratio >= OVER_LLAMA)
     texts = result["texts"]["lora_share"]
-    check("every concurrent answer's text equals the same request alone",
+    check("every concurrent answer's text equals the same request alone (cache_prompt off)",
           f"{texts['compared'] - len(texts['differ'])} of {texts['compared']}", "all",
           texts["compared"] > 0 and not texts["differ"])
     gap = ours[EIGHT]["gap_ms_p95"] / ours[ALONE]["gap_ms_p50"] if ours[ALONE]["gap_ms_p50"] else float("inf")
@@ -313,8 +345,11 @@ def report(result: dict) -> str:
                   "turn: " + "; ".join(f"{side.replace('_', '-')} {', '.join(map(str, t))}" for side, t in turns.items())
                   + "."]
         for side, t in row["texts"].items():
-            lines.append(f"Concurrent answers equal to the same request alone, {side.replace('_', '-')}: "
-                         f"{t['compared'] - len(t['differ'])} of {t['compared']}.")
+            c = row.get("texts_cached", {}).get(side)
+            lines.append(f"Concurrent answers equal to the same request alone (cache_prompt off), "
+                         f"{side.replace('_', '-')}: {t['compared'] - len(t['differ'])} of {t['compared']}"
+                         + (f"; the timed answers asked again alone with the prompt cache on (a prefix hit): "
+                            f"{c['compared'] - len(c['differ'])} of {c['compared']}" if c else "") + ".")
         m = row["memory"]
         lines.append(f"PSS after four requests on four adapters: --parallel {m['parallel']} {m['parallel_n_kb']} kB, "
                      f"--parallel 1 {m['parallel_1_kb']} kB; one slot's KV {m['slot_bytes']} bytes.")

@@ -48,7 +48,7 @@ class _GenerateOptions(ctypes.Structure):
     _fields_ = [("max_new_tokens", ctypes.c_int64), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64),
                 ("ignore_eos", ctypes.c_int), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
                 ("min_p", ctypes.c_double), ("repeat_penalty", ctypes.c_double), ("presence_penalty", ctypes.c_double),
-                ("frequency_penalty", ctypes.c_double)]
+                ("frequency_penalty", ctypes.c_double), ("cache_prompt", ctypes.c_int)]
 
 
 def _generate_options(lib, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool) -> _GenerateOptions:

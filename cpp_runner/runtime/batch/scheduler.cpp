@@ -192,7 +192,7 @@ void Scheduler::admit() {
         continue;
       }
     }
-    auto claim = table_->claim(job.request.adapter, job.request.prompt);
+    auto claim = table_->claim(job.request.adapter, job.request.prompt, job.request.cache_prompt);
     if (!claim) {  // rows <= slots: a free row has a free slot
       finish(job, Status::failure("no free KV slot for a free row"));
       continue;

@@ -53,6 +53,9 @@ struct BatchRequest {
   Sampling sampling;
   std::vector<int64_t> stop_ids;  // ends it after one of them
   bool keep_logits = false;
+  // false: the prompt is fed from position 0 even when a slot holds its
+  // start (ls_generate_options.cache_prompt).
+  bool cache_prompt = true;
 };
 
 // Counters for ls_runtime_stats.

@@ -6,14 +6,14 @@ namespace lora_share {
 
 SlotTable::SlotTable(size_t slots, bool ring) : slots_(slots), ring_(ring) {}
 
-std::optional<SlotTable::Claim> SlotTable::claim(uint64_t adapter, const std::vector<int64_t>& tokens) {
+std::optional<SlotTable::Claim> SlotTable::claim(uint64_t adapter, const std::vector<int64_t>& tokens, bool reuse) {
   std::optional<size_t> best, lru;
   size_t kept = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
     if (s.busy) continue;
     if (!lru || s.last_used < slots_[*lru].last_used) lru = i;
-    if (!s.used || s.adapter != adapter || tokens.empty()) continue;
+    if (!reuse || !s.used || s.adapter != adapter || tokens.empty()) continue;
     auto end = std::mismatch(s.tokens.begin(), s.tokens.end(), tokens.begin(), tokens.end());
     size_t k = std::min(static_cast<size_t>(end.first - s.tokens.begin()), tokens.size() - 1);
     // A ring's older rows are overwritten by later positions: only its end continues.

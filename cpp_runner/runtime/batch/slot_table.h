@@ -32,8 +32,10 @@ class SlotTable {
   // equality: a pool index, the base's): the free slot on the same adapter
   // holding the longest prefix of `tokens` (at most all but the last, which
   // must be fed for its logits), else the least recently used free slot. The
-  // slot is then busy and holds `kept` tokens. nullopt: every slot is busy.
-  std::optional<Claim> claim(uint64_t adapter, const std::vector<int64_t>& tokens);
+  // slot is then busy and holds `kept` tokens. `reuse` false: the least
+  // recently used free slot, emptied (a request that asked for no prompt
+  // cache). nullopt: every slot is busy.
+  std::optional<Claim> claim(uint64_t adapter, const std::vector<int64_t>& tokens, bool reuse = true);
   // `n` more tokens were fed into `slot` (their KV written after what it holds).
   void fed(size_t slot, const int64_t* tokens, size_t n);
   // The request in `slot` ended: the slot keeps its tokens for a later one.
