@@ -29,10 +29,42 @@ std::vector<int64_t> input_sizes(const MethodMeta& meta, size_t i) {
 struct BatchEngine::Impl {
   SharedProgram* program = nullptr;
   size_t slots = 0, rows = 0;
-  // Per envelope slot: At [rows, in, max_rank], Bt [rows, max_rank, out].
+  // Per envelope slot: At [rows, in, r] and Bt [rows, r, out] for a step's
+  // rank r (at most max_rank; room for max_rank).
   std::vector<std::vector<float>> at, bt;
   // Per row: forward's LoRA inputs over its adapter's data (prefill), empty until set_row.
   std::vector<std::vector<TensorPtr>> row_lora;
+  // Per row: its adapter's data (nullptr: base), and per envelope slot the
+  // rank its At/Bt rows are laid out at now (0: not yet).
+  std::vector<const LoraData*> row_data;
+  std::vector<std::vector<int64_t>> laid;
+
+  int64_t rank_of(size_t row, size_t s) const {
+    const LoraData* lora = row_data[row];
+    if (lora == nullptr) return 0;
+    return std::min(lora->slots()[s].rank, program->lora_shapes()[s].max_rank);
+  }
+
+  // Row `row`'s A and B of envelope slot `s` as At [in, r] and Bt [r, out] at
+  // its place in buffers laid out at rank r; ranks past its own are zero
+  // (adding exactly nothing).
+  void lay_out(size_t row, size_t s, int64_t r) {
+    const LoraShape& shape = program->lora_shapes()[s];
+    int64_t in = shape.in, out = shape.out;
+    float* a_t = at[s].data() + row * in * r;
+    float* b_t = bt[s].data() + row * r * out;
+    std::fill(a_t, a_t + in * r, 0.0f);
+    std::fill(b_t, b_t + r * out, 0.0f);
+    int64_t own = rank_of(row, s);
+    if (own > 0) {
+      const LoraData::Slot& slot = row_data[row]->slots()[s];
+      for (int64_t k = 0; k < own; ++k)
+        for (int64_t i = 0; i < in; ++i) a_t[i * r + k] = slot.a[k * in + i];
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t k = 0; k < own; ++k) b_t[k * out + o] = slot.b[o * slot.rank + k];
+    }
+    laid[row][s] = r;
+  }
 
   Status check_row(size_t row, const char* what) const {
     if (row >= rows)
@@ -99,6 +131,8 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
     impl->bt.emplace_back(impl->rows * shape.max_rank * shape.out, 0.0f);
   }
   impl->row_lora.resize(impl->rows);
+  impl->row_data.resize(impl->rows, nullptr);
+  impl->laid.assign(impl->rows, std::vector<int64_t>(shapes.size(), 0));
   return std::unique_ptr<BatchEngine>(new BatchEngine(std::move(impl)));
 }
 
@@ -127,22 +161,9 @@ Status BatchEngine::set_row(size_t row, const LoraData* lora) {
   if (lora != nullptr && lora->slots().size() != shapes.size())
     return Status::usage("set_row: the adapter has " + std::to_string(lora->slots().size()) +
                          " LoRA slots; the program's envelope " + std::to_string(shapes.size()));
-  for (size_t s = 0; s < shapes.size(); ++s) {
-    const LoraShape& shape = shapes[s];
-    int64_t in = shape.in, out = shape.out, max_rank = shape.max_rank;
-    float* at = e.at[s].data() + row * in * max_rank;  // [in, max_rank]
-    float* bt = e.bt[s].data() + row * max_rank * out;  // [max_rank, out]
-    std::fill(at, at + in * max_rank, 0.0f);
-    std::fill(bt, bt + max_rank * out, 0.0f);
-    if (lora == nullptr || lora->slots()[s].rank == 0) continue;
-    const LoraData::Slot& slot = lora->slots()[s];
-    int64_t r = std::min(slot.rank, max_rank);
-    // A [r, in] -> At [in, max_rank]; B [out, r] -> Bt [max_rank, out]: ranks past r stay zero.
-    for (int64_t k = 0; k < r; ++k)
-      for (int64_t i = 0; i < in; ++i) at[i * max_rank + k] = slot.a[k * in + i];
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t k = 0; k < r; ++k) bt[k * out + o] = slot.b[o * slot.rank + k];
-  }
+  // decode lays the row's At/Bt out at the rank of the step it runs in.
+  e.row_data[row] = lora;
+  std::fill(e.laid[row].begin(), e.laid[row].end(), 0);
   e.row_lora[row] = lora_input_tensors(lora, shapes, e.program->zeros());
   return Status();
 }
@@ -211,8 +232,20 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
         kv.at_slot(0).slab(j), layout.dtype));
   const std::vector<LoraShape>& shapes = e.program->lora_shapes();
   for (size_t s = 0; s < shapes.size(); ++s) {
+    // The step's rank: the largest of its rows' (at least 1), not the envelope's. XNNPACK packs the
+    // At/Bt inputs at every call (they are not constants), and that packing, not the product, was
+    // the LoRA's cost of a step: the demo's rank-8 adapters in a rank-16 envelope paid twice for it.
+    // Rows are laid out again only when the step's rank changes (a row of a larger rank joins, or
+    // the largest leaves).
+    int64_t rank = 1;
+    for (size_t b = 0; b < n; ++b) rank = std::max(rank, e.rank_of(b, s));
+    // Rows laid out at another rank overlap this step's places: lay them out again when they run.
+    for (std::vector<int64_t>& row : e.laid)
+      if (row[s] != rank) row[s] = 0;
+    for (size_t b = 0; b < n; ++b)
+      if (e.laid[b][s] != rank) e.lay_out(b, s, rank);
     SizesType in = static_cast<SizesType>(shapes[s].in), out = static_cast<SizesType>(shapes[s].out);
-    SizesType r = static_cast<SizesType>(shapes[s].max_rank);
+    SizesType r = static_cast<SizesType>(rank);
     tensors.push_back(make_tensor_ptr({dim(n), in, r}, e.at[s].data(), ScalarType::Float));
     tensors.push_back(make_tensor_ptr({dim(n), r, out}, e.bt[s].data(), ScalarType::Float));
   }

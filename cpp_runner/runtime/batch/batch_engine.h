@@ -14,9 +14,11 @@
 // disturb each other's slots).
 //
 // LoRA rows. The engine owns B_max rows of LoRA buffers, per envelope slot
-// At [B_max, in, max_rank] and Bt [B_max, max_rank, out] (A and B transposed,
-// decode_batch's contract), filled once per row by set_row: a smaller rank
-// or a slot the adapter leaves alone is zero-padded (adds exactly nothing).
+// At [B_max, in, r] and Bt [B_max, r, out] (A and B transposed, decode_batch's
+// contract) at a step's rank r: the largest rank of its rows in that slot,
+// not the envelope's. A row is laid out at its first step after set_row, and
+// again only when the step's rank changes: a smaller rank or a slot the
+// adapter leaves alone is zero-padded (adds exactly nothing).
 // decode() takes rows 0..B-1 of those buffers in place: the rows a step runs
 // must be exactly rows 0..B-1 (in any order in `rows`), so a scheduler keeps
 // its live rows packed at the front (moving a row = set_row again).

@@ -135,7 +135,7 @@ void Scheduler::step() {
     if (job->cancelled.load()) job->ended = true;
   leave_finished();
   admit();
-  prefill_one();
+  prefill_chunks();
   decode_all();
   leave_finished();
 }
@@ -245,26 +245,33 @@ void Scheduler::pack() {
   }
 }
 
-void Scheduler::prefill_one() {
-  auto it = std::find_if(active_.begin(), active_.end(),
-                         [](const Job* j) { return !j->ended && j->fed < j->request.prompt.size(); });
-  if (it == active_.end()) return;
-  Job& job = **it;
-  const std::vector<int64_t>& prompt = job.request.prompt;
+void Scheduler::prefill_chunks() {
   size_t chunk = static_cast<size_t>(std::max<int64_t>(engine_->prefill_chunk(), 1));
-  std::vector<int64_t> part(prompt.begin() + job.fed, prompt.begin() + std::min(prompt.size(), job.fed + chunk));
-  std::vector<float> logits;
-  Status s = engine_->prefill(job.row, job.slot, part, static_cast<int64_t>(job.fed), &logits);
-  if (!s.ok()) {
-    job.ended = true;
-    job.failure = s;
-    return;
-  }
-  table_->fed(job.slot, part.data(), part.size());
-  job.fed += part.size();
-  if (job.fed == prompt.size()) {
-    job.first_token = Clock::now();
-    deliver(job, logits);
+  size_t budget = chunk;
+  for (Job* next : active_) {
+    Job& job = *next;
+    const std::vector<int64_t>& prompt = job.request.prompt;
+    if (job.ended || job.fed >= prompt.size()) continue;
+    // The chunk this request is fed alone too (never cut to fit the budget): its KV, and so its
+    // answer, do not depend on who else is prefilling.
+    size_t n = std::min(prompt.size() - job.fed, chunk);
+    if (n > budget) continue;
+    std::vector<int64_t> part(prompt.begin() + job.fed, prompt.begin() + job.fed + n);
+    std::vector<float> logits;
+    Status s = engine_->prefill(job.row, job.slot, part, static_cast<int64_t>(job.fed), &logits);
+    if (!s.ok()) {
+      job.ended = true;
+      job.failure = s;
+      continue;
+    }
+    table_->fed(job.slot, part.data(), part.size());
+    job.fed += n;
+    budget -= n;
+    if (job.fed == prompt.size()) {
+      job.first_token = Clock::now();
+      deliver(job, logits);
+    }
+    if (budget == 0) break;
   }
 }
 

@@ -12,8 +12,9 @@
 //      adapter is made resident, the slot table picks a slot (a prefix hit
 //      starts the prompt after what the slot holds), BatchEngine::set_row
 //      fills the row's LoRA once;
-//   3. one prompt chunk of one request still in its prompt (so a long prompt
-//      delays the others by one chunk a step);
+//   3. prompt chunks of the requests still in their prompts, up to one
+//      chunk's tokens in all (so a long prompt delays the others by one
+//      chunk a step, and short prompts arriving together start together);
 //   4. one decode step over every request that is generating, each row's
 //      token picked by its own Sampler and handed to its caller;
 //   5. finished requests leave; their slot keeps its tokens and KV.
@@ -90,7 +91,10 @@ class Scheduler {
   void loop();
   void step();
   void admit();
-  void prefill_one();
+  // Prompt chunks of the requests still in their prompts, in order, up to
+  // one chunk's tokens (prefill_chunk) in all: short prompts that arrive
+  // together start in one step, a long one delays the others by one chunk.
+  void prefill_chunks();
   void decode_all();
   // Puts decoding rows first, each at its index (set_row when it moved).
   void pack();
