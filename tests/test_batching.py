@@ -180,12 +180,12 @@ def test_rows_lora_pads_each_rank_to_the_largest():
     args = LLAMA
     small = random_adapter(args, ENVELOPE, 1, ("q_proj",), 5)
     big = random_adapter(args, ENVELOPE, 4, ("q_proj",), 6)
-    at, bt = ENVELOPE.rows_inputs([small, big, None], args)[:2]
+    a, b = ENVELOPE.rows_inputs([small, big, None], args)[:2]
     a_small, b_small = small.weights[(0, "q_proj")]
-    assert at.shape == (3, args.dim, 4) and bt.shape == (3, 4, args.linear_shape("q_proj")[0])
-    assert torch.equal(at[0, :, :1], a_small.t()) and not at[0, :, 1:].any()
-    assert torch.equal(bt[0, :1], b_small.t()) and not bt[0, 1:].any()
-    assert torch.equal(at[1], big.weights[(0, "q_proj")][0].t()) and not at[2].any() and not bt[2].any()
+    assert a.shape == (3, 4, args.dim) and b.shape == (3, args.linear_shape("q_proj")[0], 4)
+    assert torch.equal(a[0, :1], torch.as_tensor(a_small)) and not a[0, 1:].any()
+    assert torch.equal(b[0, :, :1], torch.as_tensor(b_small)) and not b[0, :, 1:].any()
+    assert torch.equal(a[1], torch.as_tensor(big.weights[(0, "q_proj")][0])) and not a[2].any() and not b[2].any()
 
 
 class Program:

@@ -46,7 +46,7 @@ MAX_SLOTS = 64
 def example_rows_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
     """decode_batch's example inputs: two rows (so the rows are not taken to be one) at different
     positions in two of three slots, rank-2 LoRA rows as ``example_inputs``."""
-    lora = [t.transpose(0, 1).unsqueeze(0).expand(2, -1, -1).contiguous() for t in envelope.example_inputs(args)]
+    lora = [t.unsqueeze(0).expand(2, -1, -1).contiguous() for t in envelope.example_inputs(args)]
     return rows_inputs([1, 2], [3, 5], [2, 0], KVPools(args, 3), lora)
 
 

@@ -18,4 +18,7 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 11: a third method, decode_batch, in every build: one token for each of several rows, each its own
 #     position, KV slot and LoRA (docs/batching.md); runtimes with several slots run it.
 # 12: decode_batch with a quantized embedding too (constant propagation's scalars kept per method).
-EXPORTER_REVISION = 12
+# 13: decode_batch's LoRA inputs untransposed, A [B, r, in] and B [B, out, r], the first operand of
+#     their products: XNNPACK packs a product's second operand at every call, and packing the rows'
+#     At/Bt was most of a step's LoRA cost; the rows' activations are packed instead (one column).
+EXPORTER_REVISION = 13

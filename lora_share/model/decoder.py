@@ -177,12 +177,14 @@ class Linear(nn.Linear):
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, lora: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """``y + (x A^T) B^T`` for ``lora`` = (A, B); ``y`` without. The batch method's LoRA inputs are one
-    pair per row, already transposed, ``At [B, in, r]`` and ``Bt [B, r, out]`` (``LlamaLoRA.batching``):
-    row b of ``x`` ``[B, 1, in]`` gets ``(x_b At_b) Bt_b``, two batched products without a transpose."""
+    pair per row, ``A [B, r, in]`` and ``B [B, out, r]`` (``LlamaLoRA.batching``): row b of ``x``
+    ``[B, 1, in]`` gets ``(B_b (A_b x_b^T))^T``, the LoRA matrices the first operand of each product.
+    XNNPACK packs a product's second operand at every call (it is not a constant): so it packs the
+    rows' activations (one column each), not every row's A and B at every step."""
     if lora is None:
         return y
     if lora[0].dim() == 3:
-        return y + torch.bmm(torch.bmm(x, lora[0]), lora[1])
+        return y + torch.bmm(lora[1], torch.bmm(lora[0], x.transpose(1, 2))).transpose(1, 2)
     return y + F.linear(F.linear(x, lora[0]), lora[1])
 
 
@@ -670,7 +672,7 @@ class LlamaLoRA(nn.Module):
     def batching(self):
         """Within: ``forward`` is the program's ``decode_batch`` method (docs/batching.md): B rows of one
         token each, ``forward(tokens [B, 1], pos [B], slots [B], *pools, *lora)`` (``rows_inputs``), each
-        row at its own position, in its own KV slot, with its own LoRA (``At [B, in, r]``, ``Bt [B, r, out]``
+        row at its own position, in its own KV slot, with its own LoRA (``A [B, r, in]``, ``B [B, out, r]``
         per envelope slot). The foundation's products run once over the rows; same parameters as forward."""
         self.batch_rows = True
         try:

@@ -119,7 +119,7 @@ class Envelope:
 
     def rows_inputs(self, adapters, args: ModelArgs) -> list[torch.Tensor]:
         """The batch method's LoRA inputs (docs/batching.md) for one row per entry of ``adapters`` (None:
-        no adapter): per slot ``At [B, in, r]`` and ``Bt [B, r, out]``, r the rows' largest rank there;
+        no adapter): per slot ``A [B, r, in]`` and ``B [B, out, r]``, r the rows' largest rank there;
         a smaller rank is zero-padded, which adds exactly nothing."""
         import torch
         import torch.nn.functional as F
@@ -128,8 +128,8 @@ class Envelope:
         out = []
         for i in range(len(self.slots)):
             r = max(row[2 * i].shape[0] for row in rows)
-            out.append(torch.stack([F.pad(row[2 * i].t(), (0, r - row[2 * i].shape[0])) for row in rows]))
-            out.append(torch.stack([F.pad(row[2 * i + 1].t(), (0, 0, 0, r - row[2 * i].shape[0])) for row in rows]))
+            out.append(torch.stack([F.pad(row[2 * i], (0, 0, 0, r - row[2 * i].shape[0])) for row in rows]))
+            out.append(torch.stack([F.pad(row[2 * i + 1], (0, r - row[2 * i].shape[0])) for row in rows]))
         return out
 
     def example_inputs(self, args: ModelArgs) -> list[torch.Tensor]:
@@ -158,7 +158,7 @@ class Envelope:
         each slot's rank."""
         out = []
         for a, b in zip(*[iter(self.dynamic_shapes())] * 2):  # A's rank is its dim 0, B's its dim 1
-            out += [{0: batch, **({2: a[0]} if a else {})}, {0: batch, **({1: b[1]} if b else {})}]
+            out += [{0: batch, **({1: a[0]} if a else {})}, {0: batch, **({2: b[1]} if b else {})}]
         return out
 
 

@@ -29,13 +29,13 @@ std::vector<int64_t> input_sizes(const MethodMeta& meta, size_t i) {
 struct BatchEngine::Impl {
   SharedProgram* program = nullptr;
   size_t slots = 0, rows = 0;
-  // Per envelope slot: At [rows, in, r] and Bt [rows, r, out] for a step's
+  // Per envelope slot: A [rows, r, in] and B [rows, out, r] for a step's
   // rank r (at most max_rank; room for max_rank).
   std::vector<std::vector<float>> at, bt;
   // Per row: forward's LoRA inputs over its adapter's data (prefill), empty until set_row.
   std::vector<std::vector<TensorPtr>> row_lora;
   // Per row: its adapter's data (nullptr: base), and per envelope slot the
-  // rank its At/Bt rows are laid out at now (0: not yet).
+  // rank its A/B rows are laid out at now (0: not yet).
   std::vector<const LoraData*> row_data;
   std::vector<std::vector<int64_t>> laid;
 
@@ -45,23 +45,22 @@ struct BatchEngine::Impl {
     return std::min(lora->slots()[s].rank, program->lora_shapes()[s].max_rank);
   }
 
-  // Row `row`'s A and B of envelope slot `s` as At [in, r] and Bt [r, out] at
-  // its place in buffers laid out at rank r; ranks past its own are zero
-  // (adding exactly nothing).
+  // Row `row`'s A [r, in] and B [out, r] of envelope slot `s` at its place
+  // in buffers laid out at rank r; ranks past its own are zero (adding
+  // exactly nothing).
   void lay_out(size_t row, size_t s, int64_t r) {
     const LoraShape& shape = program->lora_shapes()[s];
     int64_t in = shape.in, out = shape.out;
-    float* a_t = at[s].data() + row * in * r;
-    float* b_t = bt[s].data() + row * r * out;
-    std::fill(a_t, a_t + in * r, 0.0f);
-    std::fill(b_t, b_t + r * out, 0.0f);
+    float* a = at[s].data() + row * r * in;
+    float* b = bt[s].data() + row * out * r;
+    std::fill(a, a + r * in, 0.0f);
+    std::fill(b, b + out * r, 0.0f);
     int64_t own = rank_of(row, s);
     if (own > 0) {
       const LoraData::Slot& slot = row_data[row]->slots()[s];
-      for (int64_t k = 0; k < own; ++k)
-        for (int64_t i = 0; i < in; ++i) a_t[i * r + k] = slot.a[k * in + i];
+      std::memcpy(a, slot.a, static_cast<size_t>(own * in) * sizeof(float));
       for (int64_t o = 0; o < out; ++o)
-        for (int64_t k = 0; k < own; ++k) b_t[k * out + o] = slot.b[o * slot.rank + k];
+        std::memcpy(b + o * r, slot.b + o * slot.rank, static_cast<size_t>(own) * sizeof(float));
     }
     laid[row][s] = r;
   }
@@ -120,13 +119,14 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
     std::vector<int64_t> a = input_sizes(meta, 3 + kv.slabs + 2 * s);
     std::vector<int64_t> b = input_sizes(meta, 4 + kv.slabs + 2 * s);
     const LoraShape& shape = shapes[s];
-    if (a != std::vector<int64_t>{tokens[0], shape.in, shape.max_rank} ||
-        b != std::vector<int64_t>{tokens[0], shape.max_rank, shape.out})
+    if (a != std::vector<int64_t>{tokens[0], shape.max_rank, shape.in} ||
+        b != std::vector<int64_t>{tokens[0], shape.out, shape.max_rank})
       return Status::failure(pte + ": decode_batch's LoRA inputs of envelope slot " +
-                             std::to_string(s) + " are not At [rows, " +
-                             std::to_string(shape.in) + ", " + std::to_string(shape.max_rank) +
-                             "] and Bt [rows, " + std::to_string(shape.max_rank) + ", " +
-                             std::to_string(shape.out) + "] as forward's are");
+                             std::to_string(s) + " are not A [rows, " +
+                             std::to_string(shape.max_rank) + ", " + std::to_string(shape.in) +
+                             "] and B [rows, " + std::to_string(shape.out) + ", " +
+                             std::to_string(shape.max_rank) + "] (rebuild a program exported "
+                             "before lora-share's exporter revision 13)");
     impl->at.emplace_back(impl->rows * shape.in * shape.max_rank, 0.0f);
     impl->bt.emplace_back(impl->rows * shape.max_rank * shape.out, 0.0f);
   }
@@ -161,7 +161,7 @@ Status BatchEngine::set_row(size_t row, const LoraData* lora) {
   if (lora != nullptr && lora->slots().size() != shapes.size())
     return Status::usage("set_row: the adapter has " + std::to_string(lora->slots().size()) +
                          " LoRA slots; the program's envelope " + std::to_string(shapes.size()));
-  // decode lays the row's At/Bt out at the rank of the step it runs in.
+  // decode lays the row's A/B out at the rank of the step it runs in.
   e.row_data[row] = lora;
   std::fill(e.laid[row].begin(), e.laid[row].end(), 0);
   e.row_lora[row] = lora_input_tensors(lora, shapes, e.program->zeros());
@@ -232,11 +232,9 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
         kv.at_slot(0).slab(j), layout.dtype));
   const std::vector<LoraShape>& shapes = e.program->lora_shapes();
   for (size_t s = 0; s < shapes.size(); ++s) {
-    // The step's rank: the largest of its rows' (at least 1), not the envelope's. XNNPACK packs the
-    // At/Bt inputs at every call (they are not constants), and that packing, not the product, was
-    // the LoRA's cost of a step: the demo's rank-8 adapters in a rank-16 envelope paid twice for it.
-    // Rows are laid out again only when the step's rank changes (a row of a larger rank joins, or
-    // the largest leaves).
+    // The step's rank: the largest of its rows' (at least 1), not the envelope's: the products'
+    // work scales with it (the demo's rank-8 adapters sit in a rank-16 envelope). Rows are laid out
+    // again only when the step's rank changes (a row of a larger rank joins, or the largest leaves).
     int64_t rank = 1;
     for (size_t b = 0; b < n; ++b) rank = std::max(rank, e.rank_of(b, s));
     // Rows laid out at another rank overlap this step's places: lay them out again when they run.
@@ -246,8 +244,8 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
       if (e.laid[b][s] != rank) e.lay_out(b, s, rank);
     SizesType in = static_cast<SizesType>(shapes[s].in), out = static_cast<SizesType>(shapes[s].out);
     SizesType r = static_cast<SizesType>(rank);
-    tensors.push_back(make_tensor_ptr({dim(n), in, r}, e.at[s].data(), ScalarType::Float));
-    tensors.push_back(make_tensor_ptr({dim(n), r, out}, e.bt[s].data(), ScalarType::Float));
+    tensors.push_back(make_tensor_ptr({dim(n), r, in}, e.at[s].data(), ScalarType::Float));
+    tensors.push_back(make_tensor_ptr({dim(n), out, r}, e.bt[s].data(), ScalarType::Float));
   }
   std::vector<EValue> inputs;
   for (const TensorPtr& t : tensors) inputs.emplace_back(*t);

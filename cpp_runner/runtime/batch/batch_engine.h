@@ -14,8 +14,8 @@
 // disturb each other's slots).
 //
 // LoRA rows. The engine owns B_max rows of LoRA buffers, per envelope slot
-// At [B_max, in, r] and Bt [B_max, r, out] (A and B transposed, decode_batch's
-// contract) at a step's rank r: the largest rank of its rows in that slot,
+// A [B_max, r, in] and B [B_max, out, r] (decode_batch's contract: the
+// adapter's own layouts, copied) at a step's rank r: the largest rank of its rows in that slot,
 // not the envelope's. A row is laid out at its first step after set_row, and
 // again only when the step's rank changes: a smaller rank or a slot the
 // adapter leaves alone is zero-padded (adds exactly nothing).
