@@ -31,7 +31,7 @@ struct BatchEngine::Impl {
   size_t slots = 0, rows = 0;
   // Per envelope slot: A [rows, r, in] and B [rows, out, r] for a step's
   // rank r (at most max_rank; room for max_rank).
-  std::vector<std::vector<float>> at, bt;
+  std::vector<std::vector<float>> a_rows, b_rows;
   // Per row: forward's LoRA inputs over its adapter's data (prefill), empty until set_row.
   std::vector<std::vector<TensorPtr>> row_lora;
   // Per row: its adapter's data (nullptr: base), and per envelope slot the
@@ -51,8 +51,8 @@ struct BatchEngine::Impl {
   void lay_out(size_t row, size_t s, int64_t r) {
     const LoraShape& shape = program->lora_shapes()[s];
     int64_t in = shape.in, out = shape.out;
-    float* a = at[s].data() + row * r * in;
-    float* b = bt[s].data() + row * out * r;
+    float* a = a_rows[s].data() + row * r * in;
+    float* b = b_rows[s].data() + row * out * r;
     std::fill(a, a + r * in, 0.0f);
     std::fill(b, b + out * r, 0.0f);
     int64_t own = rank_of(row, s);
@@ -127,8 +127,8 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
                              "] and B [rows, " + std::to_string(shape.out) + ", " +
                              std::to_string(shape.max_rank) + "] (rebuild a program exported "
                              "before lora-share's exporter revision 13)");
-    impl->at.emplace_back(impl->rows * shape.in * shape.max_rank, 0.0f);
-    impl->bt.emplace_back(impl->rows * shape.max_rank * shape.out, 0.0f);
+    impl->a_rows.emplace_back(impl->rows * shape.in * shape.max_rank, 0.0f);
+    impl->b_rows.emplace_back(impl->rows * shape.max_rank * shape.out, 0.0f);
   }
   impl->row_lora.resize(impl->rows);
   impl->row_data.resize(impl->rows, nullptr);
@@ -142,8 +142,8 @@ size_t BatchEngine::slot_bytes() const { return impl_->program->kv().layout.byte
 
 size_t BatchEngine::bytes() const {
   size_t lora = 0;
-  for (size_t s = 0; s < impl_->at.size(); ++s)
-    lora += (impl_->at[s].size() + impl_->bt[s].size()) * sizeof(float);
+  for (size_t s = 0; s < impl_->a_rows.size(); ++s)
+    lora += (impl_->a_rows[s].size() + impl_->b_rows[s].size()) * sizeof(float);
   return impl_->slots * slot_bytes() + lora;
 }
 
@@ -244,8 +244,8 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
       if (e.laid[b][s] != rank) e.lay_out(b, s, rank);
     SizesType in = static_cast<SizesType>(shapes[s].in), out = static_cast<SizesType>(shapes[s].out);
     SizesType r = static_cast<SizesType>(rank);
-    tensors.push_back(make_tensor_ptr({dim(n), r, in}, e.at[s].data(), ScalarType::Float));
-    tensors.push_back(make_tensor_ptr({dim(n), out, r}, e.bt[s].data(), ScalarType::Float));
+    tensors.push_back(make_tensor_ptr({dim(n), r, in}, e.a_rows[s].data(), ScalarType::Float));
+    tensors.push_back(make_tensor_ptr({dim(n), out, r}, e.b_rows[s].data(), ScalarType::Float));
   }
   std::vector<EValue> inputs;
   for (const TensorPtr& t : tensors) inputs.emplace_back(*t);
