@@ -196,15 +196,10 @@ def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, set
                     asked[side] += [(a, i, ans.text) for a, i, ans in zip(clients, ids, answers)]
                 log(f"  {side} {name}: {figures[side][name][-1]['aggregate_decode_tokens_per_s']} tokens/s")
         order.reverse()
-    cached = {}
-    for side, server in sides.items():
-        differ = []
-        for a, ids, text in asked[side]:
-            alone = http_streams.stream(server.address, server.body(builds_adapters[a], a, ids,
-                                                                    settings["max_tokens"], True)).text
-            if alone != text:
-                differ.append({"adapter": builds_adapters[a], "concurrent": text, "alone": alone})
-        cached[side] = {"compared": len(asked[side]), "differ": differ}
+    cached = {side: compare_alone(server, [(builds_adapters[a], server.body(builds_adapters[a], a, ids,
+                                                                          settings["max_tokens"], True), text)
+                                           for a, ids, text in asked[side]])
+              for side, server in sides.items()}
     return {"scenarios": {side: {name: median_figures(rows) for name, rows in f.items()}
                           for side, f in figures.items()},
             "samples": figures, "texts_cached": cached,
@@ -215,7 +210,7 @@ def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, set
 def same_texts(server, builds_adapters: list[str], prompts: Prompts, settings: dict, questions: list[str]) -> dict:
     """Each scenario of several clients once at once, then each of its requests alone, every request with
     ``cache_prompt: false``: how many texts were compared and the ones that differ."""
-    differ, compared = [], 0
+    asked = []
     for clients in SCENARIOS.values():
         if len(clients) < 2:
             continue
@@ -223,12 +218,19 @@ def same_texts(server, builds_adapters: list[str], prompts: Prompts, settings: d
         bodies = [server.body(builds_adapters[a], a, i, settings["max_tokens"], True, cache_prompt=False)
                   for a, i in zip(clients, ids)]
         answers = http_streams.at_once(server.address, bodies)
-        for body, a, ans in zip(bodies, clients, answers):
-            alone = http_streams.stream(server.address, body).text
-            compared += 1
-            if alone != ans.text:
-                differ.append({"adapter": builds_adapters[a], "concurrent": ans.text, "alone": alone})
-    return {"compared": compared, "differ": differ}
+        asked += [(builds_adapters[a], body, ans.text) for a, body, ans in zip(clients, bodies, answers)]
+    return compare_alone(server, asked)
+
+
+def compare_alone(server, asked: list[tuple[str, dict, str]]) -> dict:
+    """Each (adapter, request body, concurrent text) asked again alone: how many texts were compared
+    and the ones that differ."""
+    differ = []
+    for adapter, body, text in asked:
+        alone = http_streams.stream(server.address, body).text
+        if alone != text:
+            differ.append({"adapter": adapter, "concurrent": text, "alone": alone})
+    return {"compared": len(asked), "differ": differ}
 
 
 def median_figures(rows: list[dict]) -> dict:
