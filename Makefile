@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs test bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs lint test bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
 
 all: setup runner
 
@@ -33,7 +33,7 @@ system-deps:
 $(SETUP_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,lint]'
 	touch $@
 
 setup: $(SETUP_STAMP)
@@ -80,6 +80,15 @@ demo: setup model
 
 demo-outputs: setup model
 	$(VENV)/bin/lora-share build $(CONFIG)
+
+# ruff (check and format check, configured in pyproject.toml) over the Python, clang-format (.clang-format)
+# over the C++: the pinned versions of the lint extra, so every machine agrees.
+CXX_SOURCES = $(shell git ls-files 'cpp_runner/*.cpp' 'cpp_runner/*.h' 'benchmarks/*.cpp' 'examples/*.c' 'examples/*.cpp')
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@echo "clang-format --dry-run -Werror over $(words $(CXX_SOURCES)) C/C++ files"
+	@$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 
 test: setup runner model
 	$(PY) -m pytest -q --durations=25 -m "not arm64 and not dist"

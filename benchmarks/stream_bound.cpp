@@ -95,20 +95,26 @@ int main(int argc, char** argv) {
   bool fused = false, small_pages = false, json = false;
   int tokens = 60;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--fused") == 0) fused = true;
-    else if (std::strcmp(argv[i], "--small-pages") == 0) small_pages = true;
-    else if (std::strcmp(argv[i], "--json") == 0) json = true;
-    else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && (tokens = std::atoi(argv[i + 1])) > 0) ++i;
+    if (std::strcmp(argv[i], "--fused") == 0)
+      fused = true;
+    else if (std::strcmp(argv[i], "--small-pages") == 0)
+      small_pages = true;
+    else if (std::strcmp(argv[i], "--json") == 0)
+      json = true;
+    else if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc && (tokens = std::atoi(argv[i + 1])) > 0)
+      ++i;
     else
       return std::fprintf(stderr, "error: bad flag %s (flags: --tokens N >= 1, --json, --fused, --small-pages)\n",
-                          argv[i]), 2;
+                          argv[i]),
+             2;
   }
   std::vector<std::pair<size_t, size_t>> shapes;  // (rows, in)
   for (int layer = 0; layer < 30; ++layer) {
     if (fused)
       shapes.insert(shapes.end(), {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}});
     else
-      shapes.insert(shapes.end(), {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}});
+      shapes.insert(shapes.end(),
+                    {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}});
   }
   shapes.push_back({49152, 576});
 
@@ -142,9 +148,10 @@ int main(int argc, char** argv) {
   std::sort(ms.begin(), ms.end());
   const double mb = floats * sizeof(float) / 1e6, median = ms[ms.size() / 2];
   if (json)
-    std::printf("{\"mb\": %.1f, \"tokens\": %d, \"median_ms\": %.3f, \"best_ms\": %.3f, \"fused\": %s, "
-                "\"huge_pages\": %s}\n", mb, tokens, median, ms[0], fused ? "true" : "false",
-                small_pages ? "false" : "true");
+    std::printf(
+        "{\"mb\": %.1f, \"tokens\": %d, \"median_ms\": %.3f, \"best_ms\": %.3f, \"fused\": %s, "
+        "\"huge_pages\": %s}\n",
+        mb, tokens, median, ms[0], fused ? "true" : "false", small_pages ? "false" : "true");
   else
     std::printf("%s, %s pages: %.0f MB per token, median %.2f ms (%.1f GB/s, %.1f tokens/s), best %.2f ms\n",
                 fused ? "fused q/k/v, gate/up" : "separate linears", small_pages ? "4 KiB" : "2 MiB", mb, median,

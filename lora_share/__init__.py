@@ -48,8 +48,10 @@ def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, se
 
         tokens = encode_prompt(bind_tokenizer(ptd), tokens, flag="tokens")
     elif not isinstance(tokens, (list, tuple)) or not all(isinstance(t, int) for t in tokens):
-        raise TypeError(f"lora_share.run: tokens must be a text prompt (str) or a list of token ids (ints), "
-                        f"got {type(tokens).__name__} {tokens!r:.60}")
+        raise TypeError(
+            f"lora_share.run: tokens must be a text prompt (str) or a list of token ids (ints), "
+            f"got {type(tokens).__name__} {tokens!r:.60}"
+        )
     if not isinstance(max_new_tokens, int):
         raise TypeError(f"lora_share.run: max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
     return _run(pte, ptd, list(tokens), max_new_tokens, temperature, seed, shared_ptd=shared_ptd)

@@ -15,13 +15,13 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
 from .errors import ConfigErrors, UserError
-from .model.families import FAMILIES
 from .model.args import LORA_TARGETS
+from .model.families import FAMILIES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The name the runners, the C API and the server give the foundation alone (no adapter).
@@ -53,10 +53,13 @@ class SyntheticFoundation:
     seed: int = _f("random seed of the weights", 0, minimum=0)
     norm_eps: float = _f("RMSNorm epsilon", 1e-5)
     rope_theta: float = _f("RoPE base", 10000.0)
-    model_type: str = _f("the family the weights are for: llama, or gemma3_text (Gemma 3's text model: its norms, "
-                         "q/k norms and sliding layers, every sixth over the whole context)", "llama",
-                         choices=["llama", "gemma3_text"])
-    head_dim: Optional[int] = _f("gemma3_text: head size (default dim / n_heads)", None, minimum=2)
+    model_type: str = _f(
+        "the family the weights are for: llama, or gemma3_text (Gemma 3's text model: its norms, "
+        "q/k norms and sliding layers, every sixth over the whole context)",
+        "llama",
+        choices=["llama", "gemma3_text"],
+    )
+    head_dim: int | None = _f("gemma3_text: head size (default dim / n_heads)", None, minimum=2)
     sliding_window: int = _f("gemma3_text: the sliding layers' window", 512, minimum=1)
 
 
@@ -67,46 +70,75 @@ QUANT_GROUP_MULTIPLE = 32  # XNNPACK's 4-bit blockwise kernels take groups of a 
 class QuantizeConfig:
     """Quantize the shared foundation; LoRA A and B stay float32 in each adapter's .pte."""
 
-    scheme: str = _f("8da4w: every foundation linear gets int4 weights in groups, with int8 dynamic "
-                     "per-token activations (ExecuTorch's 8da4w, run by XNNPACK)", choices=["8da4w"])
-    group_size: int = _f("int4 weights per scale: a multiple of 32 that divides every linear's input width",
-                         32, minimum=QUANT_GROUP_MULTIPLE)
-    embedding: Optional[str] = _f("int8: token embeddings as int8 with one scale per row; int4: in groups of "
-                                  "group_size with a float16 scale each, about half int8's bytes, for a large vocabulary "
-                                  "(Gemma 3's 262k) (default: float32)", None, choices=["int8", "int4"])
-    grid: str = _f("each group's int4 grid: symmetric (one scale, zero at the grid's centre: ExecuTorch's "
-                   "8da4w) or asymmetric (a scale and a float offset per group, as llama.cpp's Q4_1: a Q4_1 "
-                   "GGUF's weights are kept exactly; the offsets add one small float32 linear per linear)",
-                   "symmetric", choices=["symmetric", "asymmetric"])
-    lm_head: str = _f("the output projection's weights: int4 like every other linear, or int8 with one scale "
-                      "per row (keeps a Q8_0 or float embedding's precision in the logits; 2x its int4 bytes)",
-                      "int4", choices=["int4", "int8"])
+    scheme: str = _f(
+        "8da4w: every foundation linear gets int4 weights in groups, with int8 dynamic "
+        "per-token activations (ExecuTorch's 8da4w, run by XNNPACK)",
+        choices=["8da4w"],
+    )
+    group_size: int = _f(
+        "int4 weights per scale: a multiple of 32 that divides every linear's input width",
+        32,
+        minimum=QUANT_GROUP_MULTIPLE,
+    )
+    embedding: str | None = _f(
+        "int8: token embeddings as int8 with one scale per row; int4: in groups of "
+        "group_size with a float16 scale each, about half int8's bytes, for a large vocabulary "
+        "(Gemma 3's 262k) (default: float32)",
+        None,
+        choices=["int8", "int4"],
+    )
+    grid: str = _f(
+        "each group's int4 grid: symmetric (one scale, zero at the grid's centre: ExecuTorch's "
+        "8da4w) or asymmetric (a scale and a float offset per group, as llama.cpp's Q4_1: a Q4_1 "
+        "GGUF's weights are kept exactly; the offsets add one small float32 linear per linear)",
+        "symmetric",
+        choices=["symmetric", "asymmetric"],
+    )
+    lm_head: str = _f(
+        "the output projection's weights: int4 like every other linear, or int8 with one scale "
+        "per row (keeps a Q8_0 or float embedding's precision in the logits; 2x its int4 bytes)",
+        "int4",
+        choices=["int4", "int8"],
+    )
 
 
 @dataclass
 class FoundationConfig:
     """The shared base model: a Hugging Face checkpoint or synthetic weights."""
 
-    checkpoint: Optional[Path] = _f(
+    checkpoint: Path | None = _f(
         f"Hugging Face model folder ({', '.join(FAMILIES)}): config.json + model.safetensors (or shards + "
         "index json); or a GGUF file (architectures llama, qwen2, qwen3, phi3, gemma3 (as gemma3_text); any "
         "quantization type the gguf "
-        "package dequantizes)", None, path=True
+        "package dequantizes)",
+        None,
+        path=True,
     )
-    synthetic: Optional[SyntheticFoundation] = _f("deterministic demo weights instead of a checkpoint", None)
-    max_seq_len: int = _f("the context: KV cache length, the longest prompt + generation the program accepts",
-                          128, minimum=2)
-    prefill_chunk: int = _f("most prompt tokens one forward call takes; longer prompts are fed in chunks, so "
-                            "planned activation memory scales with chunk x context, not context squared "
-                            "(capped at max_seq_len)", 128, minimum=2)
-    quantize: Optional[QuantizeConfig] = _f("quantize the foundation (default: float32)", None)
-    kv_cache: str = _f("the KV cache's element type: float16 halves its bytes (llama.cpp's default) and runs "
-                       "attention in float16 (XNNPACK's float16 products accumulate in float32); float32 keeps "
-                       "attention exactly as the eager model computes it", "float32", choices=["float32", "float16"])
-    tokenizer: Optional[Path] = _f(
+    synthetic: SyntheticFoundation | None = _f("deterministic demo weights instead of a checkpoint", None)
+    max_seq_len: int = _f(
+        "the context: KV cache length, the longest prompt + generation the program accepts", 128, minimum=2
+    )
+    prefill_chunk: int = _f(
+        "most prompt tokens one forward call takes; longer prompts are fed in chunks, so "
+        "planned activation memory scales with chunk x context, not context squared "
+        "(capped at max_seq_len)",
+        128,
+        minimum=2,
+    )
+    quantize: QuantizeConfig | None = _f("quantize the foundation (default: float32)", None)
+    kv_cache: str = _f(
+        "the KV cache's element type: float16 halves its bytes (llama.cpp's default) and runs "
+        "attention in float16 (XNNPACK's float16 products accumulate in float32); float32 keeps "
+        "attention exactly as the eager model computes it",
+        "float32",
+        choices=["float32", "float16"],
+    )
+    tokenizer: Path | None = _f(
         "folder with the model's tokenizer.json (+ tokenizer_config.json, generation_config.json, ...), copied "
         "beside foundation.ptd so `run --prompt` can encode text (default: the checkpoint folder's, if it has "
-        "one; none for a synthetic foundation)", None, path=True
+        "one; none for a synthetic foundation)",
+        None,
+        path=True,
     )
 
 
@@ -118,7 +150,7 @@ class SyntheticAdapter:
     alpha: float = _f("LoRA alpha (scale = alpha / rank)")
     target_modules: list[str] = _f("linears to adapt", choices=list(LORA_TARGETS))
     seed: int = _f("random seed of the weights", 0, minimum=0)
-    layers: Optional[list[int]] = _f("only these decoder layers (default: all)", None)
+    layers: list[int] | None = _f("only these decoder layers (default: all)", None)
 
 
 @dataclass
@@ -126,8 +158,8 @@ class AdapterConfig:
     """One LoRA adapter: a PEFT folder or synthetic weights."""
 
     name: str = _f("adapter name; the output is <name>.pte", pattern=NAME_RE.pattern)
-    peft: Optional[Path] = _f("PEFT folder: adapter_config.json + adapter_model.safetensors", None, path=True)
-    synthetic: Optional[SyntheticAdapter] = _f("deterministic demo LoRA weights instead of a PEFT folder", None)
+    peft: Path | None = _f("PEFT folder: adapter_config.json + adapter_model.safetensors", None, path=True)
+    synthetic: SyntheticAdapter | None = _f("deterministic demo LoRA weights instead of a PEFT folder", None)
 
 
 @dataclass
@@ -135,17 +167,26 @@ class EnvelopeConfig:
     """The LoRA the deployment's one program accepts: every adapter inside it is added as data, with
     no export (an adapter outside it is refused, naming the key to widen)."""
 
-    targets: Optional[list[str]] = _f("linears the program takes LoRA on, or 'all' (default: every linear "
-                                      "some adapter of this config adapts)", None, choices=list(LORA_TARGETS),
-                                      all_value=list(LORA_TARGETS))
-    max_rank: Optional[int] = _f("the largest LoRA rank it takes on each of them; any rank from 1 up fits "
-                                 "(default: the largest rank of this config's adapters)", None, minimum=1)
-    layers: Optional[list[int]] = _f("decoder layers it takes LoRA on, or 'all' (default: all)", None,
-                                     all_value=None)
-    skip_absent: bool = _f("each adapter's file carries a variant of the program that skips the slots it "
-                           "leaves alone (derived when the file is written, no export): it decodes as through "
-                           "a program of its own recipe; a process holds one program instance per distinct "
-                           "set of slots instead of one in all", False)
+    targets: list[str] | None = _f(
+        "linears the program takes LoRA on, or 'all' (default: every linear some adapter of this config adapts)",
+        None,
+        choices=list(LORA_TARGETS),
+        all_value=list(LORA_TARGETS),
+    )
+    max_rank: int | None = _f(
+        "the largest LoRA rank it takes on each of them; any rank from 1 up fits "
+        "(default: the largest rank of this config's adapters)",
+        None,
+        minimum=1,
+    )
+    layers: list[int] | None = _f("decoder layers it takes LoRA on, or 'all' (default: all)", None, all_value=None)
+    skip_absent: bool = _f(
+        "each adapter's file carries a variant of the program that skips the slots it "
+        "leaves alone (derived when the file is written, no export): it decodes as through "
+        "a program of its own recipe; a process holds one program instance per distinct "
+        "set of slots instead of one in all",
+        False,
+    )
 
 
 @dataclass
@@ -155,7 +196,7 @@ class ProgramConfig:
 
     name: str = _f("program name; the output is <name>.pte", pattern=NAME_RE.pattern)
     pt2: Path = _f("PT2 archive: torch.export.save's, or package_pt2's holding several models", path=True)
-    model: Optional[str] = _f("which model of the archive (default: its only one)", None)
+    model: str | None = _f("which model of the archive (default: its only one)", None)
 
 
 HOIST = "hoist"
@@ -168,25 +209,30 @@ class DedupConfig:
     shared_adapter_tensors: str = _f(
         "'report': list them in the build's byte report, each .pte keeps its copy; 'hoist': store each "
         "once in adapters_shared.ptd, which every adapter using one then needs beside foundation.ptd",
-        "report", choices=["report", HOIST])
+        "report",
+        choices=["report", HOIST],
+    )
 
 
 @dataclass
 class BuildConfig:
     """What ``lora-share build`` reads."""
 
-    foundation: Optional[FoundationConfig] = _f("the shared base model (required unless the config lists programs)",
-                                                None)
-    adapters: Optional[list[AdapterConfig]] = _f("LoRA adapters, one .pte each (required with a foundation)", None)
-    programs: Optional[list[ProgramConfig]] = _f(
+    foundation: FoundationConfig | None = _f("the shared base model (required unless the config lists programs)", None)
+    adapters: list[AdapterConfig] | None = _f("LoRA adapters, one .pte each (required with a foundation)", None)
+    programs: list[ProgramConfig] | None = _f(
         "exported models from PT2 archives instead of a foundation and adapters: one .pte each, every tensor "
-        "two or more of them share stored once in foundation.ptd", None)
-    lora_envelope: Optional[EnvelopeConfig] = _f(
+        "two or more of them share stored once in foundation.ptd",
+        None,
+    )
+    lora_envelope: EnvelopeConfig | None = _f(
         "the LoRA targets, layers and largest rank the deployment's program accepts (default: what this "
-        "config's adapters need, on every layer)", None)
-    dedup: Optional[DedupConfig] = _f("deduplication across adapters (default: report shared tensors)", None)
-    output_dir: Optional[Path] = _f("where outputs go (default: out/<config file stem>)", None, path=True)
-    source: Optional[Path] = field(default=None, metadata={"internal": True})
+        "config's adapters need, on every layer)",
+        None,
+    )
+    dedup: DedupConfig | None = _f("deduplication across adapters (default: report shared tensors)", None)
+    output_dir: Path | None = _f("where outputs go (default: out/<config file stem>)", None, path=True)
+    source: Path | None = field(default=None, metadata={"internal": True})
 
 
 # ---------------------------------------------------------------------------
@@ -320,8 +366,11 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
         _check_programs(cfg.programs, L)
         for key in ("foundation", "adapters", "lora_envelope", "dedup"):
             if getattr(cfg, key) is not None:
-                L.problem(key, "a config of programs has no foundation, adapters, lora_envelope or dedup: "
-                               "put those in a config of their own")
+                L.problem(
+                    key,
+                    "a config of programs has no foundation, adapters, lora_envelope or dedup: "
+                    "put those in a config of their own",
+                )
         return
     for f in dataclasses.fields(BuildConfig):
         if f.name in ("foundation", "adapters") and getattr(cfg, f.name) is None:
@@ -334,8 +383,10 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
             if not fnd.checkpoint.is_file():
                 L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such file (a GGUF checkpoint)")
         elif fnd.checkpoint is not None and not fnd.checkpoint.is_dir():
-            L.problem("foundation.checkpoint", f"{fnd.checkpoint}: no such folder (a Hugging Face model folder, "
-                                               "or a .gguf file)")
+            L.problem(
+                "foundation.checkpoint",
+                f"{fnd.checkpoint}: no such folder (a Hugging Face model folder, or a .gguf file)",
+            )
         s = fnd.synthetic
         if s is not None and None not in (s.dim, s.n_heads, s.n_kv_heads):
             if s.n_heads and s.dim % s.n_heads and s.head_dim is None:
@@ -345,25 +396,34 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
             elif s.head_dim is not None and s.model_type == "llama":
                 L.problem("foundation.synthetic.head_dim", "set only with model_type gemma3_text")
             elif (s.head_dim or s.dim // s.n_heads) % 2:
-                L.problem("foundation.synthetic.head_dim" if s.head_dim else "foundation.synthetic.dim",
-                          "the head size must be even for RoPE")
+                L.problem(
+                    "foundation.synthetic.head_dim" if s.head_dim else "foundation.synthetic.dim",
+                    "the head size must be even for RoPE",
+                )
         if fnd.tokenizer is not None:
             if not fnd.tokenizer.is_dir():
                 L.problem("foundation.tokenizer", f"{fnd.tokenizer}: no such folder (a Hugging Face tokenizer folder)")
             elif not (fnd.tokenizer / "tokenizer.json").is_file():
-                L.problem("foundation.tokenizer", f"{fnd.tokenizer}: no tokenizer.json in this folder (a Hugging "
-                          "Face tokenizer folder: tokenizer.json, tokenizer_config.json, ...)")
+                L.problem(
+                    "foundation.tokenizer",
+                    f"{fnd.tokenizer}: no tokenizer.json in this folder (a Hugging "
+                    "Face tokenizer folder: tokenizer.json, tokenizer_config.json, ...)",
+                )
         q = fnd.quantize
         if q is not None and isinstance(q.group_size, int) and q.group_size >= QUANT_GROUP_MULTIPLE:
             if q.group_size % QUANT_GROUP_MULTIPLE:
-                L.problem("foundation.quantize.group_size",
-                          f"{q.group_size} is not a multiple of {QUANT_GROUP_MULTIPLE} (XNNPACK's 4-bit kernels)")
+                L.problem(
+                    "foundation.quantize.group_size",
+                    f"{q.group_size} is not a multiple of {QUANT_GROUP_MULTIPLE} (XNNPACK's 4-bit kernels)",
+                )
             elif s is not None:
                 for key in ("dim", "hidden_dim"):
                     width = getattr(s, key)
                     if isinstance(width, int) and width % q.group_size:
-                        L.problem("foundation.quantize.group_size",
-                                  f"{q.group_size} does not divide synthetic.{key} {width} (a linear's input width)")
+                        L.problem(
+                            "foundation.quantize.group_size",
+                            f"{q.group_size} does not divide synthetic.{key} {width} (a linear's input width)",
+                        )
     if cfg.adapters is not None:
         if not cfg.adapters:
             L.problem("adapters", "list at least one adapter")
@@ -373,8 +433,11 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
                 continue
             key = f"adapters[{i}]"
             if a.name == BASE_NAME:
-                L.problem(f"{key}.name", f"{BASE_NAME!r} is the name of the foundation alone (no adapter) "
-                                         "in the runner, the C API and the server: pick another name")
+                L.problem(
+                    f"{key}.name",
+                    f"{BASE_NAME!r} is the name of the foundation alone (no adapter) "
+                    "in the runner, the C API and the server: pick another name",
+                )
             elif a.name in seen:
                 L.problem(f"{key}.name", f"{a.name!r} is already used by adapters[{seen[a.name]}]")
             elif a.name is not None:
@@ -395,11 +458,14 @@ def _check_semantics(cfg: BuildConfig, L: _Loader) -> None:
         n_layers = getattr(getattr(fnd, "synthetic", None), "n_layers", None)
         for layer in env.layers or []:
             if isinstance(layer, int) and (layer < 0 or (isinstance(n_layers, int) and layer >= n_layers)):
-                L.problem("lora_envelope.layers", f"layer {layer} does not exist"
-                          + (f" (the foundation has {n_layers})" if isinstance(n_layers, int) else ""))
+                L.problem(
+                    "lora_envelope.layers",
+                    f"layer {layer} does not exist"
+                    + (f" (the foundation has {n_layers})" if isinstance(n_layers, int) else ""),
+                )
 
 
-def _adapter_shape(a) -> tuple[list[int], Optional[list[str]]]:
+def _adapter_shape(a) -> tuple[list[int], list[str] | None]:
     """An adapter's ranks and target modules as its config says them (PEFT's adapter_config.json: r,
     rank_pattern, target_modules), without reading its weights; ([], None) when unreadable (the
     build reports that)."""
@@ -420,20 +486,28 @@ def _check_adapters_in_envelope(cfg: BuildConfig, env, L) -> None:
     for i, a in enumerate(cfg.adapters or []):
         ranks, targets = _adapter_shape(a)
         if env.max_rank is not None and ranks and max(ranks) > env.max_rank:
-            L.problem(f"adapters[{i}]", f"{a.name}: rank {max(ranks)} is above lora_envelope.max_rank "
-                                        f"({env.max_rank}): raise max_rank, or leave the adapter out")
+            L.problem(
+                f"adapters[{i}]",
+                f"{a.name}: rank {max(ranks)} is above lora_envelope.max_rank "
+                f"({env.max_rank}): raise max_rank, or leave the adapter out",
+            )
         if isinstance(env.targets, list) and targets is not None:
             outside = [t for t in targets if t not in env.targets]
             if outside:
-                L.problem(f"adapters[{i}]", f"{a.name}: LoRA on {', '.join(outside)}, outside lora_envelope.targets "
-                                            f"[{', '.join(env.targets)}]: add them to targets, or leave the adapter out")
+                L.problem(
+                    f"adapters[{i}]",
+                    f"{a.name}: LoRA on {', '.join(outside)}, outside lora_envelope.targets "
+                    f"[{', '.join(env.targets)}]: add them to targets, or leave the adapter out",
+                )
 
 
 def require_adapters(cfg: BuildConfig, what: str) -> None:
     """Refuse a config of programs where ``what`` needs a foundation and adapters."""
     if cfg.programs is not None:
-        raise UserError(f"{cfg.source}: a config of programs (PT2 archives); {what} takes a config with a "
-                        "foundation and adapters (build this one with `lora-share build`)")
+        raise UserError(
+            f"{cfg.source}: a config of programs (PT2 archives); {what} takes a config with a "
+            "foundation and adapters (build this one with `lora-share build`)"
+        )
 
 
 def hoists_shared_tensors(cfg: BuildConfig) -> bool:

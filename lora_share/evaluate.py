@@ -76,8 +76,8 @@ def resolve_build(target: Path, quiet: bool = True) -> Path:
             raise UserError(f"{target}: no {MANIFEST}: give the output folder of `lora-share build` or its config")
         return target
     if target.is_file() and target.suffix in (".yaml", ".yml"):
-        from .deploy.builder import build
         from .config import load_config
+        from .deploy.builder import build
 
         cfg = load_config(target)
         if not quiet:
@@ -100,7 +100,7 @@ def read_text(path: Path) -> str:
 def windows(ids: list[int], size: int) -> list[list[int]]:
     """``ids`` in consecutive windows of ``size`` tokens; a last window of one token predicts nothing
     and is left out."""
-    return [ids[i:i + size] for i in range(0, len(ids), size) if len(ids) - i >= 2]
+    return [ids[i : i + size] for i in range(0, len(ids), size) if len(ids) - i >= 2]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -111,7 +111,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def target_nll(logits: np.ndarray, window: list[int]) -> np.ndarray:
     """Negative log-likelihood of each next token: row i of ``logits`` predicts ``window[i + 1]``."""
-    lp = log_softmax(logits[:len(window) - 1])
+    lp = log_softmax(logits[: len(window) - 1])
     return -lp[np.arange(len(window) - 1), window[1:]]
 
 
@@ -119,8 +119,8 @@ class Subject:
     """One adapter of the build (or the foundation alone) in both runtimes."""
 
     def __init__(self, name: str, folder: Path, manifest: dict, reference):
-        from .inference.python_runtime import LoadedAdapter
         from .formats.shared_ptd import SHARED_PTD
+        from .inference.python_runtime import LoadedAdapter
 
         entries = {a["name"]: a for a in manifest["adapters"]}
         if not entries:
@@ -128,8 +128,12 @@ class Subject:
         entry = entries[name] if name != BASE_NAME else next(iter(entries.values()))
         shared = folder / SHARED_PTD
         self.name, self.where = name, f"{folder.name}/{name}"
-        self.program = LoadedAdapter(folder / entry["file"], folder / "foundation.ptd",
-                                     shared if shared.is_file() else None, lora=name != BASE_NAME)
+        self.program = LoadedAdapter(
+            folder / entry["file"],
+            folder / "foundation.ptd",
+            shared if shared.is_file() else None,
+            lora=name != BASE_NAME,
+        )
         self.reference = reference
 
     def logits(self, window: list[int]) -> np.ndarray:
@@ -151,18 +155,29 @@ def _peft_reference(hf_model, entry: dict, config_entry: dict, args, folder: Pat
         path = Path(source["path"])
         for name, digest in source.get("sha256", {}).items():
             if not (path / name).is_file() or sha256_file(path / name) != digest:
-                raise UserError(f"{path / name}: missing or changed since {folder} was built: rebuild it, "
-                                "or evaluate the build against the adapter it was built from")
+                raise UserError(
+                    f"{path / name}: missing or changed since {folder} was built: rebuild it, "
+                    "or evaluate the build against the adapter it was built from"
+                )
         return PeftModel.from_pretrained(hf_model, str(path)).eval()
     if "synthetic" not in config_entry:
-        raise UserError(f"{folder / 'config.resolved.yaml'}: adapter {entry['name']} is neither a PEFT folder nor "
-                        "synthetic: cannot load it in peft")
+        raise UserError(
+            f"{folder / 'config.resolved.yaml'}: adapter {entry['name']} is neither a PEFT folder nor "
+            "synthetic: cannot load it in peft"
+        )
     adapter = synthetic_adapter(entry["name"], SyntheticAdapter(**config_entry["synthetic"]), args)
     rank = adapter.meta["rank"]
     # The weights carry their scale in B already (checkpoints/adapters.py), so peft's scale is 1 (alpha = rank).
-    model = get_peft_model(hf_model, LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0,
-                                                target_modules=adapter.meta["targets"],
-                                                layers_to_transform=adapter.meta["layers"]))
+    model = get_peft_model(
+        hf_model,
+        LoraConfig(
+            r=rank,
+            lora_alpha=rank,
+            lora_dropout=0.0,
+            target_modules=adapter.meta["targets"],
+            layers_to_transform=adapter.meta["layers"],
+        ),
+    )
     modules = dict(model.base_model.model.named_modules())
     import torch
 
@@ -183,12 +198,15 @@ class Reference:
 
         checkpoint = manifest["export_settings"].get("checkpoint")
         if checkpoint is None:
-            raise UserError(f"{folder}: its foundation is synthetic: eval compares with transformers loading the "
-                            "build's checkpoint, so it needs a build from a checkpoint")
+            raise UserError(
+                f"{folder}: its foundation is synthetic: eval compares with transformers loading the "
+                "build's checkpoint, so it needs a build from a checkpoint"
+            )
         path = Path(checkpoint)
         if not path.exists():
-            raise UserError(f"{path}: the build's checkpoint is missing: eval loads it in transformers as the "
-                            "reference")
+            raise UserError(
+                f"{path}: the build's checkpoint is missing: eval loads it in transformers as the reference"
+            )
         kwargs = {"dtype": torch.float32}
         if path.suffix == ".gguf":
             self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
@@ -212,8 +230,9 @@ class Reference:
             import copy
 
             # peft wraps the model it gets in place: each adapter gets its own copy.
-            self.adapted[name] = _peft_reference(copy.deepcopy(self.model), entry, config_entry,
-                                                 manifest_model_args(self.manifest), self.folder)
+            self.adapted[name] = _peft_reference(
+                copy.deepcopy(self.model), entry, config_entry, manifest_model_args(self.manifest), self.folder
+            )
         return self.adapted[name]
 
     def logits(self, window: list[int], name: str) -> np.ndarray:
@@ -224,8 +243,14 @@ class Reference:
         return out.float().numpy()
 
 
-def evaluate(target, text_path, adapters: list[str] | None = None, max_tokens: int | None = None,
-             min_tokens: int = MIN_TOKENS, progress: bool = False) -> Report:
+def evaluate(
+    target,
+    text_path,
+    adapters: list[str] | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int = MIN_TOKENS,
+    progress: bool = False,
+) -> Report:
     """Perplexity and top-1 agreement with transformers float32 of the build ``target`` (folder or
     config) on the text in ``text_path``, for ``adapters`` (default: the foundation alone, then every
     adapter of the build). ``max_tokens`` cuts the text's ids; fewer than ``min_tokens`` is refused."""
@@ -237,22 +262,35 @@ def evaluate(target, text_path, adapters: list[str] | None = None, max_tokens: i
     wanted = adapters or [BASE_NAME, *names]
     for name in wanted:
         if name != BASE_NAME and name not in names:
-            raise UserError(f"--adapter {name}: {folder} has no such adapter (it has: {', '.join([BASE_NAME, *names])})")
+            raise UserError(
+                f"--adapter {name}: {folder} has no such adapter (it has: {', '.join([BASE_NAME, *names])})"
+            )
     text = read_text(text_path)
     bound = bind_tokenizer(folder / "foundation.ptd", folder)
     ids = bound.tokenizer.encode(text, add_special_tokens=False).ids
     if max_tokens is not None:
         ids = ids[:max_tokens]
     if len(ids) < max(min_tokens, MIN_TOKENS):
-        raise UserError(f"{text_path}: {len(ids)} tokens{' (after --max-tokens)' if max_tokens else ''}, but the "
-                        f"evaluation needs at least {max(min_tokens, MIN_TOKENS)}: give a longer text")
+        raise UserError(
+            f"{text_path}: {len(ids)} tokens{' (after --max-tokens)' if max_tokens else ''}, but the "
+            f"evaluation needs at least {max(min_tokens, MIN_TOKENS)}: give a longer text"
+        )
     size = int(manifest["foundation"]["args"]["max_seq_len"])
     chunks = windows(ids, size)
     reference = Reference(folder, manifest)
-    report = Report(str(folder), manifest["foundation"].get("quantize"),
-                    {"path": str(text_path), "sha256": hashlib.sha256(text.encode()).hexdigest(),
-                     "characters": len(text), "tokens": sum(len(w) for w in chunks), "window": size,
-                     "windows": len(chunks)}, reference.description)
+    report = Report(
+        str(folder),
+        manifest["foundation"].get("quantize"),
+        {
+            "path": str(text_path),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "characters": len(text),
+            "tokens": sum(len(w) for w in chunks),
+            "window": size,
+            "windows": len(chunks),
+        },
+        reference.description,
+    )
     for name in wanted:
         report.results.append(_score(Subject(name, folder, manifest, reference), chunks, progress))
     return report
@@ -272,24 +310,38 @@ def _score(subject: Subject, chunks: list[list[int]], progress: bool) -> Scores:
         worst = max(worst, float(np.abs(got[:m] - want[:m]).max()))
         n += m
         if progress:
-            print(f"  {subject.where}: window {i + 1}/{len(chunks)}, perplexity so far {math.exp(nll / n):.3f} "
-                  f"(transformers {math.exp(ref_nll / n):.3f}), {n / seconds:.1f} tokens/s",
-                  file=sys.stderr, flush=True)
-    return Scores(adapter=subject.name, perplexity=math.exp(nll / n), reference_perplexity=math.exp(ref_nll / n),
-                  top1_agreement=agree / n, max_abs_logit_diff=worst, predicted=n, seconds=seconds,
-                  tokens_per_s=sum(len(w) for w in chunks) / seconds)
+            print(
+                f"  {subject.where}: window {i + 1}/{len(chunks)}, perplexity so far {math.exp(nll / n):.3f} "
+                f"(transformers {math.exp(ref_nll / n):.3f}), {n / seconds:.1f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return Scores(
+        adapter=subject.name,
+        perplexity=math.exp(nll / n),
+        reference_perplexity=math.exp(ref_nll / n),
+        top1_agreement=agree / n,
+        max_abs_logit_diff=worst,
+        predicted=n,
+        seconds=seconds,
+        tokens_per_s=sum(len(w) for w in chunks) / seconds,
+    )
 
 
 def render(report: Report) -> str:
     """The report as a plain-text table."""
     t = report.text
     q = report.quantize
-    lines = [f"{report.build} ({'float32' if q is None else q.get('scheme')} foundation) on {t['path']}: "
-             f"{t['tokens']} tokens in {t['windows']} windows of {t['window']}",
-             f"reference: {report.reference}",
-             f"{'adapter':<16} {'perplexity':>10} {'reference':>10} {'ratio':>7} {'top-1 agree':>11} "
-             f"{'max |dlogit|':>12} {'tokens/s':>9}"]
+    lines = [
+        f"{report.build} ({'float32' if q is None else q.get('scheme')} foundation) on {t['path']}: "
+        f"{t['tokens']} tokens in {t['windows']} windows of {t['window']}",
+        f"reference: {report.reference}",
+        f"{'adapter':<16} {'perplexity':>10} {'reference':>10} {'ratio':>7} {'top-1 agree':>11} "
+        f"{'max |dlogit|':>12} {'tokens/s':>9}",
+    ]
     for s in report.results:
-        lines.append(f"{s.adapter:<16} {s.perplexity:>10.4f} {s.reference_perplexity:>10.4f} {s.ratio:>7.4f} "
-                     f"{100 * s.top1_agreement:>10.2f}% {s.max_abs_logit_diff:>12.2e} {s.tokens_per_s:>9.1f}")
+        lines.append(
+            f"{s.adapter:<16} {s.perplexity:>10.4f} {s.reference_perplexity:>10.4f} {s.ratio:>7.4f} "
+            f"{100 * s.top1_agreement:>10.2f}% {s.max_abs_logit_diff:>12.2e} {s.tokens_per_s:>9.1f}"
+        )
     return "\n".join(lines)

@@ -23,9 +23,19 @@ FORMAT = "lora-share-manifest"
 VERSION = 2
 
 
-def compose(*, config: str | None, export_settings: dict, exporter: int, foundation: dict, program: dict,
-            tokenizer: dict | None, shared: dict | None, adapters: list[dict], byte_report: dict,
-            build_s: float) -> dict:
+def compose(
+    *,
+    config: str | None,
+    export_settings: dict,
+    exporter: int,
+    foundation: dict,
+    program: dict,
+    tokenizer: dict | None,
+    shared: dict | None,
+    adapters: list[dict],
+    byte_report: dict,
+    build_s: float,
+) -> dict:
     """A manifest with its keys in the order the file lists them; ``tokenizer`` and ``shared``
     appear only when the build has them."""
     return {
@@ -65,12 +75,16 @@ def check_manifest(manifest, path: Path) -> dict:
     UserError naming the file, what it holds and what this reader reads."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = _found(manifest, "format") if isinstance(manifest, dict) else "none (not a JSON object)"
-        raise UserError(f"{path}: not a lora-share manifest (format {found}; this reader reads format "
-                        f"{json.dumps(FORMAT)} version {VERSION}): give the manifest.json of a lora-share build")
+        raise UserError(
+            f"{path}: not a lora-share manifest (format {found}; this reader reads format "
+            f"{json.dumps(FORMAT)} version {VERSION}): give the manifest.json of a lora-share build"
+        )
     if manifest.get("version") != VERSION:
-        raise UserError(f"{path}: written by another lora-share version (manifest version {_found(manifest, 'version')}; "
-                        f"this one reads version {VERSION} only): rebuild the deployment with this "
-                        "version's `lora-share build`")
+        raise UserError(
+            f"{path}: written by another lora-share version (manifest version {_found(manifest, 'version')}; "
+            f"this one reads version {VERSION} only): rebuild the deployment with this "
+            "version's `lora-share build`"
+        )
     return manifest
 
 
@@ -81,8 +95,10 @@ def read_manifest_file(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not a readable manifest ({e}): use the manifest.json its build wrote, "
-                        "or rebuild with `lora-share build`") from None
+        raise UserError(
+            f"{path}: not a readable manifest ({e}): use the manifest.json its build wrote, "
+            "or rebuild with `lora-share build`"
+        ) from None
     return check_manifest(data, path)
 
 

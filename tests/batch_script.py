@@ -16,22 +16,38 @@ TOL = 1e-4
 
 
 class _Request(ctypes.Structure):
-    _fields_ = [("adapter", ctypes.c_void_p), ("prompt", ctypes.POINTER(ctypes.c_int64)),
-                ("n_prompt", ctypes.c_size_t), ("slot", ctypes.c_size_t), ("max_new_tokens", ctypes.c_int64),
-                ("joins", ctypes.c_int64), ("tokens", ctypes.POINTER(ctypes.c_int64)),
-                ("logits", ctypes.POINTER(ctypes.c_float)), ("max_batch", ctypes.c_size_t)]
+    _fields_ = [
+        ("adapter", ctypes.c_void_p),
+        ("prompt", ctypes.POINTER(ctypes.c_int64)),
+        ("n_prompt", ctypes.c_size_t),
+        ("slot", ctypes.c_size_t),
+        ("max_new_tokens", ctypes.c_int64),
+        ("joins", ctypes.c_int64),
+        ("tokens", ctypes.POINTER(ctypes.c_int64)),
+        ("logits", ctypes.POINTER(ctypes.c_float)),
+        ("max_batch", ctypes.c_size_t),
+    ]
 
 
 class _GenOptions(ctypes.Structure):
-    _fields_ = [("logits", ctypes.POINTER(ctypes.c_float)), ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
-                ("n_stop_ids", ctypes.c_size_t), ("stop_ids_given", ctypes.c_int),
-                ("prompt_label", ctypes.c_char_p)]
+    _fields_ = [
+        ("logits", ctypes.POINTER(ctypes.c_float)),
+        ("stop_ids", ctypes.POINTER(ctypes.c_int64)),
+        ("n_stop_ids", ctypes.c_size_t),
+        ("stop_ids_given", ctypes.c_int),
+        ("prompt_label", ctypes.c_char_p),
+    ]
 
 
 class _DiagGeneration(ctypes.Structure):
-    _fields_ = [("tokens", ctypes.c_size_t), ("logits_rows", ctypes.c_int64), ("prefill_ms", ctypes.c_double),
-                ("decode_ms", ctypes.c_double), ("prefill_tokens_per_s", ctypes.c_double),
-                ("decode_tokens_per_s", ctypes.c_double)]
+    _fields_ = [
+        ("tokens", ctypes.c_size_t),
+        ("logits_rows", ctypes.c_int64),
+        ("prefill_ms", ctypes.c_double),
+        ("decode_ms", ctypes.c_double),
+        ("prefill_tokens_per_s", ctypes.c_double),
+        ("decode_tokens_per_s", ctypes.c_double),
+    ]
 
 
 @dataclass
@@ -52,26 +68,44 @@ class Result:
 
 def _bind(lib):
     lib.ls_diag_batch_script.restype = ctypes.c_int
-    lib.ls_diag_batch_script.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Request), ctypes.c_size_t,
-                                         ctypes.c_void_p]
+    lib.ls_diag_batch_script.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Request), ctypes.c_size_t, ctypes.c_void_p]
     lib.ls_diag_generate.restype = ctypes.c_int
-    lib.ls_diag_generate.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
-                                     ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(_GenOptions),
-                                     native.TOKEN_CALLBACK, ctypes.c_void_p, ctypes.POINTER(_DiagGeneration),
-                                     ctypes.POINTER(native._Error)]
+    lib.ls_diag_generate.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.POINTER(_GenOptions),
+        native.TOKEN_CALLBACK,
+        ctypes.c_void_p,
+        ctypes.POINTER(_DiagGeneration),
+        ctypes.POINTER(native._Error),
+    ]
     lib.ls_diag_last_message.restype = ctypes.c_char_p
 
 
 def _open(build, library, parallel: int) -> native.Runtime:
-    rt = native.open(build.ptd, library=library, parallel=parallel,
-                     shared_ptd=build.shared_ptd if build.shared_ptd.exists() else None)
+    rt = native.open(
+        build.ptd,
+        library=library,
+        parallel=parallel,
+        shared_ptd=build.shared_ptd if build.shared_ptd.exists() else None,
+    )
     for pte in build.ptes.values():
         rt.load_adapter(pte)
     return rt
 
 
-def diag_generate(rt: native.Runtime, adapter, prompt: list[int], new: int, vocab: int,
-                  stop_after: int | None = None, cache_prompt: bool = True) -> tuple[list[int], np.ndarray]:
+def diag_generate(
+    rt: native.Runtime,
+    adapter,
+    prompt: list[int],
+    new: int,
+    vocab: int,
+    stop_after: int | None = None,
+    cache_prompt: bool = True,
+) -> tuple[list[int], np.ndarray]:
     """ls_diag_generate, greedy, no end-of-sequence stop, on the adapter handle ``adapter`` (None: base): the
     tokens the callback saw and the logits row each was picked from. ``stop_after``: the callback asks to stop
     (a caller hanging up) once it has seen that many tokens; ``cache_prompt`` False: no prefix reuse."""
@@ -89,11 +123,24 @@ def diag_generate(rt: native.Runtime, adapter, prompt: list[int], new: int, voca
     opts.cache_prompt = int(cache_prompt)
     callback = native.TOKEN_CALLBACK(on_token)
     out, err = _DiagGeneration(), native._Error()
-    if lib.ls_diag_generate(rt.handle, adapter, _ints(prompt), len(prompt), ctypes.byref(opts), ctypes.byref(diag),
-                            callback, None, ctypes.byref(out), ctypes.byref(err)) != 0:
+    if (
+        lib.ls_diag_generate(
+            rt.handle,
+            adapter,
+            _ints(prompt),
+            len(prompt),
+            ctypes.byref(opts),
+            ctypes.byref(diag),
+            callback,
+            None,
+            ctypes.byref(out),
+            ctypes.byref(err),
+        )
+        != 0
+    ):
         native._raise(lib, err)
     assert out.tokens == len(seen)
-    return seen, logits[:out.logits_rows]
+    return seen, logits[: out.logits_rows]
 
 
 def _handle(rt: native.Runtime, name: str | None):
@@ -121,8 +168,14 @@ def batch_script(build, requests: list[Req], library, parallel: int = 4) -> list
             c.max_new_tokens, c.joins, c.tokens, c.logits = r.new, r.joins, tokens, logits
         if lib.ls_diag_batch_script(rt.handle, array, len(requests), None) != 0:
             return lib.ls_diag_last_message().decode()
-        return [Result(list(c.tokens[:r.new]), np.ctypeslib.as_array(c.logits, (r.new * vocab,)).reshape(r.new, vocab).copy(),
-                       c.max_batch) for r, c in zip(requests, array)]
+        return [
+            Result(
+                list(c.tokens[: r.new]),
+                np.ctypeslib.as_array(c.logits, (r.new * vocab,)).reshape(r.new, vocab).copy(),
+                c.max_batch,
+            )
+            for r, c in zip(requests, array)
+        ]
     finally:
         rt.close()
 

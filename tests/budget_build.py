@@ -16,9 +16,14 @@ def budget_build(tmp_path_factory) -> Build:
     """The deployment (built on first call, then reused)."""
     if "build" not in _built:
         folder = tmp_path_factory.mktemp("budget")
-        adapters = [{"name": name, "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"],
-                                                 "seed": 10 + i}} for i, name in enumerate(BUDGET_ADAPTERS)]
-        cfg = write_config(folder, {"synthetic": {**TINY_FOUNDATION, "seed": 7}, "max_seq_len": 32,
-                                    "prefill_chunk": TINY_CHUNK}, adapters)
+        adapters = [
+            {"name": name, "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 10 + i}}
+            for i, name in enumerate(BUDGET_ADAPTERS)
+        ]
+        cfg = write_config(
+            folder,
+            {"synthetic": {**TINY_FOUNDATION, "seed": 7}, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK},
+            adapters,
+        )
         _built["build"] = build_config(cfg)
     return _built["build"]

@@ -16,14 +16,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 TINY_FOUNDATION = {
-    "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
-    "vocab_size": 256, "tie_embeddings": True, "seed": 0,
+    "dim": 64,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "hidden_dim": 128,
+    "vocab_size": 256,
+    "tie_embeddings": True,
+    "seed": 0,
 }
 TINY_CHUNK = 8  # tiny_build's prefill chunk: prompts longer than this are fed in several calls
 TINY_ADAPTERS = [
     {"name": "tiny_a", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
-    {"name": "tiny_b", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj", "gate_proj", "down_proj"], "seed": 2}},
-    {"name": "tiny_c", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["k_proj", "up_proj"], "seed": 3, "layers": [1]}},
+    {
+        "name": "tiny_b",
+        "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj", "gate_proj", "down_proj"], "seed": 2},
+    },
+    {
+        "name": "tiny_c",
+        "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["k_proj", "up_proj"], "seed": 3, "layers": [1]},
+    },
 ]
 # Adapters that share tensors, built with dedup.shared_adapter_tensors: hoist. The synthetic
 # weights come from one generator per adapter, slot by slot, and B carries alpha/rank, so:
@@ -32,8 +44,10 @@ HOIST_ADAPTERS = [
     # same A tensors as h_a (alpha only scales B): every A is shared, every B its own
     {"name": "h_b", "synthetic": {"rank": 4, "alpha": 4, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
     # h_a's layer 0 exactly: all of its tensors are shared
-    {"name": "h_c", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1,
-                                  "layers": [0]}},
+    {
+        "name": "h_c",
+        "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1, "layers": [0]},
+    },
     # shares nothing: keeps every tensor in its .pte
     {"name": "h_d", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj"], "seed": 2}},
 ]
@@ -78,8 +92,9 @@ def tiny_build(tmp_path_factory) -> Build:
     """Three synthetic adapters (different ranks, targets, layer subsets) over a tied tiny foundation,
     with a context of 32 and forward calls of at most TINY_CHUNK tokens (longer prompts are chunked)."""
     folder = tmp_path_factory.mktemp("tiny")
-    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK},
-                       TINY_ADAPTERS)
+    cfg = write_config(
+        folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK}, TINY_ADAPTERS
+    )
     return build_config(cfg)
 
 
@@ -87,8 +102,12 @@ def tiny_build(tmp_path_factory) -> Build:
 def hoisted_build(tmp_path_factory) -> Build:
     """HOIST_ADAPTERS over the tiny foundation, shared tensors hoisted into adapters_shared.ptd."""
     folder = tmp_path_factory.mktemp("hoisted")
-    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, HOIST_ADAPTERS,
-                       dedup={"shared_adapter_tensors": "hoist"})
+    cfg = write_config(
+        folder,
+        {"synthetic": TINY_FOUNDATION, "max_seq_len": 32},
+        HOIST_ADAPTERS,
+        dedup={"shared_adapter_tensors": "hoist"},
+    )
     return build_config(cfg)
 
 
@@ -164,10 +183,12 @@ def text_build(tmp_path_factory) -> TextBuild:
     base_cfg = hf_config(vocab=400)
     checkpoint = write_hf_llama(root / "llama", base_cfg, seed=5)
     byte_level_bpe(checkpoint, vocab_size=400)
-    peft = write_peft_lora(root / "peft", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "o_proj", "down_proj"],
-                           seed=6)
-    cfg = write_config(root, {"checkpoint": "llama", "max_seq_len": 64, "prefill_chunk": 16},
-                       [{"name": TEXT_ADAPTER, "peft": "peft"}])
+    peft = write_peft_lora(
+        root / "peft", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "o_proj", "down_proj"], seed=6
+    )
+    cfg = write_config(
+        root, {"checkpoint": "llama", "max_seq_len": 64, "prefill_chunk": 16}, [{"name": TEXT_ADAPTER, "peft": "peft"}]
+    )
     return TextBuild(build_config(cfg), checkpoint, peft)
 
 
@@ -197,7 +218,7 @@ def eos_build(text_build, text_hf, tmp_path_factory) -> EosBuild:
 
     tokenizer, model = text_hf
     greedy = hf_generate(model, tokenizer(EOS_PROMPT)["input_ids"], EOS_NEW, eos=[])
-    eos = max(set(greedy[:EOS_NEW - 1]), key=greedy.index)  # generation then stops before EOS_NEW
+    eos = max(set(greedy[: EOS_NEW - 1]), key=greedy.index)  # generation then stops before EOS_NEW
     root = tmp_path_factory.mktemp("eos")
     tok_dir = root / "tokenizer"
     tok_dir.mkdir()
@@ -221,8 +242,9 @@ def text_hf(text_build):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
-    model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
-                                             attn_implementation="eager")
+    model = LlamaForCausalLM.from_pretrained(
+        str(text_build.checkpoint), torch_dtype=torch.float32, attn_implementation="eager"
+    )
     return tokenizer, PeftModel.from_pretrained(model, str(text_build.peft)).eval()
 
 
@@ -275,8 +297,9 @@ def wheel_python(runner_bin, tmp_path_factory) -> Path:
     (dist/lora_share-<version>-*linux*.whl, installed with --no-deps: no torch, no other package)."""
     import venv
 
-    proc = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "wheel"], capture_output=True,
-                          text=True, timeout=1800)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(REPO), "wheel"], capture_output=True, text=True, timeout=1800
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wheel = Path([line for line in proc.stdout.splitlines() if line.endswith(".whl")][-1])
     wheel = wheel if wheel.is_absolute() else REPO / wheel
@@ -284,8 +307,12 @@ def wheel_python(runner_bin, tmp_path_factory) -> Path:
     env_dir = tmp_path_factory.mktemp("wheel") / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                             capture_output=True, text=True, timeout=600)
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr
     assert sys.prefix != str(env_dir)
     return python
@@ -293,5 +320,11 @@ def wheel_python(runner_bin, tmp_path_factory) -> Path:
 
 def run_in_wheel_venv(python: Path, script: str, *args, cwd: Path) -> subprocess.CompletedProcess:
     """`script` run by the wheel's venv python (wheel_python) from `cwd`, with no environment but PATH."""
-    return subprocess.run([str(python), "-c", script, *map(str, args)], capture_output=True, text=True,
-                          timeout=1200, cwd=cwd, env={"PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [str(python), "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin"},
+    )

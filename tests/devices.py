@@ -34,11 +34,13 @@ def command(binary: Path, *args, arch: str = "x86_64") -> list[str]:
     return cmd
 
 
-def run(binary: Path, *args, arch: str = "x86_64", env: dict | None = None, stdin: str | None = None,
-        ) -> subprocess.CompletedProcess:
+def run(
+    binary: Path, *args, arch: str = "x86_64", env: dict | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     """`binary args` (under qemu for aarch64), asserted to exit 0."""
-    proc = subprocess.run(command(binary, *args, arch=arch), input=stdin, capture_output=True, text=True,
-                          timeout=TIMEOUT, env=env)
+    proc = subprocess.run(
+        command(binary, *args, arch=arch), input=stdin, capture_output=True, text=True, timeout=TIMEOUT, env=env
+    )
     assert proc.returncode == 0, f"{binary} {args}: {proc.stderr}"
     return proc
 
@@ -66,20 +68,27 @@ def dynamic_entries(path: Path, tag: str) -> list[str]:
     return values
 
 
-def chat_once(server_cmd: list[str], folder: Path, model: str, max_tokens: int = 10, env: dict | None = None,
-              ) -> dict:
+def chat_once(server_cmd: list[str], folder: Path, model: str, max_tokens: int = 10, env: dict | None = None) -> dict:
     """Starts a server on 127.0.0.1 and an ephemeral port over `folder`, asks one chat completion of
     CHAT, stops it with SIGTERM (asserting a clean exit) and returns the response body."""
-    proc = subprocess.Popen([*server_cmd, "--dir", str(folder), "--port", "0"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [*server_cmd, "--dir", str(folder), "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stderr.readline()  # "listening on http://127.0.0.1:PORT (...)", or an error
         assert line.startswith("listening on http://"), line + proc.stderr.read()
         host, port = line.split("http://", 1)[1].split()[0].rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
-        conn.request("POST", "/v1/chat/completions",
-                     body=json.dumps({"model": model, "messages": CHAT, "max_tokens": max_tokens}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps({"model": model, "messages": CHAT, "max_tokens": max_tokens}),
+            headers={"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         body = json.loads(resp.read())
         conn.close()

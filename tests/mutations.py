@@ -26,7 +26,7 @@ def regions(data: bytes, kind: str) -> dict[str, tuple[int, int]]:
         p = read_pte(data)
         rec = p.entry(ADAPTER_KEY)
         where = {"header": (0, 40), "flatbuffer": (40, p.header.program_size)}
-    where["record"] = (rec.start, rec.start + len(data[rec.start:rec.end].rstrip(b"\0")))
+    where["record"] = (rec.start, rec.start + len(data[rec.start : rec.end].rstrip(b"\0")))
     return where
 
 
@@ -40,11 +40,11 @@ def mutate(data: bytes, where: dict[str, tuple[int, int]], rng: random.Random) -
     """(kind, damaged copy of ``data``)."""
     kind = rng.choices(KINDS, WEIGHTS)[0]
     if kind == "truncate":
-        return kind, data[:rng.randrange(0, len(data))]
+        return kind, data[: rng.randrange(0, len(data))]
     buf = bytearray(data)
     if kind == "wrong_magic":
         at = rng.choice((4, 8))
-        buf[at:at + 4] = rng.choice((b"ET12", b"FT01", b"eh00", b"FH01", b"\0\0\0\0", bytes(rng.randbytes(4))))
+        buf[at : at + 4] = rng.choice((b"ET12", b"FT01", b"eh00", b"FH01", b"\0\0\0\0", bytes(rng.randbytes(4))))
         if buf == bytearray(data):
             buf[at] ^= 0x20
     elif kind == "header_flip":
@@ -70,7 +70,7 @@ FILE_DAMAGE = ("truncated", "wrong-magic", "flipped", "empty", "folder")
 def write_damaged(path: Path, data: bytes, damage: str) -> None:
     """Puts ``data`` with one of FILE_DAMAGE at ``path`` (a folder: an empty directory in its place)."""
     if damage == "truncated":
-        path.write_bytes(data[:len(data) * 2 // 3])
+        path.write_bytes(data[: len(data) * 2 // 3])
     elif damage == "wrong-magic":
         path.write_bytes(data[:4] + b"ZZ99" + data[8:])
     elif damage == "flipped":  # the root table offset

@@ -82,8 +82,15 @@ class ConvNet(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(3)
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),
-                                  nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 4),
+        )
 
     def forward(self, x):
         return self.body(x)
@@ -133,16 +140,16 @@ def write_archives(folder: Path) -> Archives:
     from torch.export.pt2_archive._package import package_pt2
 
     folder.mkdir(parents=True, exist_ok=True)
-    a = Archives(folder, folder / "base.pt2", folder / "tasks.pt2", folder / "conv.pt2", folder / "lm.pt2",
-                 folder / "extra.pt2")
+    a = Archives(
+        folder, folder / "base.pt2", folder / "tasks.pt2", folder / "conv.pt2", folder / "lm.pt2", folder / "extra.pt2"
+    )
     x = encoder_input()
     torch.export.save(export(Encoder(), x), a.base)
-    package_pt2(a.tasks, exported_programs={"separate": export(lora_separate(), x),
-                                            "merged": export(lora_merged(), x)})
-    torch.export.save(export(ConvNet(), torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(11))),
-                      a.conv)
-    torch.export.save(export(TinyLM(), torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(12))),
-                      a.lm)
+    package_pt2(a.tasks, exported_programs={"separate": export(lora_separate(), x), "merged": export(lora_merged(), x)})
+    torch.export.save(export(ConvNet(), torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(11))), a.conv)
+    torch.export.save(
+        export(TinyLM(), torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(12))), a.lm
+    )
     extra = Encoder()
     extra.blocks[1].linear2 = LoraLinear(extra.blocks[1].linear2, 2, 5)
     torch.export.save(export(extra, x), a.extra)

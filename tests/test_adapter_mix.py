@@ -13,13 +13,13 @@ import shutil
 
 import numpy as np
 import pytest
-
 from batch_script import diag_generate
 from conftest import TEXT_ADAPTER, run_cli
 from hf_files import hf_config, hf_generate, write_peft_lora
+from test_server import Server, server_bin  # noqa: F401 (a fixture)
+
 from lora_share.inference import c_library
 from lora_share.inference.c_library import NativeError
-from test_server import Server, server_bin  # noqa: F401 (a fixture)
 
 PROMPT = [0, 17, 230, 41, 99, 5, 301, 12, 77, 150, 3, 8, 260, 44, 19, 2, 101, 33]  # > the chunk of 16
 NEW = 6
@@ -34,8 +34,7 @@ def mix_build(text_build, tmp_path_factory):
     cfg = hf_config(vocab=400)
     peft = {
         "terse": write_peft_lora(out.parent / "terse", cfg, r=3, alpha=6, targets=["q_proj", "v_proj"], seed=11),
-        "lively": write_peft_lora(out.parent / "lively", cfg, r=1, alpha=4, targets=["v_proj", "down_proj"],
-                                  seed=12),
+        "lively": write_peft_lora(out.parent / "lively", cfg, r=1, alpha=4, targets=["v_proj", "down_proj"], seed=12),
     }
     r = run_cli("add", "--to", out, *[f"{n}={p}" for n, p in peft.items()])
     assert r.returncode == 0, r.stderr
@@ -51,8 +50,9 @@ def peft_mixes(text_build, mix_build):
     from transformers import LlamaForCausalLM
 
     _, peft = mix_build
-    model = LlamaForCausalLM.from_pretrained(str(text_build.checkpoint), torch_dtype=torch.float32,
-                                             attn_implementation="eager")
+    model = LlamaForCausalLM.from_pretrained(
+        str(text_build.checkpoint), torch_dtype=torch.float32, attn_implementation="eager"
+    )
     model = PeftModel.from_pretrained(model, str(peft["terse"]), adapter_name="terse")
     model.load_adapter(str(peft["lively"]), adapter_name="lively")
     for i, mix in enumerate(MIXES):
@@ -88,7 +88,7 @@ def test_mix_matches_peft_cat(runtime, peft_mixes, which):
     assert mix.name == "+".join(f"{n}*{s}" for n, s in MIXES[which])
     tokens, got = library_logits(runtime, mix)
     # One forward over prompt + generated tokens gives every row the library produced.
-    ref = peft_logits(peft_mixes, f"mix{which}", PROMPT + tokens[:-1])[len(PROMPT) - 1:]
+    ref = peft_logits(peft_mixes, f"mix{which}", PROMPT + tokens[:-1])[len(PROMPT) - 1 :]
     assert np.abs(got - ref).max() <= 1e-4
     assert tokens == [int(i) for i in ref.argmax(-1)]
     # Not the terms alone: the mix is what changed the logits.
@@ -149,8 +149,9 @@ def test_a_mix_is_counted_while_composed_and_freed_at_its_last_release(runtime, 
     from safetensors.numpy import load_file
 
     _, peft = mix_build
-    lora_bytes = sum(t.nbytes for n in ("terse", "lively")
-                     for t in load_file(str(peft[n] / "adapter_model.safetensors")).values())
+    lora_bytes = sum(
+        t.nbytes for n in ("terse", "lively") for t in load_file(str(peft[n] / "adapter_model.safetensors")).values()
+    )
     before = runtime.stats()["resident_adapter_bytes"]
     mix = runtime.mix([{"name": "terse", "scale": 0.3}, {"name": "lively", "scale": 0.9}])
     assert runtime.stats()["resident_adapter_bytes"] == before  # composed on first use
@@ -183,8 +184,11 @@ def server(server_bin, mix_build):  # noqa: F811
 
 def test_server_lora_field_matches_peft(server, peft_mixes):
     lora = [{"name": n, "scale": s} for n, s in MIXES[1]]
-    status, body = server.request("POST", "/v1/completions", {
-        "model": "base", "prompt": PROMPT, "max_tokens": NEW, "ignore_eos": True, "lora": lora})
+    status, body = server.request(
+        "POST",
+        "/v1/completions",
+        {"model": "base", "prompt": PROMPT, "max_tokens": NEW, "ignore_eos": True, "lora": lora},
+    )
     assert status == 200, body
     peft_mixes.set_adapter("mix1")
     assert body["choices"][0]["tokens"] == hf_generate(peft_mixes, PROMPT, NEW, eos=[])
@@ -195,13 +199,16 @@ def test_server_and_runtime_answer_a_mixed_chat_alike(server, mix_build):
 
     lora = [{"name": n, "scale": s} for n, s in MIXES[0]]
     messages = [{"role": "user", "content": "Mix two adapters, please."}]
-    status, body = server.request("POST", "/v1/chat/completions",
-                                  {"model": "base", "messages": messages, "max_tokens": 8, "lora": lora})
+    status, body = server.request(
+        "POST", "/v1/chat/completions", {"model": "base", "messages": messages, "max_tokens": 8, "lora": lora}
+    )
     assert status == 200, body
     with Runtime(mix_build[0]) as rt:
         ours = rt.create_chat_completion(messages, max_tokens=8, lora=lora)
-        streamed = "".join(c["choices"][0]["delta"].get("content", "")
-                           for c in rt.create_chat_completion(messages, max_tokens=8, lora=lora, stream=True))
+        streamed = "".join(
+            c["choices"][0]["delta"].get("content", "")
+            for c in rt.create_chat_completion(messages, max_tokens=8, lora=lora, stream=True)
+        )
         with pytest.raises(ValueError, match="leave adapter 'base'"):
             rt.generate("x", adapter="terse", lora=lora)
     text = body["choices"][0]["message"]["content"]
@@ -209,23 +216,32 @@ def test_server_and_runtime_answer_a_mixed_chat_alike(server, mix_build):
     assert ours["usage"] == body["usage"]
 
 
-@pytest.mark.parametrize("lora, words", [
-    ({"name": "terse", "scale": 1}, "lora must be a non-empty array"),
-    ([], "lora must be a non-empty array"),
-    ([{"id": 0, "scale": 0.5}], "lora[0] has the key 'id'"),
-    ([{"name": "terse"}], "lora[0].scale must be a finite number, got nothing"),
-    ([{"name": "terse", "scale": "big"}], "lora[0].scale must be a finite number"),
-    ([{"name": "terse", "scale": 1}, {"name": "nope", "scale": 1}], "lora[1].name: no adapter called 'nope'"),
-    ([{"name": TEXT_ADAPTER, "scale": 1}, {"name": "terse", "scale": 1}], "sums rank 7 on q_proj in layer 0"),
-])
+@pytest.mark.parametrize(
+    "lora, words",
+    [
+        ({"name": "terse", "scale": 1}, "lora must be a non-empty array"),
+        ([], "lora must be a non-empty array"),
+        ([{"id": 0, "scale": 0.5}], "lora[0] has the key 'id'"),
+        ([{"name": "terse"}], "lora[0].scale must be a finite number, got nothing"),
+        ([{"name": "terse", "scale": "big"}], "lora[0].scale must be a finite number"),
+        ([{"name": "terse", "scale": 1}, {"name": "nope", "scale": 1}], "lora[1].name: no adapter called 'nope'"),
+        ([{"name": TEXT_ADAPTER, "scale": 1}, {"name": "terse", "scale": 1}], "sums rank 7 on q_proj in layer 0"),
+    ],
+)
 def test_server_refuses_a_bad_lora_field(server, lora, words):
-    status, body = server.request("POST", "/v1/chat/completions", {
-        "model": "base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "lora": lora})
+    status, body = server.request(
+        "POST",
+        "/v1/chat/completions",
+        {"model": "base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "lora": lora},
+    )
     assert status == 400, body
     assert body["error"]["type"] == "invalid_request_error" and words in body["error"]["message"], body
 
 
 def test_server_lora_needs_model_base(server):
-    status, body = server.request("POST", "/v1/completions", {
-        "model": "terse", "prompt": "hi", "max_tokens": 2, "lora": [{"name": "lively", "scale": 1}]})
+    status, body = server.request(
+        "POST",
+        "/v1/completions",
+        {"model": "terse", "prompt": "hi", "max_tokens": 2, "lora": [{"name": "lively", "scale": 1}]},
+    )
     assert status == 400 and "with lora, model must be 'base'" in body["error"]["message"], body

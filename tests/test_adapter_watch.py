@@ -34,8 +34,12 @@ def write_manifest(folder, manifest: dict) -> None:
 
 class Server:
     def __init__(self, binary, folder):
-        self.proc = subprocess.Popen([str(binary), "--dir", str(folder), "--port", "0"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [str(binary), "--dir", str(folder), "--port", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stderr.readline()
         assert line.startswith("listening on http://"), line + self.proc.stderr.read()
         self.host, port = line.split("http://", 1)[1].split()[0].rsplit(":", 1)
@@ -43,8 +47,9 @@ class Server:
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT)
-        conn.request(method, path, body=None if body is None else json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            method, path, body=None if body is None else json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         out = resp.status, json.loads(resp.read())
         conn.close()
@@ -66,8 +71,12 @@ def stream_events(server: Server, body: dict, on_first=None) -> list[dict]:
     """The parsed events of a streamed completion up to [DONE] (asserted); ``on_first()`` runs once the
     first event has arrived, while the rest is still being generated."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT)
-    conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps({**body, "stream": True}),
+        headers={"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()
     events = []
@@ -78,16 +87,30 @@ def stream_events(server: Server, body: dict, on_first=None) -> list[dict]:
         if line == "data: [DONE]":
             conn.close()
             return events
-        events.append(json.loads(line[len("data: "):]))
+        events.append(json.loads(line[len("data: ") :]))
         if len(events) == 1 and on_first is not None:
             on_first()
     pytest.fail(f"the stream ended without [DONE] after {events}")
 
 
 def runner_tokens(runner_bin, build, name) -> list[int]:
-    proc = subprocess.run([str(runner_bin), "--ptd", str(build.ptd), "--pte", str(build.ptes[name]), "--tokens",
-                           ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW), "--json"],
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [
+            str(runner_bin),
+            "--ptd",
+            str(build.ptd),
+            "--pte",
+            str(build.ptes[name]),
+            "--tokens",
+            ",".join(map(str, PROMPT)),
+            "--max-new-tokens",
+            str(NEW),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["tokens"]
 
@@ -135,8 +158,7 @@ def test_an_adapter_that_does_not_verify_is_refused_and_the_others_serve(runner_
     (target / "broken.pte").write_bytes(b"not a program" * 100)
     server = Server(runner_bin.parent / "lora-share-server", target)
     try:
-        write_manifest(target, dict(full, adapters=full["adapters"][:-1] + [{"name": "broken",
-                                                                             "file": "broken.pte"}]))
+        write_manifest(target, dict(full, adapters=full["adapters"][:-1] + [{"name": "broken", "file": "broken.pte"}]))
         time.sleep(1.5)
         assert "broken" not in server.models()
         assert server.complete("broken")[0] == 404
@@ -189,12 +211,18 @@ def test_post_serves_an_adapter_and_refuses_what_does_not_verify(runner_bin, unt
 
         status, body = server.request("POST", "/v1/adapters", {"path": str(target / new["file"])})
         assert status == 409 and "served already" in body["error"]["message"], body
-        for path, words in [("broken.pte", "broken.pte"), ("foundation.ptd", "foundation.ptd"),
-                            ("nope.pte", "nope.pte")]:
+        for path, words in [
+            ("broken.pte", "broken.pte"),
+            ("foundation.ptd", "foundation.ptd"),
+            ("nope.pte", "nope.pte"),
+        ]:
             status, body = server.request("POST", "/v1/adapters", {"path": path})
             assert status == 400 and words in body["error"]["message"], (path, body)
-        for bad, words in [({}, "path must be"), ({"path": 3}, "path must be"), ({"path": "x.pte", "name": "y"},
-                                                                                  "unknown field 'name'")]:
+        for bad, words in [
+            ({}, "path must be"),
+            ({"path": 3}, "path must be"),
+            ({"path": "x.pte", "name": "y"}, "unknown field 'name'"),
+        ]:
             status, body = server.request("POST", "/v1/adapters", bad)
             assert status == 400 and words in body["error"]["message"], (bad, body)
         assert "broken" not in server.models() and server.complete("broken")[0] == 404
@@ -217,17 +245,15 @@ def test_delete_lets_the_stream_in_flight_finish_then_404(runner_bin, untied_bui
     server = Server(runner_bin.parent / "lora-share-server", target)
     deleted = []
     try:
+
         def delete():
             deleted.append(server.request("DELETE", f"/v1/adapters/{name}"))
 
         remover = threading.Thread(target=delete)
-        events = stream_events(server, {"model": name, "prompt": PROMPT, "max_tokens": NEW},
-                               on_first=remover.start)
+        events = stream_events(server, {"model": name, "prompt": PROMPT, "max_tokens": NEW}, on_first=remover.start)
         remover.join(timeout=TIMEOUT)
-        assert [t for e in events for t in e["choices"][0]["tokens"]] == runner_tokens(runner_bin, untied_build,
-                                                                                       name)
-        assert deleted and deleted[0][0] == 200 and deleted[0][1] == {"id": name, "object": "model",
-                                                                      "deleted": True}
+        assert [t for e in events for t in e["choices"][0]["tokens"]] == runner_tokens(runner_bin, untied_build, name)
+        assert deleted and deleted[0][0] == 200 and deleted[0][1] == {"id": name, "object": "model", "deleted": True}
         assert name not in server.models() and server.complete(name)[0] == 404
         assert server.request("DELETE", f"/v1/adapters/{name}")[0] == 404
         assert server.request("DELETE", "/v1/adapters/base")[0] == 400

@@ -14,14 +14,14 @@ import time
 import numpy as np
 import pytest
 import yaml
-
-import lora_share
 from conftest import build_config, run_cli
 from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
-from lora_share.manifest import read_manifest
+
+import lora_share
 from lora_share.files import sha256_file
 from lora_share.formats import read_pte
 from lora_share.formats.records import adapter_record
+from lora_share.manifest import read_manifest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT, NEW = [3, 141, 59, 26, 5], 6
@@ -31,8 +31,14 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 ADDED = {
     "rank1_q": dict(r=1, alpha=2, targets=["q_proj"], seed=21),
     "all8_rslora": dict(r=8, alpha=4, targets=ALL, use_rslora=True, seed=22),
-    "patterns": dict(r=4, alpha=16, targets=["q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"],
-                     rank_pattern={"k_proj": 2, "model.layers.1.mlp.up_proj": 8}, alpha_pattern={"o_proj": 3}, seed=23),
+    "patterns": dict(
+        r=4,
+        alpha=16,
+        targets=["q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"],
+        rank_pattern={"k_proj": 2, "model.layers.1.mlp.up_proj": 8},
+        alpha_pattern={"o_proj": 3},
+        seed=23,
+    ),
     "layer1_kd": dict(r=3, alpha=6, targets=["k_proj", "down_proj"], layers=[1], seed=24),
 }
 
@@ -42,8 +48,11 @@ def write_deployment(root, envelope: dict | None, adapters: dict[str, dict]):
     base = write_hf_llama(root / "llama", BASE)
     for name, spec in adapters.items():
         write_peft_lora(root / name, BASE, **spec)
-    config = {"output_dir": "out", "foundation": {"checkpoint": "llama", "max_seq_len": 24, "prefill_chunk": 4},
-              "adapters": [{"name": n, "peft": n} for n in adapters]}
+    config = {
+        "output_dir": "out",
+        "foundation": {"checkpoint": "llama", "max_seq_len": 24, "prefill_chunk": 4},
+        "adapters": [{"name": n, "peft": n} for n in adapters],
+    }
     if envelope is not None:
         config["lora_envelope"] = envelope
     (root / "deploy.yaml").write_text(yaml.safe_dump(config))
@@ -54,8 +63,9 @@ def write_deployment(root, envelope: dict | None, adapters: dict[str, dict]):
 def deployment(tmp_path_factory):
     """An all-linear rank-8 envelope built with one q/v adapter, then `lora-share add` of ADDED in one call."""
     root = tmp_path_factory.mktemp("envelope")
-    base, config = write_deployment(root, {"targets": "all", "max_rank": 8},
-                                    {"first": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=20)})
+    base, config = write_deployment(
+        root, {"targets": "all", "max_rank": 8}, {"first": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=20)}
+    )
     build = build_config(config)
     out = root / "added"
     shutil.copytree(build.out_dir, out)
@@ -66,8 +76,15 @@ def deployment(tmp_path_factory):
     t0 = time.perf_counter()
     r = run_cli("add", "--to", out, *[f"{n}={root / n}" for n in ADDED])
     assert r.returncode == 0, r.stderr
-    return {"root": root, "base": base, "build": build, "out": out, "before": before,
-            "add_s": time.perf_counter() - t0, "manifest": read_manifest(out)}
+    return {
+        "root": root,
+        "base": base,
+        "build": build,
+        "out": out,
+        "before": before,
+        "add_s": time.perf_counter() - t0,
+        "manifest": read_manifest(out),
+    }
 
 
 def test_build_exports_the_program_once(deployment):
@@ -84,8 +101,10 @@ def test_add_writes_data_and_exports_nothing(deployment):
     assert {a["name"]: a["produced"] for a in m["adapters"]} == {"first": "written", **{n: "written" for n in ADDED}}
     # foundation.ptd and the shipped adapter are the same files, untouched.
     after = os.stat(out / "foundation.ptd")
-    assert (after.st_ino, after.st_mtime_ns) == (deployment["before"]["stat"].st_ino,
-                                                 deployment["before"]["stat"].st_mtime_ns)
+    assert (after.st_ino, after.st_mtime_ns) == (
+        deployment["before"]["stat"].st_ino,
+        deployment["before"]["stat"].st_mtime_ns,
+    )
     assert (out / "first.pte").read_bytes() == deployment["before"]["first"]
     for a in m["adapters"]:
         assert a["sha256"] == sha256_file(out / a["file"])
@@ -116,7 +135,7 @@ def test_an_adapter_file_does_not_depend_on_where_it_was_built(deployment, tmp_p
 def test_added_adapter_matches_transformers_peft(deployment, name):
     out = deployment["out"]
     got = lora_share.run(out / f"{name}.pte", out / "foundation.ptd", PROMPT, NEW)
-    ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + got.tokens[:-1])[len(PROMPT) - 1:]
+    ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + got.tokens[:-1])[len(PROMPT) - 1 :]
     assert np.abs(got.logits - ref.numpy()).max() <= 1e-4
     assert got.tokens == [int(i) for i in ref.argmax(-1)]
 
@@ -128,11 +147,12 @@ def test_added_adapters_in_one_runner_match_transformers_peft(deployment, runner
     out = deployment["out"]
     ptes = [out / f"{n}.pte" for n in ["first", *ADDED]]
     for name in ["first", *ADDED]:
-        tokens, logits = runner_generate(runner_bin, ptes, out / "foundation.ptd", name, tmp_path / f"{name}.npy",
-                                         "--max-new-tokens", str(NEW))
-        ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + tokens[:-1])[len(PROMPT) - 1:]
+        tokens, logits = runner_generate(
+            runner_bin, ptes, out / "foundation.ptd", name, tmp_path / f"{name}.npy", "--max-new-tokens", str(NEW)
+        )
+        ref = hf_peft_logits(deployment["base"], deployment["root"] / name, PROMPT + tokens[:-1])[len(PROMPT) - 1 :]
         assert tokens == [int(i) for i in ref.argmax(-1)], name
-        assert np.abs(logits[:len(tokens)] - ref.numpy()).max() <= 1e-4, name
+        assert np.abs(logits[: len(tokens)] - ref.numpy()).max() <= 1e-4, name
 
 
 def test_serve_through_one_program_equals_separate_processes(deployment, runner_bin):
@@ -146,15 +166,32 @@ def test_serve_through_one_program_equals_separate_processes(deployment, runner_
     common = ["--ptd", str(out / "foundation.ptd"), "--max-new-tokens", str(NEW), "--temperature", "10", "--seed", "5"]
     lines = "".join(f"{n}\t{','.join(map(str, PROMPT))}\n" for n in names)
     for mode in ([], ["--stock"]):
-        served = subprocess.run([str(runner_bin), *ptes, *common, *mode, "--serve"], input=lines,
-                                capture_output=True, text=True, timeout=120)
+        served = subprocess.run(
+            [str(runner_bin), *ptes, *common, *mode, "--serve"],
+            input=lines,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert served.returncode == 0, served.stderr
         answers = [json.loads(line) for line in served.stdout.splitlines()]
         assert [a["adapter"] for a in answers] == names
         for name, answer in zip(names, answers):
-            alone = subprocess.run([str(runner_bin), "--pte", str(out / f"{name}.pte"), *common, *mode,
-                                    "--tokens", ",".join(map(str, PROMPT)), "--json"],
-                                   capture_output=True, text=True, timeout=120)
+            alone = subprocess.run(
+                [
+                    str(runner_bin),
+                    "--pte",
+                    str(out / f"{name}.pte"),
+                    *common,
+                    *mode,
+                    "--tokens",
+                    ",".join(map(str, PROMPT)),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert alone.returncode == 0, alone.stderr
             assert answer["tokens"] == json.loads(alone.stdout)["tokens"], (name, mode)
     assert len({tuple(a["tokens"]) for a in answers}) > 2, "the adapters should answer differently"
@@ -178,10 +215,13 @@ def narrow(tmp_path_factory):
     return root, build_config(config)
 
 
-@pytest.mark.parametrize("spec,key", [
-    (dict(r=8, alpha=8, targets=["q_proj"], seed=31), "lora_envelope.max_rank is 4"),
-    (dict(r=2, alpha=8, targets=["k_proj"], seed=32), "lora_envelope.targets is [q_proj, v_proj]"),
-])
+@pytest.mark.parametrize(
+    "spec,key",
+    [
+        (dict(r=8, alpha=8, targets=["q_proj"], seed=31), "lora_envelope.max_rank is 4"),
+        (dict(r=2, alpha=8, targets=["k_proj"], seed=32), "lora_envelope.targets is [q_proj, v_proj]"),
+    ],
+)
 def test_add_outside_the_envelope_is_refused_by_key(narrow, spec, key):
     root, build = narrow
     write_peft_lora(root / "wide", BASE, **spec)
@@ -206,8 +246,11 @@ def test_add_reports_every_adapter_outside_the_envelope(narrow):
 
 
 def test_build_refuses_an_adapter_outside_its_explicit_envelope(tmp_path):
-    _, config = write_deployment(tmp_path, {"targets": ["q_proj"], "max_rank": 2},
-                                 {"big": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=33)})
+    _, config = write_deployment(
+        tmp_path,
+        {"targets": ["q_proj"], "max_rank": 2},
+        {"big": dict(r=4, alpha=8, targets=["q_proj", "v_proj"], seed=33)},
+    )
     r = run_cli("build", config)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     # Found by the config's validation, before any export: both misfits at once.
@@ -217,8 +260,11 @@ def test_build_refuses_an_adapter_outside_its_explicit_envelope(tmp_path):
 
 
 def test_envelope_keys_are_validated(tmp_path):
-    _, config = write_deployment(tmp_path, {"targets": ["q_prj"], "max_rank": 0, "layers": [5]},
-                                 {"a": dict(r=2, alpha=4, targets=["q_proj"], seed=34)})
+    _, config = write_deployment(
+        tmp_path,
+        {"targets": ["q_prj"], "max_rank": 0, "layers": [5]},
+        {"a": dict(r=2, alpha=4, targets=["q_proj"], seed=34)},
+    )
     with pytest.raises(lora_share.errors.ConfigErrors) as e:
         lora_share.validate(config)
     problems = "\n".join(e.value.problems)
@@ -251,8 +297,9 @@ def test_add_reports_every_bad_adapter_at_once(deployment, tmp_path):
     root, out = deployment["root"], deployment["out"]
     write_peft_lora(root / "other2", hf_config(dim=96, heads=4, kv_heads=2), r=2, alpha=4, targets=["q_proj"])
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    r = run_cli("add", "--to", out, f"first={root / 'rank1_q'}", f"nowhere={tmp_path / 'missing'}",
-                f"other2={root / 'other2'}")
+    r = run_cli(
+        "add", "--to", out, f"first={root / 'rank1_q'}", f"nowhere={tmp_path / 'missing'}", f"other2={root / 'other2'}"
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "3 error(s)" in r.stderr, r.stderr
     assert "already has an adapter named 'first'" in r.stderr
@@ -298,8 +345,10 @@ def test_skip_absent_reuses_the_program_and_rewrites_every_absent_slot(deploymen
         variants[frozenset(e.slot for e in record.lora)] = record.program_sha256
     assert len(set(variants.values())) == len(variants) == len(ADDED)  # one variant per set of slots
     shown = run_cli("inspect", skipping["out"] / "rank1_q.pte")
-    assert shown.returncode == 0 and f"which skips the others: envelope program {program[:16]} with 120 words" \
-        in shown.stdout, shown.stdout
+    assert (
+        shown.returncode == 0
+        and f"which skips the others: envelope program {program[:16]} with 120 words" in shown.stdout
+    ), shown.stdout
 
 
 def test_skip_absent_variant_gives_the_envelope_program_back(deployment, skipping):
@@ -325,9 +374,26 @@ def test_skip_absent_answers_as_the_envelope_program(deployment, skipping, runne
         answers = []
         for out in (deployment["out"], skipping["out"]):
             ptes = [arg for n in dict.fromkeys(names) for arg in ("--pte", str(out / f"{n}.pte"))]
-            served = subprocess.run([str(runner_bin), *ptes, "--ptd", str(out / "foundation.ptd"), "--max-new-tokens",
-                                     str(NEW), "--temperature", "10", "--seed", "5", *mode, "--serve"], input=lines,
-                                    capture_output=True, text=True, timeout=120)
+            served = subprocess.run(
+                [
+                    str(runner_bin),
+                    *ptes,
+                    "--ptd",
+                    str(out / "foundation.ptd"),
+                    "--max-new-tokens",
+                    str(NEW),
+                    "--temperature",
+                    "10",
+                    "--seed",
+                    "5",
+                    *mode,
+                    "--serve",
+                ],
+                input=lines,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert served.returncode == 0, served.stderr
             answers.append([json.loads(line)["tokens"] for line in served.stdout.splitlines()])
         assert answers[0] == answers[1] and len(answers[0]) == len(names), mode
@@ -340,7 +406,7 @@ def test_program_patches_round_trip_and_refuse_a_damaged_file(deployment, skippi
 
     data = (skipping["out"] / "rank1_q.pte").read_bytes()
     flat = read_record(data, "rank1_q").program_patches
-    patches = [Patch(*flat[i:i + 4]) for i in range(0, len(flat), 4)]
+    patches = [Patch(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
     reverted = apply(data, "rank1_q", patches, revert=True)
     assert reverted != data and apply(reverted, "rank1_q", patches) == data
     with pytest.raises(FormatError, match="another value"):

@@ -16,7 +16,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import REPO, TEXT_ADAPTER, TINY_ADAPTERS, TINY_FOUNDATION, TINY_UNTIED, build_config, write_config
 from devices import ARM64_DIR, build_c_app, chat_once, command, elf_machine, run
 
@@ -32,8 +31,13 @@ TEXT = "The quick brown fox jumps over the lazy dog."
 # with an int8 output projection is the real model's form (a Q4_1 GGUF, make bench-quality).
 QUANTIZED = {
     "8da4w": {"scheme": "8da4w", "group_size": 32, "embedding": "int8"},
-    "8da4w-asymmetric": {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": "asymmetric",
-                         "lm_head": "int8"},
+    "8da4w-asymmetric": {
+        "scheme": "8da4w",
+        "group_size": 32,
+        "embedding": "int8",
+        "grid": "asymmetric",
+        "lm_head": "int8",
+    },
 }
 
 
@@ -62,8 +66,21 @@ def test_every_program_is_aarch64(arm64_bin):
 def generate(binary, build, adapter, folder, arch):
     """(tokens, logits rows) of one greedy run of `adapter` on PROMPT."""
     npy = folder / f"{adapter}-{arch}.npy"
-    proc = run(binary, "--ptd", build.ptd, "--pte", build.ptes[adapter], "--tokens", ",".join(map(str, PROMPT)),
-               "--max-new-tokens", NEW, "--json", "--dump-logits", npy, arch=arch)
+    proc = run(
+        binary,
+        "--ptd",
+        build.ptd,
+        "--pte",
+        build.ptes[adapter],
+        "--tokens",
+        ",".join(map(str, PROMPT)),
+        "--max-new-tokens",
+        NEW,
+        "--json",
+        "--dump-logits",
+        npy,
+        arch=arch,
+    )
     return json.loads(proc.stdout)["tokens"], np.load(npy)
 
 
@@ -96,17 +113,30 @@ def test_text_in_text_out(arm64_bin, runner_bin, text_build):
     # The tokenizer tool: encode and decode as the x86 one does.
     lines = json.dumps({"encode": TEXT}) + "\n" + json.dumps({"decode": x86["tokens"]}) + "\n"
     tokenizer = out / "tokenizer.json"
-    assert (run(arm64_bin / "tokenize", "--tokenizer", tokenizer, arch="aarch64", stdin=lines).stdout
-            == run(REPO / "build/tokenize", "--tokenizer", tokenizer, stdin=lines).stdout)
+    assert (
+        run(arm64_bin / "tokenize", "--tokenizer", tokenizer, arch="aarch64", stdin=lines).stdout
+        == run(REPO / "build/tokenize", "--tokenizer", tokenizer, stdin=lines).stdout
+    )
 
 
 def test_serve_with_two_adapters(arm64_bin, runner_bin, untied_build):
     a, b = list(untied_build.ptes)[:2]
     lines = "".join(f"{name}\t{ids}\n" for name, ids in [(a, "1,17,42"), (b, "1,17,42"), (a, "5,6"), (b, "9")])
-    args = ("--ptd", untied_build.ptd, "--pte", untied_build.ptes[a], "--pte", untied_build.ptes[b],
-            "--serve", "--max-new-tokens", NEW)
-    answers = {arch: [json.loads(line) for line in run(binary, *args, arch=arch, stdin=lines).stdout.splitlines()]
-               for arch, binary in (("x86_64", runner_bin), ("aarch64", arm64_bin / "runner"))}
+    args = (
+        "--ptd",
+        untied_build.ptd,
+        "--pte",
+        untied_build.ptes[a],
+        "--pte",
+        untied_build.ptes[b],
+        "--serve",
+        "--max-new-tokens",
+        NEW,
+    )
+    answers = {
+        arch: [json.loads(line) for line in run(binary, *args, arch=arch, stdin=lines).stdout.splitlines()]
+        for arch, binary in (("x86_64", runner_bin), ("aarch64", arm64_bin / "runner"))
+    }
     assert len(answers["aarch64"]) == len(answers["x86_64"]) == 4
     for arm, x86 in zip(answers["aarch64"], answers["x86_64"]):
         assert (arm["adapter"], arm["tokens"]) == (x86["adapter"], x86["tokens"])
@@ -118,8 +148,20 @@ def test_c_example(arm64_bin, runner_bin, untied_build, tmp_path):
     assert elf_machine(c_app) == "AArch64"
     for name, pte in untied_build.ptes.items():
         arm = run(c_app, untied_build.ptd, pte, "1,17,42", NEW, arch="aarch64").stdout.split()
-        x86 = json.loads(run(runner_bin, "--ptd", untied_build.ptd, "--pte", pte, "--tokens", "1,17,42",
-                             "--max-new-tokens", NEW, "--json").stdout)["tokens"]
+        x86 = json.loads(
+            run(
+                runner_bin,
+                "--ptd",
+                untied_build.ptd,
+                "--pte",
+                pte,
+                "--tokens",
+                "1,17,42",
+                "--max-new-tokens",
+                NEW,
+                "--json",
+            ).stdout
+        )["tokens"]
         assert [int(t) for t in arm] == x86, name
 
 

@@ -14,13 +14,13 @@ import subprocess
 
 import pytest
 import torch
+from conftest import EOS_PROMPT, REPO, TEXT_ADAPTER, TINY_ADAPTERS, TINY_FOUNDATION, run_cli, write_config
 
 import lora_share
-from conftest import EOS_PROMPT, REPO, TEXT_ADAPTER, TINY_ADAPTERS, TINY_FOUNDATION, run_cli, write_config
-from lora_share.inference import c_library as native
 from lora_share.checkpoints.adapters import load_adapter
-from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
+from lora_share.export.eager import eager_model
+from lora_share.inference import c_library as native
 from lora_share.inference.generate import generate
 
 NEW = 12
@@ -69,8 +69,13 @@ def want(build, prompt) -> dict:
 
 def runner(runner_bin, build, *args, stdin=None) -> subprocess.CompletedProcess:
     ptes = [arg for pte in build.ptes.values() for arg in ("--pte", pte)]
-    return subprocess.run([str(runner_bin), "--ptd", str(build.ptd), *map(str, ptes), *map(str, args)],
-                          input=stdin, capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [str(runner_bin), "--ptd", str(build.ptd), *map(str, ptes), *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 def csv(ids) -> str:
@@ -78,8 +83,7 @@ def csv(ids) -> str:
 
 
 def test_runner_adapter_base(runner_bin, build, want, prompt):
-    r = runner(runner_bin, build, "--adapter", "base", "--tokens", csv(prompt), "--max-new-tokens", NEW,
-               "--json")
+    r = runner(runner_bin, build, "--adapter", "base", "--tokens", csv(prompt), "--max-new-tokens", NEW, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] == want["base"]
 
@@ -126,8 +130,9 @@ def test_server_model_base(runner_bin, build, want, prompt):
     server = Server(REPO / "build" / "lora-share-server", build.out_dir)
     try:
         for model in ("base", TEXT_ADAPTER, "base"):
-            status, answer = server.request("POST", "/v1/completions",
-                                            {"model": model, "prompt": prompt, "max_tokens": NEW})
+            status, answer = server.request(
+                "POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": NEW}
+            )
             assert status == 200, answer
             assert answer["choices"][0]["tokens"] == want[model], model
     finally:
@@ -135,7 +140,9 @@ def test_server_model_base(runner_bin, build, want, prompt):
 
 
 def test_validate_refuses_an_adapter_named_base(tmp_path):
-    cfg = write_config(tmp_path, {"synthetic": TINY_FOUNDATION}, [TINY_ADAPTERS[0], {**TINY_ADAPTERS[1], "name": "base"}])
+    cfg = write_config(
+        tmp_path, {"synthetic": TINY_FOUNDATION}, [TINY_ADAPTERS[0], {**TINY_ADAPTERS[1], "name": "base"}]
+    )
     r = run_cli("validate", cfg)
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if "adapters[1].name" in line]

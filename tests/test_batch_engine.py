@@ -7,7 +7,6 @@ every family's build (Gemma 3's rings included) and an 8da4w one."""
 from __future__ import annotations
 
 import pytest
-
 from batch_script import Req, batch_script, check_rows_equal_alone
 from conftest import REPO, TINY_CHUNK, TINY_FOUNDATION
 
@@ -36,15 +35,21 @@ def test_mixed_batch_rows_equal_each_request_alone(tiny_build, library):
 def test_script_errors_are_messages(tiny_build, library, case):
     """A runtime without slots, two live requests on one slot, a slot or a row past the engine's: one
     message naming the fix, the process alive."""
-    script = {"one slot": SCRIPT[:1], "shared slot": [Req(None, [1], 0, 3), Req("tiny_a", [2], 0, 3)],
-              "slot out of range": [Req(None, [1], 4, 2)],
-              "too many rows": [Req(None, [1], s, 3) for s in range(3)]}[case]
+    script = {
+        "one slot": SCRIPT[:1],
+        "shared slot": [Req(None, [1], 0, 3), Req("tiny_a", [2], 0, 3)],
+        "slot out of range": [Req(None, [1], 4, 2)],
+        "too many rows": [Req(None, [1], s, 3) for s in range(3)],
+    }[case]
     parallel = {"one slot": 1, "too many rows": 2}.get(case, 4)
     got = batch_script(tiny_build, script, library, parallel=parallel)
     assert isinstance(got, str), case
-    assert {"one slot": "several KV slots", "shared slot": "two live requests on KV slot 0",
-            "slot out of range": "slot 4 is outside the engine's 4 KV slots",
-            "too many rows": "more live requests than the engine's 2 rows"}[case] in got
+    assert {
+        "one slot": "several KV slots",
+        "shared slot": "two live requests on KV slot 0",
+        "slot out of range": "slot 4 is outside the engine's 4 KV slots",
+        "too many rows": "more live requests than the engine's 2 rows",
+    }[case] in got
 
 
 def test_slots_are_counted_in_the_arena(tiny_build, library):
@@ -54,8 +59,14 @@ def test_slots_are_counted_in_the_arena(tiny_build, library):
     from lora_share.inference import c_library as native
 
     f = TINY_FOUNDATION
-    slot = 2 * f["n_layers"] * f["n_kv_heads"] * tiny_build.manifest["foundation"]["args"]["max_seq_len"] \
-        * (f["dim"] // f["n_heads"]) * 4
+    slot = (
+        2
+        * f["n_layers"]
+        * f["n_kv_heads"]
+        * tiny_build.manifest["foundation"]["args"]["max_seq_len"]
+        * (f["dim"] // f["n_heads"])
+        * 4
+    )
     stats = {}
     for parallel in (1, 4):
         with native.open(tiny_build.ptd, library=library, parallel=parallel) as rt:

@@ -15,21 +15,34 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from lora_share.model.decode_attention import rope_attend_rows, rope_attend_rows_reference
 from lora_share.model.decoder import KVPools, LlamaLoRA, ModelArgs, forward_inputs, rows_inputs
 from lora_share.model.envelope import Envelope
 
-LLAMA = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=40,
-                  prefill_chunk=8)
+LLAMA = ModelArgs(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=40, prefill_chunk=8
+)
 CASES = {
     "llama": LLAMA,
-    "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", qk_norm=True, qkv_bias=True, head_dim=32,
-                                 tie_embeddings=True),
-    "gemma3-ring": dataclasses.replace(LLAMA, model_type="gemma3", head_dim=32, norm_offset=1.0, sandwich_norms=True,
-                                       activation="gelu_pytorch_tanh", attn_scale=0.2, sliding_window=6,
-                                       sliding_layers=(0, 2), local_rope_theta=10000.0, n_layers=3, embed_scale=8.0),
+    "qwen3": dataclasses.replace(
+        LLAMA, model_type="qwen3", qk_norm=True, qkv_bias=True, head_dim=32, tie_embeddings=True
+    ),
+    "gemma3-ring": dataclasses.replace(
+        LLAMA,
+        model_type="gemma3",
+        head_dim=32,
+        norm_offset=1.0,
+        sandwich_norms=True,
+        activation="gelu_pytorch_tanh",
+        attn_scale=0.2,
+        sliding_window=6,
+        sliding_layers=(0, 2),
+        local_rope_theta=10000.0,
+        n_layers=3,
+        embed_scale=8.0,
+    ),
     "kv-float16": dataclasses.replace(LLAMA, kv_dtype="float16", n_kv_heads=4),
     "8da4w": LLAMA,
 }
@@ -57,8 +70,10 @@ def random_adapter(args: ModelArgs, envelope: Envelope, rank: int, targets, seed
     for layer, target in envelope.slots:
         if target in targets:
             out_f, in_f = args.linear_shape(target)
-            weights[(layer, target)] = (torch.randn(rank, in_f, generator=gen) * 0.3,
-                                        torch.randn(out_f, rank, generator=gen) * 0.3)
+            weights[(layer, target)] = (
+                torch.randn(rank, in_f, generator=gen) * 0.3,
+                torch.randn(out_f, rank, generator=gen) * 0.3,
+            )
     return Adapter(f"r{rank}", weights)
 
 
@@ -82,12 +97,16 @@ def model_of(case: str) -> tuple[LlamaLoRA, Envelope]:
 def requests_of(args: ModelArgs, envelope: Envelope) -> list[Request]:
     """Base and three adapters (ranks 1, 2 and 4, on different linears), prompts of 3 to 13 tokens (past the
     chunk and Gemma 3's window), one joining late and one leaving early."""
+
     def prompt(n, seed):
         return [(seed * 31 + 7 * i) % args.vocab_size for i in range(n)]
-    return [Request(None, prompt(5, 1), 10, 0),
-            Request(random_adapter(args, envelope, 2, ("q_proj", "v_proj"), 1), prompt(13, 2), 9, 0),
-            Request(random_adapter(args, envelope, 4, envelope.targets, 2), prompt(3, 3), 8, 3),
-            Request(random_adapter(args, envelope, 1, ("down_proj", "o_proj"), 3), prompt(9, 4), 4, 1)]
+
+    return [
+        Request(None, prompt(5, 1), 10, 0),
+        Request(random_adapter(args, envelope, 2, ("q_proj", "v_proj"), 1), prompt(13, 2), 9, 0),
+        Request(random_adapter(args, envelope, 4, envelope.targets, 2), prompt(3, 3), 8, 3),
+        Request(random_adapter(args, envelope, 1, ("down_proj", "o_proj"), 3), prompt(9, 4), 4, 1),
+    ]
 
 
 class Eager:
@@ -112,7 +131,7 @@ def prefill(run, pools: KVPools, slot: int, request: Request, lora) -> torch.Ten
     """The prompt fed in chunks through forward into ``slot``; the logits after it."""
     cache, chunk = pools.slot(slot), run.model.args.chunk if isinstance(run, Eager) else run.chunk
     for p in range(0, len(request.prompt), chunk):
-        out = run.forward(forward_inputs(request.prompt[p:p + chunk], p, cache, lora))
+        out = run.forward(forward_inputs(request.prompt[p : p + chunk], p, cache, lora))
         cache.write(p, out[1:])
     return torch.as_tensor(out[0]).reshape(-1)
 
@@ -192,9 +211,8 @@ class Program:
     """The exported program through ExecuTorch's Python runtime, liblora_share's kernels registered."""
 
     def __init__(self, pte: bytes, ptd, chunk: int):
-        from executorch.runtime import Runtime
-
         import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels)
+        from executorch.runtime import Runtime
 
         ctypes.CDLL(str(REPO / "build" / "liblora_share.so"), mode=ctypes.RTLD_GLOBAL)
         self.pte = pte  # the program reads these bytes: keep them alive
@@ -243,8 +261,9 @@ class RowsOneCall(torch.nn.Module):
         self.heads = heads
 
     def forward(self, q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, *pools):
-        return rope_attend_rows(q, k, v, (cos_q, sin_q), (cos_k, sin_k), bias, slots, pools[:self.heads],
-                                pools[self.heads:])
+        return rope_attend_rows(
+            q, k, v, (cos_q, sin_q), (cos_k, sin_k), bias, slots, pools[: self.heads], pools[self.heads :]
+        )
 
 
 def rows_call_inputs(heads, rep, hd, positions, slots, n_slots, rows, dtype, gen, window=None):
@@ -261,7 +280,7 @@ def rows_call_inputs(heads, rep, hd, positions, slots, n_slots, rows, dtype, gen
         hidden[:, :-1] |= cached <= query - window
     bias = torch.zeros(hidden.shape).masked_fill(hidden, float("-inf")).to(dtype)
     pools = [(torch.randn(n_slots, rows, hd, generator=gen) * 0.5).to(dtype) for _ in range(2 * heads)]
-    return (q, k, v, cos * hd ** -0.5, sin * hd ** -0.5, cos, sin, bias, torch.tensor(slots), *pools)
+    return (q, k, v, cos * hd**-0.5, sin * hd**-0.5, cos, sin, bias, torch.tensor(slots), *pools)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
@@ -269,9 +288,8 @@ def test_rope_attend_rows_kernel_matches_the_reference(runner_bin, dtype):
     """The C++ kernel against rope_attend_rows_reference: rows at positions from 1 to past the threads'
     split, slots in any order (two rows may not share one, but any row may take any slot), a window."""
     from executorch.runtime import Runtime
-    from torch.export import Dim
-
     from test_decode_attention import program_of
+    from torch.export import Dim
 
     ctypes.CDLL(str(REPO / "build" / "liblora_share.so"), mode=ctypes.RTLD_GLOBAL)
     heads, rep, hd, rows = 2, 3, 64, 1200
@@ -284,7 +302,7 @@ def test_rope_attend_rows_kernel_matches_the_reference(runner_bin, dtype):
     for positions, slots, window in (([1], [0], None), ([1100, 2, 40], [2, 0, 3], None), ([700, 9], [1, 3], 100)):
         args = rows_call_inputs(heads, rep, hd, positions, slots, 4, rows, dtype, gen, window)
         got = method.execute(list(args))
-        want = rope_attend_rows_reference(*args[:9], args[9:9 + heads], args[9 + heads:])
+        want = rope_attend_rows_reference(*args[:9], args[9 : 9 + heads], args[9 + heads :])
         assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
         assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"positions {positions}"
         tol = 1e-5 if dtype == torch.float32 else 2e-3
@@ -293,7 +311,6 @@ def test_rope_attend_rows_kernel_matches_the_reference(runner_bin, dtype):
 
 def test_rope_attend_rows_refuses_a_slot_outside_the_pools(runner_bin):
     from executorch.runtime import Runtime
-
     from test_decode_attention import program_of
 
     ctypes.CDLL(str(REPO / "build" / "liblora_share.so"), mode=ctypes.RTLD_GLOBAL)
@@ -307,6 +324,7 @@ def test_rope_attend_rows_refuses_a_slot_outside_the_pools(runner_bin):
 
 
 # The scheduler (inference/batching.py): continuous batching over KV slots that last.
+
 
 def scheduler_of(case: str, slots: int):
     from lora_share.inference.batching import Scheduler
@@ -350,8 +368,11 @@ def test_a_reused_prefix_equals_a_fresh_prefill(case):
         scheduler.run()
     assert turn2.slot == turn1.slot and scheduler.slots.prefix_hits == 1
     assert scheduler.slots.reused_tokens == len(history)
-    assert_rows_equal([torch.stack(turn2.logits), torch.stack(elsewhere.logits)],
-                      [alone_eager(scheduler, follow), alone_eager(scheduler, other)], TOL)
+    assert_rows_equal(
+        [torch.stack(turn2.logits), torch.stack(elsewhere.logits)],
+        [alone_eager(scheduler, follow), alone_eager(scheduler, other)],
+        TOL,
+    )
 
 
 def test_a_client_hanging_up_leaves_the_others_unchanged():
@@ -362,14 +383,17 @@ def test_a_client_hanging_up_leaves_the_others_unchanged():
         heard.append(token)
         return len(heard) < 3
 
-    submitted = [scheduler.submit(r.adapter and r.adapter.name, r.prompt, r.new, hang_up if i == 1 else None)
-                 for i, r in enumerate(requests)]
+    submitted = [
+        scheduler.submit(r.adapter and r.adapter.name, r.prompt, r.new, hang_up if i == 1 else None)
+        for i, r in enumerate(requests)
+    ]
     with torch.no_grad():
         scheduler.run()
     assert submitted[1].tokens == heard and len(heard) == 3
     kept = [i for i in range(len(requests)) if i != 1]
-    assert_rows_equal([torch.stack(submitted[i].logits) for i in kept],
-                      [alone_eager(scheduler, requests[i]) for i in kept], TOL)
+    assert_rows_equal(
+        [torch.stack(submitted[i].logits) for i in kept], [alone_eager(scheduler, requests[i]) for i in kept], TOL
+    )
     assert_rows_equal([torch.stack(submitted[1].logits)], [alone_eager(scheduler, requests[1])[:3]], TOL)
 
 

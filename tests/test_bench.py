@@ -1,5 +1,6 @@
 """`lora-share bench` in miniature: N = 1, 2 on a one-layer foundation, checked for its fields and the
-direction of every comparison; plus the pieces it rests on (stand-alone export, adapters written as data, --ptd optional)."""
+direction of every comparison; plus the pieces it rests on (stand-alone export, adapters written as data,
+--ptd optional)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,45 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
 
-MINI_FOUNDATION = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "hidden_dim": 64, "vocab_size": 64,
-                   "tie_embeddings": True, "seed": 0}
+MINI_FOUNDATION = {
+    "dim": 32,
+    "n_layers": 1,
+    "n_heads": 2,
+    "n_kv_heads": 1,
+    "hidden_dim": 64,
+    "vocab_size": 64,
+    "tie_embeddings": True,
+    "seed": 0,
+}
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory, runner_bin):
     folder = tmp_path_factory.mktemp("bench")
     config = folder / "mini.yaml"
-    config.write_text(yaml.safe_dump({"foundation": {"synthetic": MINI_FOUNDATION, "max_seq_len": 16},
-                                      "adapters": [{"name": "unused", "synthetic": {"rank": 2, "alpha": 2,
-                                                                                    "target_modules": ["q_proj"]}}]}))
-    proc = run_cli("bench", config, "--counts", "1,2", "--out", folder / "results", "--workdir", folder / "work",
-                   "--runner", runner_bin, timeout=900)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "foundation": {"synthetic": MINI_FOUNDATION, "max_seq_len": 16},
+                "adapters": [{"name": "unused", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"]}}],
+            }
+        )
+    )
+    proc = run_cli(
+        "bench",
+        config,
+        "--counts",
+        "1,2",
+        "--out",
+        folder / "results",
+        "--workdir",
+        folder / "work",
+        "--runner",
+        runner_bin,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr
     return folder, json.loads((folder / "results" / "bench.json").read_text()), proc
 
@@ -92,15 +116,36 @@ def test_runner_without_ptd(bench, runner_bin):
     adapter without --ptd is refused with the fix."""
     folder, _, _ = bench
     work = folder / "work"
-    alone = subprocess.run([runner_bin, "--pte", work / "standalone" / "a00.pte", "--tokens", "1,2,3",
-                            "--max-new-tokens", "4"], capture_output=True, text=True, timeout=120)
+    alone = subprocess.run(
+        [runner_bin, "--pte", work / "standalone" / "a00.pte", "--tokens", "1,2,3", "--max-new-tokens", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert alone.returncode == 0, alone.stderr
-    shared = subprocess.run([runner_bin, "--pte", work / "builds" / "n2" / "out" / "a00.pte", "--ptd",
-                             work / "builds" / "n2" / "out" / "foundation.ptd", "--tokens", "1,2,3",
-                             "--max-new-tokens", "4"], capture_output=True, text=True, timeout=120)
+    shared = subprocess.run(
+        [
+            runner_bin,
+            "--pte",
+            work / "builds" / "n2" / "out" / "a00.pte",
+            "--ptd",
+            work / "builds" / "n2" / "out" / "foundation.ptd",
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shared.returncode == 0 and alone.stdout == shared.stdout
-    refused = subprocess.run([runner_bin, "--pte", work / "builds" / "n2" / "out" / "a00.pte", "--tokens", "1"],
-                             capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [runner_bin, "--pte", work / "builds" / "n2" / "out" / "a00.pte", "--tokens", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 2 and "give its foundation.ptd with --ptd" in refused.stderr
 
 
@@ -117,8 +162,11 @@ def test_benchmark_configs_keep_the_foundations_paths(tmp_path):
     (tmp_path / "tok").mkdir()
     (tmp_path / "configs").mkdir()
     config = tmp_path / "configs" / "deploy.yaml"
-    config.write_text(yaml.safe_dump({"foundation": {"checkpoint": "../model", "tokenizer": "../tok",
-                                                     "max_seq_len": 16}, "adapters": []}))
+    config.write_text(
+        yaml.safe_dump(
+            {"foundation": {"checkpoint": "../model", "tokenizer": "../tok", "max_seq_len": 16}, "adapters": []}
+        )
+    )
     foundation = resolve_foundation(config)
     assert foundation["tokenizer"] == str(tmp_path / "tok")
     assert foundation["checkpoint"] == str(tmp_path / "model")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO, TINY_FOUNDATION, run_cli
+
 from lora_share.bench import peers, processes
 
 # Captured from the llama-server this benchmark builds (llama-cpp-python 0.3.36's llama.cpp, -lv 4) with
@@ -23,8 +23,15 @@ SERVER_LOG = """\
 def test_options_are_checked_before_any_work(tmp_path):
     few = run_cli("bench-peers", "--adapters", "1", "--workdir", tmp_path)
     assert few.returncode == 2 and "--adapters" in few.stderr and "below 2" in few.stderr
-    missing = run_cli("bench-peers", "--gguf", tmp_path / "none.gguf", "--workdir", tmp_path / "w",
-                      "--runner", REPO / "pyproject.toml")
+    missing = run_cli(
+        "bench-peers",
+        "--gguf",
+        tmp_path / "none.gguf",
+        "--workdir",
+        tmp_path / "w",
+        "--runner",
+        REPO / "pyproject.toml",
+    )
     assert missing.returncode == 2 and "--gguf" in missing.stderr and "none.gguf" in missing.stderr
     assert "Traceback" not in missing.stderr and not (tmp_path / "w" / "llama.cpp").exists()
 
@@ -47,34 +54,58 @@ def ours(tiny_build, runner_bin):
             samples["short"].append(peers.runner_answer(server.ask(name, short)[0]))
             samples["long"].append(peers.runner_answer(server.ask(name, long)[0]))
     load = processes.start_times(runner_bin, b["ptd"], b["ptes"][:1], [], 1)
-    return {"build": "fp32", **peers.summarize(samples), "kv_bytes": peers.kv_bytes_lora_share(b["manifest"]),
-            "pss_per_extra_adapter_kb": peers.extra_adapter_ours(runner_bin, b, short),
-            "load_first_ms": load["first_ms"], "load_ms": load["second_ms"]}
+    return {
+        "build": "fp32",
+        **peers.summarize(samples),
+        "kv_bytes": peers.kv_bytes_lora_share(b["manifest"]),
+        "pss_per_extra_adapter_kb": peers.extra_adapter_ours(runner_bin, b, short),
+        "load_first_ms": load["first_ms"],
+        "load_ms": load["second_ms"],
+    }
 
 
 def test_lora_share_side_is_measured(ours):
     f = TINY_FOUNDATION
     assert ours["kv_bytes"] == 2 * f["n_layers"] * f["n_kv_heads"] * (f["dim"] // f["n_heads"]) * 32 * 4
-    for key in ("decode_10_tokens_per_s", "decode_1000_tokens_per_s", "prefill_tokens_per_s", "first_token_ms",
-                "load_first_ms", "load_ms"):
+    for key in (
+        "decode_10_tokens_per_s",
+        "decode_1000_tokens_per_s",
+        "prefill_tokens_per_s",
+        "first_token_ms",
+        "load_first_ms",
+        "load_ms",
+    ):
         assert ours[key] > 0, key
     assert ours["pss_per_extra_adapter_kb"] > 0  # tiny_b and tiny_c cost pages of their own
 
 
 def test_checks_and_report(ours):
-    theirs = {"model": "f32", "decode_10_tokens_per_s": ours["decode_10_tokens_per_s"] / 2,  # ratio 2: passes
-              "decode_1000_tokens_per_s": ours["decode_1000_tokens_per_s"],  # ratio 1: below 1.1, fails
-              "prefill_tokens_per_s": ours["prefill_tokens_per_s"] / 1.1 * 1.001,  # just under 1.1: fails
-              "kv_bytes": ours["kv_bytes"] // 2,  # half of ours: fails
-              "pss_per_extra_adapter_kb": ours["pss_per_extra_adapter_kb"],  # equal: passes
-              "load_first_ms": ours["load_first_ms"], "load_ms": ours["load_ms"] * 5}  # ours 0.2x theirs: passes
-    result = {"command": "lora-share bench-peers", "repeats": 3, "adapters": 3,
-              "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}}}
+    theirs = {
+        "model": "f32",
+        "decode_10_tokens_per_s": ours["decode_10_tokens_per_s"] / 2,  # ratio 2: passes
+        "decode_1000_tokens_per_s": ours["decode_1000_tokens_per_s"],  # ratio 1: below 1.1, fails
+        "prefill_tokens_per_s": ours["prefill_tokens_per_s"] / 1.1 * 1.001,  # just under 1.1: fails
+        "kv_bytes": ours["kv_bytes"] // 2,  # half of ours: fails
+        "pss_per_extra_adapter_kb": ours["pss_per_extra_adapter_kb"],  # equal: passes
+        "load_first_ms": ours["load_first_ms"],
+        "load_ms": ours["load_ms"] * 5,
+    }  # ours 0.2x theirs: passes
+    result = {
+        "command": "lora-share bench-peers",
+        "repeats": 3,
+        "adapters": 3,
+        "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}},
+    }
     result["checks"] = peers.checks(result["rows"])
     verdict = {c["check"].split(":")[0]: c["pass"] for c in result["checks"]}
-    assert verdict == {"decode tokens/s at ~10": True, "decode tokens/s at ~1,000": False,
-                       "prefill tokens/s of 1000": False, "load (second start)": True,
-                       "KV bytes at context 2048": False, "PSS per extra adapter (kB)": True}
+    assert verdict == {
+        "decode tokens/s at ~10": True,
+        "decode tokens/s at ~1,000": False,
+        "prefill tokens/s of 1000": False,
+        "load (second start)": True,
+        "KV bytes at context 2048": False,
+        "PSS per extra adapter (kB)": True,
+    }
     assert result["checks"][0]["value"] == pytest.approx(2.0, abs=0.01)
     md = peers.report(result)
     assert md.count("PASS") == 3 and md.count("FAIL") == 3
@@ -87,33 +118,59 @@ def test_llama_answer_counts_decode_steps_as_the_runner_does():
     """llama-server's timings (the fields server-common.cpp's server_slot_stats::to_json writes; made-up
     values): 32 tokens predicted in 310 ms are 31 decode steps of 10 ms after the prompt's 50 ms, so the
     first token after one step lands at 60 ms, as the runner's prefill + decode_ms / (tokens - 1)."""
-    answer = {"content": "x", "timings": {"prompt_n": 8, "prompt_ms": 50.0, "prompt_per_second": 160.0,
-                                          "predicted_n": 32, "predicted_ms": 310.0, "predicted_per_second": 100.0}}
+    answer = {
+        "content": "x",
+        "timings": {
+            "prompt_n": 8,
+            "prompt_ms": 50.0,
+            "prompt_per_second": 160.0,
+            "predicted_n": 32,
+            "predicted_ms": 310.0,
+            "predicted_per_second": 100.0,
+        },
+    }
     got = peers.llama_answer(answer)
     assert got["first_token_ms"] == pytest.approx(60.0) and got["decode_tokens_per_s"] == 100.0
-    ours = peers.runner_answer({"prefill_ms": 50.0, "decode_ms": 310.0, "tokens": list(range(32)),
-                                "prefill_tokens_per_s": 160.0, "decode_tokens_per_s": 100.0})
+    ours = peers.runner_answer(
+        {
+            "prefill_ms": 50.0,
+            "decode_ms": 310.0,
+            "tokens": list(range(32)),
+            "prefill_tokens_per_s": 160.0,
+            "decode_tokens_per_s": 100.0,
+        }
+    )
     assert ours["first_token_ms"] == pytest.approx(got["first_token_ms"])
 
 
 def test_samples_give_each_pairs_ratio():
     """Every request's figure is kept in order, and the report states the lowest and highest ratio of
     the alternating pairs beside the ratio of the medians."""
-    def answers(decode, prefill):
-        return [{"decode_tokens_per_s": d, "prefill_tokens_per_s": p, "first_token_ms": 10.0}
-                for d, p in zip(decode, prefill)]
 
-    ours = {"build": "fp32", **peers.summarize({"short": answers([30, 33, 36], [1, 1, 1]),
-                                                  "long": answers([20, 22, 24], [500, 600, 700])})}
-    theirs = {"model": "f32", **peers.summarize({"short": answers([30, 30, 40], [1, 1, 1]),
-                                                   "long": answers([20, 20, 20], [500, 500, 500])})}
+    def answers(decode, prefill):
+        return [
+            {"decode_tokens_per_s": d, "prefill_tokens_per_s": p, "first_token_ms": 10.0}
+            for d, p in zip(decode, prefill)
+        ]
+
+    ours = {
+        "build": "fp32",
+        **peers.summarize({"short": answers([30, 33, 36], [1, 1, 1]), "long": answers([20, 22, 24], [500, 600, 700])}),
+    }
+    theirs = {
+        "model": "f32",
+        **peers.summarize({"short": answers([30, 30, 40], [1, 1, 1]), "long": answers([20, 20, 20], [500, 500, 500])}),
+    }
     assert ours["decode_10_tokens_per_s"] == 33 and ours["samples"]["decode_10_tokens_per_s"] == [30, 33, 36]
     assert peers.pair_ratios(ours, theirs, "decode_10_tokens_per_s") == pytest.approx([1.0, 1.1, 0.9])
     assert peers.pair_ratios(ours, {"model": "f32"}, "decode_10_tokens_per_s") == []
-    md = peers.report({"command": "x", "repeats": 3, "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}},
-                       "checks": []})
-    assert ("lowest-highest: decode tokens/s, position ~10 0.90-1.10; decode tokens/s, position ~1,000 1.00-1.20; "
-            "prefill tokens/s, 1000 tokens 1.00-1.40.") in md
+    md = peers.report(
+        {"command": "x", "repeats": 3, "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}}, "checks": []}
+    )
+    assert (
+        "lowest-highest: decode tokens/s, position ~10 0.90-1.10; decode tokens/s, position ~1,000 1.00-1.20; "
+        "prefill tokens/s, 1000 tokens 1.00-1.40."
+    ) in md
 
 
 def test_bare_stream_is_compiled_once_and_measures_real_time(tmp_path):
@@ -129,9 +186,11 @@ def test_bare_stream_is_compiled_once_and_measures_real_time(tmp_path):
 def test_fp32_decode_is_reported_as_a_share_of_the_bare_stream():
     """Each request's decode at ~10 is read against the stream run just before it (stream ms x tokens/s
     / 1000), and the report gives both sides' median share and what 1.1 x llama.cpp would be."""
-    row = {"bare_stream": {"median_ms": 11.0, "samples_ms": [10.0, 11.0, 12.0]},
-           "lora_share": {"build": "fp32", "samples": {"decode_10_tokens_per_s": [90.0, 80.0, 80.0]}},
-           "llama_cpp": {"model": "f32", "samples": {"decode_10_tokens_per_s": [80.0, 80.0, 75.0]}}}
+    row = {
+        "bare_stream": {"median_ms": 11.0, "samples_ms": [10.0, 11.0, 12.0]},
+        "lora_share": {"build": "fp32", "samples": {"decode_10_tokens_per_s": [90.0, 80.0, 80.0]}},
+        "llama_cpp": {"model": "f32", "samples": {"decode_10_tokens_per_s": [80.0, 80.0, 75.0]}},
+    }
     assert peers.stream_shares(row, "lora_share") == pytest.approx([0.90, 0.88, 0.96])
     assert peers.stream_shares(row, "llama_cpp") == pytest.approx([0.80, 0.88, 0.90])
     md = "\n".join(peers.stream_report(row))
@@ -153,14 +212,19 @@ def test_perplexity_is_parsed_and_checked():
     assert peers.parse_perplexity(PERPLEXITY_LOG) == pytest.approx(11.7045)
     with pytest.raises(peers.BenchError, match="Final estimate"):
         peers.parse_perplexity("no result")
-    ppl = {"tokens": 20480, "context": 512, "lora_share": {"fp32": 10.0, "8da4w": 10.25},
-           "llama_cpp": {"f32": 11.0, "q4_0": 12.1, "q4_1": 11.2, "q8_0": 11.01}}
+    ppl = {
+        "tokens": 20480,
+        "context": 512,
+        "lora_share": {"fp32": 10.0, "8da4w": 10.25},
+        "llama_cpp": {"f32": 11.0, "q4_0": 12.1, "q4_1": 11.2, "q8_0": 11.01},
+    }
     verdict = [c["pass"] for c in peers.perplexity_checks(ppl)]
     assert verdict == [True, True]  # 1.025 <= 1.03; 1.025 <= Q4_0's 1.1
     ppl["lora_share"]["8da4w"] = 12.5  # 1.25: over 1.03 and over Q4_0's 1.1
     assert [c["pass"] for c in peers.perplexity_checks(ppl)] == [False, False]
-    md = peers.report({"command": "x", "repeats": 1, "rows": {}, "perplexity": ppl,
-                       "checks": peers.perplexity_checks(ppl)})
+    md = peers.report(
+        {"command": "x", "repeats": 1, "rows": {}, "perplexity": ppl, "checks": peers.perplexity_checks(ppl)}
+    )
     assert "| lora-share 8da4w | 12.500 | 1.2500 |" in md and "| llama.cpp Q4_0 | 12.100 | 1.1000 |" in md
 
 
@@ -177,10 +241,16 @@ def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
     quality = tmp_path / "bench_quality.json"
     with pytest.raises(peers.BenchError, match="run `make bench-quality` first"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)
-    results = {"variants": {"fp32": {"quantize": None, "text": info,
-                                     "results": [{"adapter": "base", "perplexity": 12.9}]},
-                            "8da4w": {"quantize": {**peers.QUANTIZE, "grid": "symmetric"}, "text": info,
-                                      "results": [{"adapter": "base", "perplexity": 13.1}]}}}
+    results = {
+        "variants": {
+            "fp32": {"quantize": None, "text": info, "results": [{"adapter": "base", "perplexity": 12.9}]},
+            "8da4w": {
+                "quantize": {**peers.QUANTIZE, "grid": "symmetric"},
+                "text": info,
+                "results": [{"adapter": "base", "perplexity": 13.1}],
+            },
+        }
+    }
     quality.write_text(json.dumps(results))
     with pytest.raises(peers.BenchError, match="not this bench's"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)
@@ -188,8 +258,13 @@ def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
     quality.write_text(json.dumps(results))
     (tmp_path / "perplexity-f32-c512.log").write_text(PERPLEXITY_LOG)  # a kept llama-perplexity run
     ppl = peers.perplexity({}, {"models": {"f32": tmp_path / "model-f32.gguf"}}, quality, tmp_path)
-    assert ppl == {"tokens": 20480, "context": 512, "text_sha256": digest,
-                   "lora_share": {"fp32": 12.9, "8da4w": 13.1}, "llama_cpp": {"f32": pytest.approx(11.7045)}}
+    assert ppl == {
+        "tokens": 20480,
+        "context": 512,
+        "text_sha256": digest,
+        "lora_share": {"fp32": 12.9, "8da4w": 13.1},
+        "llama_cpp": {"f32": pytest.approx(11.7045)},
+    }
     text.write_text("another text")
     with pytest.raises(peers.BenchError, match="not the text"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)

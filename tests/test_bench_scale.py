@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -16,8 +15,20 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def scale_run(tmp_path_factory, runner_bin):
     root = tmp_path_factory.mktemp("scale")
-    args = ["bench-scale", "--shape", "tiny", "--counts", "1,2", "--repeats", "1", "--workdir", root / "work",
-            "--runner", runner_bin, "--quiet"]
+    args = [
+        "bench-scale",
+        "--shape",
+        "tiny",
+        "--counts",
+        "1,2",
+        "--repeats",
+        "1",
+        "--workdir",
+        root / "work",
+        "--runner",
+        runner_bin,
+        "--quiet",
+    ]
     first = run_cli(*args, "--out", root / "first", timeout=1200)
     second = run_cli(*args, "--out", root / "second", timeout=1200)
     return root, first, second
@@ -47,7 +58,8 @@ def test_results_are_written_and_printed(scale_run):
         assert v["export_s"] > 0 and v["build_peak_rss"] > 0
         # `lora-share add` on the wide envelopes: written as data over the deployment's program.
         assert [(a["adapter"], a["program"], a["produced"]) for a in v["adds"]] == (
-            [("r4_qko", "reused", "written"), ("r16_all", "reused", "written")] if wide else [])
+            [("r4_qko", "reused", "written"), ("r16_all", "reused", "written")] if wide else []
+        )
         assert all(0 < a["add_s"] < a["wall_s"] for a in v["adds"])
         args = result["shape"]
         # K and V, layers, kv heads, head dim, and each slab's sink row plus every position but the last

@@ -10,11 +10,11 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from hf_files import hf_config, write_peft_lora
-from lora_share.bench import http_streams, serve
 from test_server import server_bin  # noqa: F401 (fixture)
+
+from lora_share.bench import http_streams, serve
 
 TOKENS = 4
 SETTINGS = {"max_tokens": TOKENS, "repeats": 1, "turns": 2, "chat_tokens": 2, "parallel": 2}
@@ -42,8 +42,9 @@ def four_adapters(text_build, tmp_path_factory):
     out = tmp_path_factory.mktemp("serve") / "out"
     shutil.copytree(text_build.build.out_dir, out)
     for seed in (11, 12, 13):
-        peft = write_peft_lora(out.parent / f"peft{seed}", hf_config(vocab=400), r=4, alpha=8,
-                               targets=["q_proj", "v_proj"], seed=seed)
+        peft = write_peft_lora(
+            out.parent / f"peft{seed}", hf_config(vocab=400), r=4, alpha=8, targets=["q_proj", "v_proj"], seed=seed
+        )
         r = run_cli("add", "--to", out, f"a{seed}={peft}")
         assert r.returncode == 0, r.stderr
     return out
@@ -58,13 +59,15 @@ def measured(server_bin, four_adapters, tmp_path_factory):  # noqa: F811
     with serve.LoraShareServer(server_bin, four_adapters, SETTINGS["parallel"], work / "server.log") as ours:
         sides = {"lora_share": ours}
         alone = http_streams.stream(ours.address, ours.body(adapters[1], 1, prompts.tagged("hi"), TOKENS, True))
-        together = http_streams.at_once(ours.address, [ours.body(a, i, prompts.tagged("hi"), TOKENS, True)
-                                                       for i, a in enumerate(adapters)])
+        together = http_streams.at_once(
+            ours.address, [ours.body(a, i, prompts.tagged("hi"), TOKENS, True) for i, a in enumerate(adapters)]
+        )
         row = serve.run_scenarios(sides, adapters, prompts, SETTINGS, log=lambda s: None, questions=QUESTIONS)
         row["chat"] = serve.run_chat(sides, adapters[0], prompts, SETTINGS, log=lambda s: None, messages=QUESTIONS)
         row["server_stats"] = ours.stats()
-    row["memory"] = serve.measure_memory(server_bin, four_adapters, SETTINGS["parallel"], adapters, prompts, TOKENS,
-                                         work, questions=QUESTIONS)
+    row["memory"] = serve.measure_memory(
+        server_bin, four_adapters, SETTINGS["parallel"], adapters, prompts, TOKENS, work, questions=QUESTIONS
+    )
     return {"row": row, "alone": alone, "together": together, "adapters": adapters}
 
 
@@ -99,9 +102,16 @@ def test_checks_and_report(measured):
     assert len(checks) == 6 and all(isinstance(c["pass"], bool) for c in checks)
     text = next(c for c in checks if "text equals" in c["check"])
     assert text["pass"] and text["value"] == f"{text['value'].split()[0]} of {text['value'].split()[0]}"
-    result = {"quick": True, "settings": {**SETTINGS, "parallel": 2}, "created": "now", "commit": "abc",
-              "machine": {}, "command": "lora-share bench-serve --quick", "precisions": {"fp32": row},
-              "checks": checks}
+    result = {
+        "quick": True,
+        "settings": {**SETTINGS, "parallel": 2},
+        "created": "now",
+        "commit": "abc",
+        "machine": {},
+        "command": "lora-share bench-serve --quick",
+        "precisions": {"fp32": row},
+        "checks": checks,
+    }
     md = serve.report(result)
     assert md.count("\n- PASS ") + md.count("\n- FAIL ") == len(checks)
     assert all(f"| {name} | lora-share |" in md for name in serve.SCENARIOS)

@@ -13,11 +13,11 @@ import subprocess
 from collections import OrderedDict
 
 import pytest
-
 from budget_build import BUDGET_ADAPTERS, budget_build
 from conftest import run_cli
-from lora_share.inference import c_library as native
+
 from lora_share.formats import read_pte
+from lora_share.inference import c_library as native
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # longer than the prefill chunk: two forward calls
 NEW = 6
@@ -40,10 +40,27 @@ def runner_answers(runner_bin, deployment) -> dict[str, list[int]]:
     out = {}
     ptes = [arg for pte in deployment.ptes.values() for arg in ("--pte", str(pte))]
     for name in BUDGET_ADAPTERS:
-        proc = subprocess.run([str(runner_bin), "--ptd", str(deployment.ptd), *ptes, "--adapter", name,
-                               "--tokens", ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW),
-                               "--temperature", str(SAMPLING["temperature"]), "--seed", str(SAMPLING["seed"])],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                str(runner_bin),
+                "--ptd",
+                str(deployment.ptd),
+                *ptes,
+                "--adapter",
+                name,
+                "--tokens",
+                ",".join(map(str, PROMPT)),
+                "--max-new-tokens",
+                str(NEW),
+                "--temperature",
+                str(SAMPLING["temperature"]),
+                "--seed",
+                str(SAMPLING["seed"]),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         out[name] = [int(t) for t in proc.stdout.split()]
     assert len({tuple(v) for v in out.values()}) > 1, "the adapters should not all answer alike"
@@ -88,8 +105,9 @@ def test_budget_for_two_serves_all_six_in_lru_order(deployment, runner_answers, 
             assert (s["loads"], s["evictions"], s["hits"]) == (loads, evictions, hits), name
             assert s["adapters_resident"] == len(resident) <= 2
             assert tuple(sorted(n for n, h in handles.items() if h.resident)) == resident
-            assert (s["resident_adapter_bytes"] + s["foundation_bytes"] + s["program_bytes"]
-                    + s["arena_bytes"]) <= budget
+            assert (
+                s["resident_adapter_bytes"] + s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"]
+            ) <= budget
             assert s["last_load_ms"] > 0
         assert set(SEQUENCE) == set(BUDGET_ADAPTERS)
 
@@ -134,8 +152,9 @@ def test_without_a_budget_nothing_is_evicted(deployment, runner_bin):
 
 def test_bench_budget_runs_end_to_end(deployment, runner_bin, tmp_path):
     out = tmp_path / "bench_budget.json"
-    proc = run_cli("bench-budget", "--deployment", deployment.out_dir, "--resident", "2", "--requests", "12",
-                   "--out", out)
+    proc = run_cli(
+        "bench-budget", "--deployment", deployment.out_dir, "--resident", "2", "--requests", "12", "--out", out
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PSS within the budget: yes" in proc.stdout and "p50 / p99" in proc.stdout
     result = json.loads(out.read_text())

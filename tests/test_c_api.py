@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from budget_build import budget_build
 from conftest import REPO, TINY_FOUNDATION
+
 from lora_share.inference import c_library as native
 
 PROMPT = [1, 17, 42]
@@ -107,8 +107,7 @@ def test_request_errors(runtime, tiny_build):
     name = next(iter(tiny_build.ptes))
     expect("LS_ERR_REQUEST", runtime.generate, name, PROMPT, 0, contains="max_new_tokens must be at least 1")
     expect("LS_ERR_REQUEST", runtime.generate, name, PROMPT, 2**62, contains="context (max_seq_len)")
-    expect("LS_ERR_REQUEST", runtime.generate, name, list(range(1, max_len + 2)), 1,
-           contains="context (max_seq_len)")
+    expect("LS_ERR_REQUEST", runtime.generate, name, list(range(1, max_len + 2)), 1, contains="context (max_seq_len)")
     expect("LS_ERR_REQUEST", runtime.generate, name, [1, vocab], 1, contains="outside the vocabulary")
     expect("LS_ERR_REQUEST", runtime.generate, name, [-1], 1, contains="outside the vocabulary")
     expect("LS_ERR_REQUEST", runtime.generate, name, [], 1, contains="empty")
@@ -155,8 +154,12 @@ def test_calling_the_runtime_from_its_own_callback_is_refused(runtime):
 
     err = native._Error()
     ids = (ctypes.c_int64 * 3)(*PROMPT)
-    assert lib.ls_generate_named(runtime.handle, b"tiny_a", ids, 3, None, native.TOKEN_CALLBACK(reenter), None,
-                                 ctypes.byref(err)) == 0
+    assert (
+        lib.ls_generate_named(
+            runtime.handle, b"tiny_a", ids, 3, None, native.TOKEN_CALLBACK(reenter), None, ctypes.byref(err)
+        )
+        == 0
+    )
     assert seen and seen[0][0] == native.STATUS_NAMES.index("LS_ERR_BUSY") and "callback" in seen[0][1]
 
 
@@ -182,8 +185,12 @@ def test_struct_layouts_match_the_library(library, tiny_build):
     parallel the slots asked for (a mirror shorter or shifted would read other bytes)."""
     lib = ctypes.CDLL(str(library))
     lib.ls_diag_sizeof.restype, lib.ls_diag_sizeof.argtypes = ctypes.c_size_t, [ctypes.c_char_p]
-    for name, mirror in [("ls_options", native._Options), ("ls_generate_options", native._GenerateOptions),
-                         ("ls_runtime_stats", native._Stats), ("ls_error", native._Error)]:
+    for name, mirror in [
+        ("ls_options", native._Options),
+        ("ls_generate_options", native._GenerateOptions),
+        ("ls_runtime_stats", native._Stats),
+        ("ls_error", native._Error),
+    ]:
         assert lib.ls_diag_sizeof(name.encode()) == ctypes.sizeof(mirror), name
     assert lib.ls_diag_sizeof(b"ls_nothing") == 0
     opts = native._Options()
@@ -196,8 +203,14 @@ def test_struct_layouts_match_the_library(library, tiny_build):
 
 @pytest.mark.parametrize("parallel", [0, native.MAX_PARALLEL + 1])
 def test_parallel_out_of_range_is_refused(library, tiny_build, parallel):
-    expect("LS_ERR_ARGUMENT", native.open_dir, tiny_build.out_dir, parallel=parallel, library=library,
-           contains="ls_options.parallel")
+    expect(
+        "LS_ERR_ARGUMENT",
+        native.open_dir,
+        tiny_build.out_dir,
+        parallel=parallel,
+        library=library,
+        contains="ls_options.parallel",
+    )
 
 
 def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
@@ -206,8 +219,9 @@ def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
         expect("LS_ERR_ARGUMENT", runtime.generate, handle, PROMPT, 1, contains="another runtime")
 
 
-@pytest.mark.parametrize("case", ["missing-pte", "ptd-as-pte", "truncated-pte", "garbage-pte", "other-foundation",
-                                  "same-stem"])
+@pytest.mark.parametrize(
+    "case", ["missing-pte", "ptd-as-pte", "truncated-pte", "garbage-pte", "other-foundation", "same-stem"]
+)
 def test_adapter_load_errors(runtime, tiny_build, tmp_path_factory, tmp_path, case):
     pte = tiny_build.ptes["tiny_a"]
     contains = ""
@@ -232,8 +246,9 @@ def test_adapter_load_errors(runtime, tiny_build, tmp_path_factory, tmp_path, ca
     assert runtime.generate("tiny_a", PROMPT, 2)  # still serving
 
 
-@pytest.mark.parametrize("case", ["missing-ptd", "pte-as-ptd", "truncated-ptd", "no-manifest", "bad-manifest",
-                                  "manifest-without-adapters"])
+@pytest.mark.parametrize(
+    "case", ["missing-ptd", "pte-as-ptd", "truncated-ptd", "no-manifest", "bad-manifest", "manifest-without-adapters"]
+)
 def test_open_errors(library, tiny_build, tmp_path, case):
     if case.startswith(("missing", "pte-as", "truncated")):
         ptd = {"missing-ptd": tmp_path / "nope.ptd", "pte-as-ptd": tiny_build.ptes["tiny_a"]}.get(case)
@@ -259,9 +274,12 @@ def test_a_damaged_foundation_is_a_load_error(library, tiny_build, tmp_path, cas
     ls_load_adapter says why, the process lives on."""
     from test_cpp_runner import is_content_hash, rewrite_ptd
 
-    keep = {"other-shapes": lambda k: True, "empty": lambda k: False,
-            "without-named-weights": lambda k: is_content_hash(k) or k == "lora_share.foundation",
-            "without-xnnpack-weights": lambda k: not is_content_hash(k)}[case]
+    keep = {
+        "other-shapes": lambda k: True,
+        "empty": lambda k: False,
+        "without-named-weights": lambda k: is_content_hash(k) or k == "lora_share.foundation",
+        "without-xnnpack-weights": lambda k: not is_content_hash(k),
+    }[case]
     ptd = rewrite_ptd(tiny_build.ptd, tmp_path / "f.ptd", keep=keep, shrink=case == "other-shapes")
     with native.open(ptd, library=library) as rt:
         expect("LS_ERR_LOAD", rt.load_adapter, tiny_build.ptes["tiny_a"], contains=str(ptd))
@@ -271,8 +289,14 @@ def test_budget_below_one_adapter_is_refused(library, tiny_build):
     with native.open_dir(tiny_build.out_dir, library=library) as rt:
         s = rt.stats()
     too_small = s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + s["largest_adapter_bytes"] - 1
-    expect("LS_ERR_BUDGET", native.open_dir, tiny_build.out_dir, budget_bytes=too_small, library=library,
-           contains="raise the budget")
+    expect(
+        "LS_ERR_BUDGET",
+        native.open_dir,
+        tiny_build.out_dir,
+        budget_bytes=too_small,
+        library=library,
+        contains="raise the budget",
+    )
     with native.open(tiny_build.ptd, budget_bytes=s["foundation_bytes"] + 1, library=library) as rt:
         expect("LS_ERR_BUDGET", rt.load_adapter, tiny_build.ptes["tiny_a"], contains="raise the budget")
 
@@ -284,9 +308,17 @@ def test_budget_below_one_adapter_is_refused(library, tiny_build):
 def c_app(library, tmp_path_factory) -> Path:
     """examples/c_app configured with find_package(lora_share) against build/install and built."""
     build = tmp_path_factory.mktemp("c_app")
-    for cmd in (["cmake", "-S", str(REPO / "examples/c_app"), "-B", str(build),
-                 f"-DCMAKE_PREFIX_PATH={REPO / 'build/install'}"],
-                ["cmake", "--build", str(build)]):
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            str(REPO / "examples/c_app"),
+            "-B",
+            str(build),
+            f"-DCMAKE_PREFIX_PATH={REPO / 'build/install'}",
+        ],
+        ["cmake", "--build", str(build)],
+    ):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return build / "c_app"
@@ -294,21 +326,31 @@ def c_app(library, tmp_path_factory) -> Path:
 
 def test_c_app_tokens_equal_the_runners(c_app, runner_bin, tiny_build):
     for name, pte in tiny_build.ptes.items():
-        proc = subprocess.run([str(c_app), str(tiny_build.ptd), str(pte), "1,17,42", str(NEW)],
-                              capture_output=True, text=True, timeout=TIMEOUT)
+        proc = subprocess.run(
+            [str(c_app), str(tiny_build.ptd), str(pte), "1,17,42", str(NEW)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
         assert proc.returncode == 0, proc.stderr
         assert [int(t) for t in proc.stdout.split()] == runner_tokens(runner_bin, tiny_build, name, PROMPT)
     # The folder form: the manifest's adapter by name.
-    proc = subprocess.run([str(c_app), "--dir", str(tiny_build.out_dir), "tiny_b", "1,17,42", str(NEW)],
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [str(c_app), "--dir", str(tiny_build.out_dir), "tiny_b", "1,17,42", str(NEW)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert [int(t) for t in proc.stdout.split()] == runner_tokens(runner_bin, tiny_build, "tiny_b", PROMPT)
 
 
 def test_c_app_reports_errors_with_their_status(c_app, tiny_build, tmp_path):
-    cases = [([str(tiny_build.ptd), str(tmp_path / "nope.pte"), "1", "2"], "LS_ERR_LOAD"),
-             ([str(tiny_build.ptd), str(tiny_build.ptes["tiny_a"]), "1", "0"], "LS_ERR_REQUEST"),
-             (["--dir", str(tiny_build.out_dir), "nobody", "1", "2"], "LS_ERR_NOT_FOUND")]
+    cases = [
+        ([str(tiny_build.ptd), str(tmp_path / "nope.pte"), "1", "2"], "LS_ERR_LOAD"),
+        ([str(tiny_build.ptd), str(tiny_build.ptes["tiny_a"]), "1", "0"], "LS_ERR_REQUEST"),
+        (["--dir", str(tiny_build.out_dir), "nobody", "1", "2"], "LS_ERR_NOT_FOUND"),
+    ]
     for args, status in cases:
         proc = subprocess.run([str(c_app), *args], capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 1, proc.stderr
@@ -349,8 +391,16 @@ def test_removing_an_adapter_waits_for_its_request_in_flight(library, runner_bin
         remover.start()
         err, ids = native._Error(), (ctypes.c_int64 * len(PROMPT))(*PROMPT)
         opts = native._generate_options(rt.lib, NEW, 0.0, 0, False)
-        status = rt.lib.ls_generate(rt.handle, handle.handle, ids, len(PROMPT), ctypes.byref(opts),
-                                    native.TOKEN_CALLBACK(on_token), None, ctypes.byref(err))
+        status = rt.lib.ls_generate(
+            rt.handle,
+            handle.handle,
+            ids,
+            len(PROMPT),
+            ctypes.byref(opts),
+            native.TOKEN_CALLBACK(on_token),
+            None,
+            ctypes.byref(err),
+        )
         remover.join(timeout=TIMEOUT)
         assert status == 0, err.message
         assert tokens == expected and not any(removed_during) and removed.is_set()
@@ -361,8 +411,10 @@ def test_removing_an_adapter_waits_for_its_request_in_flight(library, runner_bin
         assert not handle.resident and handle.name == name
         assert rt.stats()["adapters_known"] == len(names) - 1
         err = native._Error()
-        listed = [native.Adapter(rt, rt.lib.ls_adapter_at(rt.handle, i, ctypes.byref(err))).name
-                  for i in range(len(names) - 1)]
+        listed = [
+            native.Adapter(rt, rt.lib.ls_adapter_at(rt.handle, i, ctypes.byref(err))).name
+            for i in range(len(names) - 1)
+        ]
         assert listed == [n for n in names if n != name]
         assert rt.generate(other, PROMPT, NEW) == runner_tokens(runner_bin, tiny_build, other, PROMPT)
         again = rt.load_adapter(tiny_build.ptes[name])

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import EOS_NEW, EOS_PROMPT, TEXT_ADAPTER
 from devices import CHAT, chat_once, command
 from hf_files import hf_generate
+
 from lora_share.inference import c_library as native
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,8 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
     CHAT,
-    [{"role": "system", "content": "  padded  "}, {"role": "user", "content": "a"},
-     {"role": "assistant", "content": "b"}, {"role": "user", "content": "café ☕ 中文"}],
+    [
+        {"role": "system", "content": "  padded  "},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "café ☕ 中文"},
+    ],
 ]
 
 
@@ -44,8 +48,9 @@ def test_chat_template_is_transformers(library, text_build, text_hf):
             tok.apply_chat_template([{"role": "wizard", "content": "x"}])
     # The folder's tokenizer opened on its own is the same one.
     with native.open_tokenizer(text_build.build.out_dir, library=library) as tok:
-        assert tok.apply_chat_template(CHAT) == tokenizer.apply_chat_template(CHAT, tokenize=False,
-                                                                              add_generation_prompt=True)
+        assert tok.apply_chat_template(CHAT) == tokenizer.apply_chat_template(
+            CHAT, tokenize=False, add_generation_prompt=True
+        )
 
 
 @pytest.mark.parametrize("ignore_eos", [False, True], ids=["stop", "ignore-eos"])
@@ -60,17 +65,20 @@ def test_generate_text_is_transformers_greedy(library, eos_build, text_hf, ignor
     assert stopped != ignore_eos  # the build's EOS really ends it early
     pieces: list[str] = []
     with native.open_dir(eos_build.build.out_dir, library=library) as rt:
-        text, result = rt.generate_text(TEXT_ADAPTER, EOS_PROMPT, EOS_NEW, ignore_eos=ignore_eos,
-                                        on_text=pieces.append)
+        text, result = rt.generate_text(TEXT_ADAPTER, EOS_PROMPT, EOS_NEW, ignore_eos=ignore_eos, on_text=pieces.append)
     tokens = want[:-1] if stopped else want
     assert text == tokenizer.decode(tokens, skip_special_tokens=True) == "".join(pieces)
-    assert result == {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
-                      "finish_reason": "stop" if stopped else "length"}
+    assert result == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(tokens),
+        "finish_reason": "stop" if stopped else "length",
+    }
 
 
 def test_generate_chat_is_the_servers_answer(library, runner_bin, text_build):
-    want = chat_once(command(runner_bin.parent / "lora-share-server"), text_build.build.out_dir, TEXT_ADAPTER,
-                     max_tokens=10)
+    want = chat_once(
+        command(runner_bin.parent / "lora-share-server"), text_build.build.out_dir, TEXT_ADAPTER, max_tokens=10
+    )
     with native.open_dir(text_build.build.out_dir, library=library) as rt:
         text, result = rt.generate_text(TEXT_ADAPTER, CHAT, 10)
         # A callback that asks to stop after its first piece ends generation there.
@@ -119,8 +127,9 @@ def test_a_default_system_prompt_is_rendered_as_transformers_does(library, text_
     import json
     import shutil
 
-    from lora_share.tokenizer.chat_format import resolve_chat_format
     from test_chat_format import CHATML_DEFAULT_SYSTEM, tokenizer_with
+
+    from lora_share.tokenizer.chat_format import resolve_chat_format
 
     folder, hf = tokenizer_with(tmp_path, CHATML_DEFAULT_SYSTEM)
     fmt = resolve_chat_format(folder)

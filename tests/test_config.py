@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO, run_cli
 
 import lora_share
-from conftest import REPO, run_cli
 from lora_share.config import config_json_schema
 
 # examples/families/*.yaml read tiny checkpoints that examples/families/tiny_checkpoints.py writes (not
@@ -18,8 +18,11 @@ FAMILY_EXAMPLES = REPO / "examples" / "families"
 # examples/pt2/vision.yaml reads the archives examples/pt2/export_models.py writes (not kept in the
 # repository either): tests/test_programs.py writes them and validates it.
 PT2_EXAMPLES = REPO / "examples" / "pt2"
-SHIPPED = sorted(p for p in [*REPO.glob("configs/*.yaml"), *REPO.glob("examples/**/*.yaml")]
-                 if p.parent not in (FAMILY_EXAMPLES, PT2_EXAMPLES))
+SHIPPED = sorted(
+    p
+    for p in [*REPO.glob("configs/*.yaml"), *REPO.glob("examples/**/*.yaml")]
+    if p.parent not in (FAMILY_EXAMPLES, PT2_EXAMPLES)
+)
 
 
 def test_configs_exist():
@@ -50,8 +53,15 @@ def test_default_config_meets_the_promise():
     cfg = lora_share.validate(REPO / "configs/llama_adapters.yaml")
     s = cfg.foundation.synthetic
     assert s is not None
-    args = ModelArgs(dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-                     hidden_dim=s.hidden_dim, vocab_size=s.vocab_size, tie_embeddings=s.tie_embeddings)
+    args = ModelArgs(
+        dim=s.dim,
+        n_layers=s.n_layers,
+        n_heads=s.n_heads,
+        n_kv_heads=s.n_kv_heads,
+        hidden_dim=s.hidden_dim,
+        vocab_size=s.vocab_size,
+        tie_embeddings=s.tie_embeddings,
+    )
     assert sum(4 * math.prod(shape) for shape in expected_shapes(args).values()) >= 100e6
     assert len(cfg.adapters) >= 3
     assert len({_recipe(a)[0] for a in cfg.adapters}) >= 2
@@ -69,18 +79,22 @@ def _write(tmp_path: Path, data: dict, name="bad.yaml") -> Path:
     return p
 
 
-GOOD_FOUNDATION = {"synthetic": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
-                                 "vocab_size": 256}}
+GOOD_FOUNDATION = {
+    "synthetic": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128, "vocab_size": 256}
+}
 
 
 def test_every_error_reported_at_once(tmp_path):
-    p = _write(tmp_path, {
-        "foundaton": {},
-        "adapters": [
-            {"name": "a", "synthetic": {"rank": 0, "alpha": 16, "target_modules": ["q_prj"]}},
-            {"name": "a", "peft": "nowhere"},
-        ],
-    })
+    p = _write(
+        tmp_path,
+        {
+            "foundaton": {},
+            "adapters": [
+                {"name": "a", "synthetic": {"rank": 0, "alpha": 16, "target_modules": ["q_prj"]}},
+                {"name": "a", "peft": "nowhere"},
+            ],
+        },
+    )
     with pytest.raises(lora_share.ConfigErrors) as e:
         lora_share.validate(p)
     problems = e.value.problems
@@ -97,23 +111,35 @@ def test_every_error_reported_at_once(tmp_path):
 
 def test_dedup_mistakes_get_a_suggestion(tmp_path):
     adapters = [{"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}]
-    p = _write(tmp_path, {"foundation": GOOD_FOUNDATION, "adapters": adapters,
-                          "dedup": {"shared_adapter_tensors": "hoisted", "shared_tensor": "hoist"}})
+    p = _write(
+        tmp_path,
+        {
+            "foundation": GOOD_FOUNDATION,
+            "adapters": adapters,
+            "dedup": {"shared_adapter_tensors": "hoisted", "shared_tensor": "hoist"},
+        },
+    )
     with pytest.raises(lora_share.ConfigErrors) as e:
         lora_share.validate(p)
     assert sorted(e.value.problems) == [
         "dedup.shared_adapter_tensors: 'hoisted' is not one of report, hoist (did you mean 'hoist'?)",
         "dedup.shared_tensor: unknown key; did you mean 'shared_adapter_tensors'?",
     ]
-    p = _write(tmp_path, {"foundation": GOOD_FOUNDATION, "adapters": adapters,
-                          "dedup": {"shared_adapter_tensors": "hoist"}}, name="good.yaml")
+    p = _write(
+        tmp_path,
+        {"foundation": GOOD_FOUNDATION, "adapters": adapters, "dedup": {"shared_adapter_tensors": "hoist"}},
+        name="good.yaml",
+    )
     assert lora_share.validate(p).dedup.shared_adapter_tensors == "hoist"
 
 
 def test_paths_resolve_against_the_config_folder(tmp_path):
     (tmp_path / "sub" / "peft_a").mkdir(parents=True)
-    p = _write(tmp_path / "sub", {"foundation": GOOD_FOUNDATION, "output_dir": "../built",
-                                  "adapters": [{"name": "a", "peft": "peft_a"}]}, "c.yaml")
+    p = _write(
+        tmp_path / "sub",
+        {"foundation": GOOD_FOUNDATION, "output_dir": "../built", "adapters": [{"name": "a", "peft": "peft_a"}]},
+        "c.yaml",
+    )
     cfg = lora_share.validate(p)
     assert cfg.adapters[0].peft == (tmp_path / "sub" / "peft_a").resolve()
     assert cfg.output_dir == (tmp_path / "built").resolve()
@@ -170,18 +196,33 @@ def test_validate_checks_adapters_against_the_envelope(tmp_path):
     peft = tmp_path / "peft32"
     peft.mkdir()
     (peft / "adapter_config.json").write_text(json.dumps({"r": 32, "target_modules": ["q_proj", "up_proj"]}))
-    p = _write(tmp_path, {
-        "foundation": {"synthetic": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128,
-                                     "vocab_size": 256}},
-        "lora_envelope": {"targets": ["q_proj", "v_proj"], "max_rank": 16},
-        "adapters": [{"name": "big", "peft": str(peft)},
-                     {"name": "syn", "synthetic": {"rank": 20, "alpha": 8, "target_modules": ["q_proj"]}}],
-    })
+    p = _write(
+        tmp_path,
+        {
+            "foundation": {
+                "synthetic": {
+                    "dim": 64,
+                    "n_layers": 2,
+                    "n_heads": 4,
+                    "n_kv_heads": 2,
+                    "hidden_dim": 128,
+                    "vocab_size": 256,
+                }
+            },
+            "lora_envelope": {"targets": ["q_proj", "v_proj"], "max_rank": 16},
+            "adapters": [
+                {"name": "big", "peft": str(peft)},
+                {"name": "syn", "synthetic": {"rank": 20, "alpha": 8, "target_modules": ["q_proj"]}},
+            ],
+        },
+    )
     with pytest.raises(lora_share.ConfigErrors) as e:
         lora_share.validate(p)
     problems = e.value.problems
-    assert "adapters[0]: big: rank 32 is above lora_envelope.max_rank (16): raise max_rank, or leave the adapter " \
-           "out" in problems
+    assert (
+        "adapters[0]: big: rank 32 is above lora_envelope.max_rank (16): raise max_rank, or leave the adapter "
+        "out" in problems
+    )
     assert any(s.startswith("adapters[0]: big: LoRA on up_proj, outside lora_envelope.targets") for s in problems)
     assert any(s.startswith("adapters[1]: syn: rank 20 is above lora_envelope.max_rank (16)") for s in problems)
     r = run_cli("validate", p)

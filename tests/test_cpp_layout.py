@@ -61,8 +61,11 @@ def compile_flags(target_dir: Path) -> list[str]:
 @pytest.mark.parametrize("target", sorted(CLIENTS))
 def test_build_gives_clients_no_runtime_include_path(runner_bin, target, tmp_path):
     build = REPO / "build" / "cmake"
-    target_dir = (build / "CMakeFiles" / "runner.dir") if target == "runner" else (
-        build / "server" / "CMakeFiles" / "lora-share-server.dir")
+    target_dir = (
+        (build / "CMakeFiles" / "runner.dir")
+        if target == "runner"
+        else (build / "server" / "CMakeFiles" / "lora-share-server.dir")
+    )
     flags = compile_flags(target_dir)
     assert not any("cpp_runner/runtime" in f for f in flags), flags
 
@@ -71,8 +74,10 @@ def test_build_gives_clients_no_runtime_include_path(runner_bin, target, tmp_pat
         probe.write_text(code)
         return subprocess.run(["c++", *flags, "-fsyntax-only", str(probe)], capture_output=True, text=True)
 
-    allowed = compiles('#include "lora_share.h"\n#include "lora_share_diag.h"\n#include "file_check.h"\n'
-                       '#include "binding.h"\n#include "status.h"\nint main() { return LS_OK; }\n')
+    allowed = compiles(
+        '#include "lora_share.h"\n#include "lora_share_diag.h"\n#include "file_check.h"\n'
+        '#include "binding.h"\n#include "status.h"\nint main() { return LS_OK; }\n'
+    )
     assert allowed.returncode == 0, allowed.stderr
     for private in ("adapter_pool.h", "adapter_on_foundation.h", "generate.h"):
         refused = compiles(f'#include "{private}"\nint main() {{ return 0; }}\n')
@@ -81,8 +86,9 @@ def test_build_gives_clients_no_runtime_include_path(runner_bin, target, tmp_pat
 
 def test_library_exports_its_c_api_only(runner_bin):
     library = runner_bin.parent / "liblora_share.so"
-    symbols = subprocess.run(["nm", "-DC", "--defined-only", str(library)], capture_output=True, text=True,
-                             check=True).stdout
+    symbols = subprocess.run(
+        ["nm", "-DC", "--defined-only", str(library)], capture_output=True, text=True, check=True
+    ).stdout
     ours = [line for line in symbols.splitlines() if "lora_share::" in line]
     assert not ours, ours[:5]
     exported = set(re.findall(r"\b(ls_\w+)\b", symbols))

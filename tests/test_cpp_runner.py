@@ -27,8 +27,7 @@ TIMEOUT = 120  # seconds; a hang fails the test instead of the session
 
 def run_runner(runner_bin, *args, input=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(runner_bin), *map(str, args)],
-        capture_output=True, text=True, input=input, timeout=TIMEOUT, env=env,
+        [str(runner_bin), *map(str, args)], capture_output=True, text=True, input=input, timeout=TIMEOUT, env=env
     )
 
 
@@ -61,8 +60,9 @@ def python_reference(tiny_build):
 @pytest.fixture(scope="module")
 def vocab_and_len(runner_bin, tiny_build):
     first = next(iter(tiny_build.ptes.values()))
-    proc = run_runner(runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", "1",
-                      "--max-new-tokens", 1, "--json")
+    proc = run_runner(
+        runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", "1", "--max-new-tokens", 1, "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     return out["vocab_size"], out["max_seq_len"]
@@ -76,8 +76,21 @@ def test_every_adapter_matches_python(runner_bin, tiny_build, python_reference, 
     assert len(tiny_build.ptes) >= 2
     for name in tiny_build.ptes:
         npy = tmp_path / f"{name}.npy"
-        proc = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--tokens", ids(PROMPT),
-                          "--max-new-tokens", NEW, "--adapter", name, "--dump-logits", npy, *mode)
+        proc = run_runner(
+            runner_bin,
+            *all_ptes(tiny_build),
+            "--ptd",
+            tiny_build.ptd,
+            "--tokens",
+            ids(PROMPT),
+            "--max-new-tokens",
+            NEW,
+            "--adapter",
+            name,
+            "--dump-logits",
+            npy,
+            *mode,
+        )
         assert proc.returncode == 0, proc.stderr
         ref = python_reference[name]
         assert [int(t) for t in proc.stdout.split()] == ref.tokens, name
@@ -98,14 +111,22 @@ def test_serve_answers_as_separate_processes(runner_bin, tiny_build):
     for temperature in ("0", "0.8"):
         flags = ["--max-new-tokens", NEW, "--temperature", temperature, "--seed", 7]
         lines = "".join(f"{n}\t{ids(t)}\n" for n, t in requests)
-        served = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--serve", *flags,
-                            input=lines)
+        served = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--serve", *flags, input=lines)
         assert served.returncode == 0, served.stderr
         answers = [json.loads(line) for line in served.stdout.splitlines()]
         assert len(answers) == len(requests)
         for (name, prompt), answer in zip(requests, answers):
-            alone = run_runner(runner_bin, "--pte", tiny_build.ptes[name], "--ptd", tiny_build.ptd,
-                               "--tokens", ids(prompt), "--json", *flags)
+            alone = run_runner(
+                runner_bin,
+                "--pte",
+                tiny_build.ptes[name],
+                "--ptd",
+                tiny_build.ptd,
+                "--tokens",
+                ids(prompt),
+                "--json",
+                *flags,
+            )
             assert alone.returncode == 0, alone.stderr
             assert answer["adapter"] == name
             assert answer["tokens"] == json.loads(alone.stdout)["tokens"], (name, prompt, temperature)
@@ -118,15 +139,23 @@ def test_serve_bad_lines_get_error_and_serving_continues(runner_bin, tiny_build,
     a = next(iter(tiny_build.ptes))
     lines = [
         "no-tab-here",
-        f"nosuchadapter\t1,2",
+        "nosuchadapter\t1,2",
         f"{a}\t1,x",
         f"{a}\t",
         f"{a}\t{vocab}",
         f"{a}\t{ids(range(1, max_len + 1))}",
         f"{a}\t1,17,42",
     ]
-    proc = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--serve",
-                      "--max-new-tokens", 4, input="\n".join(lines) + "\n")
+    proc = run_runner(
+        runner_bin,
+        *all_ptes(tiny_build),
+        "--ptd",
+        tiny_build.ptd,
+        "--serve",
+        "--max-new-tokens",
+        4,
+        input="\n".join(lines) + "\n",
+    )
     assert proc.returncode == 0, proc.stderr
     out = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(out) == len(lines)
@@ -135,8 +164,17 @@ def test_serve_bad_lines_get_error_and_serving_continues(runner_bin, tiny_build,
 
 
 def test_json_report(runner_bin, tiny_build):
-    proc = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--tokens", ids(PROMPT),
-                      "--max-new-tokens", 4, "--json")
+    proc = run_runner(
+        runner_bin,
+        *all_ptes(tiny_build),
+        "--ptd",
+        tiny_build.ptd,
+        "--tokens",
+        ids(PROMPT),
+        "--max-new-tokens",
+        4,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["adapter"] == next(iter(tiny_build.ptes)) and len(out["tokens"]) == 4
@@ -159,15 +197,31 @@ def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_buil
     between them) then decoded tokens give the same logits, bit for bit, as re-planning every call,
     with fewer re-plans run."""
     first = next(iter(tiny_build.ptes.values()))
-    probe = json.loads(run_runner(runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", "1",
-                                  "--max-new-tokens", 1, "--json").stdout)
+    probe = json.loads(
+        run_runner(
+            runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", "1", "--max-new-tokens", 1, "--json"
+        ).stdout
+    )
     prompt = [1 + i % 50 for i in range(probe["prefill_chunk"] + 3)]
     runs = {}
     for mode in ("skip", "every-call"):
         npy = tmp_path / f"{mode}.npy"
-        proc = run_runner(runner_bin, "--pte", first, "--ptd", tiny_build.ptd, "--tokens", ids(prompt),
-                          "--max-new-tokens", NEW, "--ignore-eos", "--dump-logits", npy, "--json",
-                          env={**os.environ, "LORA_SHARE_XNNPACK_RESHAPE": mode})
+        proc = run_runner(
+            runner_bin,
+            "--pte",
+            first,
+            "--ptd",
+            tiny_build.ptd,
+            "--tokens",
+            ids(prompt),
+            "--max-new-tokens",
+            NEW,
+            "--ignore-eos",
+            "--dump-logits",
+            npy,
+            "--json",
+            env={**os.environ, "LORA_SHARE_XNNPACK_RESHAPE": mode},
+        )
         assert proc.returncode == 0, proc.stderr
         runs[mode] = (json.loads(proc.stdout)["xnnpack_reshapes"], np.load(npy))
     (skip, skip_logits), (every, every_logits) = runs["skip"], runs["every-call"]
@@ -180,11 +234,28 @@ def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_buil
 def test_help_lists_every_flag_with_default(runner_bin):
     proc = run_runner(runner_bin, "--help")
     assert proc.returncode == 0
-    for flag in ("--pte", "--ptd", "--tokens", "--max-new-tokens", "--temperature", "--seed", "--adapter",
-                 "--serve", "--dump-logits", "--json", "--packed-cache", "--no-packed-cache", "--no-weight-cache", "--stock",
-                 "--private-arenas", "--threads", "--no-huge-pages"):
-        line = next((l for l in proc.stdout.splitlines() if l.strip().startswith(flag + " ")
-                     or l.strip() == flag), None)
+    for flag in (
+        "--pte",
+        "--ptd",
+        "--tokens",
+        "--max-new-tokens",
+        "--temperature",
+        "--seed",
+        "--adapter",
+        "--serve",
+        "--dump-logits",
+        "--json",
+        "--packed-cache",
+        "--no-packed-cache",
+        "--no-weight-cache",
+        "--stock",
+        "--private-arenas",
+        "--threads",
+        "--no-huge-pages",
+    ):
+        line = next(
+            (ln for ln in proc.stdout.splitlines() if ln.strip().startswith(flag + " ") or ln.strip() == flag), None
+        )
         assert line is not None and "[default:" in line, flag
     assert "[default: 16]" in proc.stdout
 
@@ -194,10 +265,11 @@ def test_help_lists_every_flag_with_default(runner_bin):
 
 def rewrite_ptd(src: Path, dst: Path, keep=lambda key: True, shrink: bool = False) -> Path:
     """A foundation.ptd variant: some keys dropped, or named tensors with other shapes."""
+    import dataclasses
+
     from executorch.exir._serialize._cord import Cord
     from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
     from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
-    import dataclasses
 
     payload = FlatTensorSerializer().deserialize(Cord(src.read_bytes()))
     buffers, named = list(payload.buffers), {}
@@ -209,8 +281,9 @@ def rewrite_ptd(src: Path, dst: Path, keep=lambda key: True, shrink: bool = Fals
             sizes = list(layout.sizes)
             sizes[0] = max(1, sizes[0] // 2)
             buffers.append(buffers[entry.buffer_index][: len(buffers[entry.buffer_index]) // 2])
-            entry = DataEntry(buffer_index=len(buffers) - 1, alignment=16,
-                              tensor_layout=dataclasses.replace(layout, sizes=sizes))
+            entry = DataEntry(
+                buffer_index=len(buffers) - 1, alignment=16, tensor_layout=dataclasses.replace(layout, sizes=sizes)
+            )
         named[key] = entry
     dst.write_bytes(bytes(FlatTensorSerializer().serialize(DataPayload(buffers=buffers, named_data=named))))
     return dst
@@ -221,8 +294,20 @@ def is_content_hash(key: str) -> bool:
 
 
 @pytest.mark.parametrize("mode", [[], ["--stock"]], ids=["shared", "stock"])
-@pytest.mark.parametrize("case", ["missing-pte", "missing-ptd", "pte-as-ptd", "ptd-as-pte", "ptd-without-xnnpack-weights",
-                                  "ptd-without-named-weights", "ptd-other-shapes", "empty-ptd", "truncated-ptd"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing-pte",
+        "missing-ptd",
+        "pte-as-ptd",
+        "ptd-as-pte",
+        "ptd-without-xnnpack-weights",
+        "ptd-without-named-weights",
+        "ptd-other-shapes",
+        "empty-ptd",
+        "truncated-ptd",
+    ],
+)
 def test_load_errors(runner_bin, tiny_build, tmp_path, case, mode):
     pte = next(iter(tiny_build.ptes.values()))
     ptd = tiny_build.ptd
@@ -253,9 +338,23 @@ def test_load_errors(runner_bin, tiny_build, tmp_path, case, mode):
         assert "does not have" in proc.stderr and str(pte) in proc.stderr and str(ptd) in proc.stderr
 
 
-@pytest.mark.parametrize("case", ["bad-token", "unknown-flag", "unknown-adapter", "token-ge-vocab", "too-long",
-                                  "zero-new-tokens", "negative-temperature", "no-ptd", "no-pte", "no-tokens",
-                                  "missing-value", "same-stem-twice"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bad-token",
+        "unknown-flag",
+        "unknown-adapter",
+        "token-ge-vocab",
+        "too-long",
+        "zero-new-tokens",
+        "negative-temperature",
+        "no-ptd",
+        "no-pte",
+        "no-tokens",
+        "missing-value",
+        "same-stem-twice",
+    ],
+)
 def test_usage_errors(runner_bin, tiny_build, vocab_and_len, case):
     vocab, max_len = vocab_and_len
     base = [*all_ptes(tiny_build), "--ptd", tiny_build.ptd]
@@ -279,7 +378,8 @@ def test_usage_errors(runner_bin, tiny_build, vocab_and_len, case):
 def test_longest_request_that_fits_runs(runner_bin, tiny_build, vocab_and_len):
     """The bound in the too-long case above is exact, not off by one."""
     _, max_len = vocab_and_len
-    proc = run_runner(runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--tokens", "1,2,3",
-                      "--max-new-tokens", max_len - 2)
+    proc = run_runner(
+        runner_bin, *all_ptes(tiny_build), "--ptd", tiny_build.ptd, "--tokens", "1,2,3", "--max-new-tokens", max_len - 2
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.split()) == max_len - 2

@@ -9,24 +9,38 @@ test_families: float32, float16 and ring caches).
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import dataclasses
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from lora_share.model.decode_attention import attend, attend_reference, rope_attend, rope_attend_reference
 from lora_share.model.decoder import LlamaLoRA, ModelArgs
 
-LLAMA = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=48,
-                  prefill_chunk=8)
-GEMMA3 = dataclasses.replace(LLAMA, model_type="gemma3", head_dim=32, norm_offset=1.0, sandwich_norms=True,
-                             activation="gelu_pytorch_tanh", attn_scale=0.2, sliding_window=6,
-                             sliding_layers=(0,), local_rope_theta=10000.0, n_layers=3)
-CASES = {"llama": LLAMA, "llama-kv-float16": dataclasses.replace(LLAMA, kv_dtype="float16"), "gemma3-ring": GEMMA3,
-         "mha": dataclasses.replace(LLAMA, n_kv_heads=4)}
+LLAMA = ModelArgs(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=48, prefill_chunk=8
+)
+GEMMA3 = dataclasses.replace(
+    LLAMA,
+    model_type="gemma3",
+    head_dim=32,
+    norm_offset=1.0,
+    sandwich_norms=True,
+    activation="gelu_pytorch_tanh",
+    attn_scale=0.2,
+    sliding_window=6,
+    sliding_layers=(0,),
+    local_rope_theta=10000.0,
+    n_layers=3,
+)
+CASES = {
+    "llama": LLAMA,
+    "llama-kv-float16": dataclasses.replace(LLAMA, kv_dtype="float16"),
+    "gemma3-ring": GEMMA3,
+    "mha": dataclasses.replace(LLAMA, n_kv_heads=4),
+}
 
 
 def random_model(args: ModelArgs) -> LlamaLoRA:
@@ -49,7 +63,7 @@ def test_decode_method_computes_what_forward_does(case):
         for m in (forward, decode):
             m.reset_cache()
             for p in range(0, len(prompt), args.chunk):
-                m.step(prompt[p:p + args.chunk], p)
+                m.step(prompt[p : p + args.chunk], p)
         token = prompt[-1]
         for pos in range(len(prompt), len(prompt) + 20):
             want = forward.step([token], pos)
@@ -74,7 +88,7 @@ class OneCall(torch.nn.Module):
         self.heads = heads
 
     def forward(self, q, k_new, v_new, bias, *slabs):
-        return attend(q, k_new, v_new, bias, slabs[:self.heads], slabs[self.heads:])
+        return attend(q, k_new, v_new, bias, slabs[: self.heads], slabs[self.heads :])
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +120,10 @@ def one_call_program(heads: int, rows: int, new: int, hd: int, dtype: torch.dtyp
 def inputs(heads, rows, new, hd, past, dtype, gen, window: int | None = None):
     """Random queries, keys and values; a causal mask over ``past`` cached and ``new`` fresh keys, for
     ``rows`` query rows (``rows // new`` query heads per key/value head), optionally a sliding window."""
+
     def rand(*shape):
         return (torch.randn(*shape, generator=gen) * 0.5).to(dtype)
+
     rep = rows // new
     query = (torch.arange(new) + past).repeat(rep).unsqueeze(1)  # each row's position
     key = torch.cat([torch.arange(past) - 1, torch.arange(new) + past]).unsqueeze(0)  # slot 0: the sink
@@ -115,8 +131,13 @@ def inputs(heads, rows, new, hd, past, dtype, gen, window: int | None = None):
     if window is not None:
         hidden |= key <= query - window
     bias = torch.zeros(hidden.shape).masked_fill(hidden, float("-inf")).unsqueeze(0).to(dtype)
-    return (rand(heads, rows, hd), rand(heads, new, hd), rand(heads, new, hd), bias,
-            *(rand(past, hd) for _ in range(2 * heads)))
+    return (
+        rand(heads, rows, hd),
+        rand(heads, new, hd),
+        rand(heads, new, hd),
+        bias,
+        *(rand(past, hd) for _ in range(2 * heads)),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
@@ -129,7 +150,7 @@ def test_kernel_matches_the_reference(kernel_runtime, heads, rows, new, hd, dtyp
     for past, window in ((1, None), (2, None), (33, None), (200, 17), (1500, None), (1024, 300)):
         args = inputs(heads, rows, new, hd, past, dtype, gen, window)
         got = method.execute(list(args))[0]
-        want = attend_reference(*args[:4], args[4:4 + heads], args[4 + heads:])
+        want = attend_reference(*args[:4], args[4 : 4 + heads], args[4 + heads :])
         assert got.dtype == dtype and got.shape == want.shape
         tol = 1e-5 if dtype == torch.float32 else 2e-3
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol, msg=f"past {past}")
@@ -143,7 +164,7 @@ class RopeOneCall(torch.nn.Module):
         self.heads = heads
 
     def forward(self, q, k, v, cos_q, sin_q, cos_k, sin_k, bias, *slabs):
-        return rope_attend(q, k, v, (cos_q, sin_q), (cos_k, sin_k), bias, slabs[:self.heads], slabs[self.heads:])
+        return rope_attend(q, k, v, (cos_q, sin_q), (cos_k, sin_k), bias, slabs[: self.heads], slabs[self.heads :])
 
 
 def rope_inputs(heads, rep, hd, past, dtype, gen, window: int | None = None):
@@ -151,7 +172,7 @@ def rope_inputs(heads, rep, hd, past, dtype, gen, window: int | None = None):
     _, _, _, bias, *slabs = inputs(heads, rep, 1, hd, past, dtype, gen, window)
     angle = torch.rand(hd // 2, generator=gen) * 6.0
     cos, sin = torch.cat([angle.cos()] * 2).view(1, 1, hd), torch.cat([angle.sin()] * 2).view(1, 1, hd)
-    scale = hd ** -0.5
+    scale = hd**-0.5
     q, k, v = (torch.randn(1, 1, n * hd, generator=gen) for n in (heads * rep, heads, heads))
     return (q, k, v, cos * scale, sin * scale, cos, sin, bias, *slabs)
 
@@ -171,7 +192,7 @@ def test_rope_attend_kernel_matches_the_reference(kernel_runtime, heads, rep, hd
     for past_rows, window in ((1, None), (40, None), (700, 100), (1500, None)):
         args = rope_inputs(heads, rep, hd, past_rows, dtype, gen, window)
         got = method.execute(list(args))
-        want = rope_attend_reference(*args[:8], args[8:8 + heads], args[8 + heads:])
+        want = rope_attend_reference(*args[:8], args[8 : 8 + heads], args[8 + heads :])
         assert [g.dtype for g in got] == [torch.float32, dtype, dtype]
         assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
         assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), f"past {past_rows}"
@@ -208,8 +229,11 @@ def test_the_program_decodes_with_one_call_per_layer(tiny_build):
     plans = {p.name: p for p in getattr(program, "program", program).execution_plan}
 
     def calls(plan) -> int:
-        ops = [plan.operators[i.instr_args.op_index].name for i in plan.chains[0].instructions
-               if type(i.instr_args).__name__ == "KernelCall"]
+        ops = [
+            plan.operators[i.instr_args.op_index].name
+            for i in plan.chains[0].instructions
+            if type(i.instr_args).__name__ == "KernelCall"
+        ]
         return ops.count("lora_share::rope_attend")
 
     layers = tiny_build.manifest["foundation"]["args"]["n_layers"]
@@ -227,13 +251,38 @@ def test_every_instruction_set_path_matches_the_reference(runner_bin, isa):
     import sys
 
     env = {**os.environ, "LORA_SHARE_ATTEND_ISA": isa}
-    chosen = subprocess.run([sys.executable, "-c", "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
-                             "lib.ls_diag_attend_isa.restype = ctypes.c_char_p; print(lib.ls_diag_attend_isa().decode())",
-                             str(REPO / "build" / "liblora_share.so")], capture_output=True, text=True, env=env, timeout=60)
+    chosen = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "lib.ls_diag_attend_isa.restype = ctypes.c_char_p; print(lib.ls_diag_attend_isa().decode())",
+            str(REPO / "build" / "liblora_share.so"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert chosen.stdout.strip() == isa, (chosen.stdout, chosen.stderr)  # the forced loops are the ones run
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                           "-k", "kernel_matches_the_reference"], cwd=REPO, capture_output=True, text=True,
-                          env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "kernel_matches_the_reference",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-2000:]
 
 

@@ -16,15 +16,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "examples" / "demo"))
 import show  # noqa: E402  (examples/demo/show.py: what `make demo` prints)
 
 TRAINED_ON = REPO / "examples" / "demo" / "adapters" / "trained_on.json"
-WORDS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen " \
-        "sixteen seventeen eighteen nineteen twenty".split()
+WORDS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty".split()
+)
 
 
 def _on_to_ten(n: int) -> list[int]:
@@ -63,8 +64,9 @@ def _serve(runner: Path, out: Path, requests: list[dict]) -> list[dict]:
     cmd = [str(runner), "--ptd", str(out / "foundation.ptd"), "--serve"]
     for a in manifest["adapters"]:
         cmd += ["--pte", str(out / a["file"])]
-    done = subprocess.run(cmd, input="".join(json.dumps(r) + "\n" for r in requests),
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cmd, input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     answers = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(answers) == len(requests) and not any("error" in a for a in answers), answers
@@ -108,7 +110,17 @@ def test_each_adapter_does_its_task_on_held_out_prompts(demo_build, runner_bin):
 def test_python_runtime_agrees(demo_build):
     """`lora-share run --prompt` (ExecuTorch's Python runtime) writes the same reply as the runner."""
     for name in ("counter", "speller"):
-        done = run_cli("run", "--pte", demo_build / f"{name}.pte", "--ptd", demo_build / "foundation.ptd",
-                       "--prompt", show.DEFAULT_PROMPT, "--max-new-tokens", 16, "--json")
+        done = run_cli(
+            "run",
+            "--pte",
+            demo_build / f"{name}.pte",
+            "--ptd",
+            demo_build / "foundation.ptd",
+            "--prompt",
+            show.DEFAULT_PROMPT,
+            "--max-new-tokens",
+            16,
+            "--json",
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["text"] == expected(name, int(show.DEFAULT_PROMPT.split()[-1]))

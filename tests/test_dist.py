@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import subprocess
 import tarfile
-import tomllib
 
 import pytest
-
+import tomllib
 from conftest import REPO, TEXT_ADAPTER
 from devices import build_c_app, chat_once, command, dynamic_entries, elf_machine, is_elf, run
 
@@ -43,14 +42,23 @@ def bundle(request, tmp_path_factory):
 
 def test_layout(bundle):
     arch, root = bundle
-    for path in ("bin/runner", "bin/lora-share-server", "lib/liblora_share.so", "include/lora_share.h",
-                 "lib/cmake/lora_share/lora_shareConfig.cmake", "README.md"):
+    for path in (
+        "bin/runner",
+        "bin/lora-share-server",
+        "lib/liblora_share.so",
+        "include/lora_share.h",
+        "lib/cmake/lora_share/lora_shareConfig.cmake",
+        "README.md",
+    ):
         assert (root / path).exists(), path
     for program in ("bin/runner", "bin/lora-share-server", "lib/liblora_share.so"):
         assert elf_machine(root / program) == MACHINE[arch], program
     # Every ExecuTorch library the library and the programs load is shipped beside liblora_share.
-    needed = {n for p in ("bin/runner", "bin/lora-share-server", "lib/liblora_share.so")
-              for n in dynamic_entries(root / p, "NEEDED")}
+    needed = {
+        n
+        for p in ("bin/runner", "bin/lora-share-server", "lib/liblora_share.so")
+        for n in dynamic_entries(root / p, "NEEDED")
+    }
     executorch = {n for n in needed if n.startswith("libexecutorch")}
     assert "libexecutorch.so" in executorch and "libexecutorch_backend_xnnpack.so" in executorch
     for lib in executorch | {"liblora_share.so.0"}:
@@ -82,8 +90,20 @@ def test_ldd_resolves_inside_the_folder(bundle):
 
 
 def x86_tokens(runner_bin, build, adapter, prompt="1,17,42") -> list[int]:
-    return json.loads(run(runner_bin, "--ptd", build.ptd, "--pte", build.ptes[adapter], "--tokens", prompt,
-                          "--max-new-tokens", NEW, "--json").stdout)["tokens"]
+    return json.loads(
+        run(
+            runner_bin,
+            "--ptd",
+            build.ptd,
+            "--pte",
+            build.ptes[adapter],
+            "--tokens",
+            prompt,
+            "--max-new-tokens",
+            NEW,
+            "--json",
+        ).stdout
+    )["tokens"]
 
 
 def test_runs_a_deployment_with_no_environment(bundle, runner_bin, untied_build):
@@ -92,8 +112,9 @@ def test_runs_a_deployment_with_no_environment(bundle, runner_bin, untied_build)
     for pte in untied_build.ptes.values():
         args += ["--pte", pte]
     lines = "".join(f"{name}\t1,17,42\n" for name in untied_build.ptes)
-    answers = [json.loads(line) for line in
-               run(root / "bin/runner", *args, arch=arch, env={}, stdin=lines).stdout.splitlines()]
+    answers = [
+        json.loads(line) for line in run(root / "bin/runner", *args, arch=arch, env={}, stdin=lines).stdout.splitlines()
+    ]
     assert [a["adapter"] for a in answers] == list(untied_build.ptes)
     for answer in answers:
         assert answer["tokens"] == x86_tokens(runner_bin, untied_build, answer["adapter"]), answer["adapter"]

@@ -17,9 +17,9 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import EOS_NEW, EOS_PROMPT, REPO, TEXT_ADAPTER, run_cli
 from hf_files import hf_generate
+
 from lora_share.inference import c_library as native
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,13 +36,14 @@ def expected(eos_build, text_hf) -> dict:
     full = hf_generate(model, ids, EOS_NEW, eos=[])
     # The test means something only if generation really stops early, at the build's EOS.
     assert eos_build.eos in eos_ids and stops[-1] == eos_build.eos and len(stops) < EOS_NEW == len(full)
-    assert full[:len(stops)] == stops
+    assert full[: len(stops)] == stops
     return {"ids": ids, "stops": stops, "full": full, "eos_ids": eos_ids}
 
 
 def runner(runner_bin, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(runner_bin), *map(str, args)], input=stdin, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    return subprocess.run(
+        [str(runner_bin), *map(str, args)], input=stdin, capture_output=True, text=True, timeout=TIMEOUT
+    )
 
 
 def files(eos_build) -> list:
@@ -78,8 +79,9 @@ def test_runner_serve_lines(runner_bin, eos_build, expected, ignore):
 
 @pytest.mark.parametrize("ignore", [False, True], ids=["stop", "ignore-eos"])
 def test_lora_share_run_tokens(eos_build, expected, ignore):
-    r = run_cli("run", *files(eos_build), "--tokens", csv(expected["ids"]), "--json",
-                *(["--ignore-eos"] if ignore else []))
+    r = run_cli(
+        "run", *files(eos_build), "--tokens", csv(expected["ids"]), "--json", *(["--ignore-eos"] if ignore else [])
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] == expected["full" if ignore else "stops"]
 
@@ -107,8 +109,10 @@ def test_a_manifest_of_another_build_is_refused(runner_bin, eos_build, text_buil
     args = ["--pte", out / f"{TEXT_ADAPTER}.pte", "--ptd", out / "foundation.ptd", "--tokens", csv(expected["ids"])]
     for r in (runner(runner_bin, *args), run_cli("run", *args)):
         assert r.returncode == 2, r.stderr
-        assert f"{out / 'manifest.json'}: its tokenizer section (the EOS ids) is for foundation 000000000000" \
-               in r.stderr and "foundation.ptd" in r.stderr
+        assert (
+            f"{out / 'manifest.json'}: its tokenizer section (the EOS ids) is for foundation 000000000000" in r.stderr
+            and "foundation.ptd" in r.stderr
+        )
     r = runner(runner_bin, *args, "--ignore-eos", "--max-new-tokens", EOS_NEW)
     assert r.returncode == 0 and [int(t) for t in r.stdout.split()] == expected["full"]
     with pytest.raises(native.NativeError) as failure:

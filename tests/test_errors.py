@@ -13,19 +13,23 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-import lora_share
 from conftest import TINY_FOUNDATION, run_cli
 from hf_files import hf_config, write_hf_llama, write_peft_lora
+
+import lora_share
 
 
 def _deploy(root: Path, adapters: list, foundation=None) -> Path:
     p = root / "deploy.yaml"
-    p.write_text(yaml.safe_dump({
-        "output_dir": "out",
-        "foundation": foundation or {"checkpoint": "llama", "max_seq_len": 16},
-        "adapters": adapters,
-    }))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": "out",
+                "foundation": foundation or {"checkpoint": "llama", "max_seq_len": 16},
+                "adapters": adapters,
+            }
+        )
+    )
     return p
 
 
@@ -47,10 +51,18 @@ def _fails(config: Path, *expected: str):
     assert not (config.parent / "out").exists(), "a failed build must not write outputs"
 
 
-@pytest.mark.parametrize("field,value", [
-    ("use_dora", True), ("modules_to_save", ["lm_head"]), ("bias", "all"), ("fan_in_fan_out", True),
-    ("kasa_config", {}), ("monteclora_config", {}), ("use_bdlora", {"nblocks": 2}),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("use_dora", True),
+        ("modules_to_save", ["lm_head"]),
+        ("bias", "all"),
+        ("fan_in_fan_out", True),
+        ("kasa_config", {}),
+        ("monteclora_config", {}),
+        ("use_bdlora", {"nblocks": 2}),
+    ],
+)
 def test_unsupported_peft_feature(hf_root, field, value):
     write_peft_lora(hf_root / field, hf_config(tied=False), r=2, alpha=4, targets=["q_proj"], **{field: value})
     _fails(_deploy(hf_root, [{"name": "x", "peft": field}]), "adapter_config.json", field, "not supported")
@@ -58,8 +70,12 @@ def test_unsupported_peft_feature(hf_root, field, value):
 
 def test_adapter_shapes_do_not_fit(hf_root):
     write_peft_lora(hf_root / "wide", hf_config(dim=96, heads=4, kv_heads=2), r=2, alpha=4, targets=["q_proj"])
-    _fails(_deploy(hf_root, [{"name": "wide", "peft": "wide"}]),
-           "adapter_model.safetensors", "model.layers.0.self_attn.q_proj", "do not fit the foundation")
+    _fails(
+        _deploy(hf_root, [{"name": "wide", "peft": "wide"}]),
+        "adapter_model.safetensors",
+        "model.layers.0.self_attn.q_proj",
+        "do not fit the foundation",
+    )
 
 
 def test_adapter_for_layers_the_foundation_lacks(hf_root):
@@ -82,26 +98,35 @@ def test_truncated_checkpoint(tmp_path):
 
 
 def test_missing_checkpoint_folder(tmp_path):
-    p = _deploy(tmp_path, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"]}}],
-                {"checkpoint": "missing_llama"})
+    p = _deploy(
+        tmp_path,
+        [{"name": "a", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"]}}],
+        {"checkpoint": "missing_llama"},
+    )
     r = run_cli("build", p)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "foundation.checkpoint" in r.stderr and "no such folder" in r.stderr
 
 
 def test_unknown_key_in_build(tmp_path):
-    p = _deploy(tmp_path, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"],
-                                                        "sed": 3}}], {"synthetic": TINY_FOUNDATION})
+    p = _deploy(
+        tmp_path,
+        [{"name": "a", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"], "sed": 3}}],
+        {"synthetic": TINY_FOUNDATION},
+    )
     r = run_cli("build", p)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "adapters[0].synthetic.sed: unknown key; did you mean 'seed'?" in r.stderr
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--tokens", "1,x"], "--tokens"),
-    (["--tokens", "1,9999"], "outside the vocabulary"),
-    (["--tokens", "1,2", "--max-new-tokens", "40"], "context (max_seq_len) is 32"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--tokens", "1,x"], "--tokens"),
+        (["--tokens", "1,9999"], "outside the vocabulary"),
+        (["--tokens", "1,2", "--max-new-tokens", "40"], "context (max_seq_len) is 32"),
+    ],
+)
 def test_run_bad_flags(tiny_build, args, expected):
     pte = tiny_build.ptes["tiny_a"]
     r = run_cli("run", "--pte", pte, "--ptd", tiny_build.ptd, *args)

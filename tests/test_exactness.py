@@ -8,8 +8,8 @@ import torch
 
 import lora_share
 from lora_share.checkpoints.adapters import load_adapter
-from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
+from lora_share.export.eager import eager_model
 from lora_share.inference.generate import generate
 
 PROMPT = [1, 17, 42, 7, 99]
@@ -59,7 +59,9 @@ def test_chunked_prefill_matches_eager(tiny_build, tiny_models, name):
 
 
 def test_request_past_the_context_is_refused(tiny_build):
-    with pytest.raises(lora_share.UserError, match=r"need 33 positions, but the program's context \(max_seq_len\) is 32"):
+    with pytest.raises(
+        lora_share.UserError, match=r"need 33 positions, but the program's context \(max_seq_len\) is 32"
+    ):
         lora_share.run(tiny_build.ptes["tiny_a"], tiny_build.ptd, list(range(1, 31)), 4)
 
 
@@ -76,7 +78,14 @@ def test_adapters_change_the_output(tiny_build, tiny_models):
 def test_one_foundation_for_all_adapters(tiny_build):
     # .packed: the packed-weights file a runtime that ran on the build wrote (lora_share.h, PACKED WEIGHTS)
     files = sorted(p.name for p in tiny_build.out_dir.iterdir() if p.name != ".packed")
-    assert files == ["config.resolved.yaml", "foundation.ptd", "manifest.json", "tiny_a.pte", "tiny_b.pte", "tiny_c.pte"]
+    assert files == [
+        "config.resolved.yaml",
+        "foundation.ptd",
+        "manifest.json",
+        "tiny_a.pte",
+        "tiny_b.pte",
+        "tiny_c.pte",
+    ]
     m = tiny_build.manifest
     assert m["foundation"]["size"] == tiny_build.ptd.stat().st_size
     from lora_share.files import sha256_file
@@ -94,15 +103,15 @@ def test_rows_after_the_position_are_masked(tiny_build, tiny_models, name):
     """forward at position P reads slab views of any length above P (model.kv_view_rows): the program
     masks rows P + 1 and later, so views of exactly P + 1 rows and whole slabs whose rows after P hold
     large garbage give the same logits and new rows."""
-    from lora_share.model.decoder import forward_inputs
     from lora_share.inference.python_runtime import LoadedAdapter
+    from lora_share.model.decoder import forward_inputs
 
     adapter = LoadedAdapter(tiny_build.ptes[name], tiny_build.ptd)
     adapter.step(PROMPT, 0)
     pos, g = len(PROMPT), torch.Generator().manual_seed(3)
     exact = adapter.forward.execute(list(forward_inputs([5, 6], pos, adapter.cache, adapter.lora, block=1)))
     for slab in adapter.cache.slabs:
-        slab[pos + 1:] = (torch.rand(slab[pos + 1:].shape, generator=g) * 2000 - 1000).to(slab.dtype)
+        slab[pos + 1 :] = (torch.rand(slab[pos + 1 :].shape, generator=g) * 2000 - 1000).to(slab.dtype)
     whole = adapter.forward.execute(list(forward_inputs([5, 6], pos, adapter.cache, adapter.lora, block=10**6)))
     assert adapter.cache.slabs[0].shape[0] > pos + 1 + 2
     for a, b in zip(exact, whole):

@@ -26,29 +26,42 @@ def _foundation(case: str, folder) -> dict:
     if case == "llama fp32":  # eight key/value heads, as Llama-3.2-1B: more blocks to join than XNNPACK's cat takes
         return {"synthetic": {**ONE_LAYER, "n_heads": 8, "n_kv_heads": 8}, "max_seq_len": 32}
     if case == "llama 8da4w":  # ExecuTorch's grid, an int4 table, an int4 output projection of its own
-        return {"synthetic": {**ONE_LAYER, "tie_embeddings": False}, "max_seq_len": 32,
-                "quantize": {"scheme": "8da4w", "group_size": 32, "embedding": "int4"}}
+        return {
+            "synthetic": {**ONE_LAYER, "tie_embeddings": False},
+            "max_seq_len": 32,
+            "quantize": {"scheme": "8da4w", "group_size": 32, "embedding": "int4"},
+        }
     family, _, precision = case.partition(" ")
     spec = dataclasses.replace(SPECS[{"gemma3": "gemma3_text"}.get(family, family)], adapters={})
     if family != "gemma3":  # Gemma 3 keeps its layers: sliding and global ones differ
         spec = dataclasses.replace(spec, config={**spec.config, "num_hidden_layers": 1})
     foundation = {"checkpoint": str(write_checkpoint(spec, folder / "inputs") / "model"), "max_seq_len": 32}
     if precision:  # llama.cpp's Q4_1 grid, int8 table and output (bench-peers' build)
-        foundation["quantize"] = {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": "asymmetric",
-                                  "lm_head": "int8"}
+        foundation["quantize"] = {
+            "scheme": "8da4w",
+            "group_size": 32,
+            "embedding": "int8",
+            "grid": "asymmetric",
+            "lm_head": "int8",
+        }
     return foundation
 
 
 def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
     """lean -> the sha256 of the exported .pte and of its foundation.ptd."""
+    from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import load_config
     from lora_share.export.eager import eager_model
-    from lora_share.model.envelope import Envelope
     from lora_share.export.program import export_program
-    from lora_share.checkpoints.foundation import load_foundation
+    from lora_share.model.envelope import Envelope
 
-    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["v_proj"]}}  # the envelope is what counts
-    config = write_config(folder, _foundation(case, folder), [adapter], lora_envelope={"targets": TARGETS, "max_rank": 4})
+    adapter = {
+        "name": "a",
+        "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["v_proj"]},
+    }  # the envelope is what counts
+    config = write_config(
+        folder, _foundation(case, folder), [adapter], lora_envelope={"targets": TARGETS, "max_rank": 4}
+    )
     cfg = load_config(config)
     foundation = load_foundation(cfg.foundation)
     envelope = Envelope.resolve(cfg.lora_envelope, [], foundation.args)
@@ -73,16 +86,25 @@ def test_compact_dependencies_hold_executorch_sets(tmp_path):
     from executorch.exir.backend.canonical_partitioners import group_partitioner
     from torch.fx.passes.infra import partitioner
 
+    from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import load_config
     from lora_share.export.eager import eager_model
-    from lora_share.model.envelope import Envelope
-    from lora_share.export.program import example_inputs
     from lora_share.export.memory import _CompactDependencyViewer
-    from lora_share.checkpoints.foundation import load_foundation
+    from lora_share.export.program import example_inputs
+    from lora_share.model.envelope import Envelope
 
-    adapter = {"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["v_proj"]}}  # inside the envelope, which validate checks
-    cfg = load_config(write_config(tmp_path, {"synthetic": ONE_LAYER, "max_seq_len": 32}, [adapter],
-                                   lora_envelope={"targets": TARGETS, "max_rank": 4}))
+    adapter = {
+        "name": "a",
+        "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["v_proj"]},
+    }  # inside the envelope, which validate checks
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {"synthetic": ONE_LAYER, "max_seq_len": 32},
+            [adapter],
+            lora_envelope={"targets": TARGETS, "max_rank": 4},
+        )
+    )
     foundation = load_foundation(cfg.foundation)
     envelope = Envelope.resolve(cfg.lora_envelope, [], foundation.args)
     model = eager_model(foundation, envelope=envelope)

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import REPO, Build, build_config, run_cli, write_config
 
 import lora_share
-from conftest import REPO, Build, build_config, run_cli, write_config
 
 EXAMPLES = REPO / "examples" / "families"
 sys.path.insert(0, str(EXAMPLES))
@@ -63,17 +63,36 @@ def hf_greedy(model_dir: Path, adapter_dir: Path) -> Reference:
             logits = model(torch.tensor([seq])).logits[0, -1]
             rows.append(logits.numpy())
             seq.append(int(logits.argmax()))
-    return Reference(seq[len(PROMPT):], np.stack(rows))
+    return Reference(seq[len(PROMPT) :], np.stack(rows))
 
 
-def runner_generate(runner_bin: Path, ptes: list[Path], ptd: Path, adapter: str, npy: Path,
-                    *flags: str) -> tuple[list[int], np.ndarray]:
+def runner_generate(
+    runner_bin: Path, ptes: list[Path], ptd: Path, adapter: str, npy: Path, *flags: str
+) -> tuple[list[int], np.ndarray]:
     """Greedy tokens and logits rows from build/runner, every one of ``ptes`` loaded in one process
     over ``ptd``, ``adapter`` answering."""
     loads = [arg for pte in ptes for arg in ("--pte", str(pte))]
-    proc = subprocess.run([str(runner_bin), *loads, "--ptd", str(ptd), *flags, "--adapter", adapter,
-                           "--tokens", ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW), "--json",
-                           "--dump-logits", str(npy)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            str(runner_bin),
+            *loads,
+            "--ptd",
+            str(ptd),
+            *flags,
+            "--adapter",
+            adapter,
+            "--tokens",
+            ",".join(map(str, PROMPT)),
+            "--max-new-tokens",
+            str(NEW),
+            "--json",
+            "--dump-logits",
+            str(npy),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["tokens"], np.load(npy)
 
@@ -135,8 +154,9 @@ def test_runner_matches_transformers_peft(families, family, runner_bin, tmp_path
     """Every adapter of the family loaded into one runner process over the one foundation.ptd."""
     fb = families(family)
     for name in fb.build.ptes:
-        tokens, logits = runner_generate(runner_bin, list(fb.build.ptes.values()), fb.build.ptd, name,
-                                         tmp_path / f"{name}.npy")
+        tokens, logits = runner_generate(
+            runner_bin, list(fb.build.ptes.values()), fb.build.ptd, name, tmp_path / f"{name}.npy"
+        )
         ref = fb.references[name]
         assert tokens == ref.tokens, name
         assert logits.shape == ref.logits.shape and np.abs(logits - ref.logits).max() <= TOL, name
@@ -167,15 +187,18 @@ def test_one_program_per_family_build(families, family):
 def _lora_keys(adapter) -> dict[tuple[int, str, str], str]:
     import hashlib
 
-    return {(layer, target, which): hashlib.sha256(t.tobytes()).hexdigest()
-            for (layer, target), pair in adapter.weights.items() for which, t in zip("ab", pair)}
+    return {
+        (layer, target, which): hashlib.sha256(t.tobytes()).hexdigest()
+        for (layer, target), pair in adapter.weights.items()
+        for which, t in zip("ab", pair)
+    }
 
 
 def test_fused_lora_shares_one_a(families):
     """Phi-3's LoRA on qkv_proj is one A for q, k and v (and on gate_up_proj one for gate and up):
     stored once in the .pte, under one key the record names for each of those slots."""
-    from lora_share.deploy.adapter_pte import read_record
     from lora_share.checkpoints.adapters import load_peft
+    from lora_share.deploy.adapter_pte import read_record
     from lora_share.deploy.builder import manifest_model_args
     from lora_share.formats import read_pte
     from lora_share.formats.meta import ADAPTER_KEY
@@ -183,8 +206,12 @@ def test_fused_lora_shares_one_a(families):
     fb = families("phi3")
     keys = _lora_keys(load_peft("b", fb.inputs / "b", manifest_model_args(fb.build.manifest)))
     for layer in (0, 1):
-        assert keys[(layer, "q_proj", "a")] == keys[(layer, "k_proj", "a")] == keys[(layer, "v_proj", "a")] \
+        assert (
+            keys[(layer, "q_proj", "a")]
+            == keys[(layer, "k_proj", "a")]
+            == keys[(layer, "v_proj", "a")]
             != keys[(layer, "q_proj", "b")]
+        )
         assert keys[(layer, "gate_proj", "a")] == keys[(layer, "up_proj", "a")]
     pte = fb.build.ptes["b"]
     stored = {e.key for e in read_pte(pte).named_data} - {ADAPTER_KEY}
@@ -244,9 +271,9 @@ def _eager_greedy_logits(inputs: Path, args_edit=None, chunk: int | None = None)
     """The eager model's logits of every step of the reference's greedy continuation, the prompt fed in
     chunks of ``chunk`` tokens (all at once by default), ``args_edit`` applied to its ModelArgs."""
     from lora_share.checkpoints.adapters import load_peft
+    from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import FoundationConfig
     from lora_share.export.eager import eager_model
-    from lora_share.checkpoints.foundation import load_foundation
 
     foundation = load_foundation(FoundationConfig(checkpoint=inputs / "model", max_seq_len=32))
     if args_edit:
@@ -258,8 +285,8 @@ def _eager_greedy_logits(inputs: Path, args_edit=None, chunk: int | None = None)
         for token in ref.tokens:
             step = chunk or len(feed)
             for i in range(0, len(feed), step):
-                logits = model.step(feed[i:i + step], pos)
-                pos += len(feed[i:i + step])
+                logits = model.step(feed[i : i + step], pos)
+                pos += len(feed[i : i + step])
             rows.append(logits.numpy())
             feed = [token]
     return np.stack(rows), ref
@@ -306,8 +333,14 @@ def phi3_hoisted(families, tmp_path_factory) -> Build:
     fb = families("phi3")
     folder = tmp_path_factory.mktemp("phi3_hoisted")
     adapters = [{"name": n, "peft": str(fb.inputs / "b")} for n in ("b", "b_twin")]
-    return build_config(write_config(folder, {"checkpoint": str(fb.inputs / "model"), "max_seq_len": 32}, adapters,
-                                     dedup={"shared_adapter_tensors": "hoist"}))
+    return build_config(
+        write_config(
+            folder,
+            {"checkpoint": str(fb.inputs / "model"), "max_seq_len": 32},
+            adapters,
+            dedup={"shared_adapter_tensors": "hoist"},
+        )
+    )
 
 
 def test_hoisting_fused_lora(families, phi3_hoisted):
@@ -327,8 +360,15 @@ def test_hoisting_fused_lora(families, phi3_hoisted):
 
 def test_hoisting_fused_lora_runner(families, phi3_hoisted, runner_bin, tmp_path):
     build, ref = phi3_hoisted, families("phi3").references["b"]
-    tokens, logits = runner_generate(runner_bin, list(build.ptes.values()), build.ptd, "b_twin", tmp_path / "t.npy",
-                                     "--shared-ptd", str(build.shared_ptd))
+    tokens, logits = runner_generate(
+        runner_bin,
+        list(build.ptes.values()),
+        build.ptd,
+        "b_twin",
+        tmp_path / "t.npy",
+        "--shared-ptd",
+        str(build.shared_ptd),
+    )
     assert tokens == ref.tokens and np.abs(logits - ref.logits).max() <= TOL
 
 
@@ -340,8 +380,13 @@ def qwen2_8da4w(families, tmp_path_factory) -> Build:
     """The Qwen2 example's checkpoint and adapter a over an 8da4w foundation."""
     fb = families("qwen2")
     folder = tmp_path_factory.mktemp("qwen2_8da4w")
-    return build_config(write_config(folder, {"checkpoint": str(fb.inputs / "model"), "max_seq_len": 32,
-                                              "quantize": QUANTIZE}, [{"name": "a", "peft": str(fb.inputs / "a")}]))
+    return build_config(
+        write_config(
+            folder,
+            {"checkpoint": str(fb.inputs / "model"), "max_seq_len": 32, "quantize": QUANTIZE},
+            [{"name": "a", "peft": str(fb.inputs / "a")}],
+        )
+    )
 
 
 def test_quantized_foundation(families, qwen2_8da4w):
@@ -359,21 +404,29 @@ def test_quantized_foundation(families, qwen2_8da4w):
     from transformers import AutoModelForCausalLM
 
     from lora_share.checkpoints.adapters import load_peft
-    from lora_share.config import FoundationConfig, QuantizeConfig
-    from lora_share.export.eager import eager_model
     from lora_share.checkpoints.foundation import load_foundation
-    from lora_share.deploy.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
+    from lora_share.config import FoundationConfig, QuantizeConfig
+    from lora_share.deploy.quant_error import (
+        accuracy_prompts,
+        compare_logits,
+        eager_step,
+        single_threaded,
+        teacher_forced_logits,
+    )
+    from lora_share.export.eager import eager_model
     from lora_share.inference.python_runtime import LoadedAdapter
 
     fb, build = families("qwen2"), qwen2_8da4w
     assert build.ptd.stat().st_size < fb.build.ptd.stat().st_size / 2
     prompts = accuracy_prompts(SPECS["qwen2"].config["vocab_size"], 32)
     got = teacher_forced_logits(LoadedAdapter(build.ptes["a"], build.ptd).step, prompts)
-    foundation = load_foundation(FoundationConfig(checkpoint=fb.inputs / "model", max_seq_len=32,
-                                                  quantize=QuantizeConfig(**QUANTIZE)))
+    foundation = load_foundation(
+        FoundationConfig(checkpoint=fb.inputs / "model", max_seq_len=32, quantize=QuantizeConfig(**QUANTIZE))
+    )
     with single_threaded():
-        want = teacher_forced_logits(eager_step(eager_model(foundation, load_peft("a", fb.inputs / "a",
-                                                                                 foundation.args))), prompts)
+        want = teacher_forced_logits(
+            eager_step(eager_model(foundation, load_peft("a", fb.inputs / "a", foundation.args))), prompts
+        )
     base = AutoModelForCausalLM.from_pretrained(str(fb.inputs / "model"), dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(fb.inputs / "a")).eval()
     with torch.no_grad():
@@ -399,8 +452,12 @@ def _mixed_script(build: Build) -> list:
     from batch_script import Req
 
     names = list(build.ptes)
-    return [Req(None, PROMPT, slot=0, new=6), Req(names[0], list(range(7, 19)), slot=1, new=8),
-            Req(names[-1], [5, 6], slot=2, new=9, joins=1), Req(names[0], [9, 9, 9], slot=0, new=5, joins=8)]
+    return [
+        Req(None, PROMPT, slot=0, new=6),
+        Req(names[0], list(range(7, 19)), slot=1, new=8),
+        Req(names[-1], [5, 6], slot=2, new=9, joins=1),
+        Req(names[0], [9, 9, 9], slot=0, new=5, joins=8),
+    ]
 
 
 @pytest.mark.parametrize("family", list(SPECS))
@@ -409,8 +466,9 @@ def test_batched_rows_equal_each_request_alone(families, family, runner_bin):
     batch answers as the same request alone through the one-row C path (Gemma 3: ring slabs wrapping)."""
     from batch_script import check_rows_equal_alone
 
-    check_rows_equal_alone(families(family).build, _mixed_script(families(family).build),
-                           REPO / "build" / "liblora_share.so", min_batch=3)
+    check_rows_equal_alone(
+        families(family).build, _mixed_script(families(family).build), REPO / "build" / "liblora_share.so", min_batch=3
+    )
 
 
 def test_batched_rows_8da4w(qwen2_8da4w, runner_bin):
@@ -418,8 +476,11 @@ def test_batched_rows_8da4w(qwen2_8da4w, runner_bin):
     method, export/program.py): base and adapter rows of one batch against each request alone."""
     from batch_script import Req, check_rows_equal_alone
 
-    script = [Req(None, PROMPT, slot=0, new=6), Req("a", list(range(7, 19)), slot=1, new=8),
-              Req("a", [5, 6], slot=2, new=9, joins=1)]
+    script = [
+        Req(None, PROMPT, slot=0, new=6),
+        Req("a", list(range(7, 19)), slot=1, new=8),
+        Req("a", [5, 6], slot=2, new=9, joins=1),
+    ]
     check_rows_equal_alone(qwen2_8da4w, script, REPO / "build" / "liblora_share.so", min_batch=3)
 
 
@@ -427,9 +488,9 @@ def test_llama_biases(tmp_path):
     """llama's attention_bias (q/k/v/o) and mlp_bias (gate/up/down), in the eager model every export
     is checked against, match transformers + peft (the export of a biased linear: Qwen2, above)."""
     from lora_share.checkpoints.adapters import load_peft
+    from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import FoundationConfig
     from lora_share.export.eager import eager_model
-    from lora_share.checkpoints.foundation import load_foundation
 
     spec = replace(SPECS["llama"], config={**SPECS["llama"].config, "attention_bias": True, "mlp_bias": True})
     inputs = write_checkpoint(spec, tmp_path)
@@ -457,21 +518,44 @@ REFUSED = {
     "gemma2": ("gemma", {"model_type": "gemma2"}, "model_type", "'gemma2'"),
     "gemma3_multimodal": ("gemma", {"model_type": "gemma3"}, "model_type", "'gemma3'"),
     "gemma3_layer_types": ("gemma3_text", {"layer_types": ["sliding_attention"]}, "layer_types", "['sliding"),
-    "gemma3_local_rope_scaled": ("gemma3_text", {"rope_parameters": {
-        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}}},
-        "rope_parameters", "'linear'"),
+    "gemma3_local_rope_scaled": (
+        "gemma3_text",
+        {
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+            }
+        },
+        "rope_parameters",
+        "'linear'",
+    ),
     "mistral_sliding_window": ("mistral", {"sliding_window": 16}, "sliding_window", "16"),
-    "qwen2_sliding_window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0,
-                                       "layer_types": _DELETE}, "sliding_window", "16"),
+    "qwen2_sliding_window": (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0, "layer_types": _DELETE},
+        "sliding_window",
+        "16",
+    ),
     "rope_scaling_yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling", "'yarn'"),
-    "rope_parameters_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
-                                                             "rope_theta": 10000.0}}, "rope_parameters", "'linear'"),
-    "rope_scaling_dynamic": ("mistral", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling",
-                             "'dynamic'"),
+    "rope_parameters_linear": (
+        "llama",
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+        "rope_parameters",
+        "'linear'",
+    ),
+    "rope_scaling_dynamic": (
+        "mistral",
+        {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+        "rope_scaling",
+        "'dynamic'",
+    ),
     "phi3_longrope": ("phi3", {"rope_scaling": _LONGROPE}, "rope_scaling", "'longrope'"),
-    "phi3_partial_rotary_factor": ("phi3", {"rope_parameters": _DELETE, "rope_theta": 10000.0,
-                                            "partial_rotary_factor": 0.75}, "partial_rotary_factor", "0.75"),
+    "phi3_partial_rotary_factor": (
+        "phi3",
+        {"rope_parameters": _DELETE, "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        "partial_rotary_factor",
+        "0.75",
+    ),
     "attn_logit_softcapping": ("gemma", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping", "50.0"),
     "final_logit_softcapping": ("qwen3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping", "30.0"),
     "hidden_act": ("llama", {"hidden_act": "relu"}, "hidden_act", "'relu'"),
@@ -499,8 +583,11 @@ def _family_config(family: str, folder: Path, edits: dict) -> Path:
 def test_refused_field(case, tmp_path):
     family, edits, field, value = REFUSED[case]
     config_json = _family_config(family, tmp_path / "model", edits)
-    config = write_config(tmp_path, {"checkpoint": "model", "max_seq_len": 32},
-                          [{"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}])
+    config = write_config(
+        tmp_path,
+        {"checkpoint": "model", "max_seq_len": 32},
+        [{"name": "a", "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"]}}],
+    )
     r = run_cli("build", config)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
@@ -515,15 +602,15 @@ def test_synthetic_gemma3_at_the_270m_shape():
     (the real model's count), and a KV cache at context 2,048 of 3 full-context layers and 15 rings of
     512 (issue 25's bound: 27 MiB + 1 MiB, against 72 MiB with every layer over the context)."""
     from lora_share.bench.scale import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
-    from lora_share.deploy.builder import _args_dict
-    from lora_share.config import SyntheticFoundation
     from lora_share.checkpoints.foundation import synthetic_args
+    from lora_share.config import SyntheticFoundation
+    from lora_share.deploy.builder import _args_dict
 
     shape = SHAPES["gemma3-270m"].foundation
     args = synthetic_args(SyntheticFoundation(**shape), 2048)
     assert args.model_type == "gemma3_text" and args.sandwich_norms and args.qk_norm and args.norm_offset == 1.0
     assert args.sliding_layers == tuple(i for i in range(18) if i % 6 != 5) and args.sliding_window == 512
-    assert args.attn_scale == 256 ** -0.5 and args.local_rope_theta == 10000.0
+    assert args.attn_scale == 256**-0.5 and args.local_rope_theta == 10000.0
     assert 268_000_000 < fp32_foundation_bytes(shape) / 4 < 268_200_000
     row = 256 * 4  # one position of one slab: head_dim floats
     d = _args_dict(args)

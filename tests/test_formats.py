@@ -19,30 +19,63 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from mutations import damaged
 
 from lora_share.errors import UserError
-from lora_share.formats import (BadFlatbuffer, Damaged, FormatError, OffsetOutOfRange, TruncatedHeader, WrongMagic,
-                                read_ptd, read_pte)
-from lora_share.formats.meta import (ADAPTER_KEY, FOUNDATION_KEY, AdapterMeta, FoundationMeta, LoraTensors, SharedMeta, decode,
-                                     encode_adapter, encode_foundation, encode_shared)
-from lora_share.formats.seal import check_seal, seal_pte, seal_status
+from lora_share.formats import (
+    BadFlatbuffer,
+    Damaged,
+    FormatError,
+    OffsetOutOfRange,
+    TruncatedHeader,
+    WrongMagic,
+    read_ptd,
+    read_pte,
+)
+from lora_share.formats.meta import (
+    FOUNDATION_KEY,
+    AdapterMeta,
+    FoundationMeta,
+    LoraTensors,
+    SharedMeta,
+    decode,
+    encode_adapter,
+    encode_foundation,
+    encode_shared,
+)
 from lora_share.formats.records import adapter_record, foundation_record
-from mutations import damaged
+from lora_share.formats.seal import check_seal, seal_pte, seal_status
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "schema" / "lora_share.fbs"
 
 FOUNDATION = FoundationMeta("0123456789abcdef" * 4, 20, 90432, 361728, True)
-ADAPTER = AdapterMeta("tiny_a", "fedcba9876543210" * 4, 4, 8.0, ["q_proj", "v_proj"], [0, 1], False, "peft",
-                      "/data/adapters/a", {"adapter_config.json": "11" * 32, "adapter_model.safetensors": "22" * 32},
-                      7168, 63232, 0xFD4EF17C, "33" * 32, 8, [(0, "q_proj"), (0, "v_proj"), (1, "q_proj")],
-                      [LoraTensors(0, 4, "44" * 32, "55" * 32), LoraTensors(2, 2, "44" * 32, "66" * 32)])
+ADAPTER = AdapterMeta(
+    "tiny_a",
+    "fedcba9876543210" * 4,
+    4,
+    8.0,
+    ["q_proj", "v_proj"],
+    [0, 1],
+    False,
+    "peft",
+    "/data/adapters/a",
+    {"adapter_config.json": "11" * 32, "adapter_model.safetensors": "22" * 32},
+    7168,
+    63232,
+    0xFD4EF17C,
+    "33" * 32,
+    8,
+    [(0, "q_proj"), (0, "v_proj"), (1, "q_proj")],
+    [LoraTensors(0, 4, "44" * 32, "55" * 32), LoraTensors(2, 2, "44" * 32, "66" * 32)],
+)
 SHARED = SharedMeta("0123456789abcdef" * 4, 6, 5632)
 # encode_*(above) with the zero padding stripped; any change to these bytes is a format change.
 GOLDEN_FOUNDATION = (
     "140000004c534d310000000008000e000800040008000000180000000200000000000e0020001c0018001000080007000e000000"
     "00000001008505000000000040610100000000001400000004000000400000003031323334353637383961626364656630313233"
-    "3435363738396162636465663031323334353637383961626364656630313233343536373839616263646566")
+    "3435363738396162636465663031323334353637383961626364656630313233343536373839616263646566"
+)
 GOLDEN_ADAPTER = (
     "140000004c534d3100000a000e000800000004000a000000300000000200000000002600540050004c00480040003c0038000000"
     "340030002c0020001800140010000c00080004002600000040010000a402000008000000ec0000007cf14efd00f7000000000000"
@@ -64,11 +97,13 @@ GOLDEN_ADAPTER = (
     "32323232323232323232323232323232323232323232323232323232323232323232323232323232323232323232323232323232"
     "0000000019000000616461707465725f6d6f64656c2e7361666574656e736f727300000008000c00080004000800000008000000"
     "4c000000400000003131313131313131313131313131313131313131313131313131313131313131313131313131313131313131"
-    "31313131313131313131313131313131313131310000000013000000616461707465725f636f6e6669672e6a736f6e")
+    "31313131313131313131313131313131313131310000000013000000616461707465725f636f6e6669672e6a736f6e"
+)
 GOLDEN_SHARED = (
     "140000004c534d310c000e0008000000000004000c000000140000000200000000000a00140010000c0004000a00000000160000"
     "00000000060000000400000040000000303132333435363738396162636465663031323334353637383961626364656630313233"
-    "34353637383961626364656630313233343536373839616263646566")
+    "34353637383961626364656630313233343536373839616263646566"
+)
 
 
 def flatc() -> Path:
@@ -115,12 +150,12 @@ def test_pte_reader_matches_executorch(tiny_build):
         assert len(ours) == len(plan.delegates), plan.name
         for d, theirs_d in zip(ours, plan.delegates):
             payload = program.backend_delegate_data[theirs_d.processed.index].data
-            assert d.id == theirs_d.id and bytes(pte.blob[d.start:d.end]) == bytes(payload)
+            assert d.id == theirs_d.id and bytes(pte.blob[d.start : d.end]) == bytes(payload)
     assert {d.plan for d in pte.delegates} == {"forward", "decode", "decode_batch"}
     # XNNPACK names constants by the sha256 of their bytes.
     for d in pte.delegates:
         for c in d.constants:
-            assert bytes(pte.blob[c.key_span[0]:c.key_span[0] + c.key_span[1]]).decode() == c.key
+            assert bytes(pte.blob[c.key_span[0] : c.key_span[0] + c.key_span[1]]).decode() == c.key
             if c.key in pte:
                 assert hashlib.sha256(pte.data(c.key)).hexdigest() == c.key
 
@@ -150,28 +185,79 @@ def test_records_golden_bytes():
 def test_records_agree_with_the_schema(tmp_path):
     """flatc reads our bytes with schema/lora_share.fbs, and we read flatc's."""
     expected = {
-        "f": {"format_version": 2, "foundation": {
-            "fingerprint": FOUNDATION.fingerprint, "tensor_count": 20, "parameter_count": 90432,
-            "tensor_bytes": 361728, "tied_embeddings": True}},
-        "a": {"format_version": 2, "adapter": {
-            "name": "tiny_a", "foundation_fingerprint": ADAPTER.foundation_fingerprint, "rank": 4, "alpha": 8.0,
-            "targets": ["q_proj", "v_proj"], "layers": [0, 1], "use_rslora": False, "source_kind": "peft",
-            "source": "/data/adapters/a", "lora_bytes": 7168, "source_hashes": [
-                {"file": "adapter_config.json", "sha256": "11" * 32},
-                {"file": "adapter_model.safetensors", "sha256": "22" * 32}],
-            "content_bytes": 63232, "content_crc32": 0xFD4EF17C, "program_sha256": "33" * 32, "envelope_max_rank": 8,
-            "envelope": [{"layer": 0, "target": "q_proj"}, {"layer": 0, "target": "v_proj"},
-                         {"layer": 1, "target": "q_proj"}],
-            "lora": [{"slot": 0, "rank": 4, "a": "44" * 32, "b": "55" * 32},
-                     {"slot": 2, "rank": 2, "a": "44" * 32, "b": "66" * 32}]}},
-        "s": {"format_version": 2, "shared": {
-            "foundation_fingerprint": SHARED.foundation_fingerprint, "tensor_count": 6, "tensor_bytes": 5632}},
+        "f": {
+            "format_version": 2,
+            "foundation": {
+                "fingerprint": FOUNDATION.fingerprint,
+                "tensor_count": 20,
+                "parameter_count": 90432,
+                "tensor_bytes": 361728,
+                "tied_embeddings": True,
+            },
+        },
+        "a": {
+            "format_version": 2,
+            "adapter": {
+                "name": "tiny_a",
+                "foundation_fingerprint": ADAPTER.foundation_fingerprint,
+                "rank": 4,
+                "alpha": 8.0,
+                "targets": ["q_proj", "v_proj"],
+                "layers": [0, 1],
+                "use_rslora": False,
+                "source_kind": "peft",
+                "source": "/data/adapters/a",
+                "lora_bytes": 7168,
+                "source_hashes": [
+                    {"file": "adapter_config.json", "sha256": "11" * 32},
+                    {"file": "adapter_model.safetensors", "sha256": "22" * 32},
+                ],
+                "content_bytes": 63232,
+                "content_crc32": 0xFD4EF17C,
+                "program_sha256": "33" * 32,
+                "envelope_max_rank": 8,
+                "envelope": [
+                    {"layer": 0, "target": "q_proj"},
+                    {"layer": 0, "target": "v_proj"},
+                    {"layer": 1, "target": "q_proj"},
+                ],
+                "lora": [
+                    {"slot": 0, "rank": 4, "a": "44" * 32, "b": "55" * 32},
+                    {"slot": 2, "rank": 2, "a": "44" * 32, "b": "66" * 32},
+                ],
+            },
+        },
+        "s": {
+            "format_version": 2,
+            "shared": {
+                "foundation_fingerprint": SHARED.foundation_fingerprint,
+                "tensor_count": 6,
+                "tensor_bytes": 5632,
+            },
+        },
     }
-    for name, blob in (("f", encode_foundation(FOUNDATION)), ("a", encode_adapter(ADAPTER)),
-                       ("s", encode_shared(SHARED))):
+    for name, blob in (
+        ("f", encode_foundation(FOUNDATION)),
+        ("a", encode_adapter(ADAPTER)),
+        ("s", encode_shared(SHARED)),
+    ):
         (tmp_path / f"{name}.lsm").write_bytes(blob)
-        subprocess.run([flatc(), "--json", "--raw-binary", "--strict-json", "--defaults-json", "-o", tmp_path,
-                        SCHEMA, "--", tmp_path / f"{name}.lsm"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                flatc(),
+                "--json",
+                "--raw-binary",
+                "--strict-json",
+                "--defaults-json",
+                "-o",
+                tmp_path,
+                SCHEMA,
+                "--",
+                tmp_path / f"{name}.lsm",
+            ],
+            check=True,
+            capture_output=True,
+        )
         assert json.loads((tmp_path / f"{name}.json").read_text()) == expected[name]
         # ... and the other way round: flatc builds the binary from JSON, we decode it.
         (tmp_path / "in").mkdir(exist_ok=True)
@@ -193,7 +279,12 @@ def test_build_writes_the_records(tiny_build):
         a = adapter_record(read_pte(tiny_build.ptes[entry["name"]]))
         assert a.foundation_fingerprint == fnd["fingerprint"]
         assert (a.name, a.rank, a.alpha, a.targets, a.layers) == (
-            entry["name"], entry["rank"], entry["alpha"], entry["targets"], entry["layers"])
+            entry["name"],
+            entry["rank"],
+            entry["alpha"],
+            entry["targets"],
+            entry["layers"],
+        )
 
 
 def test_build_seals_every_adapter(tiny_build):
@@ -222,7 +313,7 @@ def test_each_damage_has_its_error(tiny_build, kind):
     cases = [
         (b"", TruncatedHeader, "truncated"),
         (data[:20], TruncatedHeader, "truncated"),
-        (data[:len(data) - 1], OffsetOutOfRange, "may be truncated"),
+        (data[: len(data) - 1], OffsetOutOfRange, "may be truncated"),
         (data[:4096], OffsetOutOfRange, "may be truncated"),
         (other, WrongMagic, "that is an ExecuTorch"),
         (data[:8] + b"XXXX" + data[12:], WrongMagic, "magic"),
@@ -264,8 +355,10 @@ def test_damaged_files_are_rejected_cleanly(tiny_build, kind):
         outcomes[mutation][result] += 1
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"\n{kind}: 1000 damaged files in {time.perf_counter() - t0:.1f} s, slowest {slowest * 1e3:.0f} ms, "
-          f"peak {peak / 1e6:.1f} MB: {outcomes}")
+    print(
+        f"\n{kind}: 1000 damaged files in {time.perf_counter() - t0:.1f} s, slowest {slowest * 1e3:.0f} ms, "
+        f"peak {peak / 1e6:.1f} MB: {outcomes}"
+    )
     assert "accepted" not in outcomes.get("truncate", {}) and "accepted" not in outcomes.get("wrong_magic", {})
     assert sum(n for o in outcomes.values() for r, n in o.items() if r != "accepted") >= 500
     assert slowest < 1.0 and peak < 8 * len(path.read_bytes()) + (16 << 20)
@@ -281,8 +374,9 @@ def test_sealing_never_changes_a_record_size():
         lora = [LoraTensors(i, 8, f"{i:064x}", f"{i + 1:064x}") for i in range(slots)]
         envelope = [(i // 2, ("q_proj", "v_proj")[i % 2]) for i in range(slots)]
         for name_len in range(1, 160, 4):
-            meta = dataclasses.replace(ADAPTER, name="n" * name_len, envelope=envelope, lora=lora,
-                                       content_bytes=0, content_crc32=0)
+            meta = dataclasses.replace(
+                ADAPTER, name="n" * name_len, envelope=envelope, lora=lora, content_bytes=0, content_crc32=0
+            )
             sealed = dataclasses.replace(meta, content_bytes=123456789, content_crc32=0xFFFFFFFF)
             assert len(encode_adapter(meta)) == len(encode_adapter(sealed)), (slots, name_len)
     assert decode(encode_adapter(meta), "t").adapter.content_bytes == 0

@@ -13,7 +13,6 @@ import subprocess
 import time
 
 import pytest
-
 from mutations import damaged
 
 RUNS_PER_KIND = 1000
@@ -32,8 +31,12 @@ def test_runner_rejects_damaged_files_cleanly(tiny_build, runner_bin, tmp_path, 
     for i, (mutation, blob) in enumerate(damaged(source.read_bytes(), kind, RUNS_PER_KIND, seed=99)):
         bad.write_bytes(blob)
         pte, ptd = (good_pte, bad) if kind == "ptd" else (bad, good_ptd)
-        proc = subprocess.run([str(runner_bin), "--pte", pte, "--ptd", ptd, "--tokens", "1,2", "--max-new-tokens", "2"],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [str(runner_bin), "--pte", pte, "--ptd", ptd, "--tokens", "1,2", "--max-new-tokens", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode in (0, 1), (i, mutation, proc.returncode, proc.stderr)
         if proc.returncode:
             lines = proc.stderr.strip().splitlines()
@@ -44,6 +47,8 @@ def test_runner_rejects_damaged_files_cleanly(tiny_build, runner_bin, tmp_path, 
         outcomes.setdefault(mutation, {}).setdefault(result, 0)
         outcomes[mutation][result] += 1
     seconds = time.perf_counter() - t0
-    print(f"\nrunner, {RUNS_PER_KIND} damaged .{kind} files in {seconds:.1f} s: {outcomes}; "
-          f"caught only by the crash guard: {len(guarded)} {sorted(set(guarded))}")
+    print(
+        f"\nrunner, {RUNS_PER_KIND} damaged .{kind} files in {seconds:.1f} s: {outcomes}; "
+        f"caught only by the crash guard: {len(guarded)} {sorted(set(guarded))}"
+    )
     assert "ran" not in outcomes.get("truncate", {}) and "ran" not in outcomes.get("wrong_magic", {})

@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
-import lora_share
 from conftest import REPO, run_cli
 from hf_files import hf_config, write_hf_llama, write_peft_lora
+
+import lora_share
+from lora_share.checkpoints.foundation import load_foundation
 from lora_share.config import load_config
 from lora_share.export.eager import eager_model
-from lora_share.checkpoints.foundation import load_foundation
 
 sys.path.insert(0, str(REPO / "examples" / "families"))
 from tiny_checkpoints import SPECS, write_checkpoint  # noqa: E402
@@ -43,14 +43,28 @@ gguf = pytest.importorskip("gguf")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = [3, 141, 59, 26, 5, 77, 2]
 TOL = 1e-4
-BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused linears
+BLOCK = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
+}  # Phi-3's fused linears
 # Gemma 3's names (gguf's MODEL_TENSORS[MODEL_ARCH.GEMMA3]): ffn_norm is the norm before the MLP there
-GEMMA3_BLOCK = {**BLOCK, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-                "post_feedforward_layernorm": "post_ffw_norm", "self_attn.q_norm": "attn_q_norm",
-                "self_attn.k_norm": "attn_k_norm"}
+GEMMA3_BLOCK = {
+    **BLOCK,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -59,8 +73,11 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf in top:
         return top[hf]
     _, _, layer, rest = hf.split(".", 3)
@@ -68,8 +85,15 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     return f"blk.{layer}.{(GEMMA3_BLOCK if arch == 'gemma3' else BLOCK)[module]}.{suffix}"
 
 
-def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama", extra_tensor: str | None = None,
-               drop_key: str | None = None, **edits) -> Path:
+def write_gguf(
+    hf_dir: Path,
+    path: Path,
+    qtype: str = "F32",
+    arch: str = "llama",
+    extra_tensor: str | None = None,
+    drop_key: str | None = None,
+    **edits,
+) -> Path:
     """``hf_dir`` (config.json + model.safetensors) as llama.cpp's converter would write it (its
     LlamaModel, its Phi3MiniModel for arch phi3, its Gemma3Model for arch gemma3), with ``edits``
     replacing metadata values."""
@@ -80,23 +104,35 @@ def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", arch: str = "llama"
     c = json.loads((hf_dir / "config.json").read_text())
     rope = c["rope_parameters"] if "rope_parameters" in c else {"rope_theta": c["rope_theta"]}
     w = gguf.GGUFWriter(str(path), arch)
-    meta = {"block_count": c["num_hidden_layers"], "context_length": c["max_position_embeddings"],
-            "embedding_length": c["hidden_size"], "feed_forward_length": c["intermediate_size"],
-            "head_count": c["num_attention_heads"], "head_count_kv": c["num_key_value_heads"],
-            "layer_norm_rms_eps": c["rms_norm_eps"], "vocab_size": c["vocab_size"],
-            "rope_freq_base": rope.get("full_attention", rope)["rope_theta"]}
+    meta = {
+        "block_count": c["num_hidden_layers"],
+        "context_length": c["max_position_embeddings"],
+        "embedding_length": c["hidden_size"],
+        "feed_forward_length": c["intermediate_size"],
+        "head_count": c["num_attention_heads"],
+        "head_count_kv": c["num_key_value_heads"],
+        "layer_norm_rms_eps": c["rms_norm_eps"],
+        "vocab_size": c["vocab_size"],
+        "rope_freq_base": rope.get("full_attention", rope)["rope_theta"],
+    }
     if arch == "gemma3":  # Gemma3Model.set_gguf_parameters: no rotary count; the head size; the window
-        meta.update(key_length=c["head_dim"], value_length=c["head_dim"], sliding_window=c["sliding_window"],
-                    rope_freq_base_swa=rope["sliding_attention"]["rope_theta"])
+        meta.update(
+            key_length=c["head_dim"],
+            value_length=c["head_dim"],
+            sliding_window=c["sliding_window"],
+            rope_freq_base_swa=rope["sliding_attention"]["rope_theta"],
+        )
     else:
         meta["rope_dimension_count"] = c["hidden_size"] // c["num_attention_heads"]
     if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters: 0 for no window
-        meta.update(sliding_window=c.get("sliding_window") or 0,
-                    rope_scaling_orig_ctx_len=c["original_max_position_embeddings"])
+        meta.update(
+            sliding_window=c.get("sliding_window") or 0, rope_scaling_orig_ctx_len=c["original_max_position_embeddings"]
+        )
     # gguf.SpecialVocab reads these from config.json when there is no tokenizer (transformers' Phi-3
     # defaults its pad_token_id to 32000 otherwise, outside this vocabulary)
-    meta.update({f"{k}_token_id": c[f"{k}_token_id"] for k in ("bos", "eos", "pad")
-                 if c.get(f"{k}_token_id") is not None})
+    meta.update(
+        {f"{k}_token_id": c[f"{k}_token_id"] for k in ("bos", "eos", "pad") if c.get(f"{k}_token_id") is not None}
+    )
     for key, value in {**meta, **edits}.items():
         if key != drop_key:
             getattr(w, f"add_{key}")(value)
@@ -128,8 +164,9 @@ def transformers_logits(folder: Path, gguf_file: str | None = None, adapter: Pat
     from transformers import AutoModelForCausalLM
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager",
-                                                 **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager", **kwargs
+    )
     if adapter is not None:
         from peft import PeftModel
 
@@ -140,9 +177,15 @@ def transformers_logits(folder: Path, gguf_file: str | None = None, adapter: Pat
 
 def write_config(root: Path, checkpoint: Path, adapter: Path) -> Path:
     config = root / "deploy.yaml"
-    config.write_text(yaml.safe_dump({"output_dir": "out", "foundation": {"checkpoint": str(checkpoint),
-                                                                        "max_seq_len": 16, "prefill_chunk": 4},
-                                      "adapters": [{"name": "a", "peft": str(adapter)}]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": "out",
+                "foundation": {"checkpoint": str(checkpoint), "max_seq_len": 16, "prefill_chunk": 4},
+                "adapters": [{"name": "a", "peft": str(adapter)}],
+            }
+        )
+    )
     return config
 
 
@@ -165,8 +208,9 @@ def _tiny_model(arch: str, root: Path) -> dict:
     if arch == "llama":  # untied, GQA
         config = hf_config(tied=False)
         hf = write_hf_llama(root / "hf", config, seed=3)
-        write_peft_lora(root / "adapter", config, r=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"],
-                        seed=5)
+        write_peft_lora(
+            root / "adapter", config, r=4, alpha=8, targets=["q_proj", "k_proj", "v_proj", "o_proj"], seed=5
+        )
     else:  # by transformers' Phi3ForCausalLM / Gemma3ForCausalLM, the adapter by peft on every linear
         spec = SPECS[FAMILY[arch]]
         if arch == "gemma3":

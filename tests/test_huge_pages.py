@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_cpp_runner import run_runner
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -27,8 +26,6 @@ def thp_mode() -> str | None:
     text = THP.read_text() if THP.exists() else ""
     found = re.search(r"\[(\w+)\]", text)
     return found.group(1) if found else None
-
-
 
 
 def kernel_at_least(major: int, minor: int) -> bool:
@@ -46,7 +43,11 @@ def file_system(path: Path) -> str:
     best, kind = "", ""
     for line in Path("/proc/mounts").read_text().splitlines():
         fields = line.split()
-        if len(fields) > 2 and str(path.resolve()).startswith(fields[1].rstrip("/") + "/") and len(fields[1]) > len(best):
+        if (
+            len(fields) > 2
+            and str(path.resolve()).startswith(fields[1].rstrip("/") + "/")
+            and len(fields[1]) > len(best)
+        ):
             best, kind = fields[1], fields[2]
     return kind
 
@@ -66,8 +67,22 @@ def file_pmd_kb(pid: int) -> int:
 
 
 def run(runner_bin: Path, out: Path, npy: Path, *flags: str) -> dict:
-    done = run_runner(runner_bin, "--pte", out / "counter.pte", "--ptd", out / "foundation.ptd", "--tokens", "1,2,3",
-                      "--max-new-tokens", 4, "--ignore-eos", "--json", "--dump-logits", npy, *flags)
+    done = run_runner(
+        runner_bin,
+        "--pte",
+        out / "counter.pte",
+        "--ptd",
+        out / "foundation.ptd",
+        "--tokens",
+        "1,2,3",
+        "--max-new-tokens",
+        4,
+        "--ignore-eos",
+        "--json",
+        "--dump-logits",
+        npy,
+        *flags,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -100,8 +115,9 @@ def test_packed_weights_file_mapped_in_huge_pages(demo_build, runner_bin, tmp_pa
     first = run(runner_bin, demo_build, tmp_path / "first.npy", "--packed-cache", str(cache))
     files = list(cache.glob("*.bin"))
     assert len(files) == 1, files
-    with Server(runner_bin, [demo_build / "counter.pte"], demo_build / "foundation.ptd",
-                extra=["--packed-cache", str(cache)]) as later:
+    with Server(
+        runner_bin, [demo_build / "counter.pte"], demo_build / "foundation.ptd", extra=["--packed-cache", str(cache)]
+    ) as later:
         later.warm([1, 2, 3])
         mapped_kb = file_pmd_kb(later.proc.pid)
     if thp_mode() in ("madvise", "always") and page_cache_has_large_folios(cache):

@@ -13,16 +13,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_ADAPTERS, TINY_CHUNK, TINY_FOUNDATION, build_config, write_config
+from test_cpp_runner import all_ptes, ids, run_runner
 
 import lora_share
-from conftest import TINY_ADAPTERS, TINY_CHUNK, TINY_FOUNDATION, build_config, write_config
-from lora_share.checkpoints.adapters import load_adapter
 from lora_share.bench.scale import kv_cache_bytes
-from lora_share.export.eager import eager_model
+from lora_share.checkpoints.adapters import load_adapter
 from lora_share.checkpoints.foundation import load_foundation
+from lora_share.export.eager import eager_model
 from lora_share.inference.generate import generate
 from lora_share.inference.python_runtime import LoadedAdapter
-from test_cpp_runner import all_ptes, ids, run_runner
 
 PROMPT = [(7 * i + 5) % 256 for i in range(2 * TINY_CHUNK + 3)]  # three prefill calls
 NEW = 8
@@ -31,8 +31,11 @@ NEW = 8
 @pytest.fixture(scope="module")
 def half_build(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kv_half")
-    cfg = write_config(folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK,
-                                "kv_cache": "float16"}, TINY_ADAPTERS[:2])
+    cfg = write_config(
+        folder,
+        {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK, "kv_cache": "float16"},
+        TINY_ADAPTERS[:2],
+    )
     return build_config(cfg)
 
 
@@ -81,8 +84,21 @@ def test_program_matches_eager(half_build, name):
 def test_cpp_runner_matches_python(runner_bin, half_build, tmp_path, mode):
     for name, pte in half_build.ptes.items():
         npy = tmp_path / f"{name}.npy"
-        proc = run_runner(runner_bin, *all_ptes(half_build), "--ptd", half_build.ptd, "--tokens", ids(PROMPT), "--max-new-tokens", NEW,
-                          "--adapter", name, "--dump-logits", npy, *mode)
+        proc = run_runner(
+            runner_bin,
+            *all_ptes(half_build),
+            "--ptd",
+            half_build.ptd,
+            "--tokens",
+            ids(PROMPT),
+            "--max-new-tokens",
+            NEW,
+            "--adapter",
+            name,
+            "--dump-logits",
+            npy,
+            *mode,
+        )
         assert proc.returncode == 0, proc.stderr
         ref = lora_share.run(pte, half_build.ptd, PROMPT, NEW)
         assert [int(t) for t in proc.stdout.split()] == ref.tokens, name
@@ -96,9 +112,20 @@ def test_cpp_runner_matches_python(runner_bin, half_build, tmp_path, mode):
 
 def test_runner_arena_holds_the_smaller_cache(runner_bin, half_build, tiny_build):
     """The runner's planned memory (KV cache + activations) shrinks by at least half the float32 cache."""
+
     def planned(build):
-        proc = run_runner(runner_bin, "--pte", build.ptes["tiny_a"], "--ptd", build.ptd, "--tokens", "1",
-                          "--max-new-tokens", 1, "--json")
+        proc = run_runner(
+            runner_bin,
+            "--pte",
+            build.ptes["tiny_a"],
+            "--ptd",
+            build.ptd,
+            "--tokens",
+            "1",
+            "--max-new-tokens",
+            1,
+            "--json",
+        )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["loading"]["planned_bytes"]
 

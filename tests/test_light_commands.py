@@ -13,10 +13,10 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import TINY_FOUNDATION
 from hf_files import hf_config, write_peft_lora
+from safetensors.torch import load_file, save_file
+
 from lora_share.formats import read_pte
 from lora_share.formats.records import adapter_record
 
@@ -27,9 +27,14 @@ code = lora_share.cli.main(sys.argv[1:])
 print("heavy modules:", sorted(m for m in ("torch", "executorch", "transformers") if m in sys.modules), file=sys.stderr)
 sys.exit(code)
 """
-TINY_HF = hf_config(dim=TINY_FOUNDATION["dim"], layers=TINY_FOUNDATION["n_layers"], heads=TINY_FOUNDATION["n_heads"],
-                    kv_heads=TINY_FOUNDATION["n_kv_heads"], hidden=TINY_FOUNDATION["hidden_dim"],
-                    vocab=TINY_FOUNDATION["vocab_size"])
+TINY_HF = hf_config(
+    dim=TINY_FOUNDATION["dim"],
+    layers=TINY_FOUNDATION["n_layers"],
+    heads=TINY_FOUNDATION["n_heads"],
+    kv_heads=TINY_FOUNDATION["n_kv_heads"],
+    hidden=TINY_FOUNDATION["hidden_dim"],
+    vocab=TINY_FOUNDATION["vocab_size"],
+)
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # PEFT adapters inside tiny_build's envelope (every linear, ranks up to 8), each stored in another dtype.
 ADDED = {
@@ -40,29 +45,50 @@ ADDED = {
 
 
 def run_light(*args, cwd=None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-c", CLI_THEN_MODULES, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CLI_THEN_MODULES, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
     assert "heavy modules: []" in proc.stderr, proc.stderr
     return proc
 
 
 def test_cli_and_config_import_no_torch():
-    code = "import sys, lora_share, lora_share.cli, lora_share.config; print(sorted(m for m in sys.modules if m == 'torch'))"
+    code = (
+        "import sys, lora_share, lora_share.cli, lora_share.config; "
+        "print(sorted(m for m in sys.modules if m == 'torch'))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
 def test_every_subcommand_registers_its_flags_without_torch():
     """Each subcommand's parser, the benchmarks' from their own modules, formats its help without torch."""
-    code = ("import sys, lora_share.cli\n"
-            "sub = next(a for a in lora_share.cli.parser()._actions if a.dest == 'command')\n"
-            "for name, p in sub.choices.items():\n"
-            "    assert p.format_help().startswith('usage: lora-share ' + name), name\n"
-            "print(' '.join(sub.choices), 'torch' in sys.modules)")
+    code = (
+        "import sys, lora_share.cli\n"
+        "sub = next(a for a in lora_share.cli.parser()._actions if a.dest == 'command')\n"
+        "for name, p in sub.choices.items():\n"
+        "    assert p.format_help().startswith('usage: lora-share ' + name), name\n"
+        "print(' '.join(sub.choices), 'torch' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["validate", "build", "add", "run", "inspect", "verify", "eval", "bench", "bench-scale",
-                                   "bench-peers", "bench-serve", "bench-budget", "bench-quality", "schema", "False"]
+    assert proc.stdout.split() == [
+        "validate",
+        "build",
+        "add",
+        "run",
+        "inspect",
+        "verify",
+        "eval",
+        "bench",
+        "bench-scale",
+        "bench-peers",
+        "bench-serve",
+        "bench-budget",
+        "bench-quality",
+        "schema",
+        "False",
+    ]
 
 
 def test_validate_schema_inspect_verify_run_without_torch(tiny_build):

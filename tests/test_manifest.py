@@ -10,8 +10,8 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import REPO, run_cli
+
 from lora_share.errors import UserError
 from lora_share.manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
 
@@ -22,8 +22,8 @@ def documented_keys() -> set[str]:
     """The key paths FORMAT.md's manifest.json section lists (first column of its tables), with each
     ``<name>`` placeholder as ``<*>``."""
     text = (REPO / "schema" / "FORMAT.md").read_text()
-    section = text[text.index("## manifest.json"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("## manifest.json") :]
+    section = section[: section.index("\n## ", 1)]
     return {re.sub(r"<[^>]+>", "<*>", key) for key in ROW.findall(section)}
 
 
@@ -60,8 +60,13 @@ def undocumented(manifest: dict, documented: set[str]) -> set[str]:
 
 def test_format_md_specifies_every_key_a_build_writes(tiny_build, hoisted_build, text_build, programs_build):
     documented = documented_keys()
-    assert {"format", "version", "adapters[].lora[].a", "bytes.adapters.<*>.total", "tokenizer.files.<*>.sha256"} \
-        <= documented
+    assert {
+        "format",
+        "version",
+        "adapters[].lora[].a",
+        "bytes.adapters.<*>.total",
+        "tokenizer.files.<*>.sha256",
+    } <= documented
     seen = set()
     for build in (tiny_build, hoisted_build, text_build.build, programs_build):
         manifest = json.loads((build.out_dir / MANIFEST).read_text())  # the file as written
@@ -85,8 +90,10 @@ def rewritten(build_dir, dest, **changes):
 
 
 def version_message(path, found) -> str:
-    return (f"{path}: written by another lora-share version (manifest version {found}; this one reads version "
-            f"{VERSION} only): rebuild the deployment with this version's `lora-share build`")
+    return (
+        f"{path}: written by another lora-share version (manifest version {found}; this one reads version "
+        f"{VERSION} only): rebuild the deployment with this version's `lora-share build`"
+    )
 
 
 def test_python_reader_refuses_another_version_or_format(tiny_build, tmp_path):
@@ -96,8 +103,13 @@ def test_python_reader_refuses_another_version_or_format(tiny_build, tmp_path):
         read_manifest(newer)
     assert str(e.value) == version_message(newer / MANIFEST, 3)
     other = rewritten(tiny_build.out_dir, tmp_path / "other", format="something-else")
-    with pytest.raises(UserError, match=re.escape(f'{other / MANIFEST}: not a lora-share manifest (format '
-                                                  f'"something-else"; this reader reads format "{FORMAT}" version 2)')):
+    with pytest.raises(
+        UserError,
+        match=re.escape(
+            f"{other / MANIFEST}: not a lora-share manifest (format "
+            f'"something-else"; this reader reads format "{FORMAT}" version 2)'
+        ),
+    ):
         read_manifest(other)
     r = run_cli("add", "--to", newer, f"x={tmp_path}")
     assert r.returncode == 2 and r.stderr.strip() == "error: " + version_message(newer / MANIFEST, 3), r.stderr
@@ -106,17 +118,44 @@ def test_python_reader_refuses_another_version_or_format(tiny_build, tmp_path):
 def test_runner_and_server_refuse_another_version(runner_bin, tiny_build, tmp_path):
     older = rewritten(tiny_build.out_dir, tmp_path / "older", version=1)
     expected = "error: " + version_message(older / MANIFEST, 1)
-    r = subprocess.run([str(runner_bin), "--ptd", str(older / "foundation.ptd"), "--pte", str(older / "tiny_a.pte"),
-                        "--tokens", "1,2,3", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(runner_bin),
+            "--ptd",
+            str(older / "foundation.ptd"),
+            "--pte",
+            str(older / "tiny_a.pte"),
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.strip() == expected, r.stderr
     server = REPO / "build" / "lora-share-server"
     r = subprocess.run([str(server), "--dir", str(older), "--port", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == expected, r.stderr
     # The same folder with its version restored runs.
     rewritten(older, tmp_path / "restored", version=VERSION)
-    r = subprocess.run([str(runner_bin), "--ptd", str(tmp_path / "restored" / "foundation.ptd"), "--pte",
-                        str(tmp_path / "restored" / "tiny_a.pte"), "--tokens", "1,2,3", "--max-new-tokens", "2"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(runner_bin),
+            "--ptd",
+            str(tmp_path / "restored" / "foundation.ptd"),
+            "--pte",
+            str(tmp_path / "restored" / "tiny_a.pte"),
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
 
 

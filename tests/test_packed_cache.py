@@ -70,9 +70,21 @@ def test_the_file_is_mapped_while_another_process_maps_it(runner_bin, deployment
     """A server holding the file does not keep a second process from mapping it (XNNPACK locks a file it
     writes; the published file is only ever read)."""
     start(runner_bin, deployment)
-    server = subprocess.Popen([str(runner_bin), "--ptd", str(deployment / "foundation.ptd"), "--pte",
-                               str(next(deployment.glob("*.pte"))), "--serve", "--verbose"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            str(runner_bin),
+            "--ptd",
+            str(deployment / "foundation.ptd"),
+            "--pte",
+            str(next(deployment.glob("*.pte"))),
+            "--serve",
+            "--verbose",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         server.stdin.write('{"adapter": "tiny_a", "tokens": [1, 2]}\n')
         server.stdin.flush()
@@ -97,8 +109,9 @@ def _damage_key(path):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, reason", [(_damage_truncate, "truncated"),
-                                            (_damage_key, "written for another foundation")])
+@pytest.mark.parametrize(
+    "damage, reason", [(_damage_truncate, "truncated"), (_damage_key, "written for another foundation")]
+)
 def test_a_damaged_file_is_noted_and_written_again(runner_bin, deployment, damage, reason):
     cold, reference, _ = start(runner_bin, deployment)
     path = deployment / ".packed" / os.path.basename(cold["loading"]["packed_cache"])
@@ -135,10 +148,19 @@ def test_a_named_folder_and_the_flags_errors(runner_bin, deployment, tmp_path):
     assert not (deployment / ".packed").exists()
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    base = [str(runner_bin), "--ptd", str(deployment / "foundation.ptd"), "--pte",
-            str(next(deployment.glob("*.pte"))), "--tokens", PROMPT]
-    for flags, words in ((["--packed-cache", str(blocked / "sub")], [str(blocked / "sub"), "--no-packed-cache"]),
-                         (["--packed-cache", str(folder), "--no-packed-cache"], ["give one of them"])):
+    base = [
+        str(runner_bin),
+        "--ptd",
+        str(deployment / "foundation.ptd"),
+        "--pte",
+        str(next(deployment.glob("*.pte"))),
+        "--tokens",
+        PROMPT,
+    ]
+    for flags, words in (
+        (["--packed-cache", str(blocked / "sub")], [str(blocked / "sub"), "--no-packed-cache"]),
+        (["--packed-cache", str(folder), "--no-packed-cache"], ["give one of them"]),
+    ):
         proc = subprocess.run(base + flags, capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.startswith("error: ") and all(w in proc.stderr for w in words), proc.stderr

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 import yaml
-
-import lora_share
 from conftest import build_config
 from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
+
+import lora_share
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = [3, 141, 59, 26, 5]
@@ -24,21 +24,33 @@ def peft_build(tmp_path_factory):
     base = write_hf_llama(root / "llama", base_cfg, shards=2)
     adapters = {
         # rsLoRA: scale alpha / sqrt(r) instead of alpha / r.
-        "rslora": write_peft_lora(root / "rslora", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "down_proj"],
-                                  use_rslora=True, seed=1),
+        "rslora": write_peft_lora(
+            root / "rslora", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "down_proj"], use_rslora=True, seed=1
+        ),
         # Per-module ranks and alphas, on a subset of layers.
-        "patterns": write_peft_lora(root / "patterns", base_cfg, r=4, alpha=16,
-                                    targets=["q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"],
-                                    rank_pattern={"k_proj": 2, "model.layers.1.mlp.up_proj": 8},
-                                    alpha_pattern={"o_proj": 3}, seed=2),
-        "layer0": write_peft_lora(root / "layer0", base_cfg, r=2, alpha=4, targets=["v_proj", "up_proj"],
-                                  layers=[0], seed=3),
+        "patterns": write_peft_lora(
+            root / "patterns",
+            base_cfg,
+            r=4,
+            alpha=16,
+            targets=["q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"],
+            rank_pattern={"k_proj": 2, "model.layers.1.mlp.up_proj": 8},
+            alpha_pattern={"o_proj": 3},
+            seed=2,
+        ),
+        "layer0": write_peft_lora(
+            root / "layer0", base_cfg, r=2, alpha=4, targets=["v_proj", "up_proj"], layers=[0], seed=3
+        ),
     }
-    (root / "deploy.yaml").write_text(yaml.safe_dump({
-        "output_dir": "out",
-        "foundation": {"checkpoint": "llama", "max_seq_len": 24},
-        "adapters": [{"name": n, "peft": n} for n in adapters],
-    }))
+    (root / "deploy.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": "out",
+                "foundation": {"checkpoint": "llama", "max_seq_len": 24},
+                "adapters": [{"name": n, "peft": n} for n in adapters],
+            }
+        )
+    )
     return base, adapters, build_config(root / "deploy.yaml")
 
 
@@ -48,7 +60,7 @@ def test_matches_transformers_and_peft(peft_build, name):
     got = lora_share.run(build.ptes[name], build.ptd, PROMPT, NEW)
     # One full forward over prompt + generated tokens gives every row the runtime produced.
     seq = PROMPT + got.tokens[:-1]
-    ref = hf_peft_logits(base, adapters[name], seq)[len(PROMPT) - 1:].numpy()
+    ref = hf_peft_logits(base, adapters[name], seq)[len(PROMPT) - 1 :].numpy()
     assert got.logits.shape == ref.shape
     assert np.abs(got.logits - ref).max() <= 1e-4
     assert got.tokens == [int(i) for i in ref.argmax(-1)]

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_cli
+
 from lora_share.config import load_config
 from lora_share.errors import UserError
 from lora_share.formats import read_ptd, read_pte
@@ -41,8 +41,13 @@ def _expected(archive: Path, model: str | None) -> tuple[list[np.ndarray], list[
 
 def _sources(build) -> dict[str, tuple[Path, str | None]]:
     a = build.archives
-    return {"base": (a.base, None), "separate": (a.tasks, "separate"), "merged": (a.tasks, "merged"),
-            "conv": (a.conv, None), "lm": (a.lm, None)}
+    return {
+        "base": (a.base, None),
+        "separate": (a.tasks, "separate"),
+        "merged": (a.tasks, "merged"),
+        "conv": (a.conv, None),
+        "lm": (a.lm, None),
+    }
 
 
 def _tensor_bytes(ep) -> dict[str, bytes]:
@@ -59,15 +64,19 @@ def _tensor_bytes(ep) -> dict[str, bytes]:
 
 def _config(tmp_path: Path, programs: str, **extra) -> Path:
     path = tmp_path / "c.yaml"
-    path.write_text(f"output_dir: {tmp_path / 'out'}\nprograms:\n{programs}" +
-                    "".join(f"{k}: {v}\n" for k, v in extra.items()))
+    path.write_text(
+        f"output_dir: {tmp_path / 'out'}\nprograms:\n{programs}" + "".join(f"{k}: {v}\n" for k, v in extra.items())
+    )
     return path
 
 
 def test_config_names_what_an_archive_holds(pt2_archives, tmp_path):
     a = pt2_archives
-    path = _config(tmp_path, f"  - {{name: x, pt2: {a.tasks}}}\n  - {{name: x, pt2: {a.tasks}, model: birds}}\n"
-                             f"  - {{name: y, pt2: {tmp_path / 'none.pt2'}}}\n")
+    path = _config(
+        tmp_path,
+        f"  - {{name: x, pt2: {a.tasks}}}\n  - {{name: x, pt2: {a.tasks}, model: birds}}\n"
+        f"  - {{name: y, pt2: {tmp_path / 'none.pt2'}}}\n",
+    )
     with pytest.raises(UserError) as e:
         load_config(path)
     text = str(e.value)
@@ -108,22 +117,48 @@ def _weights_config(data: bytes, edit) -> bytes:
 
 BAD = {
     "not_a_zip": (lambda src, dest: dest.write_bytes(b"hello, not a zip" * 10) and dest, "not a zip file"),
-    "format": (lambda src, dest: _rewrite(src, dest, lambda n, d: b"aoti" if n.endswith("/archive_format") else d),
-               "archive_format is 'aoti', not 'pt2'"),
-    "version": (lambda src, dest: _rewrite(src, dest, lambda n, d: b"7" if n.endswith("/archive_version") else d),
-                "archive_version '7': this lora-share reads version(s) 0"),
-    "truncated_blob": (lambda src, dest: _rewrite(src, dest, lambda n, d: d[:10] if n.endswith("/weight_0") else d),
-                       "holds 10 bytes, the tensor needs"),
-    "missing_blob": (lambda src, dest: _rewrite(src, dest, lambda n, d: None if n.endswith("/weight_1") else d),
-                     "is missing from the archive"),
-    "outside": (lambda src, dest: _rewrite(src, dest, lambda n, d: _weights_config(
-        d, lambda m: m.update(path_name="../../etc/passwd")) if n.endswith("_weights_config.json") else d),
-        "a file outside the archive's data/weights/ folder"),
-    "pickled": (lambda src, dest: _rewrite(src, dest, lambda n, d: _weights_config(
-        d, lambda m: m.update(use_pickle=True)) if n.endswith("_weights_config.json") else d),
-        "is a pickled tensor (weight_0): reading it would run code from the archive"),
-    "truncated_zip": (lambda src, dest: dest.write_bytes(src.read_bytes()[: src.stat().st_size // 2]) and dest,
-                      "not a zip file"),
+    "format": (
+        lambda src, dest: _rewrite(src, dest, lambda n, d: b"aoti" if n.endswith("/archive_format") else d),
+        "archive_format is 'aoti', not 'pt2'",
+    ),
+    "version": (
+        lambda src, dest: _rewrite(src, dest, lambda n, d: b"7" if n.endswith("/archive_version") else d),
+        "archive_version '7': this lora-share reads version(s) 0",
+    ),
+    "truncated_blob": (
+        lambda src, dest: _rewrite(src, dest, lambda n, d: d[:10] if n.endswith("/weight_0") else d),
+        "holds 10 bytes, the tensor needs",
+    ),
+    "missing_blob": (
+        lambda src, dest: _rewrite(src, dest, lambda n, d: None if n.endswith("/weight_1") else d),
+        "is missing from the archive",
+    ),
+    "outside": (
+        lambda src, dest: _rewrite(
+            src,
+            dest,
+            lambda n, d: (
+                _weights_config(d, lambda m: m.update(path_name="../../etc/passwd"))
+                if n.endswith("_weights_config.json")
+                else d
+            ),
+        ),
+        "a file outside the archive's data/weights/ folder",
+    ),
+    "pickled": (
+        lambda src, dest: _rewrite(
+            src,
+            dest,
+            lambda n, d: (
+                _weights_config(d, lambda m: m.update(use_pickle=True)) if n.endswith("_weights_config.json") else d
+            ),
+        ),
+        "is a pickled tensor (weight_0): reading it would run code from the archive",
+    ),
+    "truncated_zip": (
+        lambda src, dest: dest.write_bytes(src.read_bytes()[: src.stat().st_size // 2]) and dest,
+        "not a zip file",
+    ),
 }
 
 
@@ -170,8 +205,9 @@ def test_foundation_holds_each_shared_tensor_once(programs_build):
             holders.setdefault(data, set()).add(name)
     shared = {d for d, names in holders.items() if len(names) > 1}
     ptd = read_ptd(programs_build.out_dir / "foundation.ptd")
-    assert sorted(e.key for e in ptd.entries) == sorted(hashlib.sha256(d).hexdigest() for d in shared) or \
-        sum(e.size for e in ptd.entries) == sum(map(len, shared))
+    assert sorted(e.key for e in ptd.entries) == sorted(hashlib.sha256(d).hexdigest() for d in shared) or sum(
+        e.size for e in ptd.entries
+    ) == sum(map(len, shared))
     assert sum(e.size for e in ptd.entries) == sum(map(len, shared))
     for name in per_program:
         own[name] = sum(len(d) for d in per_program[name] - shared)
@@ -213,14 +249,32 @@ def test_run_cli_npy_in_npz_out(programs_build, tmp_path):
     inputs, expected = _expected(programs_build.archives.lm, None)
     np.save(tmp_path / "ids.npy", inputs[0])
     out = programs_build.out_dir
-    result = run_cli("run", "--pte", out / "lm.pte", "--ptd", out / "foundation.ptd", "--input", tmp_path / "ids.npy",
-                     "--output", tmp_path / "y.npz")
+    result = run_cli(
+        "run",
+        "--pte",
+        out / "lm.pte",
+        "--ptd",
+        out / "foundation.ptd",
+        "--input",
+        tmp_path / "ids.npy",
+        "--output",
+        tmp_path / "y.npz",
+    )
     assert result.returncode == 0, result.stderr
     got = np.load(tmp_path / "y.npz")
     for i, want in enumerate(expected):
         np.testing.assert_allclose(got[f"output_{i}"], want, atol=1e-5, rtol=0)
-    wrong = run_cli("run", "--pte", out / "lm.pte", "--ptd", out / "foundation.ptd", "--input",
-                    tmp_path / "y.npz", "--output", tmp_path / "z.npz")
+    wrong = run_cli(
+        "run",
+        "--pte",
+        out / "lm.pte",
+        "--ptd",
+        out / "foundation.ptd",
+        "--input",
+        tmp_path / "y.npz",
+        "--output",
+        tmp_path / "z.npz",
+    )
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr and not (tmp_path / "z.npz").exists()
 
 
@@ -267,8 +321,9 @@ def test_runner_outputs_equal_the_archive_program(programs_build, runner_bin, tm
             paths += ["--input", tmp_path / f"{name}{i}.npy"]
         dest = tmp_path / (f"{name}.npz" if len(expected) > 1 else f"{name}.npy")
         # Every program loaded in one process against one foundation.ptd; --adapter picks the one to run.
-        result = _runner(runner_bin, *every, "--ptd", out / "foundation.ptd", "--adapter", name, *paths,
-                         "--output", dest)
+        result = _runner(
+            runner_bin, *every, "--ptd", out / "foundation.ptd", "--adapter", name, *paths, "--output", dest
+        )
         assert result.returncode == 0, result.stderr
         got = np.load(dest)
         got = [got[f"output_{i}"] for i in range(len(expected))] if len(expected) > 1 else [got]
@@ -282,11 +337,23 @@ def test_runner_bad_input_one_error(programs_build, runner_bin, tmp_path):
     np.save(tmp_path / "f.npy", np.zeros((1, 8, 32), np.float32))
     np.savez(tmp_path / "two.npz", np.zeros(3))
     (tmp_path / "cut.npy").write_bytes((tmp_path / "f.npy").read_bytes()[:200])
-    cases = {"f.npy": "input 0: forward takes int64[1, 8], got float32[1, 8, 32]",
-             "two.npz": "not a .npy file", "cut.npy": "truncated"}
+    cases = {
+        "f.npy": "input 0: forward takes int64[1, 8], got float32[1, 8, 32]",
+        "two.npz": "not a .npy file",
+        "cut.npy": "truncated",
+    }
     for file, message in cases.items():
-        result = _runner(runner_bin, "--pte", out / "lm.pte", "--ptd", out / "foundation.ptd",
-                         "--input", tmp_path / file, "--output", tmp_path / "o.npz")
+        result = _runner(
+            runner_bin,
+            "--pte",
+            out / "lm.pte",
+            "--ptd",
+            out / "foundation.ptd",
+            "--input",
+            tmp_path / file,
+            "--output",
+            tmp_path / "o.npz",
+        )
         assert result.returncode == 2 and message in result.stderr, (file, result.stderr)
         assert not (tmp_path / "o.npz").exists()
     lone = tmp_path / "lone"
@@ -297,8 +364,9 @@ def test_runner_bad_input_one_error(programs_build, runner_bin, tmp_path):
     from lora_share.programs.build import encode_foundation_ptd
 
     (lone / "foundation.ptd").write_bytes(encode_foundation_ptd({}))
-    result = _runner(runner_bin, "--pte", lone / "base.pte", "--ptd", lone / "foundation.ptd",
-                     "--input", tmp_path / "f.npy")
+    result = _runner(
+        runner_bin, "--pte", lone / "base.pte", "--ptd", lone / "foundation.ptd", "--input", tmp_path / "f.npy"
+    )
     assert result.returncode == 1 and "has no data for key" in result.stderr, result.stderr
 
 
@@ -313,8 +381,16 @@ def test_more_programs_cost_their_own_bytes(programs_build, runner_bin, tmp_path
     names = ["base", "separate", "merged", "conv", "lm"]
 
     def pss(ptes):
-        result = _runner(runner_bin, *[f"--pte={out / n}.pte" for n in ptes], "--ptd", out / "foundation.ptd",
-                         "--adapter", "base", "--input", tmp_path / "x.npy")
+        result = _runner(
+            runner_bin,
+            *[f"--pte={out / n}.pte" for n in ptes],
+            "--ptd",
+            out / "foundation.ptd",
+            "--adapter",
+            "base",
+            "--input",
+            tmp_path / "x.npy",
+        )
         assert result.returncode == 0, result.stderr
         return float(re.search(r"process PSS ([\d.]+) MiB", result.stderr).group(1)) * (1 << 20)
 
@@ -329,8 +405,12 @@ def test_example_exports_archives_its_config_reads(tmp_path):
 
     example = Path(__file__).resolve().parents[1] / "examples" / "pt2"
     shutil.copy(example / "vision.yaml", tmp_path)
-    result = subprocess.run([sys.executable, str(example / "export_models.py"), str(tmp_path / "models")],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(example / "export_models.py"), str(tmp_path / "models")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     cfg = load_config(tmp_path / "vision.yaml")
     assert [p.name for p in cfg.programs] == ["base", "birds", "cars"]
@@ -340,8 +420,13 @@ def test_example_exports_archives_its_config_reads(tmp_path):
 class _Tensor(ctypes.Structure):
     """lora_share.h's ls_tensor."""
 
-    _fields_ = [("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32), ("sizes", ctypes.POINTER(ctypes.c_int64)),
-                ("data", ctypes.c_void_p), ("nbytes", ctypes.c_size_t)]
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("sizes", ctypes.POINTER(ctypes.c_int64)),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+    ]
 
 
 ET_DTYPES = {np.dtype(np.float32): 6, np.dtype(np.int64): 4}
@@ -355,20 +440,34 @@ def _ls_tensor(a: np.ndarray, keep: list) -> _Tensor:
 
 def test_c_api_runs_programs_on_caller_tensors(programs_build, runner_bin):
     from conftest import REPO
+
     from lora_share.inference import c_library as native
 
     lib = native.load_library(REPO / "build" / "liblora_share.so")
-    lib.ls_load_program.restype, lib.ls_load_program.argtypes = ctypes.c_void_p, [
-        ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(native._Error)]
-    lib.ls_run_program.restype, lib.ls_run_program.argtypes = ctypes.c_int, [
-        ctypes.c_void_p, ctypes.POINTER(_Tensor), ctypes.c_size_t, ctypes.POINTER(_Tensor), ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(native._Error)]
+    lib.ls_load_program.restype, lib.ls_load_program.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(native._Error)],
+    )
+    lib.ls_run_program.restype, lib.ls_run_program.argtypes = (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.POINTER(_Tensor),
+            ctypes.c_size_t,
+            ctypes.POINTER(_Tensor),
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(native._Error),
+        ],
+    )
     out, err = programs_build.out_dir, native._Error()
     runtime = lib.ls_open(str(out / "foundation.ptd").encode(), None, ctypes.byref(err))
     assert runtime, err.message
     try:
-        programs = {n: lib.ls_load_program(runtime, str(out / f"{n}.pte").encode(), ctypes.byref(err))
-                    for n in ("separate", "lm")}
+        programs = {
+            n: lib.ls_load_program(runtime, str(out / f"{n}.pte").encode(), ctypes.byref(err))
+            for n in ("separate", "lm")
+        }
         assert all(programs.values()), err.message
         for name, handle in programs.items():
             inputs, expected = _expected(*_sources(programs_build)[name])
@@ -383,8 +482,9 @@ def test_c_api_runs_programs_on_caller_tensors(programs_build, runner_bin):
                 np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         keep = []
         wrong = (_Tensor * 1)(_ls_tensor(np.zeros((1, 8), np.float32), keep))
-        status = lib.ls_run_program(programs["lm"], wrong, 1, (_Tensor * 4)(), 4, ctypes.byref(ctypes.c_size_t()),
-                                    ctypes.byref(err))
+        status = lib.ls_run_program(
+            programs["lm"], wrong, 1, (_Tensor * 4)(), 4, ctypes.byref(ctypes.c_size_t()), ctypes.byref(err)
+        )
         assert lib.ls_status_name(status) == b"LS_ERR_REQUEST"
         assert b"forward takes int64[1, 8], got float32[1, 8]" in err.message
     finally:

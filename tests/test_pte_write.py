@@ -15,6 +15,7 @@ import math
 import random
 
 import pytest
+from mutations import damaged
 
 from lora_share.deploy.adapter_pte import Program, read_record
 from lora_share.errors import UserError
@@ -22,7 +23,6 @@ from lora_share.formats import FormatError, NotRewritable, read_pte
 from lora_share.formats.meta import ADAPTER_KEY
 from lora_share.formats.pte_write import SEGMENT_ALIGNMENT, Entry, Template
 from lora_share.formats.seal import seal_status
-from mutations import damaged
 
 OWN = ("own.blob", bytes(range(256)) * 3 + b"tail", 16)  # a stand-alone program's own named data
 
@@ -48,8 +48,11 @@ def executorch_pte(template: bytes, named: list[tuple[str, bytes, int]], share: 
     for key, other in (share or {}).items():
         entries[key] = DataEntry(entries[other].buffer_index, 1, None)
     named_data = NamedDataStoreOutput(buffers, entries, {}) if entries else None
-    return bytes(serialize_pte_binary(PTEFile(pte_file.program, pte_file.mutable_data, named_data),
-                                      extract_delegate_segments=True))
+    return bytes(
+        serialize_pte_binary(
+            PTEFile(pte_file.program, pte_file.mutable_data, named_data), extract_delegate_segments=True
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +63,22 @@ def files(tiny_build):
     adapter = tiny_build.ptes["tiny_a"].read_bytes()
     parsed = read_pte(adapter)
     mine = [(e.key, parsed.data(e.key), 16 if e.key == ADAPTER_KEY else 64) for e in parsed.named_data]
-    return {"adapter": adapter, "keys": adapter_keys(adapter), "mine": mine,
-            "program": executorch_pte(adapter, []), "own": executorch_pte(adapter, [OWN]),
-            "own_and_adapter": executorch_pte(adapter, [OWN, *mine])}
+    return {
+        "adapter": adapter,
+        "keys": adapter_keys(adapter),
+        "mine": mine,
+        "program": executorch_pte(adapter, []),
+        "own": executorch_pte(adapter, [OWN]),
+        "own_and_adapter": executorch_pte(adapter, [OWN, *mine]),
+    }
 
 
 def new_entries() -> list[Entry]:
     rng = random.Random(7)
-    return [Entry(f"k{i}", rng.randbytes(size), alignment)
-            for i, (size, alignment) in enumerate([(1000, 64), (3, 1), (4096, 256), (77, 16), (640, 64)])]
+    return [
+        Entry(f"k{i}", rng.randbytes(size), alignment)
+        for i, (size, alignment) in enumerate([(1000, 64), (3, 1), (4096, 256), (77, 16), (640, 64)])
+    ]
 
 
 def test_executorch_reads_the_template_program_and_exactly_the_named_data(files):
@@ -96,12 +106,13 @@ def test_lora_share_reads_every_entry_at_its_byte_range(files):
     pte = read_pte(out)
     assert [e.key for e in pte.named_data] == [OWN[0]] + [e.key for e in new_entries()]
     for e, new in zip(pte.named_data[1:], new_entries()):
-        assert (out[e.start:e.end], e.size) == (new.data, len(new.data))
+        assert (out[e.start : e.end], e.size) == (new.data, len(new.data))
     assert pte.data(OWN[0]) == OWN[1] and pte.size == pte.named_data[-1].end
     assert pte.plans == before.plans and pte.constant_segment == before.constant_segment
-    assert [out[d.start:d.end] for d in pte.delegates] == [files["own"][d.start:d.end] for d in before.delegates]
-    assert [(c.start - before.header.segment_base_offset, c.layout) for c in before.constants] == \
-        [(c.start - pte.header.segment_base_offset, c.layout) for c in pte.constants]
+    assert [out[d.start : d.end] for d in pte.delegates] == [files["own"][d.start : d.end] for d in before.delegates]
+    assert [(c.start - before.header.segment_base_offset, c.layout) for c in before.constants] == [
+        (c.start - pte.header.segment_base_offset, c.layout) for c in pte.constants
+    ]
 
 
 def test_an_adapter_written_again_is_its_own_bytes_and_sealed(files):

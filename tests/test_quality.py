@@ -17,14 +17,16 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import TEXT_ADAPTER, build_config, run_cli, write_config
+
 from lora_share.evaluate import evaluate, windows
 
-TEXT = ("Python is an easy to learn, powerful programming language. It has efficient high-level data "
-        "structures and a simple but effective approach to object-oriented programming. Python's elegant "
-        "syntax and dynamic typing, together with its interpreted nature, make it an ideal language for "
-        "scripting and rapid application development in many areas on most platforms. ") * 2
+TEXT = (
+    "Python is an easy to learn, powerful programming language. It has efficient high-level data "
+    "structures and a simple but effective approach to object-oriented programming. Python's elegant "
+    "syntax and dynamic typing, together with its interpreted nature, make it an ideal language for "
+    "scripting and rapid application development in many areas on most platforms. "
+) * 2
 MAX_TOKENS = 200  # several windows of text_build's 64, the last one shorter
 
 
@@ -69,7 +71,7 @@ def test_eval_equals_transformers_and_peft(text_build, text_hf, text_file):
     by_name = {s.adapter: s for s in report.results}
     assert list(by_name) == ["base", TEXT_ADAPTER]
     for name, adapter in (("base", False), (TEXT_ADAPTER, True)):
-        want = own_perplexity(lambda w: hf(w, adapter), ids, size)
+        want = own_perplexity(lambda w, adapter=adapter: hf(w, adapter), ids, size)
         s = by_name[name]
         assert s.predicted == MAX_TOKENS - report.text["windows"]
         assert s.perplexity == pytest.approx(want, rel=1e-3), name
@@ -83,13 +85,16 @@ def test_synthetic_adapter_reference(text_build, text_file, tmp_path):
     """A synthetic adapter over the same checkpoint: eval's reference (transformers, the adapter's
     weights set into peft) equals the eager model with lora-share's adapter, and the build agrees."""
     from lora_share.checkpoints.adapters import load_adapter
+    from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import load_config
     from lora_share.export.eager import eager_model
-    from lora_share.checkpoints.foundation import load_foundation
 
     synthetic = {"rank": 4, "alpha": 8, "target_modules": ["k_proj", "up_proj"], "seed": 3, "layers": [1]}
-    cfg_path = write_config(tmp_path, {"checkpoint": str(text_build.checkpoint), "max_seq_len": 64},
-                            [{"name": "syn", "synthetic": synthetic}])
+    cfg_path = write_config(
+        tmp_path,
+        {"checkpoint": str(text_build.checkpoint), "max_seq_len": 64},
+        [{"name": "syn", "synthetic": synthetic}],
+    )
     build = build_config(cfg_path)
     report = evaluate(cfg_path, text_file, adapters=["syn"], max_tokens=100)
     cfg = load_config(cfg_path)
@@ -114,7 +119,9 @@ def test_eval_json(text_build, text_file):
     out = json.loads(proc.stdout)
     (row,) = out["results"]
     assert row["adapter"] == "base" and row["predicted"] == 70 - 2 and out["text"]["windows"] == 2
-    assert np.isfinite(row["perplexity"]) and row["ratio"] == pytest.approx(row["perplexity"] / row["reference_perplexity"])
+    assert np.isfinite(row["perplexity"]) and row["ratio"] == pytest.approx(
+        row["perplexity"] / row["reference_perplexity"]
+    )
 
 
 @pytest.mark.parametrize("case", ["no_build", "short_text", "unknown_adapter", "no_text"])
@@ -140,18 +147,32 @@ def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
     sources = tmp_path / "sources"
     sources.mkdir()
     for i in range(4):
-        (sources / f"{i}.rst.txt").write_text(TEXT[i * 40:])
+        (sources / f"{i}.rst.txt").write_text(TEXT[i * 40 :])
     out = tmp_path / "results" / "q.json"
-    proc = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
-                   sources, "--tokens", "100", "--out", out, timeout=1800)
+    proc = run_cli(
+        "bench-quality",
+        "--config",
+        text_build.build.config,
+        "--work",
+        tmp_path / "work",
+        "--sources",
+        sources,
+        "--tokens",
+        "100",
+        "--out",
+        out,
+        timeout=1800,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     results = json.loads(out.read_text())
     assert set(results["variants"]) == {"fp32", "8da4w"}
     assert results["text"]["tokens"] == 2 * 64  # the fewest windows of 64 that score 100 tokens
     assert results["text"]["files"][0] == "0.rst.txt"
     for check in results["checks"]:
-        rows = {v: next(r for r in results["variants"][v]["results"] if r["adapter"] == check["adapter"])
-                for v in ("fp32", "8da4w")}
+        rows = {
+            v: next(r for r in results["variants"][v]["results"] if r["adapter"] == check["adapter"])
+            for v in ("fp32", "8da4w")
+        }
         assert check["ratio"] == pytest.approx(rows["8da4w"]["perplexity"] / rows["fp32"]["perplexity"])
         assert rows["fp32"]["top1_agreement"] == 1.0
     assert [c["adapter"] for c in results["checks"]] == ["base", TEXT_ADAPTER]
@@ -162,22 +183,48 @@ def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
     # A fresh machine (nothing kept in --work) takes every measurement from the results file, whose
     # recorded keys (the builds' sha256s, the adapter, the text) still hold: the builds are deterministic.
     shutil.rmtree(tmp_path / "work" / "measured")
-    fresh = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
-                    sources, "--tokens", "100", "--out", out, timeout=1800)
+    fresh = run_cli(
+        "bench-quality",
+        "--config",
+        text_build.build.config,
+        "--work",
+        tmp_path / "work",
+        "--sources",
+        sources,
+        "--tokens",
+        "100",
+        "--out",
+        out,
+        timeout=1800,
+    )
     assert fresh.returncode == proc.returncode, fresh.stderr
-    assert sorted(json.loads(out.read_text())["kept"]) == sorted(f"{v}/{a}" for v in ("fp32", "8da4w")
-                                                                 for a in ("base", TEXT_ADAPTER))
+    assert sorted(json.loads(out.read_text())["kept"]) == sorted(
+        f"{v}/{a}" for v in ("fp32", "8da4w") for a in ("base", TEXT_ADAPTER)
+    )
     assert not (tmp_path / "work" / "measured").exists()  # nothing was measured
 
     # A re-run measures again only what neither --work nor the results file holds with the same key.
     saved = json.loads(out.read_text())
     saved["keys"][f"fp32/{TEXT_ADAPTER}"]["adapter_sha256"] = "0" * 64
     out.write_text(json.dumps(saved))
-    again = run_cli("bench-quality", "--config", text_build.build.config, "--work", tmp_path / "work", "--sources",
-                    sources, "--tokens", "100", "--out", out, timeout=1800)
+    again = run_cli(
+        "bench-quality",
+        "--config",
+        text_build.build.config,
+        "--work",
+        tmp_path / "work",
+        "--sources",
+        sources,
+        "--tokens",
+        "100",
+        "--out",
+        out,
+        timeout=1800,
+    )
     assert again.returncode == proc.returncode, again.stderr
     rerun = json.loads(out.read_text())
     assert sorted(rerun["kept"]) == ["8da4w/base", f"8da4w/{TEXT_ADAPTER}", "fp32/base"]
     assert [(c["adapter"], c["fp32_perplexity"], c["8da4w_perplexity"]) for c in rerun["checks"]] == [
-        (c["adapter"], pytest.approx(c["fp32_perplexity"], rel=1e-5), c["8da4w_perplexity"]) for c in results["checks"]]
+        (c["adapter"], pytest.approx(c["fp32_perplexity"], rel=1e-5), c["8da4w_perplexity"]) for c in results["checks"]
+    ]
     assert rerun["complete"]

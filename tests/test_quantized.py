@@ -27,29 +27,51 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import REPO, build_config, write_config
 
 import lora_share
-from conftest import REPO, build_config, write_config
-from lora_share.checkpoints.adapters import load_adapter
 from lora_share.bench.memory import LORA_FACTOR, SLACK_BYTES, measure, own_lora_bytes
-from lora_share.deploy.builder import foundation_fingerprint
-from lora_share.config import QuantizeConfig
-from lora_share.export.eager import eager_model
+from lora_share.checkpoints.adapters import load_adapter
 from lora_share.checkpoints.foundation import load_foundation
-from lora_share.deploy.quant_error import accuracy_prompts, compare_logits, eager_step, single_threaded, teacher_forced_logits
-from lora_share.model.quantize import foundation_linears, is_quantized, quantize_foundation_
+from lora_share.config import QuantizeConfig
+from lora_share.deploy.builder import foundation_fingerprint
+from lora_share.deploy.quant_error import (
+    accuracy_prompts,
+    compare_logits,
+    eager_step,
+    single_threaded,
+    teacher_forced_logits,
+)
+from lora_share.export.eager import eager_model
 from lora_share.inference.python_runtime import LoadedAdapter
+from lora_share.model.quantize import foundation_linears, is_quantized, quantize_foundation_
 
 Q_FOUNDATION = {
-    "synthetic": {"dim": 512, "n_layers": 2, "n_heads": 8, "n_kv_heads": 4, "hidden_dim": 4096,
-                  "vocab_size": 4096, "tie_embeddings": True, "seed": 0},
+    "synthetic": {
+        "dim": 512,
+        "n_layers": 2,
+        "n_heads": 8,
+        "n_kv_heads": 4,
+        "hidden_dim": 4096,
+        "vocab_size": 4096,
+        "tie_embeddings": True,
+        "seed": 0,
+    },
     "max_seq_len": 32,
     "quantize": {"scheme": "8da4w", "group_size": 32, "embedding": "int8"},
 }
 Q_ADAPTERS = [
     {"name": "qa", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 1}},
-    {"name": "qb", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj", "gate_proj", "down_proj"],
-                                 "seed": 2, "layers": [1]}},
+    {
+        "name": "qb",
+        "synthetic": {
+            "rank": 8,
+            "alpha": 16,
+            "target_modules": ["o_proj", "gate_proj", "down_proj"],
+            "seed": 2,
+            "layers": [1],
+        },
+    },
     {"name": "qc", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "seed": 3}},
 ]
 TOP1_MIN = 0.90
@@ -80,10 +102,23 @@ def q_models(q_build):
 def _tiny_foundation(quantize: dict | None, **synthetic):
     from lora_share.config import FoundationConfig, SyntheticFoundation
 
-    s = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128, "vocab_size": 256,
-         "tie_embeddings": True, **synthetic}
-    return load_foundation(FoundationConfig(synthetic=SyntheticFoundation(**s), max_seq_len=16,
-                                            quantize=QuantizeConfig(**quantize) if quantize else None))
+    s = {
+        "dim": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "hidden_dim": 128,
+        "vocab_size": 256,
+        "tie_embeddings": True,
+        **synthetic,
+    }
+    return load_foundation(
+        FoundationConfig(
+            synthetic=SyntheticFoundation(**s),
+            max_seq_len=16,
+            quantize=QuantizeConfig(**quantize) if quantize else None,
+        )
+    )
 
 
 def test_config_errors_have_key_paths(tmp_path):
@@ -91,19 +126,25 @@ def test_config_errors_have_key_paths(tmp_path):
         "synthetic": {"dim": 96, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128, "vocab_size": 64},
         "quantize": {"scheme": "8da3w", "group_size": 64, "embedding": "int2", "groupsize": 32},
     }
-    path = write_config(tmp_path, bad, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2,
-                                                                    "target_modules": ["q_proj"]}}])
+    path = write_config(
+        tmp_path, bad, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"]}}]
+    )
     with pytest.raises(lora_share.ConfigErrors) as e:
         lora_share.validate(path)
     problems = e.value.problems
-    assert any(p.startswith("foundation.quantize.scheme: '8da3w' is not one of 8da4w") and "did you mean '8da4w'" in p
-               for p in problems), problems
-    assert any(p.startswith("foundation.quantize.embedding: 'int2' is not one of int8, int4") for p in problems), problems
+    assert any(
+        p.startswith("foundation.quantize.scheme: '8da3w' is not one of 8da4w") and "did you mean '8da4w'" in p
+        for p in problems
+    ), problems
+    assert any(p.startswith("foundation.quantize.embedding: 'int2' is not one of int8, int4") for p in problems), (
+        problems
+    )
     assert any(p.startswith("foundation.quantize.groupsize: unknown key; did you mean 'group_size'") for p in problems)
     assert "foundation.quantize.group_size: 64 does not divide synthetic.dim 96 (a linear's input width)" in problems
     bad["quantize"] = {"scheme": "8da4w", "group_size": 48}
-    path = write_config(tmp_path, bad, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2,
-                                                                    "target_modules": ["q_proj"]}}])
+    path = write_config(
+        tmp_path, bad, [{"name": "a", "synthetic": {"rank": 2, "alpha": 2, "target_modules": ["q_proj"]}}]
+    )
     with pytest.raises(lora_share.ConfigErrors) as e:
         lora_share.validate(path)
     assert e.value.problems == ["foundation.quantize.group_size: 48 is not a multiple of 32 (XNNPACK's 4-bit kernels)"]
@@ -134,7 +175,9 @@ def test_only_foundation_linears_are_quantized(tied):
     slots = list(model.lora_slots)
     a, b = adapter.weights[(0, "q_proj")]
     i = slots.index((0, "q_proj"))
-    assert torch.equal(model._lora[2 * i], torch.from_numpy(a)) and torch.equal(model._lora[2 * i + 1], torch.from_numpy(b))
+    assert torch.equal(model._lora[2 * i], torch.from_numpy(a)) and torch.equal(
+        model._lora[2 * i + 1], torch.from_numpy(b)
+    )
     assert all(t.dtype == torch.float32 and not is_quantized(t) for t in model._lora)
     assert not any(is_quantized(p) for p in eager_model(foundation, adapter, quantized=False).parameters())
 
@@ -145,8 +188,9 @@ def test_fused_projections_give_the_same_logits(grid):
     logits are the unfused quantized model's exactly, LoRA on fused and unfused linears included."""
     from lora_share.config import AdapterConfig, SyntheticAdapter
 
-    foundation = _tiny_foundation({"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": grid,
-                                   "lm_head": "int8"})
+    foundation = _tiny_foundation(
+        {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": grid, "lm_head": "int8"}
+    )
     synthetic = SyntheticAdapter(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
     adapter = load_adapter(AdapterConfig(name="a", synthetic=synthetic), foundation.args)
     fused = eager_model(foundation, adapter)
@@ -178,8 +222,11 @@ def test_group_size_must_divide_every_linear():
     from lora_share.errors import UserError
 
     foundation = _tiny_foundation(None, hidden_dim=96)  # down_proj's input is 96 wide
-    with pytest.raises(UserError, match=r"group_size: 64 does not divide the input width 96 of "
-                                        r"model.layers.0.mlp.down_proj"):
+    with pytest.raises(
+        UserError,
+        match=r"group_size: 64 does not divide the input width 96 of "
+        r"model.layers.0.mlp.down_proj",
+    ):
         quantize_foundation_(eager_model(foundation), QuantizeConfig(scheme="8da4w", group_size=64))
 
 
@@ -202,8 +249,13 @@ def test_fingerprint_covers_the_quantization():
 def test_manifest_records_quantization(q_build, q_models):
     foundation, _, _ = q_models
     m = q_build.manifest
-    assert m["foundation"]["quantize"] == {"scheme": "8da4w", "group_size": 32, "embedding": "int8", "grid": "symmetric",
-                                           "lm_head": "int4"}
+    assert m["foundation"]["quantize"] == {
+        "scheme": "8da4w",
+        "group_size": 32,
+        "embedding": "int8",
+        "grid": "symmetric",
+        "lm_head": "int4",
+    }
     assert m["foundation"]["fingerprint"] == foundation_fingerprint(foundation)
     # One program for every adapter: exported once, each adapter written as its data.
     assert m["program"]["produced"] == "exported"
@@ -336,8 +388,21 @@ def test_cpp_runner_matches_python(runner_bin, q_build, tmp_path, mode):
 
     for name, pte in q_build.ptes.items():
         npy = tmp_path / f"{name}.npy"
-        proc = run_runner(runner_bin, *all_ptes(q_build), "--ptd", q_build.ptd, "--tokens", ids(PROMPT),
-                          "--max-new-tokens", NEW, "--adapter", name, "--dump-logits", npy, *mode)
+        proc = run_runner(
+            runner_bin,
+            *all_ptes(q_build),
+            "--ptd",
+            q_build.ptd,
+            "--tokens",
+            ids(PROMPT),
+            "--max-new-tokens",
+            NEW,
+            "--adapter",
+            name,
+            "--dump-logits",
+            npy,
+            *mode,
+        )
         assert proc.returncode == 0, proc.stderr
         ref = lora_share.run(pte, q_build.ptd, PROMPT, NEW)
         assert [int(t) for t in proc.stdout.split()] == ref.tokens, name
@@ -425,8 +490,11 @@ def test_asymmetric_quantized_model_holds_q4_1_weights_exactly():
 @pytest.fixture(scope="module")
 def asym_build(tmp_path_factory):
     folder = tmp_path_factory.mktemp("asymmetric")
-    foundation = {**Q_FOUNDATION, "quantize": {**ASYM, "embedding": "int4"},
-                  "synthetic": {**Q_FOUNDATION["synthetic"], "dim": 256, "hidden_dim": 512}}
+    foundation = {
+        **Q_FOUNDATION,
+        "quantize": {**ASYM, "embedding": "int4"},
+        "synthetic": {**Q_FOUNDATION["synthetic"], "dim": 256, "hidden_dim": 512},
+    }
     return build_config(write_config(folder, foundation, Q_ADAPTERS[:2], name="asymmetric"))
 
 
@@ -450,8 +518,20 @@ def test_asymmetric_export_matches_its_eager_model(runner_bin, asym_build, tmp_p
         assert np.median(np.abs(got - want).max(axis=1)) <= 1e-3, a.name
         assert math.sqrt(np.mean((got - want) ** 2)) <= 0.1 * math.sqrt(np.mean((want - ref) ** 2)), a.name
         npy = tmp_path / f"{a.name}.npy"
-        proc = run_runner(runner_bin, *all_ptes(asym_build), "--ptd", asym_build.ptd, "--tokens", ids(PROMPT),
-                          "--max-new-tokens", NEW, "--adapter", a.name, "--dump-logits", npy)
+        proc = run_runner(
+            runner_bin,
+            *all_ptes(asym_build),
+            "--ptd",
+            asym_build.ptd,
+            "--tokens",
+            ids(PROMPT),
+            "--max-new-tokens",
+            NEW,
+            "--adapter",
+            a.name,
+            "--dump-logits",
+            npy,
+        )
         assert proc.returncode == 0, proc.stderr
         py = lora_share.run(asym_build.ptes[a.name], asym_build.ptd, PROMPT, NEW)
         assert [int(t) for t in proc.stdout.split()] == py.tokens, a.name

@@ -41,7 +41,7 @@ def test_first_command_is_on_the_first_screen():
     first_command = lines[fence + 1]
     assert fence + 1 < FIRST_SCREEN, f"the first command is on line {fence + 2}, past line {FIRST_SCREEN}"
     assert first_command.split()[:2] == ["make", "demo"], first_command
-    assert any(line.split()[:2] == ["make", "test"] for line in lines[fence + 1:FIRST_SCREEN])
+    assert any(line.split()[:2] == ["make", "test"] for line in lines[fence + 1 : FIRST_SCREEN])
 
 
 def test_every_relative_link_resolves():
@@ -66,7 +66,7 @@ def _results_rows() -> list[list[str]]:
     lines = _lines()
     start = lines.index("## Measured")
     rows = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("## "):
             break
         if line.startswith("|") and not set(line) <= set("|-: "):
@@ -80,8 +80,9 @@ def _make_targets() -> set[str]:
 
 
 def _has_history() -> bool:
-    probe = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
+    )
     return probe.returncode == 0 and probe.stdout.strip() == "false"
 
 
@@ -100,7 +101,7 @@ def test_each_measured_figure_names_its_command_and_commit():
         assert commits, f"no commit in the last cell of: {row}"
         if history:
             for commit in commits:
-                found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
-                                       capture_output=True)
+                found = subprocess.run(
+                    ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+                )
                 assert found.returncode == 0, f"commit {commit} is not in this repository's history: {row}"
-

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-import lora_share
 from conftest import REPO, run_cli, run_in_wheel_venv
 from test_server import Server, server_bin  # noqa: F401  (the server fixture and its client)
+
+import lora_share
 
 sys.path.insert(0, str(REPO / "examples" / "smollm2"))
 import train_adapters  # noqa: E402  (the demo adapters' questions and task checks)
@@ -62,7 +62,7 @@ def hf_model():
     return AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_tokenizer(out: Path):
     """The build's tokenizer as transformers reads it, loaded once per build folder."""
     from transformers import AutoTokenizer
@@ -78,9 +78,10 @@ def chat_ids(out: Path, question: str) -> list[int]:
 def greedy(model, ids: list[int], new: int, eos: list[int] | None) -> list[int]:
     """transformers' greedy continuation of ``ids``, stopped after an ``eos`` id (kept) when given."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=eos,
-                             pad_token_id=(eos or [0])[0])
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=(eos or [0])[0]
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_gguf_builds_with_its_tokenizer(smollm2):
@@ -97,9 +98,26 @@ def test_base_answers_as_transformers_gguf_loading(smollm2, runner_bin, hf_model
     out, manifest, _ = smollm2
     ids = chat_ids(out, QUESTION)
     pte = out / manifest["adapters"][0]["file"]
-    proc = subprocess.run([str(runner_bin), "--pte", str(pte), "--ptd", str(out / "foundation.ptd"),
-                           "--adapter", "base", "--tokens", ",".join(map(str, ids)), "--max-new-tokens", str(NEW),
-                           "--ignore-eos", "--json"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            str(runner_bin),
+            "--pte",
+            str(pte),
+            "--ptd",
+            str(out / "foundation.ptd"),
+            "--adapter",
+            "base",
+            "--tokens",
+            ",".join(map(str, ids)),
+            "--max-new-tokens",
+            str(NEW),
+            "--ignore-eos",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)["tokens"]
     assert got == greedy(hf_model, ids, NEW, None)
@@ -128,7 +146,9 @@ def test_demo_adapters_equal_transformers_peft_through_the_runner(smollm2, runne
     for a in manifest["adapters"]:
         cmd += ["--pte", str(out / a["file"])]
     asked = [(name, chat_ids(out, q)) for name in references for q in QUESTIONS]
-    lines = "".join(json.dumps({"adapter": n, "tokens": ids, "max_new_tokens": REPLY_TOKENS}) + "\n" for n, ids in asked)
+    lines = "".join(
+        json.dumps({"adapter": n, "tokens": ids, "max_new_tokens": REPLY_TOKENS}) + "\n" for n, ids in asked
+    )
     done = subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr
     answers = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -144,16 +164,30 @@ def test_demo_adapters_equal_transformers_peft_through_lora_share_run(smollm2, r
     out, manifest, _ = smollm2
     eos = manifest["tokenizer"]["eos_token_ids"]
     for a in manifest["adapters"]:
-        got = [runtime.run(out / a["file"], out / "foundation.ptd", chat_ids(out, q), REPLY_TOKENS,
-                           stop_ids=eos).tokens for q in QUESTIONS]
+        got = [
+            runtime.run(out / a["file"], out / "foundation.ptd", chat_ids(out, q), REPLY_TOKENS, stop_ids=eos).tokens
+            for q in QUESTIONS
+        ]
         assert got == references[a["name"]], a["name"]
     # The command itself, once per adapter: its chat text is the reference's.
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     for a in manifest["adapters"]:
-        r = run_cli("run", "--pte", out / a["file"], "--ptd", out / "foundation.ptd", "--chat", QUESTIONS[0],
-                    "--tokenizer", out, "--max-new-tokens", REPLY_TOKENS, "--json")
+        r = run_cli(
+            "run",
+            "--pte",
+            out / a["file"],
+            "--ptd",
+            out / "foundation.ptd",
+            "--chat",
+            QUESTIONS[0],
+            "--tokenizer",
+            out,
+            "--max-new-tokens",
+            REPLY_TOKENS,
+            "--json",
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["text"] == tokenizer.decode(references[a["name"]][0], skip_special_tokens=True)
 
@@ -167,10 +201,16 @@ def test_demo_adapters_equal_transformers_peft_through_the_server(smollm2, serve
     try:
         for name, refs in references.items():
             for q, ref in zip(QUESTIONS, refs):
-                status, body = server.request("POST", "/v1/chat/completions", {
-                    "model": name, "messages": [{"role": "user", "content": q}], "max_tokens": REPLY_TOKENS})
+                status, body = server.request(
+                    "POST",
+                    "/v1/chat/completions",
+                    {"model": name, "messages": [{"role": "user", "content": q}], "max_tokens": REPLY_TOKENS},
+                )
                 assert status == 200, body
-                assert body["choices"][0]["message"]["content"] == tokenizer.decode(ref, skip_special_tokens=True), (name, q)
+                assert body["choices"][0]["message"]["content"] == tokenizer.decode(ref, skip_special_tokens=True), (
+                    name,
+                    q,
+                )
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)
@@ -198,20 +238,28 @@ with Runtime(folder) as rt:
 """
 
 
-def test_wheel_runtime_answers_as_the_server_for_each_demo_adapter(smollm2, server_bin, wheel_python,  # noqa: F811
-                                                                     tmp_path):
+def test_wheel_runtime_answers_as_the_server_for_each_demo_adapter(
+    smollm2,
+    server_bin,  # noqa: F811
+    wheel_python,
+    tmp_path,
+):
     """Issue 49's Done when: `Runtime(dir).create_chat_completion(...)` from the wheel installed in a fresh
     venv outside the checkout answers each demo adapter (and base) greedily with the server's text, finish
     reason and usage."""
     out, manifest, _ = smollm2
-    asks = [(name, [{"role": "user", "content": q}], REPLY_TOKENS)
-            for name in [a["name"] for a in manifest["adapters"]] + ["base"] for q in QUESTIONS[:2]]
+    asks = [
+        (name, [{"role": "user", "content": q}], REPLY_TOKENS)
+        for name in [a["name"] for a in manifest["adapters"]] + ["base"]
+        for q in QUESTIONS[:2]
+    ]
     server = Server(server_bin, out)
     try:
         want = []
         for name, messages, n in asks:
-            status, body = server.request("POST", "/v1/chat/completions",
-                                          {"model": name, "messages": messages, "max_tokens": n})
+            status, body = server.request(
+                "POST", "/v1/chat/completions", {"model": name, "messages": messages, "max_tokens": n}
+            )
             assert status == 200, body
             want.append(body)
     finally:

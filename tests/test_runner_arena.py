@@ -13,13 +13,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_CHUNK
+from test_cpp_runner import assert_clean_error, ids, run_runner
 
 import lora_share
-from conftest import TINY_CHUNK
 from lora_share.checkpoints.adapters import load_adapter
-from lora_share.export.eager import eager_model
 from lora_share.checkpoints.foundation import load_foundation
-from test_cpp_runner import assert_clean_error, ids, run_runner
+from lora_share.export.eager import eager_model
 
 CONTEXT = 32
 LONG = [(5 * i + 3) % 256 for i in range(2 * TINY_CHUNK + 5)]  # three calls: chunk, chunk, 5
@@ -57,8 +57,19 @@ def runner(runner_bin, tiny_build, names, *flags, input=None):
 @pytest.mark.parametrize("mode", [*ARENAS.values(), ["--stock"]], ids=[*ARENAS, "stock"])
 def test_long_prompt_is_chunked_and_exact(runner_bin, tiny_build, eager, tmp_path, mode):
     npy = tmp_path / "logits.npy"
-    proc = runner(runner_bin, tiny_build, ["tiny_b"], "--tokens", ids(LONG), "--max-new-tokens", NEW,
-                  "--dump-logits", npy, "--json", *mode)
+    proc = runner(
+        runner_bin,
+        tiny_build,
+        ["tiny_b"],
+        "--tokens",
+        ids(LONG),
+        "--max-new-tokens",
+        NEW,
+        "--dump-logits",
+        npy,
+        "--json",
+        *mode,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["prefill_chunk"] == TINY_CHUNK and out["max_seq_len"] == CONTEXT
@@ -78,8 +89,19 @@ def test_long_prompt_matches_the_python_runtime(runner_bin, tiny_build, tmp_path
     from lora_share.inference.python_runtime import run
 
     npy = tmp_path / "logits.npy"
-    proc = runner(runner_bin, tiny_build, list(tiny_build.ptes), "--adapter", "tiny_a", "--tokens", ids(LONG),
-                  "--max-new-tokens", NEW, "--dump-logits", npy)
+    proc = runner(
+        runner_bin,
+        tiny_build,
+        list(tiny_build.ptes),
+        "--adapter",
+        "tiny_a",
+        "--tokens",
+        ids(LONG),
+        "--max-new-tokens",
+        NEW,
+        "--dump-logits",
+        npy,
+    )
     assert proc.returncode == 0, proc.stderr
     ref = run(tiny_build.ptes["tiny_a"], tiny_build.ptd, LONG, NEW)
     assert [int(t) for t in proc.stdout.split()] == ref.tokens
@@ -98,8 +120,7 @@ def test_a_b_a_served_from_one_process_equal_separate_processes(runner_bin, tiny
     requests = [("tiny_a", prompt(20, 1)), ("tiny_b", prompt(25, 2)), ("tiny_a", prompt(11, 3))]
     assert all(len(p) > TINY_CHUNK for _, p in requests)
     lines = "".join(f"{name}\t{ids(p)}\n" for name, p in requests)
-    proc = runner(runner_bin, tiny_build, ["tiny_a", "tiny_b"], "--serve", "--max-new-tokens", NEW, *arena,
-                  input=lines)
+    proc = runner(runner_bin, tiny_build, ["tiny_a", "tiny_b"], "--serve", "--max-new-tokens", NEW, *arena, input=lines)
     assert proc.returncode == 0, proc.stderr
     served = [json.loads(line)["tokens"] for line in proc.stdout.splitlines()]
     alone = []
@@ -120,13 +141,17 @@ def loading(runner_bin, tiny_build, names, *flags) -> dict:
 def test_one_arena_is_sized_to_the_largest_program(runner_bin, tiny_build, hoisted_build):
     """Adapters of one deployment share one program (one arena however they are asked for); programs
     of two deployments over the same foundation (other envelopes) share one arena sized to the larger."""
-    loads = {"tiny_a": tiny_build.ptes["tiny_a"], "tiny_b": tiny_build.ptes["tiny_b"],
-             "h_d": hoisted_build.ptes["h_d"]}  # h_d's program has another envelope; it reads nothing shared
+    loads = {
+        "tiny_a": tiny_build.ptes["tiny_a"],
+        "tiny_b": tiny_build.ptes["tiny_b"],
+        "h_d": hoisted_build.ptes["h_d"],
+    }  # h_d's program has another envelope; it reads nothing shared
 
     def planned(names, *flags):
         ptes = [arg for n in names for arg in ("--pte", loads[n])]
-        proc = run_runner(runner_bin, "--ptd", tiny_build.ptd, *ptes, "--tokens", "1", "--max-new-tokens", 1,
-                          "--json", *flags)
+        proc = run_runner(
+            runner_bin, "--ptd", tiny_build.ptd, *ptes, "--tokens", "1", "--max-new-tokens", 1, "--json", *flags
+        )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["loading"]
 
@@ -163,8 +188,10 @@ def test_help_says_what_is_kept_between_requests(runner_bin):
 def test_request_past_the_context_is_refused(runner_bin, tiny_build, mode):
     proc = runner(runner_bin, tiny_build, ["tiny_a"], "--tokens", ids(prompt(30, 1)), "--max-new-tokens", 4, *mode)
     assert_clean_error(proc, 2)
-    assert ("error: 30 prompt tokens + 4 new tokens need 33 positions, but the program's context "
-            f"(max_seq_len) is {CONTEXT}: shorten the request") in proc.stderr
+    assert (
+        "error: 30 prompt tokens + 4 new tokens need 33 positions, but the program's context "
+        f"(max_seq_len) is {CONTEXT}: shorten the request"
+    ) in proc.stderr
 
 
 def test_serve_refuses_a_request_past_the_context_and_goes_on(runner_bin, tiny_build):
@@ -172,8 +199,10 @@ def test_serve_refuses_a_request_past_the_context_and_goes_on(runner_bin, tiny_b
     proc = runner(runner_bin, tiny_build, ["tiny_a"], "--serve", "--max-new-tokens", 2, input=lines)
     assert proc.returncode == 0, proc.stderr
     first, second = map(json.loads, proc.stdout.splitlines())
-    assert first == {"error": f"{CONTEXT} prompt tokens + 2 new tokens need {CONTEXT + 1} positions, but the "
-                              f"program's context (max_seq_len) is {CONTEXT}: shorten the request"}
+    assert first == {
+        "error": f"{CONTEXT} prompt tokens + 2 new tokens need {CONTEXT + 1} positions, but the "
+        f"program's context (max_seq_len) is {CONTEXT}: shorten the request"
+    }
     assert second["adapter"] == "tiny_a" and len(second["tokens"]) == 2  # the context's last slot is used
 
 
@@ -204,10 +233,15 @@ class _PositionFromCacheContract(_InputPosContract):
         return self.head(self.embed(tokens)[:, -1, :]) + slab.sum(), slab[:1].unsqueeze(0)
 
 
-@pytest.mark.parametrize("contract,second,methods", [
-    (_InputPosContract, [0], {}), (_CachePositionsContract, [0, 1], {"get_prefill_chunk": 2}),
-    (_PositionFromCacheContract, [[0.0, 0.0, 0.0, 0.0]] * 3, {"get_prefill_chunk": 2})],
-    ids=["input_pos", "cache_positions", "position_from_cache"])
+@pytest.mark.parametrize(
+    "contract,second,methods",
+    [
+        (_InputPosContract, [0], {}),
+        (_CachePositionsContract, [0, 1], {"get_prefill_chunk": 2}),
+        (_PositionFromCacheContract, [[0.0, 0.0, 0.0, 0.0]] * 3, {"get_prefill_chunk": 2}),
+    ],
+    ids=["input_pos", "cache_positions", "position_from_cache"],
+)
 def test_a_program_of_an_earlier_contract_is_refused(runner_bin, tiny_build, tmp_path, contract, second, methods):
     """A program exported for an earlier forward contract cannot be fed the runtime's KV cache: both
     loading paths of the runner and `lora-share run` refuse it with the fix, not a failed forward later."""
@@ -216,8 +250,15 @@ def test_a_program_of_an_earlier_contract_is_refused(runner_bin, tiny_build, tmp
 
     ep = torch.export.export(contract(), (torch.tensor([[1, 2]]), torch.tensor(second)))
     old = tmp_path / "old.pte"
-    old.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()], constant_methods={
-        "get_max_seq_len": 16, "get_vocab_size": 8, **methods}).to_executorch().buffer)
+    old.write_bytes(
+        to_edge_transform_and_lower(
+            ep,
+            partitioner=[XnnpackPartitioner()],
+            constant_methods={"get_max_seq_len": 16, "get_vocab_size": 8, **methods},
+        )
+        .to_executorch()
+        .buffer
+    )
     for mode in ([], ["--stock"]):
         proc = run_runner(runner_bin, "--pte", old, "--tokens", "1,2", *mode)
         assert_clean_error(proc, 1)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
-from lora_share.formats import read_pte, read_ptd
 from mutations import FILE_DAMAGE, damaged, write_damaged
 from test_cpp_runner import NEW, PROMPT, TIMEOUT, assert_clean_error, ids, rewrite_ptd, run_runner
+
+from lora_share.formats import read_ptd, read_pte
 
 HOISTING = ["h_a", "h_b", "h_c"]  # the adapters that read from adapters_shared.ptd
 MODES = {"shared": [], "no-cache": ["--no-weight-cache"], "stock": ["--stock"], "one-thread": ["--threads", "1"]}
@@ -58,8 +58,19 @@ def cli_reference(hoisted_build, tmp_path_factory):
     out = {}
     for name, pte in hoisted_build.ptes.items():
         npy = folder / f"{name}.npy"
-        proc = run_cli("run", "--pte", pte, *data_args(hoisted_build), "--tokens", ids(PROMPT),
-                       "--max-new-tokens", NEW, "--json", "--dump-logits", npy)
+        proc = run_cli(
+            "run",
+            "--pte",
+            pte,
+            *data_args(hoisted_build),
+            "--tokens",
+            ids(PROMPT),
+            "--max-new-tokens",
+            NEW,
+            "--json",
+            "--dump-logits",
+            npy,
+        )
         assert proc.returncode == 0, proc.stderr
         out[name] = (json.loads(proc.stdout)["tokens"], np.load(npy))
     return out
@@ -92,8 +103,20 @@ def test_every_hoisted_adapter_matches_python(runner_bin, hoisted_build, cli_ref
     """All four adapters loaded in one process over the two data files; each answers as Python does."""
     for name in hoisted_build.ptes:
         npy = tmp_path / f"{name}.npy"
-        proc = run_runner(runner_bin, *pte_args(hoisted_build), *data_args(hoisted_build), "--tokens", ids(PROMPT),
-                          "--max-new-tokens", NEW, "--adapter", name, "--dump-logits", npy, *mode)
+        proc = run_runner(
+            runner_bin,
+            *pte_args(hoisted_build),
+            *data_args(hoisted_build),
+            "--tokens",
+            ids(PROMPT),
+            "--max-new-tokens",
+            NEW,
+            "--adapter",
+            name,
+            "--dump-logits",
+            npy,
+            *mode,
+        )
         assert proc.returncode == 0, proc.stderr
         tokens, ref = cli_reference[name]
         assert [int(t) for t in proc.stdout.split()] == tokens, name
@@ -104,19 +127,34 @@ def test_every_hoisted_adapter_matches_python(runner_bin, hoisted_build, cli_ref
 
 @pytest.mark.parametrize("mode", [MODES["shared"], MODES["stock"]], ids=["shared", "stock"])
 def test_serve_answers_as_separate_processes(runner_bin, hoisted_build, mode):
-    requests = [("h_a", [1, 17, 42]), ("h_b", [1, 17, 42]), ("h_c", [5, 6]), ("h_d", [1, 17, 42, 9]),
-                ("h_a", [5, 6]), ("h_c", [1, 17, 42])]
+    requests = [
+        ("h_a", [1, 17, 42]),
+        ("h_b", [1, 17, 42]),
+        ("h_c", [5, 6]),
+        ("h_d", [1, 17, 42, 9]),
+        ("h_a", [5, 6]),
+        ("h_c", [1, 17, 42]),
+    ]
     for temperature in ("0", "0.8"):
         flags = ["--max-new-tokens", NEW, "--temperature", temperature, "--seed", 7, *mode]
         lines = "".join(f"{n}\t{ids(t)}\n" for n, t in requests)
-        served = run_runner(runner_bin, *pte_args(hoisted_build), *data_args(hoisted_build), "--serve", *flags,
-                            input=lines)
+        served = run_runner(
+            runner_bin, *pte_args(hoisted_build), *data_args(hoisted_build), "--serve", *flags, input=lines
+        )
         assert served.returncode == 0, served.stderr
         answers = [json.loads(line) for line in served.stdout.splitlines()]
         assert len(answers) == len(requests)
         for (name, prompt), answer in zip(requests, answers):
-            alone = run_runner(runner_bin, "--pte", hoisted_build.ptes[name], *data_args(hoisted_build),
-                               "--tokens", ids(prompt), "--json", *flags)
+            alone = run_runner(
+                runner_bin,
+                "--pte",
+                hoisted_build.ptes[name],
+                *data_args(hoisted_build),
+                "--tokens",
+                ids(prompt),
+                "--json",
+                *flags,
+            )
             assert alone.returncode == 0, alone.stderr
             assert answer["adapter"] == name
             assert answer["tokens"] == json.loads(alone.stdout)["tokens"], (name, prompt, temperature)
@@ -129,8 +167,21 @@ def test_shared_ptd_is_harmless_to_other_adapters(runner_bin, tiny_build, hoiste
         runs = []
         for extra in ([], ["--shared-ptd", hoisted_build.shared_ptd]):
             npy = tmp_path / f"{name}{len(extra)}.npy"
-            proc = run_runner(runner_bin, "--pte", pte, "--ptd", tiny_build.ptd, *extra, "--tokens", ids(PROMPT),
-                              "--max-new-tokens", NEW, "--dump-logits", npy, *mode)
+            proc = run_runner(
+                runner_bin,
+                "--pte",
+                pte,
+                "--ptd",
+                tiny_build.ptd,
+                *extra,
+                "--tokens",
+                ids(PROMPT),
+                "--max-new-tokens",
+                NEW,
+                "--dump-logits",
+                npy,
+                *mode,
+            )
             assert proc.returncode == 0, proc.stderr
             runs.append((proc.stdout, np.load(npy)))
         assert runs[0][0] == runs[1][0], name
@@ -141,8 +192,17 @@ def test_shared_ptd_is_harmless_to_other_adapters(runner_bin, tiny_build, hoiste
 
 
 def test_json_and_summary_name_the_shared_file(runner_bin, hoisted_build):
-    base = [*pte_args(hoisted_build), "--ptd", hoisted_build.ptd, "--adapter", "h_d", "--tokens", ids(PROMPT),
-            "--max-new-tokens", 4]
+    base = [
+        *pte_args(hoisted_build),
+        "--ptd",
+        hoisted_build.ptd,
+        "--adapter",
+        "h_d",
+        "--tokens",
+        ids(PROMPT),
+        "--max-new-tokens",
+        4,
+    ]
     with_shared = run_runner(runner_bin, *base, "--shared-ptd", hoisted_build.shared_ptd, "--json")
     assert with_shared.returncode == 0, with_shared.stderr
     out = json.loads(with_shared.stdout)
@@ -152,8 +212,18 @@ def test_json_and_summary_name_the_shared_file(runner_bin, hoisted_build):
         assert all(out["memory"][when][k] > 0 for k in ("rss_kb", "pss_kb", "file_kb")), when
 
     # h_d needs nothing from the shared file, so it runs without it; the report says so.
-    alone = run_runner(runner_bin, "--pte", hoisted_build.ptes["h_d"], "--ptd", hoisted_build.ptd, "--tokens",
-                       ids(PROMPT), "--max-new-tokens", 4, "--json")
+    alone = run_runner(
+        runner_bin,
+        "--pte",
+        hoisted_build.ptes["h_d"],
+        "--ptd",
+        hoisted_build.ptd,
+        "--tokens",
+        ids(PROMPT),
+        "--max-new-tokens",
+        4,
+        "--json",
+    )
     assert alone.returncode == 0, alone.stderr
     assert json.loads(alone.stdout)["shared_ptd"] is None
 
@@ -167,8 +237,15 @@ def open_descriptors(runner_bin, build, mode) -> dict[str, int]:
     MmapDataLoader keeps its file open for as long as it lives, so this counts the
     loaders (each mapping its file) that the process holds, without timing anything.
     """
-    args = [str(runner_bin), *map(str, pte_args(build)), *map(str, data_args(build)), "--serve",
-            "--max-new-tokens", "2", *mode]
+    args = [
+        str(runner_bin),
+        *map(str, pte_args(build)),
+        *map(str, data_args(build)),
+        "--serve",
+        "--max-new-tokens",
+        "2",
+        *mode,
+    ]
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         proc.stdin.write("h_a\t1,2\n")
@@ -207,19 +284,37 @@ def test_shared_file_is_mapped_once_for_all_adapters(runner_bin, hoisted_build):
 def test_hoisted_adapter_without_shared_ptd_names_the_fix(runner_bin, hoisted_build, mode):
     for name in HOISTING:
         pte = hoisted_build.ptes[name]
-        line = one_error_line(run_runner(runner_bin, "--pte", pte, "--ptd", hoisted_build.ptd, "--tokens", "1,2",
-                                         *mode), 1)
+        line = one_error_line(
+            run_runner(runner_bin, "--pte", pte, "--ptd", hoisted_build.ptd, "--tokens", "1,2", *mode), 1
+        )
         assert all(s in line for s in ("--shared-ptd", "adapters_shared.ptd", str(pte), str(hoisted_build.ptd)))
         assert any(key in line for key in hoisted_keys(hoisted_build, name)), line
     # Loaded with others, the one that lacks its tensors is named.
-    line = one_error_line(run_runner(runner_bin, "--pte", hoisted_build.ptes["h_d"], "--pte",
-                                     hoisted_build.ptes["h_b"], "--ptd", hoisted_build.ptd, "--tokens", "1,2", *mode), 1)
+    line = one_error_line(
+        run_runner(
+            runner_bin,
+            "--pte",
+            hoisted_build.ptes["h_d"],
+            "--pte",
+            hoisted_build.ptes["h_b"],
+            "--ptd",
+            hoisted_build.ptd,
+            "--tokens",
+            "1,2",
+            *mode,
+        ),
+        1,
+    )
     assert str(hoisted_build.ptes["h_b"]) in line and "--shared-ptd" in line
 
 
 def test_shared_ptd_without_ptd_is_a_usage_error(runner_bin, hoisted_build):
-    line = one_error_line(run_runner(runner_bin, "--pte", hoisted_build.ptes["h_a"], "--shared-ptd",
-                                     hoisted_build.shared_ptd, "--tokens", "1,2"), 2)
+    line = one_error_line(
+        run_runner(
+            runner_bin, "--pte", hoisted_build.ptes["h_a"], "--shared-ptd", hoisted_build.shared_ptd, "--tokens", "1,2"
+        ),
+        2,
+    )
     assert "--shared-ptd" in line and "--ptd" in line.replace("--shared-ptd", "")
 
 
@@ -257,8 +352,10 @@ def test_bad_shared_ptd_gives_one_error_line(runner_bin, hoisted_build, tmp_path
     elif damage == "short-tensor":
         shrink_blob(good, bad, sorted(hoisted_keys(hoisted_build, "h_a"))[0])
     pte = hoisted_build.ptes["h_a"]
-    line = one_error_line(run_runner(runner_bin, "--pte", pte, "--ptd", hoisted_build.ptd, "--shared-ptd", bad,
-                                     "--tokens", "1,2", *mode), 1)
+    line = one_error_line(
+        run_runner(runner_bin, "--pte", pte, "--ptd", hoisted_build.ptd, "--shared-ptd", bad, "--tokens", "1,2", *mode),
+        1,
+    )
     assert str(bad) in line, line
     if damage == "without-tensors":  # both files searched are named
         assert str(pte) in line and str(hoisted_build.ptd) in line, line
@@ -273,8 +370,19 @@ def test_damaged_shared_ptd_never_crashes(runner_bin, hoisted_build, tmp_path):
     outcomes: Counter = Counter()
     for i, (mutation, blob) in enumerate(damaged(hoisted_build.shared_ptd.read_bytes(), "ptd", 300, seed=7)):
         bad.write_bytes(blob)
-        proc = run_runner(runner_bin, "--pte", hoisted_build.ptes["h_a"], "--ptd", hoisted_build.ptd,
-                          "--shared-ptd", bad, "--tokens", "1,2", "--max-new-tokens", 2)
+        proc = run_runner(
+            runner_bin,
+            "--pte",
+            hoisted_build.ptes["h_a"],
+            "--ptd",
+            hoisted_build.ptd,
+            "--shared-ptd",
+            bad,
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            2,
+        )
         assert proc.returncode in (0, 1), (i, mutation, proc.returncode, proc.stderr)
         if proc.returncode:
             assert_clean_error(proc, 1)
@@ -286,15 +394,24 @@ def test_damaged_shared_ptd_never_crashes(runner_bin, hoisted_build, tmp_path):
 
 def test_help_lists_shared_ptd(runner_bin):
     proc = run_runner(runner_bin, "--help")
-    line = next(l for l in proc.stdout.splitlines() if l.strip().startswith("--shared-ptd "))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("--shared-ptd "))
     assert "hoist" in line and "[default: (none)]" in line
 
 
 def test_threads_sets_the_pool_and_is_reported(runner_bin, hoisted_build):
     """--threads N: ExecuTorch's threadpool runs N threads (the report says how many); 0 keeps one per
     core; a negative count is a usage error naming the flag."""
-    base = ["--pte", hoisted_build.ptes["h_d"], "--ptd", hoisted_build.ptd, "--tokens", ids(PROMPT),
-            "--max-new-tokens", 2, "--json"]
+    base = [
+        "--pte",
+        hoisted_build.ptes["h_d"],
+        "--ptd",
+        hoisted_build.ptd,
+        "--tokens",
+        ids(PROMPT),
+        "--max-new-tokens",
+        2,
+        "--json",
+    ]
     for flag, expected in ((["--threads", "1"], 1), (["--threads", "3"], 3), ([], None)):
         proc = run_runner(runner_bin, *base, *flag)
         assert proc.returncode == 0, proc.stderr

@@ -16,27 +16,35 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import TEXT_ADAPTER, run_cli
-from lora_share.files import sha256_file
 from hf_files import hf_generate
 from tokenizer_files import sentencepiece_bpe
+
+from lora_share.files import sha256_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = "The quick brown fox jumps over the lazy dog."  # > 16 tokens: prefilled in two chunks
 NEW = 16
-NO_TOKENIZER = ("has no tokenizer (the build's checkpoint had none): pass --tokens ids, or add foundation.tokenizer "
-                "to the config and rebuild")
+NO_TOKENIZER = (
+    "has no tokenizer (the build's checkpoint had none): pass --tokens ids, or add foundation.tokenizer "
+    "to the config and rebuild"
+)
 
 
 def runner(runner_bin, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(runner_bin), *map(str, args)], input=stdin, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([str(runner_bin), *map(str, args)], input=stdin, capture_output=True, text=True, timeout=300)
 
 
 def base_args(build_dir: Path, *extra) -> list:
-    return ["--pte", build_dir / f"{TEXT_ADAPTER}.pte", "--ptd", build_dir / "foundation.ptd",
-            "--max-new-tokens", NEW, *extra]
+    return [
+        "--pte",
+        build_dir / f"{TEXT_ADAPTER}.pte",
+        "--ptd",
+        build_dir / "foundation.ptd",
+        "--max-new-tokens",
+        NEW,
+        *extra,
+    ]
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -80,7 +88,7 @@ def test_generation_stops_at_the_manifest_eos(runner_bin, text_build, reference,
     """EOS ids come from manifest.json's tokenizer section: one that greedy decoding reaches (a plain
     word piece) stops generation there; the token is returned but is not text."""
     greedy = reference["tokens"]
-    eos = max(set(greedy[:NEW - 1]), key=greedy.index)  # reached for the first time last, before NEW
+    eos = max(set(greedy[: NEW - 1]), key=greedy.index)  # reached for the first time last, before NEW
     out = copy_build(text_build, tmp_path / "out")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["tokenizer"]["eos_token_ids"] = [eos]
@@ -90,7 +98,7 @@ def test_generation_stops_at_the_manifest_eos(runner_bin, text_build, reference,
     got = json.loads(r.stdout)
     tokenizer, model = text_hf
     want = hf_generate(model, reference["prompt"], NEW, eos=[eos])
-    assert got["tokens"] == want == greedy[:greedy.index(eos) + 1] and len(want) < NEW
+    assert got["tokens"] == want == greedy[: greedy.index(eos) + 1] and len(want) < NEW
     assert got["text"] == tokenizer.decode(want[:-1], skip_special_tokens=True)
     r = runner(runner_bin, *base_args(out, "--prompt", PROMPT))
     assert r.returncode == 0 and r.stdout == got["text"] + "\n"
@@ -116,8 +124,17 @@ def test_serve_json_lines(runner_bin, text_build, reference, text_hf):
         {"adapter": TEXT_ADAPTER, "prompt": PROMPT, "temperature": 0, "seed": 3},  # serving went on
     ]
     stdin = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests)
-    r = runner(runner_bin, "--pte", text_build.pte, "--ptd", text_build.build.ptd, "--max-new-tokens", NEW,
-               "--serve", stdin=stdin)
+    r = runner(
+        runner_bin,
+        "--pte",
+        text_build.pte,
+        "--ptd",
+        text_build.build.ptd,
+        "--max-new-tokens",
+        NEW,
+        "--serve",
+        stdin=stdin,
+    )
     assert r.returncode == 0, r.stderr
     answers = json_lines(r.stdout)
     assert len(answers) == len(requests)
@@ -130,19 +147,30 @@ def test_serve_json_lines(runner_bin, text_build, reference, text_hf):
     messages = [b["error"] for b in bad]
     assert messages[0].startswith("not a JSON object")
     assert "unknown adapter 'nope'" in messages[1]
-    assert "exactly one of \"prompt\"" in messages[2] and "exactly one of \"prompt\"" in messages[3]
-    assert "unknown key \"max_tokens\"" in messages[4]
-    assert "\"max_new_tokens\": expected an integer >= 1" in messages[5]
-    assert "\"prompt\": expected a string" in messages[6]
+    assert 'exactly one of "prompt"' in messages[2] and 'exactly one of "prompt"' in messages[3]
+    assert 'unknown key "max_tokens"' in messages[4]
+    assert '"max_new_tokens": expected an integer >= 1' in messages[5]
+    assert '"prompt": expected a string' in messages[6]
     assert "99999" in messages[7]
-    assert "\"adapter\"" in messages[8]
+    assert '"adapter"' in messages[8]
 
 
 def test_serve_without_tokenizer_answers_ids_and_refuses_text(runner_bin, tiny_build):
     name = next(iter(tiny_build.ptes))
-    stdin = json.dumps({"adapter": name, "prompt": "hi"}) + "\n" + json.dumps({"adapter": name, "tokens": [1, 2]}) + "\n"
-    r = runner(runner_bin, "--pte", tiny_build.ptes[name], "--ptd", tiny_build.ptd, "--max-new-tokens", 2,
-               "--serve", stdin=stdin)
+    stdin = (
+        json.dumps({"adapter": name, "prompt": "hi"}) + "\n" + json.dumps({"adapter": name, "tokens": [1, 2]}) + "\n"
+    )
+    r = runner(
+        runner_bin,
+        "--pte",
+        tiny_build.ptes[name],
+        "--ptd",
+        tiny_build.ptd,
+        "--max-new-tokens",
+        2,
+        "--serve",
+        stdin=stdin,
+    )
     assert r.returncode == 0, r.stderr
     refused, answered = json_lines(r.stdout)
     assert refused == {"error": f"{tiny_build.out_dir} {NO_TOKENIZER}"}
@@ -161,17 +189,18 @@ def test_a_tokenizer_from_another_build_is_refused(runner_bin, text_build, tmp_p
     sentencepiece_bpe(tmp_path / "other")
     shutil.copy(tmp_path / "other" / "tokenizer.json", out / "tokenizer.json")
     listed = text_build.build.manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"]
-    want = (f"error: {out / 'tokenizer.json'} (sha256 {sha256_file(out / 'tokenizer.json')[:12]}…) is not the "
-            f"tokenizer {out / 'foundation.ptd'} was built with (manifest.json lists {listed[:12]}…): "
-            "copy tokenizer.json from the same build\n")
+    want = (
+        f"error: {out / 'tokenizer.json'} (sha256 {sha256_file(out / 'tokenizer.json')[:12]}…) is not the "
+        f"tokenizer {out / 'foundation.ptd'} was built with (manifest.json lists {listed[:12]}…): "
+        "copy tokenizer.json from the same build\n"
+    )
     r = runner(runner_bin, *base_args(out, "--prompt", "hi"))
     assert r.returncode == 2 and r.stderr == want
     # The same words as the Python runtime.
     py = run_cli("run", *base_args(out, "--prompt", "hi"))
     assert py.returncode == 2 and py.stderr == want
     # --serve refuses it before loading anything, rather than answering with the wrong tokenizer.
-    r = runner(runner_bin, "--pte", out / f"{TEXT_ADAPTER}.pte", "--ptd", out / "foundation.ptd", "--serve",
-               stdin="")
+    r = runner(runner_bin, "--pte", out / f"{TEXT_ADAPTER}.pte", "--ptd", out / "foundation.ptd", "--serve", stdin="")
     assert r.returncode == 2 and r.stderr == want
     # --tokenizer DIR: the original build's foundation.ptd, the tampered folder's tokenizer.
     r = runner(runner_bin, *base_args(text_build.build.out_dir, "--prompt", "hi", "--tokenizer", out))
@@ -194,12 +223,15 @@ def test_a_foundation_from_another_build_is_refused(runner_bin, text_build, tiny
     assert "manifest.json: its tokenizer section is for foundation ffffffffffff…" in r.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--tokens", "1,2", "--prompt", "hi"], "--tokens and --prompt are mutually exclusive"),
-    ([], "give the prompt as --tokens IDS"),
-    (["--tokens", "1,2", "--tokenizer", "x"], "--tokenizer is read only with --prompt or --serve"),
-    (["--prompt", "hi", "--serve"], "--prompt is not used with --serve"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tokens", "1,2", "--prompt", "hi"], "--tokens and --prompt are mutually exclusive"),
+        ([], "give the prompt as --tokens IDS"),
+        (["--tokens", "1,2", "--tokenizer", "x"], "--tokenizer is read only with --prompt or --serve"),
+        (["--prompt", "hi", "--serve"], "--prompt is not used with --serve"),
+    ],
+)
 def test_usage_errors(runner_bin, text_build, args, message):
     r = runner(runner_bin, "--pte", text_build.pte, "--ptd", text_build.build.ptd, *args)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
@@ -233,11 +265,17 @@ def test_serve_messages_answer_as_chat(runner_bin, text_build):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
     hf = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
     ids = list(hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-    want = run_cli("run", *base_args(text_build.build.out_dir, "--tokens", ",".join(map(str, ids)), "--json",
-                                     "--max-new-tokens", 8))  # the tiny context holds 52 + 8
+    want = run_cli(
+        "run",
+        *base_args(text_build.build.out_dir, "--tokens", ",".join(map(str, ids)), "--json", "--max-new-tokens", 8),
+    )  # the tiny context holds 52 + 8
     assert want.returncode == 0, want.stderr
-    stdin = json.dumps({"adapter": TEXT_ADAPTER, "messages": messages, "max_new_tokens": 8}) + "\n" + \
-        json.dumps({"adapter": TEXT_ADAPTER, "messages": [{"role": "wizard", "content": "x"}]}) + "\n"
+    stdin = (
+        json.dumps({"adapter": TEXT_ADAPTER, "messages": messages, "max_new_tokens": 8})
+        + "\n"
+        + json.dumps({"adapter": TEXT_ADAPTER, "messages": [{"role": "wizard", "content": "x"}]})
+        + "\n"
+    )
     r = runner(runner_bin, *base_args(text_build.build.out_dir, "--serve"), stdin=stdin)
     assert r.returncode == 0, r.stderr
     got, bad = json_lines(r.stdout)

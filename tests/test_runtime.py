@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TEXT_ADAPTER, run_in_wheel_venv
 from devices import CHAT, chat_once, command
+
 from lora_share import NativeError, Runtime
 
 NEW = 10
@@ -21,8 +21,9 @@ NEW = 10
 
 @pytest.fixture(scope="module")
 def server_answer(runner_bin, text_build) -> dict:
-    return chat_once(command(runner_bin.parent / "lora-share-server"), text_build.build.out_dir, TEXT_ADAPTER,
-                     max_tokens=NEW)
+    return chat_once(
+        command(runner_bin.parent / "lora-share-server"), text_build.build.out_dir, TEXT_ADAPTER, max_tokens=NEW
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +88,14 @@ try:
 except lora_share.NativeError as e:
     out["error"] = e.status
 print(json.dumps(out))
-""" % NEW
+""".replace("%d", str(NEW))
 
 
 @pytest.mark.slow
 def test_wheel_in_a_fresh_venv_answers_as_the_server(wheel_python, text_build, server_answer, tmp_path):
-    run = run_in_wheel_venv(wheel_python, SCRIPT, text_build.build.out_dir, TEXT_ADAPTER, json.dumps(CHAT),
-                            cwd=tmp_path)
+    run = run_in_wheel_venv(
+        wheel_python, SCRIPT, text_build.build.out_dir, TEXT_ADAPTER, json.dumps(CHAT), cwd=tmp_path
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     env_dir = wheel_python.parent.parent

@@ -17,15 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from batch_script import diag_generate
 from conftest import TINY_FOUNDATION
+
 from lora_share.inference import c_library as native
 from lora_share.inference.batching import Slots
 from lora_share.model.decoder import ModelArgs
 
-ARGS = ModelArgs(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=32, vocab_size=32, max_seq_len=24,
-                 prefill_chunk=4)
+ARGS = ModelArgs(
+    dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=32, vocab_size=32, max_seq_len=24, prefill_chunk=4
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +35,13 @@ def diag_lib(runner_bin):
     P, size = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
     ids = ctypes.POINTER(ctypes.c_int64)
     for name, restype, argtypes in [
-            ("ls_diag_slots_new", P, [ctypes.c_size_t, ctypes.c_int]),
-            ("ls_diag_slots_free", None, [P]),
-            ("ls_diag_slots_claim", ctypes.c_int, [P, ctypes.c_uint64, ids, ctypes.c_size_t, size, size]),
-            ("ls_diag_slots_fed", None, [P, ctypes.c_size_t, ids, ctypes.c_size_t]),
-            ("ls_diag_slots_release", None, [P, ctypes.c_size_t]),
-            ("ls_diag_slots_hits", None, [P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)])]:
+        ("ls_diag_slots_new", P, [ctypes.c_size_t, ctypes.c_int]),
+        ("ls_diag_slots_free", None, [P]),
+        ("ls_diag_slots_claim", ctypes.c_int, [P, ctypes.c_uint64, ids, ctypes.c_size_t, size, size]),
+        ("ls_diag_slots_fed", None, [P, ctypes.c_size_t, ids, ctypes.c_size_t]),
+        ("ls_diag_slots_release", None, [P, ctypes.c_size_t]),
+        ("ls_diag_slots_hits", None, [P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]),
+    ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     return lib
@@ -78,13 +80,14 @@ def test_slot_table_claims_as_the_python_slots(diag_lib, ring, seed):
                 adapter, prompt = rng.choice(adapters), [rng.randrange(32) for _ in range(rng.randrange(1, 6))]
             expected = reference.claim(adapter, prompt)
             slot, kept = ctypes.c_size_t(), ctypes.c_size_t()
-            full = diag_lib.ls_diag_slots_claim(table, adapters.index(adapter), _ids(prompt), len(prompt),
-                                                ctypes.byref(slot), ctypes.byref(kept))
+            full = diag_lib.ls_diag_slots_claim(
+                table, adapters.index(adapter), _ids(prompt), len(prompt), ctypes.byref(slot), ctypes.byref(kept)
+            )
             assert (None if full else (slot.value, kept.value)) == expected
             if expected is None:
                 continue
             answer = [rng.randrange(32) for _ in range(rng.randrange(0, 4))]
-            fed = prompt[expected[1]:] + answer
+            fed = prompt[expected[1] :] + answer
             reference.state[slot.value].tokens += fed
             diag_lib.ls_diag_slots_fed(table, slot.value, _ids(fed), len(fed))
             history.append((adapter, prompt + answer))
@@ -105,8 +108,9 @@ TOL = 1e-4
 VOCAB = TINY_FOUNDATION["vocab_size"]
 
 
-def generate_with_logits(rt, name: str, prompt: list[int], new: int = NEW, stop_after: int | None = None,
-                         cache_prompt: bool = True):
+def generate_with_logits(
+    rt, name: str, prompt: list[int], new: int = NEW, stop_after: int | None = None, cache_prompt: bool = True
+):
     """ls_diag_generate on ``name`` ("base": a NULL adapter): the tokens the callback saw and the logits row
     each was picked from."""
     handle = None if name == "base" else rt.adapter(name).handle
@@ -134,15 +138,13 @@ def alone(runner_bin, tiny_build):
 
 @pytest.fixture(scope="module")
 def batched(runner_bin, tiny_build):
-    with native.open_dir(tiny_build.out_dir, parallel=PARALLEL,
-                         library=runner_bin.parent / "liblora_share.so") as rt:
+    with native.open_dir(tiny_build.out_dir, parallel=PARALLEL, library=runner_bin.parent / "liblora_share.so") as rt:
         yield rt
 
 
 # Base and three adapters of different ranks and targets; prompts of different lengths (one longer than
 # the prefill chunk, fed in two chunks while the others decode), so rows sit at different positions.
-REQUESTS = [("base", [5, 9, 200]), ("tiny_a", [1, 17, 42, 7, 99]), ("tiny_b", list(range(30, 42))),
-            ("tiny_c", [3])]
+REQUESTS = [("base", [5, 9, 200]), ("tiny_a", [1, 17, 42, 7, 99]), ("tiny_b", list(range(30, 42))), ("tiny_c", [3])]
 
 
 def assert_same(got, expected, what):
@@ -166,9 +168,12 @@ def test_concurrent_requests_each_equal_the_request_alone(alone, batched):
 
 def test_a_caller_hanging_up_leaves_the_others_unchanged(alone, batched):
     expected = [generate_with_logits(alone, name, prompt) for name, prompt in REQUESTS]
-    got = concurrently([lambda n=name, p=prompt, i=i: generate_with_logits(batched, n, p,
-                                                                           stop_after=2 if i == 1 else None)
-                        for i, (name, prompt) in enumerate(REQUESTS)])
+    got = concurrently(
+        [
+            lambda n=name, p=prompt, i=i: generate_with_logits(batched, n, p, stop_after=2 if i == 1 else None)
+            for i, (name, prompt) in enumerate(REQUESTS)
+        ]
+    )
     for i, ((name, _), g, e) in enumerate(zip(REQUESTS, got, expected)):
         if i == 1:  # stopped after its second token: those two are the request's own
             assert_same(g, (e[0][:2], e[1][:2]), name)
@@ -216,13 +221,16 @@ def test_slots_are_counted_in_the_memory_budget(alone, batched, runner_bin, tiny
     assert s["slot_bytes"] == slot
     assert s["arena_bytes"] - alone.stats()["arena_bytes"] >= (PARALLEL - 1) * slot
     budget = s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + 4 * s["largest_adapter_bytes"]
-    with native.open_dir(tiny_build.out_dir, parallel=PARALLEL, budget_bytes=budget,
-                         library=runner_bin.parent / "liblora_share.so") as rt:
+    with native.open_dir(
+        tiny_build.out_dir, parallel=PARALLEL, budget_bytes=budget, library=runner_bin.parent / "liblora_share.so"
+    ) as rt:
         got = concurrently([lambda n=name, p=prompt: generate_with_logits(rt, n, p) for name, prompt in REQUESTS])
         used = rt.stats()
     assert [g[0] for g in got] == [generate_with_logits(alone, n, p)[0] for n, p in REQUESTS]
-    assert used["foundation_bytes"] + used["program_bytes"] + used["arena_bytes"] + \
-        used["resident_adapter_bytes"] <= budget
+    assert (
+        used["foundation_bytes"] + used["program_bytes"] + used["arena_bytes"] + used["resident_adapter_bytes"]
+        <= budget
+    )
 
 
 def test_python_runtime_from_several_threads(runner_bin, text_build):
@@ -231,8 +239,11 @@ def test_python_runtime_from_several_threads(runner_bin, text_build):
     from lora_share import Runtime
 
     library = runner_bin.parent / "liblora_share.so"
-    asks = [("base", "The quick brown fox"), ("chat", "Once upon a time there was"),
-            ("chat", [{"role": "user", "content": "Why is the sky blue?"}])]
+    asks = [
+        ("base", "The quick brown fox"),
+        ("chat", "Once upon a time there was"),
+        ("chat", [{"role": "user", "content": "Why is the sky blue?"}]),
+    ]
 
     def ask(rt, adapter, prompt):
         if isinstance(prompt, str):
@@ -259,7 +270,11 @@ def test_calling_the_runtime_from_a_batched_callback_is_refused(batched):
 
     err = native._Error()
     ids = (ctypes.c_int64 * 3)(1, 17, 42)
-    assert lib.ls_generate_named(batched.handle, b"tiny_a", ids, 3, None, native.TOKEN_CALLBACK(reenter), None,
-                                 ctypes.byref(err)) == 0
+    assert (
+        lib.ls_generate_named(
+            batched.handle, b"tiny_a", ids, 3, None, native.TOKEN_CALLBACK(reenter), None, ctypes.byref(err)
+        )
+        == 0
+    )
     assert seen and set(seen) == {native.STATUS_NAMES.index("LS_ERR_BUSY")}
     assert batched.generate("tiny_b", [1, 2, 3], 2)  # still serving

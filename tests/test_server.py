@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TEXT_ADAPTER, run_cli
 from hf_files import hf_config, write_peft_lora
 
@@ -44,8 +43,14 @@ def deployment(text_build, tmp_path_factory) -> Path:
     """text_build's output folder plus a second PEFT adapter of the same recipe (added in milliseconds)."""
     out = tmp_path_factory.mktemp("served") / "out"
     shutil.copytree(text_build.build.out_dir, out)
-    peft = write_peft_lora(out.parent / "peft2", hf_config(vocab=400), r=4, alpha=8,
-                           targets=["q_proj", "v_proj", "o_proj", "down_proj"], seed=7)
+    peft = write_peft_lora(
+        out.parent / "peft2",
+        hf_config(vocab=400),
+        r=4,
+        alpha=8,
+        targets=["q_proj", "v_proj", "o_proj", "down_proj"],
+        seed=7,
+    )
     r = run_cli("add", "--to", out, f"{SECOND}={peft}")
     assert r.returncode == 0, r.stderr
     return out
@@ -55,8 +60,12 @@ class Server:
     """A running lora-share-server on 127.0.0.1 and an ephemeral port."""
 
     def __init__(self, binary: Path, folder: Path, *extra):
-        self.proc = subprocess.Popen([str(binary), "--dir", str(folder), "--port", "0", *map(str, extra)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [str(binary), "--dir", str(folder), "--port", "0", *map(str, extra)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stderr.readline()  # "listening on http://127.0.0.1:PORT (...)", or an error
         if not line.startswith("listening on http://"):
             self.proc.wait(timeout=TIMEOUT)
@@ -81,8 +90,9 @@ class Server:
     def stream(self, path: str, body: dict) -> list[dict]:
         """The events of a streamed request, parsed, up to [DONE] (asserted)."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT)
-        conn.request("POST", path, body=json.dumps({**body, "stream": True}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", path, body=json.dumps({**body, "stream": True}), headers={"Content-Type": "application/json"}
+        )
         resp = conn.getresponse()
         assert resp.status == 200, resp.read()
         assert resp.getheader("Content-Type", "").startswith("text/event-stream")
@@ -93,7 +103,7 @@ class Server:
             if line == "data: [DONE]":
                 done = True
                 continue
-            events.append(json.loads(line[len("data: "):]))
+            events.append(json.loads(line[len("data: ") :]))
         conn.close()
         assert done, events
         return events
@@ -130,9 +140,23 @@ def eos_ids(deployment) -> list[int]:
 
 def runner_answer(runner_bin, deployment, adapter, ids, new, tokenizer, eos_ids):
     """build/runner's tokens for `ids`, cut at the first EOS, and their text: what the server must say."""
-    r = subprocess.run([str(runner_bin), "--ptd", str(deployment / "foundation.ptd"),
-                        "--pte", str(deployment / f"{adapter}.pte"), "--tokens", ",".join(map(str, ids)),
-                        "--max-new-tokens", str(new), "--json"], capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [
+            str(runner_bin),
+            "--ptd",
+            str(deployment / "foundation.ptd"),
+            "--pte",
+            str(deployment / f"{adapter}.pte"),
+            "--tokens",
+            ",".join(map(str, ids)),
+            "--max-new-tokens",
+            str(new),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 0, r.stderr
     tokens = json.loads(r.stdout)["tokens"]
     stop = next((i for i, t in enumerate(tokens) if t in eos_ids), None)
@@ -161,14 +185,19 @@ def test_completion_equals_the_runner(server, runner_bin, deployment, tokenizer,
     assert choice["tokens"] == tokens
     assert choice["text"] == text
     assert choice["finish_reason"] == finish
-    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
-                             "total_tokens": len(ids) + len(tokens)}
+    assert body["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": len(tokens),
+        "total_tokens": len(ids) + len(tokens),
+    }
     assert body["model"] == adapter and body["object"] == "text_completion"
 
 
 def test_the_two_adapters_answer_differently(server):
-    answers = [server.request("POST", "/v1/completions", {"model": a, "prompt": PROMPT, "max_tokens": 12})[1]
-               for a in (TEXT_ADAPTER, SECOND)]
+    answers = [
+        server.request("POST", "/v1/completions", {"model": a, "prompt": PROMPT, "max_tokens": 12})[1]
+        for a in (TEXT_ADAPTER, SECOND)
+    ]
     assert answers[0]["choices"][0]["tokens"] != answers[1]["choices"][0]["tokens"]
 
 
@@ -201,8 +230,9 @@ def test_chat_completion_equals_the_chat_template(server, runner_bin, deployment
     hf = AutoTokenizer.from_pretrained(str(text_build.checkpoint))
     ids = list(hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
     tokens, text, finish = runner_answer(runner_bin, deployment, TEXT_ADAPTER, ids, 10, tokenizer, eos_ids)
-    status, body = server.request("POST", "/v1/chat/completions",
-                                  {"model": TEXT_ADAPTER, "messages": messages, "max_tokens": 10})
+    status, body = server.request(
+        "POST", "/v1/chat/completions", {"model": TEXT_ADAPTER, "messages": messages, "max_tokens": 10}
+    )
     assert status == 200, body
     choice = body["choices"][0]
     assert choice["tokens"] == tokens
@@ -214,8 +244,9 @@ def test_chat_completion_equals_the_chat_template(server, runner_bin, deployment
 
 
 def _good(server, tokens_expected):
-    status, body = server.request("POST", "/v1/completions", {"model": SECOND, "prompt": [0, 17, 42, 99],
-                                                               "max_tokens": 8})
+    status, body = server.request(
+        "POST", "/v1/completions", {"model": SECOND, "prompt": [0, 17, 42, 99], "max_tokens": 8}
+    )
     assert status == 200, body
     assert body["choices"][0]["tokens"] == tokens_expected
 
@@ -225,30 +256,33 @@ def good_tokens(runner_bin, deployment, tokenizer, eos_ids):
     return runner_answer(runner_bin, deployment, SECOND, [0, 17, 42, 99], 8, tokenizer, eos_ids)[0]
 
 
-@pytest.mark.parametrize("body, raw, status, words", [
-    (None, b"{not json", 400, "not valid JSON"),
-    (None, b"[1, 2]", 400, "JSON object"),
-    ({"prompt": "hi"}, None, 400, "model is missing"),
-    ({"model": "nope", "prompt": "hi"}, None, 404, "no adapter called 'nope'"),
-    ({"model": SECOND, "prompt": "hi", "max_tokens": 10 ** 9}, None, 400, "context (max_seq_len)"),
-    ({"model": SECOND, "prompt": "hi", "max_tokens": -3}, None, 400, "max_tokens"),
-    ({"model": SECOND, "prompt": "hi", "max_tokens": "many"}, None, 400, "max_tokens must be an integer"),
-    ({"model": SECOND, "prompt": "hi", "temperature": "hot"}, None, 400, "temperature"),
-    ({"model": SECOND, "prompt": [1, 100000]}, None, 400, "vocab"),
-    ({"model": SECOND, "prompt": {"a": 1}}, None, 400, "prompt must be"),
-    ({"model": SECOND}, None, 400, "prompt is missing"),
-    ({"model": SECOND, "prompt": "x" * (1 << 20)}, None, 400, "context (max_seq_len)"),
-    ({"model": SECOND, "prompt": "hi", "n": 3}, None, 400, "n must be 1"),
-    ({"model": SECOND, "prompt": "hi", "logprobs": 2}, None, 400, "logprobs are not served"),
-    ({"model": SECOND, "prompt": "hi", "tools": [{"type": "function"}]}, None, 400, "tools"),
-    ({"model": SECOND, "prompt": "hi", "best_of": 2}, None, 400, "best_of must be 1"),
-    ({"model": SECOND, "prompt": "hi", "mirostat": 2}, None, 400, "unknown field 'mirostat'"),
-    ({"model": SECOND, "prompt": "hi", "top_p": 1.5}, None, 400, "top_p must be a number between 0 and 1"),
-    ({"model": SECOND, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "up to 4"),
-    ({"model": SECOND, "prompt": "hi", "stop": ""}, None, 400, "stop must be a non-empty string"),
-    ({"model": SECOND, "prompt": "hi", "cache_prompt": "no"}, None, 400, "cache_prompt must be true or false"),
-    ({"model": SECOND, "prompt": "hi", "stream": True, "max_tokens": 10 ** 6}, None, 400, "context (max_seq_len)"),
-])
+@pytest.mark.parametrize(
+    "body, raw, status, words",
+    [
+        (None, b"{not json", 400, "not valid JSON"),
+        (None, b"[1, 2]", 400, "JSON object"),
+        ({"prompt": "hi"}, None, 400, "model is missing"),
+        ({"model": "nope", "prompt": "hi"}, None, 404, "no adapter called 'nope'"),
+        ({"model": SECOND, "prompt": "hi", "max_tokens": 10**9}, None, 400, "context (max_seq_len)"),
+        ({"model": SECOND, "prompt": "hi", "max_tokens": -3}, None, 400, "max_tokens"),
+        ({"model": SECOND, "prompt": "hi", "max_tokens": "many"}, None, 400, "max_tokens must be an integer"),
+        ({"model": SECOND, "prompt": "hi", "temperature": "hot"}, None, 400, "temperature"),
+        ({"model": SECOND, "prompt": [1, 100000]}, None, 400, "vocab"),
+        ({"model": SECOND, "prompt": {"a": 1}}, None, 400, "prompt must be"),
+        ({"model": SECOND}, None, 400, "prompt is missing"),
+        ({"model": SECOND, "prompt": "x" * (1 << 20)}, None, 400, "context (max_seq_len)"),
+        ({"model": SECOND, "prompt": "hi", "n": 3}, None, 400, "n must be 1"),
+        ({"model": SECOND, "prompt": "hi", "logprobs": 2}, None, 400, "logprobs are not served"),
+        ({"model": SECOND, "prompt": "hi", "tools": [{"type": "function"}]}, None, 400, "tools"),
+        ({"model": SECOND, "prompt": "hi", "best_of": 2}, None, 400, "best_of must be 1"),
+        ({"model": SECOND, "prompt": "hi", "mirostat": 2}, None, 400, "unknown field 'mirostat'"),
+        ({"model": SECOND, "prompt": "hi", "top_p": 1.5}, None, 400, "top_p must be a number between 0 and 1"),
+        ({"model": SECOND, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "up to 4"),
+        ({"model": SECOND, "prompt": "hi", "stop": ""}, None, 400, "stop must be a non-empty string"),
+        ({"model": SECOND, "prompt": "hi", "cache_prompt": "no"}, None, 400, "cache_prompt must be true or false"),
+        ({"model": SECOND, "prompt": "hi", "stream": True, "max_tokens": 10**6}, None, 400, "context (max_seq_len)"),
+    ],
+)
 def test_bad_requests_get_a_clear_error_and_serving_goes_on(server, good_tokens, body, raw, status, words):
     got, answer = server.request("POST", "/v1/completions", body, raw=raw)
     assert got == status, answer
@@ -264,9 +298,20 @@ def test_body_over_the_limit_is_refused(server, good_tokens):
 
 
 def test_fields_that_change_nothing_are_accepted(server, good_tokens):
-    status, body = server.request("POST", "/v1/completions", {
-        "model": SECOND, "prompt": [0, 17, 42, 99], "max_tokens": 8, "user": "u1", "n": 1, "logprobs": None,
-        "stream_options": None, "metadata": {"k": "v"}})
+    status, body = server.request(
+        "POST",
+        "/v1/completions",
+        {
+            "model": SECOND,
+            "prompt": [0, 17, 42, 99],
+            "max_tokens": 8,
+            "user": "u1",
+            "n": 1,
+            "logprobs": None,
+            "stream_options": None,
+            "metadata": {"k": "v"},
+        },
+    )
     assert status == 200, body
     assert body["choices"][0]["tokens"] == good_tokens
 
@@ -286,15 +331,21 @@ def test_no_max_tokens_runs_to_the_end_of_the_context(server, runner_bin, deploy
     assert body["usage"]["completion_tokens"] == context - len(ids) + 1
     assert body["choices"][0]["finish_reason"] == "length"
     # Streamed, with the usage chunk asked for: the same answer, usage last.
-    events = server.stream("/v1/completions", {"model": SECOND, "prompt": PROMPT, "ignore_eos": True,
-                                               "stream_options": {"include_usage": True}})
+    events = server.stream(
+        "/v1/completions",
+        {"model": SECOND, "prompt": PROMPT, "ignore_eos": True, "stream_options": {"include_usage": True}},
+    )
     assert events[-1]["choices"] == [] and events[-1]["usage"] == body["usage"]
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == body["choices"][0]["text"]
 
 
 def test_a_second_server_on_the_same_port_is_refused(server, server_bin, deployment, good_tokens):
-    r = subprocess.run([str(server_bin), "--dir", str(deployment), "--host", server.host, "--port", str(server.port)],
-                       capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [str(server_bin), "--dir", str(deployment), "--host", server.host, "--port", str(server.port)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode != 0, r.stderr
     assert f"port {server.port} is in use" in r.stderr, r.stderr
     for _ in range(4):  # every request reaches the first server (none is lost to a second listener)
@@ -305,8 +356,10 @@ def test_a_second_server_on_the_same_port_is_refused(server, server_bin, deploym
 def test_client_leaving_mid_stream_does_not_stop_the_server(server, good_tokens):
     body = json.dumps({"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 40, "stream": True}).encode()
     with socket.create_connection((server.host, server.port), timeout=TIMEOUT) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         first = s.recv(4096)  # headers and (usually) the first event, then hang up
         assert b"200" in first.split(b"\r\n", 1)[0]
     for _ in range(3):
@@ -360,11 +413,14 @@ def test_a_client_hanging_up_leaves_a_concurrent_stream_as_it_is_alone(server):
     got = {}
     streaming = threading.Thread(target=lambda: got.update(events=server.stream("/v1/completions", kept)))
     streaming.start()
-    body = json.dumps({"model": SECOND, "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True,
-                       "stream": True}).encode()
+    body = json.dumps(
+        {"model": SECOND, "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "stream": True}
+    ).encode()
     with socket.create_connection((server.host, server.port), timeout=TIMEOUT) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         assert b"200" in s.recv(4096).split(b"\r\n", 1)[0]
     streaming.join(timeout=TIMEOUT)
     assert "".join(e["choices"][0]["text"] for e in got["events"]) == alone["choices"][0]["text"]
@@ -377,17 +433,21 @@ def test_a_client_hanging_up_leaves_a_concurrent_stream_as_it_is_alone(server):
     assert server.proc.poll() is None
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--port", "http"], "--port must be a number"),
-    (["--memory-budget", "lots"], "--memory-budget must be a size"),
-    (["--bogus"], "unknown flag '--bogus'"),
-    (["--parallel", "0"], "--parallel must be a number from 1 to"),
-    (["--parallel", "two"], "--parallel must be a number from 1 to"),
-    (["--parallel"], "--parallel needs a value"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--port", "http"], "--port must be a number"),
+        (["--memory-budget", "lots"], "--memory-budget must be a size"),
+        (["--bogus"], "unknown flag '--bogus'"),
+        (["--parallel", "0"], "--parallel must be a number from 1 to"),
+        (["--parallel", "two"], "--parallel must be a number from 1 to"),
+        (["--parallel"], "--parallel needs a value"),
+    ],
+)
 def test_bad_flags_are_usage_errors(server_bin, deployment, args, words):
-    r = subprocess.run([str(server_bin), "--dir", str(deployment), *args], capture_output=True, text=True,
-                       timeout=TIMEOUT)
+    r = subprocess.run(
+        [str(server_bin), "--dir", str(deployment), *args], capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert r.returncode == 2 and words in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and r.stderr.startswith("error: ")
 
@@ -395,8 +455,12 @@ def test_bad_flags_are_usage_errors(server_bin, deployment, args, words):
 def test_missing_folder_and_budget_too_small(server_bin, deployment, tmp_path):
     r = subprocess.run([str(server_bin), "--dir", str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 2 and "manifest.json: no such file" in r.stderr, r.stderr
-    r = subprocess.run([str(server_bin), "--dir", str(deployment), "--port", "0", "--memory-budget", "1KiB"],
-                       capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [str(server_bin), "--dir", str(deployment), "--port", "0", "--memory-budget", "1KiB"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 2 and "budget" in r.stderr, r.stderr
 
 
@@ -410,8 +474,9 @@ def test_a_tokenizer_from_another_build_is_refused(server_bin, deployment, tmp_p
     shutil.copytree(deployment, other)
     tj = other / "tokenizer.json"
     tj.write_text(tj.read_text().replace('"<|eot_id|>"', '"<|eot_ix|>"'))
-    r = subprocess.run([str(server_bin), "--dir", str(other), "--port", "0"], capture_output=True, text=True,
-                       timeout=TIMEOUT)
+    r = subprocess.run(
+        [str(server_bin), "--dir", str(other), "--port", "0"], capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert r.returncode == 2, r.stderr
     assert f"{tj} (sha256" in r.stderr and "is not the tokenizer" in r.stderr and "foundation.ptd" in r.stderr
 
@@ -420,8 +485,11 @@ def _text(server, body: dict, stream: bool = False):
     """(text, finish_reason, tokens) of a completion, whole or streamed."""
     if stream:
         events = server.stream("/v1/completions", body)
-        return ("".join(e["choices"][0]["text"] for e in events), events[-1]["choices"][0]["finish_reason"],
-                [t for e in events for t in e["choices"][0]["tokens"]])
+        return (
+            "".join(e["choices"][0]["text"] for e in events),
+            events[-1]["choices"][0]["finish_reason"],
+            [t for e in events for t in e["choices"][0]["tokens"]],
+        )
     status, answer = server.request("POST", "/v1/completions", body)
     assert status == 200, answer
     choice = answer["choices"][0]
@@ -432,11 +500,14 @@ def test_a_stop_string_across_tokens_never_reaches_the_client(server, runner_bin
     ids = tokenizer.encode(PROMPT).ids
     tokens, text, _ = runner_answer(runner_bin, deployment, TEXT_ADAPTER, ids, 24, tokenizer, eos_ids)
     # A stop string made of the end of one token's text and the start of the next one's.
-    pieces = [tokenizer.decode(tokens[:i + 1], skip_special_tokens=True) for i in range(len(tokens))]
-    k = next(i for i in range(1, len(pieces) - 1)
-             if len(pieces[i]) > len(pieces[i - 1]) and len(pieces[i + 1]) > len(pieces[i]))
+    pieces = [tokenizer.decode(tokens[: i + 1], skip_special_tokens=True) for i in range(len(tokens))]
+    k = next(
+        i
+        for i in range(1, len(pieces) - 1)
+        if len(pieces[i]) > len(pieces[i - 1]) and len(pieces[i + 1]) > len(pieces[i])
+    )
     stop = pieces[k][-1] + pieces[k + 1][len(pieces[k])]
-    expected = text[:text.index(stop)]
+    expected = text[: text.index(stop)]
     body = {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 24, "stop": [stop, "never said"]}
     for stream in (False, True):
         got, finish, _ = _text(server, body, stream)
@@ -453,8 +524,18 @@ def test_filters_that_keep_one_token_are_greedy(server, runner_bin, deployment, 
 
 
 def test_the_same_seed_gives_the_same_text_streamed_or_not(server):
-    body = {"model": SECOND, "prompt": PROMPT, "max_tokens": 16, "temperature": 1.5, "top_p": 0.95, "top_k": 50,
-            "min_p": 0.01, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repeat_penalty": 1.1}
+    body = {
+        "model": SECOND,
+        "prompt": PROMPT,
+        "max_tokens": 16,
+        "temperature": 1.5,
+        "top_p": 0.95,
+        "top_k": 50,
+        "min_p": 0.01,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.5,
+        "repeat_penalty": 1.1,
+    }
     answers = {seed: _text(server, {**body, "seed": seed}) for seed in (1, 2, 3)}
     assert len({a[0] for a in answers.values()}) > 1  # the seed matters
     for seed, answer in answers.items():
@@ -473,20 +554,31 @@ def test_penalties_equal_transformers(server, text_hf, tokenizer):
             self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
 
         def __call__(self, input_ids, scores):
-            for t, c in zip(*torch.unique(input_ids[0, self.prompt_len:], return_counts=True)):
+            for t, c in zip(*torch.unique(input_ids[0, self.prompt_len :], return_counts=True)):
                 scores[0, t] -= self.presence + c * self.frequency
             return scores
 
     _, model = text_hf
     ids = tokenizer.encode(PROMPT).ids
-    cases = [({"repeat_penalty": 1.8}, {"repetition_penalty": 1.8}),
-             ({"presence_penalty": 1.5, "frequency_penalty": 0.7},
-              {"logits_processor": LogitsProcessorList([OpenAIPenalties(len(ids), 1.5, 0.7)])})]
+    cases = [
+        ({"repeat_penalty": 1.8}, {"repetition_penalty": 1.8}),
+        (
+            {"presence_penalty": 1.5, "frequency_penalty": 0.7},
+            {"logits_processor": LogitsProcessorList([OpenAIPenalties(len(ids), 1.5, 0.7)])},
+        ),
+    ]
     for ours, theirs in cases:
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=16, pad_token_id=0, eos_token_id=[], **theirs)
-        expected = out[0, len(ids):].tolist()
+            out = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=16,
+                pad_token_id=0,
+                eos_token_id=[],
+                **theirs,
+            )
+        expected = out[0, len(ids) :].tolist()
         got = _text(server, {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True, **ours})
         assert got[2] == expected, ours
     plain = _text(server, {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True})

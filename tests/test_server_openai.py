@@ -5,7 +5,6 @@ themselves against build/runner and transformers)."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import TEXT_ADAPTER
 from test_server import SECOND, TIMEOUT, Server, deployment, server_bin  # noqa: F401 (fixtures)
 
@@ -45,16 +44,26 @@ def test_stop_sampling_and_streaming(client):
     short = [{"role": "user", "content": "Hi"}]  # room for a longer answer in the tiny context
     whole = client.chat.completions.create(model=SECOND, messages=short, max_tokens=30, extra_body={"ignore_eos": True})
     text = whole.choices[0].message.content
-    assert _streamed(client, model=SECOND, messages=short, max_tokens=30, extra_body={"ignore_eos": True}) == \
-        (text, whole.choices[0].finish_reason)
+    assert _streamed(client, model=SECOND, messages=short, max_tokens=30, extra_body={"ignore_eos": True}) == (
+        text,
+        whole.choices[0].finish_reason,
+    )
     # stop, on a completion whose text the tiny model makes of plain words
     plain = client.completions.create(model=TEXT_ADAPTER, prompt="The quick brown fox", max_tokens=24).choices[0]
     stop = plain.text.strip()[len(plain.text.strip()) // 2]  # a character the answer holds
     r = client.completions.create(model=TEXT_ADAPTER, prompt="The quick brown fox", max_tokens=24, stop=[stop])
     assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].text
     assert plain.text.startswith(r.choices[0].text)
-    sampled = dict(model=SECOND, messages=MESSAGES, max_tokens=12, temperature=1.2, top_p=0.9, seed=7,
-                   presence_penalty=0.3, frequency_penalty=0.3)
+    sampled = dict(
+        model=SECOND,
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=1.2,
+        top_p=0.9,
+        seed=7,
+        presence_penalty=0.3,
+        frequency_penalty=0.3,
+    )
     first = client.chat.completions.create(**sampled).choices[0].message.content
     assert client.chat.completions.create(**sampled).choices[0].message.content == first
     assert _streamed(client, **sampled)[0] == first
@@ -66,9 +75,9 @@ def test_errors_are_the_clients_exceptions(client):
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model=SECOND, messages=MESSAGES, n=2)
     with pytest.raises(openai.BadRequestError, match="tools"):
-        client.chat.completions.create(model=SECOND, messages=MESSAGES,
-                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+        client.chat.completions.create(
+            model=SECOND, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        )
     # Fields that change nothing are accepted.
-    r = client.chat.completions.create(model=SECOND, messages=MESSAGES, max_tokens=4, user="u",
-                                       stream_options=None)
+    r = client.chat.completions.create(model=SECOND, messages=MESSAGES, max_tokens=4, user="u", stream_options=None)
     assert r.choices[0].finish_reason in ("stop", "length")

@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
-
-import lora_share
 from conftest import HOIST_ADAPTERS, TINY_FOUNDATION, build_config, run_cli, write_config
 from hf_files import hf_config, write_peft_lora
+from safetensors.torch import load_file, save_file
+from test_exactness import eager_generation
+
+import lora_share
 from lora_share.checkpoints.adapters import load_adapter, load_peft
-from lora_share.manifest import read_manifest
+from lora_share.checkpoints.foundation import load_foundation
 from lora_share.export.eager import eager_model
 from lora_share.files import sha256_file
 from lora_share.formats import read_ptd, read_pte
 from lora_share.formats.meta import ADAPTER_KEY, SHARED_KEY
-from lora_share.checkpoints.foundation import load_foundation
 from lora_share.formats.shared_ptd import encode_shared_ptd
-from test_exactness import eager_generation
+from lora_share.manifest import read_manifest
 
 PROMPT, NEW = [1, 17, 42, 7], 6
 TINY_HF = hf_config(dim=64, layers=2, heads=4, kv_heads=2, hidden=128, vocab=256)
@@ -46,8 +46,11 @@ def hoisted(hoisted_build):
 
 def _tensors(adapter) -> dict[tuple, bytes]:
     """(layer, target, 'a' or 'b') -> the raw float32 bytes of that LoRA matrix."""
-    return {(layer, target, which): t.tobytes()
-            for (layer, target), pair in adapter.weights.items() for which, t in zip("ab", pair)}
+    return {
+        (layer, target, which): t.tobytes()
+        for (layer, target), pair in adapter.weights.items()
+        for which, t in zip("ab", pair)
+    }
 
 
 def _keys(adapter) -> dict[tuple, str]:
@@ -86,9 +89,13 @@ def test_manifest_and_byte_report_describe_the_files(hoisted):
     m = build.manifest
     shared = read_ptd(build.shared_ptd)
     tensor_entries = [e for e in shared.entries if e.key != SHARED_KEY]
-    assert m["shared"] == {"file": "adapters_shared.ptd", "size": build.shared_ptd.stat().st_size,
-                           "sha256": sha256_file(build.shared_ptd), "tensors": 6,
-                           "tensor_bytes": sum(e.size for e in tensor_entries)}
+    assert m["shared"] == {
+        "file": "adapters_shared.ptd",
+        "size": build.shared_ptd.stat().st_size,
+        "sha256": sha256_file(build.shared_ptd),
+        "tensors": 6,
+        "tensor_bytes": sum(e.size for e in tensor_entries),
+    }
     for e in tensor_entries:  # stored under the sha256 of its bytes: the key the records name it by
         assert hashlib.sha256(shared.data(e.key)).hexdigest() == e.key
     hoisted_keys = {a["name"]: a["hoisted"] for a in m["adapters"]}
@@ -132,8 +139,9 @@ def test_run_and_verify_ask_for_the_shared_file(hoisted, tmp_path):
     # the same tensors, recorded for another foundation
     other = tmp_path / "other_shared.ptd"
     data = read_ptd(shared)
-    other.write_bytes(encode_shared_ptd({e.key: data.data(e.key) for e in data.entries if e.key != SHARED_KEY},
-                                        "0" * 64))
+    other.write_bytes(
+        encode_shared_ptd({e.key: data.data(e.key) for e in data.entries if e.key != SHARED_KEY}, "0" * 64)
+    )
     r = run_cli("verify", "--pte", pte, "--ptd", ptd, "--shared-ptd", other)
     assert r.returncode == 1 and "foundation " + "0" * 64 in r.stderr and "h_c's foundation" in r.stderr
     # a truncated shared file: one clear error, nothing run
@@ -157,8 +165,12 @@ def rebuilt(hoisted_build, tmp_path_factory):
     shutil.copytree(hoisted_build.out_dir, root / "out")
     before = {p.name: os.stat(p).st_ino for p in (root / "out").iterdir()}
     h_e = {"name": "h_e", "synthetic": {"rank": 8, "alpha": 16, "target_modules": ["o_proj"], "seed": 2, "layers": [0]}}
-    cfg = write_config(root, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, HOIST_ADAPTERS + [h_e],
-                       dedup={"shared_adapter_tensors": "hoist"})
+    cfg = write_config(
+        root,
+        {"synthetic": TINY_FOUNDATION, "max_seq_len": 32},
+        HOIST_ADAPTERS + [h_e],
+        dedup={"shared_adapter_tensors": "hoist"},
+    )
     return build_config(cfg), before
 
 

@@ -18,23 +18,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TEXT_ADAPTER, run_cli, write_config
 from hf_files import hf_config, hf_generate, write_hf_llama, write_peft_lora
+from tokenizer_files import byte_level_bpe, sentencepiece_bpe
+
 from lora_share.errors import UserError
 from lora_share.files import sha256_file
-from lora_share.tokenizer.text import REPLACEMENT, TextStream, encode_prompt
-from lora_share.tokenizer.files import BoundTokenizer, bind_tokenizer, load_tokenizer
-from lora_share.formats.records import foundation_record
 from lora_share.formats import read_ptd
-from tokenizer_files import byte_level_bpe, sentencepiece_bpe
+from lora_share.formats.records import foundation_record
+from lora_share.tokenizer.files import BoundTokenizer, bind_tokenizer, load_tokenizer
+from lora_share.tokenizer.text import REPLACEMENT, TextStream, encode_prompt
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Longer than the build's prefill chunk (16), so the prompt is fed in two calls.
 PROMPT = "The quick brown fox jumps over the lazy dog."
 NEW = 16
-NO_TOKENIZER = "has no tokenizer (the build's checkpoint had none): pass --tokens ids, or add foundation.tokenizer " \
-               "to the config and rebuild"
+NO_TOKENIZER = (
+    "has no tokenizer (the build's checkpoint had none): pass --tokens ids, or add foundation.tokenizer "
+    "to the config and rebuild"
+)
 # Text that byte-level BPE splits inside characters (emoji, CJK) and with runs of whitespace.
 HARD_TEXT = "Emoji 😀👍🏽 and 中文文本, “quotes” — café\n\n  tabs\tend 👨‍👩‍👧"
 
@@ -81,11 +83,14 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_a_build_error(text_build, tm
     small = hf_config(vocab=320)  # the tokenizer has ids up to 399
     write_hf_llama(tmp_path / "llama", small)
     write_peft_lora(tmp_path / "peft", small, r=2, alpha=4, targets=["q_proj"])
-    cfg = write_config(tmp_path, {"checkpoint": "llama", "tokenizer": str(text_build.checkpoint)},
-                       [{"name": "a", "peft": "peft"}])
+    cfg = write_config(
+        tmp_path, {"checkpoint": "llama", "tokenizer": str(text_build.checkpoint)}, [{"name": "a", "peft": "peft"}]
+    )
     r = run_cli("build", cfg)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"{text_build.checkpoint / 'tokenizer.json'}: has token id 399, but the model's vocabulary is 320" in r.stderr
+    assert (
+        f"{text_build.checkpoint / 'tokenizer.json'}: has token id 399, but the model's vocabulary is 320" in r.stderr
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -112,8 +117,9 @@ def test_chat_matches_apply_chat_template(text_build, text_hf):
     tokenizer, model = text_hf
     message = "Hello, how are you today?"
     got = _json_run(*_run_args(text_build, "--chat", message))
-    want_ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                             tokenize=True)
+    want_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
+    )
     want_ids = want_ids["input_ids"] if not isinstance(want_ids, list) else want_ids  # transformers 5: a BatchEncoding
     assert got["prompt"] == list(want_ids)
     assert got["tokens"] == hf_generate(model, got["prompt"], NEW)
@@ -127,12 +133,13 @@ def test_generation_stops_at_eos(eos_build, text_hf):
     assert eos_ids == [eos, tokenizer.convert_tokens_to_ids("<|end_of_text|>")]
     got = _json_run("--pte", build.ptes[TEXT_ADAPTER], "--ptd", build.ptd, "--max-new-tokens", NEW, "--prompt", PROMPT)
     want = hf_generate(model, tokenizer(PROMPT)["input_ids"], NEW, eos=eos_ids)
-    assert got["tokens"] == want == greedy[:greedy.index(eos) + 1]
+    assert got["tokens"] == want == greedy[: greedy.index(eos) + 1]
     assert len(want) < NEW and want[-1] == eos
     # The EOS token is not text, even when it is an ordinary word piece.
     assert got["text"] == tokenizer.decode(want[:-1], skip_special_tokens=True)
-    r = run_cli("run", "--pte", build.ptes[TEXT_ADAPTER], "--ptd", build.ptd, "--max-new-tokens", NEW,
-                "--prompt", PROMPT)
+    r = run_cli(
+        "run", "--pte", build.ptes[TEXT_ADAPTER], "--ptd", build.ptd, "--max-new-tokens", NEW, "--prompt", PROMPT
+    )
     assert r.returncode == 0 and r.stdout == got["text"] + "\n"
 
 
@@ -218,9 +225,11 @@ def test_a_tokenizer_from_another_build_is_refused(text_build, tmp_path):
     sentencepiece_bpe(tmp_path / "other")
     shutil.copy(tmp_path / "other" / "tokenizer.json", out / "tokenizer.json")
     listed = text_build.build.manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"]
-    want = (f"error: {out / 'tokenizer.json'} (sha256 {sha256_file(out / 'tokenizer.json')[:12]}…) is not the "
-            f"tokenizer {out / 'foundation.ptd'} was built with (manifest.json lists {listed[:12]}…): "
-            "copy tokenizer.json from the same build\n")
+    want = (
+        f"error: {out / 'tokenizer.json'} (sha256 {sha256_file(out / 'tokenizer.json')[:12]}…) is not the "
+        f"tokenizer {out / 'foundation.ptd'} was built with (manifest.json lists {listed[:12]}…): "
+        "copy tokenizer.json from the same build\n"
+    )
     r = run_cli("run", "--pte", out / f"{TEXT_ADAPTER}.pte", "--ptd", out / "foundation.ptd", "--prompt", "hi")
     assert r.returncode == 2 and r.stderr == want
     # --tokenizer DIR: the original build's foundation.ptd, the tampered folder's tokenizer
@@ -228,8 +237,9 @@ def test_a_tokenizer_from_another_build_is_refused(text_build, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{out / 'tokenizer.json'} (sha256" in r.stderr and f"{text_build.build.ptd} was built with" in r.stderr
     # --tokenizer with the build's own folder is accepted
-    assert _json_run(*_run_args(text_build, "--prompt", "hi", "--tokenizer", text_build.build.out_dir))["text"] \
-        is not None
+    assert (
+        _json_run(*_run_args(text_build, "--prompt", "hi", "--tokenizer", text_build.build.out_dir))["text"] is not None
+    )
 
 
 def test_a_manifest_or_foundation_from_another_build_is_refused(text_build, plain_build, tmp_path):
@@ -238,14 +248,19 @@ def test_a_manifest_or_foundation_from_another_build_is_refused(text_build, plai
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["tokenizer"]["foundation_fingerprint"] = "f" * 64
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match=re.escape(f"manifest.json: its tokenizer section is for foundation "
-                                                  f"ffffffffffff…, not {ptd} (foundation")):
+    with pytest.raises(
+        UserError,
+        match=re.escape(f"manifest.json: its tokenizer section is for foundation ffffffffffff…, not {ptd} (foundation"),
+    ):
         bind_tokenizer(ptd, out)
     # foundation.ptd of another build beside this build's manifest and tokenizer
     other = _copy_build(text_build, tmp_path / "swapped")
     shutil.copy(plain_build[1] / "foundation.ptd", other / "foundation.ptd")
-    with pytest.raises(UserError, match=rf"{re.escape(str(other / 'manifest.json'))} describes foundation .*, not "
-                                        rf"{re.escape(str(other / 'foundation.ptd'))} \(foundation"):
+    with pytest.raises(
+        UserError,
+        match=rf"{re.escape(str(other / 'manifest.json'))} describes foundation .*, not "
+        rf"{re.escape(str(other / 'foundation.ptd'))} \(foundation",
+    ):
         bind_tokenizer(other / "foundation.ptd")
     (other / "tokenizer.json").unlink()
     shutil.copy(ptd, other / "foundation.ptd")
@@ -271,8 +286,9 @@ def test_add_leaves_the_tokenizer_untouched(text_build, tmp_path):
     names = list(text_build.build.manifest["tokenizer"]["files"])
     before = {n: os.stat(out / n) for n in names}
     base_cfg = hf_config(vocab=400)
-    write_peft_lora(tmp_path / "more", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "o_proj", "down_proj"],
-                    seed=9)
+    write_peft_lora(
+        tmp_path / "more", base_cfg, r=4, alpha=8, targets=["q_proj", "v_proj", "o_proj", "down_proj"], seed=9
+    )
     r = run_cli("add", "--to", out, f"more={tmp_path / 'more'}")
     assert r.returncode == 0, r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -280,8 +296,11 @@ def test_add_leaves_the_tokenizer_untouched(text_build, tmp_path):
     assert manifest["tokenizer"] == text_build.build.manifest["tokenizer"]
     for n in names:
         after = os.stat(out / n)
-        assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before[n].st_ino, before[n].st_mtime_ns,
-                                                                    before[n].st_size)
+        assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
+            before[n].st_ino,
+            before[n].st_mtime_ns,
+            before[n].st_size,
+        )
     assert _json_run("--pte", out / "more.pte", "--ptd", out / "foundation.ptd", "--prompt", "hi")["text"] is not None
 
 
@@ -298,15 +317,22 @@ def test_only_chat_needs_transformers(text_build, tmp_path):
     exe = Path(sys.executable).parent / "lora-share"
 
     def run(*args):
-        return subprocess.run([str(exe), "run", *map(str, _run_args(text_build, *args))], capture_output=True,
-                              text=True, env=env, timeout=600)
+        return subprocess.run(
+            [str(exe), "run", *map(str, _run_args(text_build, *args))],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
 
     r = run("--prompt", PROMPT)
     assert r.returncode == 0, r.stderr
     r = run("--chat", "hi")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "--chat renders the model's chat template with transformers, which is not installed: " \
-           "pip install 'lora-share[chat]'" in r.stderr
+    assert (
+        "--chat renders the model's chat template with transformers, which is not installed: "
+        "pip install 'lora-share[chat]'" in r.stderr
+    )
 
 
 def test_chat_without_a_template_is_refused(text_build):

@@ -22,24 +22,117 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer
-
 from tokenizer_files import byte_level_bpe, sentencepiece_bpe
+from tokenizers import Tokenizer
 
 N_STRINGS = 5600  # per tokenizer: issue 49 asks ls_tokenize to equal the library on 5,600 strings each
 N_RANDOM_IDS = 400
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Hello", "WORLD", "token", "tokenizer",
-         "running", "generation", "LoRA", "adapter", "a", "I", "x", "foundation", "deTokenize", "HTTPServer"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "Hello",
+    "WORLD",
+    "token",
+    "tokenizer",
+    "running",
+    "generation",
+    "LoRA",
+    "adapter",
+    "a",
+    "I",
+    "x",
+    "foundation",
+    "deTokenize",
+    "HTTPServer",
+]
 CONTRACTIONS = ["we're", "they'll", "it's", "I'd", "you've", "don't", "I'M", "WE'LL", "'s", "'t", "O'Neil", "'re'"]
-UNICODE_WORDS = ["café", "naïve", "Ελληνικά", "αλεπού", "собака", "Русский", "中文文本", "日本語のテキスト", "한국어",
-                 "العربية", "الكلب", "עברית", "हिन्दी", "ไทย", "Ça", "ßtraße", "e\u0301", "ﬁne", "Ǆ"]
+UNICODE_WORDS = [
+    "café",
+    "naïve",
+    "Ελληνικά",
+    "αλεπού",
+    "собака",
+    "Русский",
+    "中文文本",
+    "日本語のテキスト",
+    "한국어",
+    "العربية",
+    "الكلب",
+    "עברית",
+    "हिन्दी",
+    "ไทย",
+    "Ça",
+    "ßtraße",
+    "e\u0301",
+    "ﬁne",
+    "Ǆ",
+]
 DIGITS = ["0", "7", "42", "123", "2026", "3.14159", "1,000,000", "٣٤٥", "१२३", "①②", "½", "Ⅻ", "１２３", "۱۲"]
 EMOJI = ["😀", "👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "❤️", "🎉🎉", "👩🏿‍💻", "🇫🇷", "©", "™"]
-SPACES = [" ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", " \n ", "\u00a0", "\u3000", "\u2028", "\u0085", "\x0b",
-          "\x0c", " \t\n", "\r", "    \n"]
-PUNCT = [".", ",", "!", "?", ";", ":", "-", "—", "(", ")", "[", "]", "{", "}", '"', "'", "`", "...", "…", "“",
-         "”", "@", "#", "$%", "^&*", "_", "+=", "<", ">", "/", "\\", "|", "~", "</", "<0x41>", "▁"]
+SPACES = [
+    " ",
+    "  ",
+    "   ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\n\n",
+    " \n ",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "\u0085",
+    "\x0b",
+    "\x0c",
+    " \t\n",
+    "\r",
+    "    \n",
+]
+PUNCT = [
+    ".",
+    ",",
+    "!",
+    "?",
+    ";",
+    ":",
+    "-",
+    "—",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    '"',
+    "'",
+    "`",
+    "...",
+    "…",
+    "“",
+    "”",
+    "@",
+    "#",
+    "$%",
+    "^&*",
+    "_",
+    "+=",
+    "<",
+    ">",
+    "/",
+    "\\",
+    "|",
+    "~",
+    "</",
+    "<0x41>",
+    "▁",
+]
 
 
 def _random_digits(rng: random.Random) -> str:
@@ -51,19 +144,51 @@ def _random_char(rng: random.Random) -> str:
     PCRE2 10.42 build/tokenize links): characters assigned later are letters or digits to the
     library's Oniguruma but not to PCRE2 10.42, a known gap this test does not hide by accident."""
     while True:
-        cp = rng.choice([rng.randint(0x20, 0x7E), rng.randint(0xA0, 0x2FFF), rng.randint(0x3000, 0xD7FF),
-                         rng.randint(0xE000, 0xFFFD), rng.randint(0x10000, 0x1FAFF)])
+        cp = rng.choice(
+            [
+                rng.randint(0x20, 0x7E),
+                rng.randint(0xA0, 0x2FFF),
+                rng.randint(0x3000, 0xD7FF),
+                rng.randint(0xE000, 0xFFFD),
+                rng.randint(0x10000, 0x1FAFF),
+            ]
+        )
         if unicodedata.category(chr(cp)) not in ("Cn", "Cs"):
             return chr(cp)
 
 
 # Blocks of the scripts real text mixes, as code point ranges (letters, marks and digits of each).
-SCRIPT_RANGES = [(0x41, 0x5A), (0x61, 0x7A), (0xC0, 0x24F), (0x300, 0x36F), (0x370, 0x3FF), (0x400, 0x4FF),
-                 (0x531, 0x587), (0x5D0, 0x5EA), (0x620, 0x669), (0x900, 0x97F), (0xE01, 0xE5B), (0x10A0, 0x10FF),
-                 (0x1100, 0x11FF), (0x3041, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0x1D400, 0x1D7FF)]
+SCRIPT_RANGES = [
+    (0x41, 0x5A),
+    (0x61, 0x7A),
+    (0xC0, 0x24F),
+    (0x300, 0x36F),
+    (0x370, 0x3FF),
+    (0x400, 0x4FF),
+    (0x531, 0x587),
+    (0x5D0, 0x5EA),
+    (0x620, 0x669),
+    (0x900, 0x97F),
+    (0xE01, 0xE5B),
+    (0x10A0, 0x10FF),
+    (0x1100, 0x11FF),
+    (0x3041, 0x30FF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7A3),
+    (0x1D400, 0x1D7FF),
+]
 # Characters a 1000-token vocab has not seen: SentencePiece styles spell them in <0x..> byte tokens.
-RARE_RANGES = [(0x1200, 0x137C), (0x13A0, 0x13F5), (0x0F00, 0x0FDA), (0x2200, 0x22FF), (0x2800, 0x28FF),
-               (0xE000, 0xF8FF), (0x20000, 0x2A6DF), (0x1F300, 0x1F5FF), (0x1F900, 0x1F9FF)]
+RARE_RANGES = [
+    (0x1200, 0x137C),
+    (0x13A0, 0x13F5),
+    (0x0F00, 0x0FDA),
+    (0x2200, 0x22FF),
+    (0x2800, 0x28FF),
+    (0xE000, 0xF8FF),
+    (0x20000, 0x2A6DF),
+    (0x1F300, 0x1F5FF),
+    (0x1F900, 0x1F9FF),
+]
 WHITESPACE = "".join(dict.fromkeys("".join(SPACES)))
 
 
@@ -93,8 +218,9 @@ def _long_word(rng: random.Random) -> str:
     """A word longer than any token: random letters, a word said many times, or a long digit run."""
     kind = rng.randrange(3)
     if kind == 0:
-        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in
-                       range(rng.randint(20, 300)))
+        return "".join(
+            rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(rng.randint(20, 300))
+        )
     if kind == 1:
         return rng.choice(WORDS) * rng.randint(3, 30)
     return "".join(rng.choice("0123456789") for _ in range(rng.randint(20, 100)))
@@ -114,18 +240,38 @@ def _special_in_text(rng: random.Random, specials: list[str]) -> str:
         return rng.choice(WORDS) + token + rng.choice(WORDS + PUNCT)
     if kind == 1:
         return token * rng.randint(2, 4)
-    return token[:rng.randint(1, max(1, len(token) - 1))] + rng.choice(WORDS)
+    return token[: rng.randint(1, max(1, len(token) - 1))] + rng.choice(WORDS)
 
 
 def make_strings(specials: list[str], seed: int, n: int = N_STRINGS) -> list[str]:
     """n deterministic test strings, the empty string and a few fixed edge cases first."""
     rng = random.Random(seed)
     pools = [WORDS, WORDS, CONTRACTIONS, UNICODE_WORDS, DIGITS, EMOJI, SPACES, SPACES, PUNCT, specials]
-    generated = [(0.06, _random_digits), (0.12, _random_char), (0.17, _mixed_script_word), (0.21, _whitespace_run),
-                 (0.24, _long_word), (0.29, _byte_fallback_text),
-                 (0.33, lambda r: _special_in_text(r, specials))]
-    fixed = ["", " ", "  ", "\n", "hello", " hello", "hello ", "   leading and trailing   ", "\r\n\r\n",
-             "a\u00a0b", specials[0], specials[0] + specials[-1], f" {specials[-1]} ", "12345678901234567890"]
+    generated = [
+        (0.06, _random_digits),
+        (0.12, _random_char),
+        (0.17, _mixed_script_word),
+        (0.21, _whitespace_run),
+        (0.24, _long_word),
+        (0.29, _byte_fallback_text),
+        (0.33, lambda r: _special_in_text(r, specials)),
+    ]
+    fixed = [
+        "",
+        " ",
+        "  ",
+        "\n",
+        "hello",
+        " hello",
+        "hello ",
+        "   leading and trailing   ",
+        "\r\n\r\n",
+        "a\u00a0b",
+        specials[0],
+        specials[0] + specials[-1],
+        f" {specials[-1]} ",
+        "12345678901234567890",
+    ]
     out = list(fixed)
     while len(out) < n:
         parts = []
@@ -165,8 +311,9 @@ def random_id_sequences(vocab_size: int, byte_ids: list[int], seed: int, n: int 
 def run_tokenize(binary: Path, tokenizer_json: Path, requests: list[dict]) -> list[dict]:
     """All requests through one build/tokenize process; one reply per request."""
     stdin = "".join(json.dumps(r) + "\n" for r in requests)
-    proc = subprocess.run([str(binary), "--tokenizer", str(tokenizer_json)], input=stdin, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [str(binary), "--tokenizer", str(tokenizer_json)], input=stdin, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     replies = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(replies) == len(requests)
@@ -194,34 +341,57 @@ def _edit(src: Path, dst_dir: Path, edit) -> Path:
 
 
 def _added(content: str, id_: int, special: bool, **flags) -> dict:
-    return {"id": id_, "content": content, "single_word": flags.get("single_word", False),
-            "lstrip": flags.get("lstrip", False), "rstrip": flags.get("rstrip", False),
-            "normalized": flags.get("normalized", not special), "special": special}
+    return {
+        "id": id_,
+        "content": content,
+        "single_word": flags.get("single_word", False),
+        "lstrip": flags.get("lstrip", False),
+        "rstrip": flags.get("rstrip", False),
+        "normalized": flags.get("normalized", not special),
+        "special": special,
+    }
 
 
 def _gpt2_variant(spec: dict) -> None:
     """GPT-2 / RoBERTa style: ByteLevel with its own regex and a prefix space, digits split first,
     merges without ignore_merges, and added tokens with the strip / single-word flags."""
-    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": False},
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    spec["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Digits", "individual_digits": False},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        ],
+    }
     spec["model"]["ignore_merges"] = False
     spec["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in spec["model"]["merges"]]
     n = max(spec["model"]["vocab"].values()) + 1
-    spec["added_tokens"] += [_added("<mask>", n, True, lstrip=True), _added("<sep>", n + 1, True, rstrip=True),
-                             _added("fox", n + 2, False, single_word=True), _added("DOG", n + 3, False)]
+    spec["added_tokens"] += [
+        _added("<mask>", n, True, lstrip=True),
+        _added("<sep>", n + 1, True, rstrip=True),
+        _added("fox", n + 2, False, single_word=True),
+        _added("DOG", n + 3, False),
+    ]
 
 
 def _metaspace_variant(spec: dict) -> None:
     """Mistral v3 / Gemma style: no normalizer but NFC, Metaspace (prepend "first") as the
     pre-tokenizer and decoder, digits split one by one, and a non-special added token."""
     spec["normalizer"] = {"type": "NFC"}
-    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Digits", "individual_digits": True},
-        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}]}
-    spec["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True},
-        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    spec["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True},
+        ],
+    }
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+        ],
+    }
     n = max(spec["model"]["vocab"].values()) + 1
     spec["added_tokens"] += [_added("[INST]", n, True), _added("café", n + 1, False, lstrip=True, rstrip=True)]
 
@@ -254,6 +424,7 @@ def reference(tokenizers_dir):
             encoded = {add: [lib.encode(s, add_special_tokens=add).ids for s in strings] for add in (True, False)}
             cache[style] = lib, strings, encoded
         return cache[style]
+
     return get
 
 
@@ -279,7 +450,8 @@ def test_encode_decode_parity(tokenize_bin, tokenizers_dir, reference, style):
     got = run_tokenize(tokenize_bin, folder / "tokenizer.json", requests)
     bad = [(r, e, g) for r, e, g in zip(requests, expected, got) if e != g]
     assert not bad, f"{len(bad)} of {len(requests)} differ; first ones:\n" + "\n".join(
-        f"{json.dumps(r, ensure_ascii=False)}\n  tokenizers: {e}\n  build/tokenize: {g}" for r, e, g in bad[:5])
+        f"{json.dumps(r, ensure_ascii=False)}\n  tokenizers: {e}\n  build/tokenize: {g}" for r, e, g in bad[:5]
+    )
 
 
 @pytest.mark.parametrize("style", ["llama3", "llama2", "metaspace"])
@@ -340,8 +512,9 @@ def test_stream_decoder_never_splits_a_character(tokenize_bin, tokenizers_dir):
     vocab = lib.get_vocab(with_added_tokens=True)
     byte_ids = byte_fallback_ids(vocab)
     sequences = [ids for seed in range(30) for ids in random_id_sequences(len(vocab), byte_ids, seed=seed, n=200)]
-    replies = run_tokenize(tokenize_bin, folder / "tokenizer.json",
-                           [{"stream": ids, "skip_special_tokens": True} for ids in sequences])
+    replies = run_tokenize(
+        tokenize_bin, folder / "tokenizer.json", [{"stream": ids, "skip_special_tokens": True} for ids in sequences]
+    )
     bad = [(ids, r["pieces"]) for ids, r in zip(sequences, replies) if r["pieces"] != expected_stream(lib, ids)]
     assert not bad, f"{len(bad)} of {len(sequences)} differ; first: {bad[0]}"
 
@@ -357,8 +530,9 @@ def test_split_regex_white_space_is_onigurumas(tokenize_bin, tokenizers_dir, tmp
     def add_merges(spec):
         vocab, n = spec["model"]["vocab"], max(spec["model"]["vocab"].values()) + 1
         for i in range(1, len(chars)):
-            vocab.setdefault(chars[:i + 1], n + i)
+            vocab.setdefault(chars[: i + 1], n + i)
             spec["model"]["merges"].append([chars[:i], chars[i]])
+
     folder = _edit(tokenizers_dir["llama3"], tmp_path / "mvs", add_merges)
     lib = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert lib.token_to_id(chars) in lib.encode("!\u180e").ids  # one piece to the library
@@ -368,10 +542,22 @@ def test_split_regex_white_space_is_onigurumas(tokenize_bin, tokenizers_dir, tmp
 
 
 def test_bad_lines_get_an_error_and_serving_goes_on(tokenize_bin, tokenizers_dir):
-    lines = ["not json", "[1, 2]", '{"encode": 5}', '{"decode": "x"}', '{"encode": "a", "decode": [1]}', "{}",
-             '{"encode": "hello"}']
-    proc = subprocess.run([str(tokenize_bin), "--tokenizer", str(tokenizers_dir["llama3"] / "tokenizer.json")],
-                          input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    lines = [
+        "not json",
+        "[1, 2]",
+        '{"encode": 5}',
+        '{"decode": "x"}',
+        '{"encode": "a", "decode": [1]}',
+        "{}",
+        '{"encode": "hello"}',
+    ]
+    proc = subprocess.run(
+        [str(tokenize_bin), "--tokenizer", str(tokenizers_dir["llama3"] / "tokenizer.json")],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     replies = [json.loads(line) for line in proc.stdout.splitlines()]
     assert all("error" in r for r in replies[:-1]), replies
@@ -380,25 +566,43 @@ def test_bad_lines_get_an_error_and_serving_goes_on(tokenize_bin, tokenizers_dir
 
 
 def _refused(tokenize_bin, path: Path) -> str:
-    proc = subprocess.run([str(tokenize_bin), "--tokenizer", str(path)], input="", capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [str(tokenize_bin), "--tokenizer", str(path)], input="", capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode != 0
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     return proc.stderr
 
 
-@pytest.mark.parametrize("key,value,message", [
-    ("normalizer", {"type": "Precompiled", "precompiled_charsmap": None},
-     "normalizer type 'Precompiled' is not supported"),
-    ("pre_tokenizer", {"type": "Sequence", "pretokenizers": [{"type": "BertPreTokenizer"}]},
-     "pre_tokenizer.pretokenizers[0] type 'BertPreTokenizer' is not supported"),
-    ("decoder", {"type": "WordPiece", "prefix": "##", "cleanup": True}, "decoder type 'WordPiece' is not supported"),
-    ("post_processor", {"type": "BertProcessing", "sep": ["</s>", 2], "cls": ["<s>", 1]},
-     "post_processor type 'BertProcessing' is not supported"),
-])
-def test_unsupported_component_is_refused_naming_file_and_key(tokenize_bin, tokenizers_dir, tmp_path, key, value,
-                                                              message):
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        (
+            "normalizer",
+            {"type": "Precompiled", "precompiled_charsmap": None},
+            "normalizer type 'Precompiled' is not supported",
+        ),
+        (
+            "pre_tokenizer",
+            {"type": "Sequence", "pretokenizers": [{"type": "BertPreTokenizer"}]},
+            "pre_tokenizer.pretokenizers[0] type 'BertPreTokenizer' is not supported",
+        ),
+        (
+            "decoder",
+            {"type": "WordPiece", "prefix": "##", "cleanup": True},
+            "decoder type 'WordPiece' is not supported",
+        ),
+        (
+            "post_processor",
+            {"type": "BertProcessing", "sep": ["</s>", 2], "cls": ["<s>", 1]},
+            "post_processor type 'BertProcessing' is not supported",
+        ),
+    ],
+)
+def test_unsupported_component_is_refused_naming_file_and_key(
+    tokenize_bin, tokenizers_dir, tmp_path, key, value, message
+):
     spec = json.loads((tokenizers_dir["llama2"] / "tokenizer.json").read_text())
     spec[key] = value
     path = tmp_path / "tokenizer.json"
@@ -409,9 +613,19 @@ def test_unsupported_component_is_refused_naming_file_and_key(tokenize_bin, toke
 
 def test_unigram_model_is_refused(tokenize_bin, tmp_path):
     path = tmp_path / "tokenizer.json"
-    path.write_text(json.dumps({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
-                                "post_processor": None, "decoder": None,
-                                "model": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]]}}))
+    path.write_text(
+        json.dumps(
+            {
+                "version": "1.0",
+                "added_tokens": [],
+                "normalizer": None,
+                "pre_tokenizer": None,
+                "post_processor": None,
+                "decoder": None,
+                "model": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0]]},
+            }
+        )
+    )
     Tokenizer.from_file(str(path))  # a file the library takes: refusing it is this runtime's choice
     assert f"{path}: model type 'Unigram' is not supported" in _refused(tokenize_bin, path)
 
@@ -431,7 +645,8 @@ def test_merge_outside_the_vocab_is_refused(tokenize_bin, tokenizers_dir, tmp_pa
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(spec))
     assert f"{path}: model.merges[3]: merge 'Ġzzzq Ġzzzr' uses a token missing from the vocab" in _refused(
-        tokenize_bin, path)
+        tokenize_bin, path
+    )
 
 
 @pytest.fixture(scope="module")
@@ -459,8 +674,9 @@ def test_c_api_tokenize_and_detokenize_equal_the_library(c_library, tokenizers_d
         for add in (True, False):
             bad += [("encode", add, s) for s, ids in zip(strings, encoded[add]) if tok.encode(s, add) != ids]
         for skip in (True, False):
-            bad += [("decode", skip, ids) for ids, text in zip(sequences, decoded[skip])
-                    if tok.decode(ids, skip) != text]
+            bad += [
+                ("decode", skip, ids) for ids, text in zip(sequences, decoded[skip]) if tok.decode(ids, skip) != text
+            ]
     checks = 2 * (len(strings) + len(sequences))
     assert not bad, f"{len(bad)} of {checks} differ; first ones: {bad[:5]}"
 

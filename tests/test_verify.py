@@ -12,11 +12,11 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import TINY_FOUNDATION, build_config, run_cli, write_config
+from mutations import FILE_DAMAGE, write_damaged
+
 from lora_share.formats import read_ptd
 from lora_share.formats.meta import ADAPTER_KEY, FOUNDATION_KEY
-from mutations import FILE_DAMAGE, write_damaged
 
 SHARING_ADAPTERS = [
     {"name": "share_p", "synthetic": {"rank": 4, "alpha": 8, "target_modules": ["q_proj"], "seed": 11}},
@@ -27,8 +27,9 @@ SHARING_ADAPTERS = [
 @pytest.fixture(scope="module")
 def untied_build(tmp_path_factory):
     foundation = {**TINY_FOUNDATION, "tie_embeddings": False, "seed": 7}
-    cfg = write_config(tmp_path_factory.mktemp("untied"), {"synthetic": foundation, "max_seq_len": 32},
-                       SHARING_ADAPTERS)
+    cfg = write_config(
+        tmp_path_factory.mktemp("untied"), {"synthetic": foundation, "max_seq_len": 32}, SHARING_ADAPTERS
+    )
     return build_config(cfg)
 
 
@@ -54,8 +55,10 @@ def test_tied_embedding_is_stored_once(tiny_build, untied_build):
     assert len(shared) == 1 and tied.entry(shared[0][0]).size == embedding
     assert untied.keys_by_segment() and all(len(k) == 1 for k in untied.keys_by_segment().values())
     diff = untied.size - tied.size
-    print(f"\nPTD sizes: tied {tied.size:,} bytes, untied {untied.size:,} bytes, difference {diff:,} "
-          f"(one embedding: {embedding:,})")
+    print(
+        f"\nPTD sizes: tied {tied.size:,} bytes, untied {untied.size:,} bytes, difference {diff:,} "
+        f"(one embedding: {embedding:,})"
+    )
     assert embedding <= diff <= embedding + 4096
     report = tiny_build.manifest["bytes"]["foundation"]
     assert report["shared"] == embedding and report["duplicate_avoided"] == embedding
@@ -64,9 +67,9 @@ def test_tied_embedding_is_stored_once(tiny_build, untied_build):
 
 def test_tensors_shared_by_adapters_are_reported(untied_build):
     from lora_share.checkpoints.adapters import load_adapter
+    from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import load_config
     from lora_share.deploy.byte_report import report_lines
-    from lora_share.checkpoints.foundation import load_foundation
 
     cfg = load_config(untied_build.config)
     args = load_foundation(cfg.foundation).args
@@ -132,8 +135,8 @@ def test_no_verify_lets_the_load_fail_or_run(tiny_build, untied_build, runner_bi
 
 
 def test_inspect_reads_back_what_build_wrote(tiny_build):
-    from lora_share.config import load_config
     from lora_share.checkpoints.foundation import load_foundation
+    from lora_share.config import load_config
 
     manifest = tiny_build.manifest
     proc = run_cli("inspect", tiny_build.ptd, "--json")
@@ -165,11 +168,23 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         assert proc.returncode == 0, proc.stderr
         pte = json.loads(proc.stdout)
         assert pte["size"] == entry["size"]
-        assert pte["methods"] == ["decode", "decode_batch", "forward", "get_max_seq_len", "get_vocab_size",
-                                  "get_prefill_chunk"]
+        assert pte["methods"] == [
+            "decode",
+            "decode_batch",
+            "forward",
+            "get_max_seq_len",
+            "get_vocab_size",
+            "get_prefill_chunk",
+        ]
         a = pte["adapter"]
         assert (a["name"], a["rank"], a["alpha"], a["targets"], a["layers"], a["lora_bytes"]) == (
-            entry["name"], entry["rank"], entry["alpha"], entry["targets"], entry["layers"], entry["lora_bytes"])
+            entry["name"],
+            entry["rank"],
+            entry["alpha"],
+            entry["targets"],
+            entry["layers"],
+            entry["lora_bytes"],
+        )
         assert a["foundation_fingerprint"] == manifest["foundation"]["fingerprint"]
         # LoRA weights are forward's inputs: the .pte's own named data is its record and its LoRA
         # tensors, each under the sha256 of its bytes, as its record names them; XNNPACK's own
@@ -177,9 +192,16 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         keys = {k for s in entry["lora"] for k in (s["a"], s["b"])}
         assert {e["key"] for e in pte["named_data"]} == {ADAPTER_KEY} | keys and pte["delegate_keys_in_file"] == []
         assert {(s["layer"], s["target"], s["rank"], s["a"], s["b"]) for s in entry["lora"]} == {
-            (*a["envelope"][s["slot"]], s["rank"], s["a"], s["b"]) for s in a["lora"]}
-        assert pte["ptd"] == {"file": str(tiny_build.ptd), "shared_file": None, "has_all_keys": True, "missing": [],
-                              "compatible": True, "problems": []}
+            (*a["envelope"][s["slot"]], s["rank"], s["a"], s["b"]) for s in a["lora"]
+        }
+        assert pte["ptd"] == {
+            "file": str(tiny_build.ptd),
+            "shared_file": None,
+            "has_all_keys": True,
+            "missing": [],
+            "compatible": True,
+            "problems": [],
+        }
         assert FOUNDATION_KEY not in pte["needs"] and len(pte["needs"]) > len(pte["external_tensors"])
 
 
@@ -227,8 +249,10 @@ def test_flipped_lora_weight_is_refused(tiny_build, runner_bin, tmp_path):
     data[weight.start + 3] ^= 0x10
     bad = tmp_path / "tiny_a.pte"
     bad.write_bytes(bytes(data))
-    for proc, code in ((run_cli("verify", "--pte", bad, "--ptd", tiny_build.ptd), 2),
-                       (run_cli("run", "--pte", bad, "--ptd", tiny_build.ptd, "--tokens", "1", "--no-verify"), 2),
-                       (runner(runner_bin, "--pte", bad, "--ptd", tiny_build.ptd, "--tokens", "1", "--no-verify"), 1)):
+    for proc, code in (
+        (run_cli("verify", "--pte", bad, "--ptd", tiny_build.ptd), 2),
+        (run_cli("run", "--pte", bad, "--ptd", tiny_build.ptd, "--tokens", "1", "--no-verify"), 2),
+        (runner(runner_bin, "--pte", bad, "--ptd", tiny_build.ptd, "--tokens", "1", "--no-verify"), 1),
+    ):
         assert "damaged" in one_error_line(proc, code)
     assert "damaged" in run_cli("inspect", bad).stdout

@@ -13,15 +13,24 @@ import pytest
 import torch
 
 from lora_share.export import program as export_module
-from lora_share.model.envelope import Envelope
 from lora_share.model.decoder import LlamaLoRA, ModelArgs, n_slabs
+from lora_share.model.envelope import Envelope
 
 LAYERS = 3
 
 
 def tiny(kv_dtype: str) -> tuple[LlamaLoRA, Envelope]:
-    args = ModelArgs(dim=64, n_layers=LAYERS, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256,
-                     max_seq_len=32, prefill_chunk=8, kv_dtype=kv_dtype)
+    args = ModelArgs(
+        dim=64,
+        n_layers=LAYERS,
+        n_heads=4,
+        n_kv_heads=2,
+        hidden_dim=128,
+        vocab_size=256,
+        max_seq_len=32,
+        prefill_chunk=8,
+        kv_dtype=kv_dtype,
+    )
     envelope = Envelope.make(["q_proj", "v_proj"], list(range(LAYERS)), 4)
     model = LlamaLoRA(args, envelope.slots)
     g = torch.Generator().manual_seed(0)
@@ -68,8 +77,13 @@ def run(pte: bytes, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def programs(request, tmp_path_factory):
     model, envelope = tiny(request.param)
     folder = tmp_path_factory.mktemp(f"xnnpack_ops_{request.param}")
-    return (request.param, model, envelope, export(model, envelope, folder / "ours", shipped=False),
-            export(model, envelope, folder / "shipped", shipped=True))
+    return (
+        request.param,
+        model,
+        envelope,
+        export(model, envelope, folder / "ours", shipped=False),
+        export(model, envelope, folder / "shipped", shipped=True),
+    )
 
 
 def test_fewer_delegate_calls_and_no_views_between(programs):

@@ -64,26 +64,45 @@ def byte_level_bpe(out_dir: Path, vocab_size: int = 400, ignore_merges: bool = T
     out_dir.mkdir(parents=True, exist_ok=True)
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer=trainer)
     bos = tok.token_to_id(specials[0])
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{specials[0]} $A", pair=f"{specials[0]} $A {specials[0]} $B",
-                                      special_tokens=[(specials[0], bos)]),
-    ])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{specials[0]} $A",
+                pair=f"{specials[0]} $A {specials[0]} $B",
+                special_tokens=[(specials[0], bos)],
+            ),
+        ]
+    )
     tok.save(str(out_dir / "tokenizer.json"))
     eos = [tok.token_to_id(specials[1]), tok.token_to_id(specials[2])]
-    _write_configs(out_dir, {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": specials[0], "eos_token": specials[1],
-        "clean_up_tokenization_spaces": False, "model_max_length": 2048, "chat_template": CHAT_TEMPLATE,
-    }, {"bos_token_id": bos, "eos_token_id": eos})
+    _write_configs(
+        out_dir,
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": specials[0],
+            "eos_token": specials[1],
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 2048,
+            "chat_template": CHAT_TEMPLATE,
+        },
+        {"bos_token_id": bos, "eos_token_id": eos},
+    )
     return out_dir
 
 
@@ -115,34 +134,78 @@ def sentencepiece_bpe(out_dir: Path, vocab_size: int = 400) -> Path:
     vocab = {}
     for piece in specials + byte_tokens + pieces:
         vocab.setdefault(piece, len(vocab))
-    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, s in enumerate(specials)]
+    added = [
+        {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, s in enumerate(specials)
+    ]
     spec = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "▁"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Prepend", "prepend": "▁"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+            ],
+        },
         "pre_tokenizer": None,
         "post_processor": {
             "type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
+            "pair": [
+                {"SpecialToken": {"id": "<s>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<s>", "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+            ],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+        },
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": "<unk>",
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
     }
     text = json.dumps(spec, indent=2, ensure_ascii=False)
     Tokenizer.from_str(text)  # refuse to write a file the library itself would not load
     (out_dir / "tokenizer.json").write_text(text)
-    _write_configs(out_dir, {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "clean_up_tokenization_spaces": False, "model_max_length": 2048,
-        "chat_template": CHAT_TEMPLATE,
-    }, {"bos_token_id": 1, "eos_token_id": 2})
+    _write_configs(
+        out_dir,
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 2048,
+            "chat_template": CHAT_TEMPLATE,
+        },
+        {"bos_token_id": 1, "eos_token_id": 2},
+    )
     return out_dir

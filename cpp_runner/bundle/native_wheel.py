@@ -17,9 +17,10 @@ import hashlib
 import os
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,9 +30,14 @@ def _record_hash(data: bytes) -> str:
 
 
 def _metadata(project: dict) -> str:
-    lines = ["Metadata-Version: 2.1", f"Name: {project['name']}", f"Version: {project['version']}",
-             f"Summary: {project['description']}", f"Requires-Python: {project['requires-python']}",
-             "Provides-Extra: build"]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {project['name']}",
+        f"Version: {project['version']}",
+        f"Summary: {project['description']}",
+        f"Requires-Python: {project['requires-python']}",
+        "Provides-Extra: build",
+    ]
     lines += [f'Requires-Dist: {dep}; extra == "build"' for dep in project["dependencies"]]
     for extra, deps in project.get("optional-dependencies", {}).items():
         lines.append(f"Provides-Extra: {extra}")
@@ -63,8 +69,9 @@ def write_wheel(lib_dir: Path, out_dir: Path) -> Path:
     files = _files(lib_dir)
     scripts = "".join(f"{k} = {v}\n" for k, v in project.get("scripts", {}).items())
     files[f"{info}/METADATA"] = _metadata(project).encode()
-    files[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: lora-share make wheel\nRoot-Is-Purelib: false\n"
-                              f"Tag: {tag}\n").encode()
+    files[f"{info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: lora-share make wheel\nRoot-Is-Purelib: false\nTag: {tag}\n"
+    ).encode()
     files[f"{info}/entry_points.txt"] = f"[console_scripts]\n{scripts}".encode()
     record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in files.items()) + f"{info}/RECORD,,\n"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -40,16 +40,13 @@ bool parse_int64(const std::string& text, int64_t* out) {
   return true;
 }
 
-Status bad_value(const char* flag, const std::string& value,
-                 const char* expected) {
-  return Status::usage(std::string("--") + flag + " '" + value +
-                       "': expected " + expected);
+Status bad_value(const char* flag, const std::string& value, const char* expected) {
+  return Status::usage(std::string("--") + flag + " '" + value + "': expected " + expected);
 }
 
 // The table. Order here is the order of --help.
 const FlagSpec kFlags[] = {
-    {"pte", "PATH", "(required)",
-     "adapter program (.pte); repeat to load several adapters at once",
+    {"pte", "PATH", "(required)", "adapter program (.pte); repeat to load several adapters at once",
      [](Options& o, const std::string& v) {
        o.ptes.push_back(v);
        return Status();
@@ -110,8 +107,7 @@ const FlagSpec kFlags[] = {
     {"max-new-tokens", "N", "16", "number of tokens to generate (>= 1)",
      [](Options& o, const std::string& v) {
        int64_t n = 0;
-       if (!parse_int64(v, &n) || n < 1)
-         return bad_value("max-new-tokens", v, "an integer >= 1");
+       if (!parse_int64(v, &n) || n < 1) return bad_value("max-new-tokens", v, "an integer >= 1");
        o.max_new_tokens = n;
        return Status();
      }},
@@ -123,8 +119,7 @@ const FlagSpec kFlags[] = {
        char* end = nullptr;
        errno = 0;
        double f = t.empty() ? NAN : std::strtod(t.c_str(), &end);
-       if (t.empty() || errno != 0 || end != t.c_str() + t.size() ||
-           !std::isfinite(f) || f < 0)
+       if (t.empty() || errno != 0 || end != t.c_str() + t.size() || !std::isfinite(f) || f < 0)
          return bad_value("temperature", v, "a finite number >= 0");
        o.temperature = f;
        return Status();
@@ -132,8 +127,7 @@ const FlagSpec kFlags[] = {
     {"seed", "N", "0", "random seed for sampling (reset for every request)",
      [](Options& o, const std::string& v) {
        int64_t n = 0;
-       if (!parse_int64(v, &n) || n < 0)
-         return bad_value("seed", v, "an integer >= 0");
+       if (!parse_int64(v, &n) || n < 0) return bad_value("seed", v, "an integer >= 0");
        o.seed = static_cast<uint64_t>(n);
        return Status();
      }},
@@ -173,20 +167,17 @@ const FlagSpec kFlags[] = {
        o.inputs.push_back(v);
        return Status();
      }},
-    {"output", "PATH", "(none: shapes only)",
-     "with --input: forward's output as .npy (several outputs: .npz)",
+    {"output", "PATH", "(none: shapes only)", "with --input: forward's output as .npy (several outputs: .npz)",
      [](Options& o, const std::string& v) {
        o.output = v;
        return Status();
      }},
-    {"dump-logits", "PATH", "(none)",
-     "write the logits rows as .npy float32 [max_new_tokens, vocab]",
+    {"dump-logits", "PATH", "(none)", "write the logits rows as .npy float32 [max_new_tokens, vocab]",
      [](Options& o, const std::string& v) {
        o.dump_logits = v;
        return Status();
      }},
-    {"json", nullptr, "off",
-     "print one JSON object (tokens, timings, memory) instead of plain ids",
+    {"json", nullptr, "off", "print one JSON object (tokens, timings, memory) instead of plain ids",
      [](Options& o, const std::string&) {
        o.json = true;
        return Status();
@@ -241,8 +232,7 @@ const FlagSpec kFlags[] = {
      "faster: every op split across threads waits for all of them",
      [](Options& o, const std::string& v) {
        int64_t n = 0;
-       if (!parse_int64(v, &n) || n < 0 || n > 1024)
-         return bad_value("threads", v, "an integer from 0 to 1024");
+       if (!parse_int64(v, &n) || n < 0 || n > 1024) return bad_value("threads", v, "an integer from 0 to 1024");
        o.threads = static_cast<int>(n);
        return Status();
      }},
@@ -276,11 +266,13 @@ const FlagSpec* find_flag(const std::string& name) {
 Status check_program_mode(const Options& o) {
   if (o.inputs.empty()) return Status::usage("--output needs --input: the tensors forward runs on");
   if (o.ptd.empty())
-    return Status::usage("--input needs the deployment's foundation.ptd (--ptd): the tensors its "
-                         "programs share are there");
+    return Status::usage(
+        "--input needs the deployment's foundation.ptd (--ptd): the tensors its "
+        "programs share are there");
   if (o.serve || o.tokens_given || o.prompt_given || !o.dump_logits.empty() || o.stock)
-    return Status::usage("--input runs a program's forward on tensors: drop --serve, --tokens, "
-                         "--prompt, --dump-logits and --stock");
+    return Status::usage(
+        "--input runs a program's forward on tensors: drop --serve, --tokens, "
+        "--prompt, --dump-logits and --stock");
   std::set<std::string> names;
   for (const std::string& pte : o.ptes)
     if (!names.insert(file_stem(pte)).second)
@@ -294,8 +286,7 @@ Status check_program_mode(const Options& o) {
 // Combinations that would silently do something other than asked.
 Status check_combinations(const Options& o) {
   if (o.help) return Status();
-  if (o.ptes.empty())
-    return Status::usage("--pte: give at least one adapter program (.pte)");
+  if (o.ptes.empty()) return Status::usage("--pte: give at least one adapter program (.pte)");
   if (!o.inputs.empty() || !o.output.empty()) return check_program_mode(o);
   if (o.serve) {
     if (o.tokens_given || o.prompt_given)
@@ -303,23 +294,24 @@ Status check_combinations(const Options& o) {
                            " is not used with --serve: each request line "
                            "carries its own prompt");
     if (!o.adapter.empty())
-      return Status::usage("--adapter is not used with --serve: each request "
-                           "line names its adapter");
-    if (!o.dump_logits.empty())
-      return Status::usage("--dump-logits is not supported with --serve");
+      return Status::usage(
+          "--adapter is not used with --serve: each request "
+          "line names its adapter");
+    if (!o.dump_logits.empty()) return Status::usage("--dump-logits is not supported with --serve");
   } else if (o.tokens_given == o.prompt_given) {
-    return Status::usage(o.tokens_given
-                             ? "--tokens and --prompt are mutually exclusive: "
-                               "give the prompt one way"
-                             : "give the prompt as --tokens IDS (e.g. 1,17,42) "
-                               "or --prompt TEXT (or use --serve)");
+    return Status::usage(o.tokens_given ? "--tokens and --prompt are mutually exclusive: "
+                                          "give the prompt one way"
+                                        : "give the prompt as --tokens IDS (e.g. 1,17,42) "
+                                          "or --prompt TEXT (or use --serve)");
   }
   if (!o.tokenizer_dir.empty() && o.tokens_given)
-    return Status::usage("--tokenizer is read only with --prompt or --serve, "
-                         "not with --tokens");
+    return Status::usage(
+        "--tokenizer is read only with --prompt or --serve, "
+        "not with --tokens");
   if (o.prompt_given && o.ptd.empty())
-    return Status::usage("--prompt needs the build's foundation.ptd (--ptd): "
-                         "its tokenizer is checked against it");
+    return Status::usage(
+        "--prompt needs the build's foundation.ptd (--ptd): "
+        "its tokenizer is checked against it");
   // Adapters are picked by file stem, so two files with one stem would make
   // one unreachable. Checked here so a typo fails before minutes of loading.
   std::set<std::string> names;
@@ -331,34 +323,36 @@ Status check_combinations(const Options& o) {
                            "' (the file stem) is reserved for the foundation "
                            "alone (--adapter base): rename the file");
     if (!names.insert(name).second)
-      return Status::usage("--pte: two adapters are named '" + name +
-                           "' (the name is the file stem); rename one");
+      return Status::usage("--pte: two adapters are named '" + name + "' (the name is the file stem); rename one");
     listed += (listed.empty() ? "" : ", ") + name;
   }
   if (!o.adapter.empty() && o.adapter != LS_BASE_NAME && !names.count(o.adapter))
-    return Status::usage("--adapter '" + o.adapter +
-                         "': no such adapter (loaded: " + listed + "; 'base' is the foundation alone)");
+    return Status::usage("--adapter '" + o.adapter + "': no such adapter (loaded: " + listed +
+                         "; 'base' is the foundation alone)");
   // The shared file holds LoRA tensors only: a program that reads it also
   // reads foundation weights, so it is useless without --ptd.
   if (!o.shared_ptd.empty() && o.ptd.empty())
-    return Status::usage("--shared-ptd is read beside the foundation: give "
-                         "the build's foundation.ptd with --ptd too");
+    return Status::usage(
+        "--shared-ptd is read beside the foundation: give "
+        "the build's foundation.ptd with --ptd too");
   if (!o.packed_cache.empty() && o.no_packed_cache)
-    return Status::usage("--packed-cache names the packed-weights file's folder, "
-                         "--no-packed-cache turns the file off: give one of them");
+    return Status::usage(
+        "--packed-cache names the packed-weights file's folder, "
+        "--no-packed-cache turns the file off: give one of them");
   if (!o.packed_cache.empty() && (o.no_weight_cache || o.stock))
-    return Status::usage("--packed-cache needs the weight cache, which "
-                         "--no-weight-cache/--stock turn off");
+    return Status::usage(
+        "--packed-cache needs the weight cache, which "
+        "--no-weight-cache/--stock turn off");
   if (o.private_arenas && o.stock)
-    return Status::usage("--private-arenas is for the runner's own loading "
-                         "path; with --stock each Module has its own memory");
+    return Status::usage(
+        "--private-arenas is for the runner's own loading "
+        "path; with --stock each Module has its own memory");
   return Status();
 }
 
 }  // namespace
 
-StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text,
-                                                const std::string& what) {
+StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text, const std::string& what) {
   std::vector<int64_t> ids;
   std::stringstream ss(text);
   std::string item;
@@ -371,8 +365,7 @@ StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text,
                            "e.g. 1,17,42");
     ids.push_back(id);
   }
-  if (ids.empty())
-    return Status::usage(what + ": give at least one token id, e.g. 1,17,42");
+  if (ids.empty()) return Status::usage(what + ": give at least one token id, e.g. 1,17,42");
   return ids;
 }
 
@@ -381,8 +374,7 @@ StatusOr<Options> parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--", 0) != 0 || arg.size() == 2)
-      return Status::usage("unexpected argument '" + arg +
-                           "' (flags start with --; see --help)");
+      return Status::usage("unexpected argument '" + arg + "' (flags start with --; see --help)");
     std::string name = arg.substr(2), value;
     bool inline_value = false;
     size_t eq = name.find('=');
@@ -392,15 +384,11 @@ StatusOr<Options> parse_flags(int argc, char** argv) {
       inline_value = true;
     }
     const FlagSpec* flag = find_flag(name);
-    if (flag == nullptr)
-      return Status::usage("unknown flag --" + name + " (see --help)");
+    if (flag == nullptr) return Status::usage("unknown flag --" + name + " (see --help)");
     if (flag->value_name == nullptr) {
-      if (inline_value)
-        return Status::usage("--" + name + " takes no value");
+      if (inline_value) return Status::usage("--" + name + " takes no value");
     } else if (!inline_value) {
-      if (i + 1 >= argc)
-        return Status::usage("--" + name + " needs a value (" +
-                             flag->value_name + ")");
+      if (i + 1 >= argc) return Status::usage("--" + name + " needs a value (" + flag->value_name + ")");
       value = argv[++i];
     }
     Status s = flag->apply(options, value);

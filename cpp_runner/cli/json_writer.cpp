@@ -67,11 +67,21 @@ JsonWriter& JsonWriter::value(const std::string& s) {
       continue;
     }
     switch (c) {
-      case '"': out_ += "\\\""; break;
-      case '\\': out_ += "\\\\"; break;
-      case '\n': out_ += "\\n"; break;
-      case '\r': out_ += "\\r"; break;
-      case '\t': out_ += "\\t"; break;
+      case '"':
+        out_ += "\\\"";
+        break;
+      case '\\':
+        out_ += "\\\\";
+        break;
+      case '\n':
+        out_ += "\\n";
+        break;
+      case '\r':
+        out_ += "\\r";
+        break;
+      case '\t':
+        out_ += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -104,9 +114,7 @@ JsonWriter& JsonWriter::value(double v) {
   return *this;
 }
 
-JsonWriter& JsonWriter::value(std::optional<double> v) {
-  return v ? value(*v) : null();
-}
+JsonWriter& JsonWriter::value(std::optional<double> v) { return v ? value(*v) : null(); }
 
 JsonWriter& JsonWriter::null() {
   separate();

@@ -35,8 +35,7 @@ void write_stdout(const std::string& piece) {
 }
 
 // The prompt ids: --tokens as given, or --prompt encoded with the tokenizer.
-StatusOr<std::vector<int64_t>> prompt_ids(const Options& options,
-                                          const std::optional<tok::BoundTokenizer>& tokenizer) {
+StatusOr<std::vector<int64_t>> prompt_ids(const Options& options, const std::optional<tok::BoundTokenizer>& tokenizer) {
   if (!options.prompt_given) return options.tokens;
   if (!options.chat) return encode_prompt(*tokenizer, options.prompt, "--prompt");
   return encode_chat(*tokenizer, {{"user", options.prompt}}, "--chat");
@@ -48,25 +47,28 @@ Status run_once(const RunnerRuntime& runtime, const Options& options,
   std::string name = options.adapter.empty() ? runtime.adapters.front().name : options.adapter;
   const AdapterView* adapter = runtime.find(name);
   if (adapter == nullptr && name == LS_BASE_NAME)
-    return Status::usage("--adapter base runs the foundation through the program the --pte files "
-                         "carry, which --stock does not load: drop --stock");
+    return Status::usage(
+        "--adapter base runs the foundation through the program the --pte files "
+        "carry, which --stock does not load: drop --stock");
   if (adapter == nullptr)
-    return Status::usage("--adapter '" + name + "': no such adapter (loaded: " +
-                         runtime.names() + ")");
+    return Status::usage("--adapter '" + name + "': no such adapter (loaded: " + runtime.names() + ")");
   const tok::BoundTokenizer* bound = tokenizer ? &*tokenizer : nullptr;
   auto prompt = prompt_ids(options, tokenizer);
   if (!prompt.ok()) return prompt.status();
   // The library checks the request (ids, context) before it generates.
-  GenerateRequest request{prompt.value(), options.max_new_tokens, options.temperature,
-                          options.seed, stop_ids_for(options, bound),
+  GenerateRequest request{prompt.value(),
+                          options.max_new_tokens,
+                          options.temperature,
+                          options.seed,
+                          stop_ids_for(options, bound),
                           /*keep_logits=*/!options.dump_logits.empty(),
                           options.prompt_given ? "--prompt" : "--tokens"};
 
   std::optional<std::string> text;
   StatusOr<Reply> g = Status::failure("not generated");
   if (options.prompt_given) {
-    auto t = generate_text(runtime, *adapter, *tokenizer, request,
-                           options.json ? TextWriter() : TextWriter(write_stdout));
+    auto t =
+        generate_text(runtime, *adapter, *tokenizer, request, options.json ? TextWriter() : TextWriter(write_stdout));
     if (!t.ok()) return t.status();
     text = std::move(t->text);
     g = std::move(t->generation);
@@ -89,15 +91,19 @@ Status run_once(const RunnerRuntime& runtime, const Options& options,
     // With --prompt the text went out as it came: end its line; the ids are
     // in the summary's company on stderr.
     // Flushed before stderr is written, so a terminal shows the line ended.
-    if (text) std::printf("\n");
-    else std::printf("%s\n", ids.c_str());
+    if (text)
+      std::printf("\n");
+    else
+      std::printf("%s\n", ids.c_str());
     std::fflush(stdout);
     if (text) std::fprintf(stderr, "tokens: %s\n", ids.c_str());
     // A chat-trained model given raw text often answers with its end-of-turn
     // at once: say why the line is empty and what to ask with instead.
     if (text && text->empty() && !options.chat && tokenizer->chat) {
-      std::fprintf(stderr, "note: the answer ended at once: this build's model has a chat template, and --prompt "
-                           "gives it raw text; ask with --chat '%s' instead\n", options.prompt.c_str());
+      std::fprintf(stderr,
+                   "note: the answer ended at once: this build's model has a chat template, and --prompt "
+                   "gives it raw text; ask with --chat '%s' instead\n",
+                   options.prompt.c_str());
     }
     print_summary(stderr, runtime, *adapter, prompt.value(), g.value(), end);
   }
@@ -137,9 +143,8 @@ int main(int argc, char** argv) {
   if (!runtime.ok()) return fail(runtime.status());
 
   const tok::BoundTokenizer* bound = tokenizer.value() ? &*tokenizer.value() : nullptr;
-  Status s = options->serve
-                 ? serve(*runtime.value(), options.value(), bound, std::cin, std::cout)
-                 : run_once(*runtime.value(), options.value(), tokenizer.value());
+  Status s = options->serve ? serve(*runtime.value(), options.value(), bound, std::cin, std::cout)
+                            : run_once(*runtime.value(), options.value(), tokenizer.value());
   if (!s.ok()) return fail(s);
   return std::fflush(stdout) == 0 ? 0 : fail(Status::failure("could not write to stdout"));
 }

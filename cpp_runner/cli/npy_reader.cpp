@@ -12,7 +12,7 @@ struct Descr {
   size_t size;
 };
 constexpr Descr kDescrs[] = {
-    {"|u1", 0, 1}, {"|i1", 1, 1}, {"<i2", 2, 2}, {"<i4", 3, 4}, {"<i8", 4, 8},
+    {"|u1", 0, 1}, {"|i1", 1, 1}, {"<i2", 2, 2}, {"<i4", 3, 4},  {"<i8", 4, 8},
     {"<f2", 5, 2}, {"<f4", 6, 4}, {"<f8", 7, 8}, {"|b1", 11, 1},
 };
 
@@ -40,9 +40,7 @@ StatusOr<NpyArray> read_npy(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::usage(flag + " " + path + ": no such file, or not readable");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto bad = [&](const std::string& why) {
-    return Status::usage(flag + " " + path + ": " + why);
-  };
+  auto bad = [&](const std::string& why) { return Status::usage(flag + " " + path + ": " + why); };
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0)
     return bad("not a .npy file (numpy.save writes one; a .npz holds several: give one .npy per input)");
   unsigned major = static_cast<unsigned char>(bytes[6]);
@@ -63,7 +61,8 @@ StatusOr<NpyArray> read_npy(const std::string& path, const std::string& flag) {
   for (const Descr& c : kDescrs)
     if (a.descr == c.numpy) d = &c;
   if (d == nullptr)
-    return bad("dtype '" + a.descr + "' is not one the runner reads (little-endian "
+    return bad("dtype '" + a.descr +
+               "' is not one the runner reads (little-endian "
                "float16/32/64, int8/16/32/64, uint8, bool)");
   a.dtype = d->dtype;
   if (field(header, "fortran_order") != "False")
@@ -86,8 +85,8 @@ StatusOr<NpyArray> read_npy(const std::string& path, const std::string& flag) {
   }
   size_t want = elements * d->size;
   if (bytes.size() - data_start != want)
-    return bad("holds " + std::to_string(bytes.size() - data_start) + " data bytes, its shape " + shape +
-               " needs " + std::to_string(want) + ": truncated or not a .npy file");
+    return bad("holds " + std::to_string(bytes.size() - data_start) + " data bytes, its shape " + shape + " needs " +
+               std::to_string(want) + ": truncated or not a .npy file");
   a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_start), bytes.end());
   return a;
 }

@@ -25,9 +25,15 @@ std::string zip_stored(const std::vector<std::pair<std::string, std::string>>& m
     uint32_t crc = crc32(0, reinterpret_cast<const uint8_t*>(data.data()), data.size());
     uint32_t offset = static_cast<uint32_t>(out.size());
     std::string common;  // version, flags, method 0 (stored), time, date, crc, sizes, name length
-    put16(common, 20); put16(common, 0); put16(common, 0); put16(common, 0); put16(common, 0x21);
-    put32(common, crc); put32(common, static_cast<uint32_t>(data.size()));
-    put32(common, static_cast<uint32_t>(data.size())); put16(common, static_cast<uint16_t>(name.size()));
+    put16(common, 20);
+    put16(common, 0);
+    put16(common, 0);
+    put16(common, 0);
+    put16(common, 0x21);
+    put32(common, crc);
+    put32(common, static_cast<uint32_t>(data.size()));
+    put32(common, static_cast<uint32_t>(data.size()));
+    put16(common, static_cast<uint16_t>(name.size()));
     put32(out, 0x04034b50);
     out += common;
     put16(out, 0);  // extra field length
@@ -36,17 +42,23 @@ std::string zip_stored(const std::vector<std::pair<std::string, std::string>>& m
     put32(central, 0x02014b50);
     put16(central, 20);  // version made by
     central += common;
-    put16(central, 0); put16(central, 0); put16(central, 0);  // extra, comment, disk
-    put16(central, 0); put32(central, 0);                      // attributes
+    put16(central, 0);
+    put16(central, 0);
+    put16(central, 0);  // extra, comment, disk
+    put16(central, 0);
+    put32(central, 0);  // attributes
     put32(central, offset);
     central += name;
   }
   uint32_t central_offset = static_cast<uint32_t>(out.size());
   out += central;
   put32(out, 0x06054b50);
-  put16(out, 0); put16(out, 0);
-  put16(out, static_cast<uint16_t>(members.size())); put16(out, static_cast<uint16_t>(members.size()));
-  put32(out, static_cast<uint32_t>(central.size())); put32(out, central_offset);
+  put16(out, 0);
+  put16(out, 0);
+  put16(out, static_cast<uint16_t>(members.size()));
+  put16(out, static_cast<uint16_t>(members.size()));
+  put32(out, static_cast<uint32_t>(central.size()));
+  put32(out, central_offset);
   put16(out, 0);
   return out;
 }
@@ -84,21 +96,17 @@ std::string npy_bytes(const NpyTensor& t) {
   return out;
 }
 
-Status write_npy_float32(const std::string& path, const std::vector<float>& data,
-                         int64_t rows, int64_t cols) {
-  return write_file(path, npy_bytes({"<f4", {rows, cols}, data.data(), data.size() * sizeof(float)}),
-                    "--dump-logits");
+Status write_npy_float32(const std::string& path, const std::vector<float>& data, int64_t rows, int64_t cols) {
+  return write_file(path, npy_bytes({"<f4", {rows, cols}, data.data(), data.size() * sizeof(float)}), "--dump-logits");
 }
 
-Status write_tensors(const std::string& path, const std::vector<NpyTensor>& tensors,
-                     const std::string& flag) {
+Status write_tensors(const std::string& path, const std::vector<NpyTensor>& tensors, const std::string& flag) {
   auto ends_with = [&](const char* s) {
     size_t n = std::strlen(s);
     return path.size() >= n && path.compare(path.size() - n, n, s) == 0;
   };
   if (tensors.size() == 1) {
-    if (!ends_with(".npy"))
-      return Status::usage(flag + " " + path + ": forward returns one tensor: name a .npy file");
+    if (!ends_with(".npy")) return Status::usage(flag + " " + path + ": forward returns one tensor: name a .npy file");
     return write_file(path, npy_bytes(tensors[0]), flag);
   }
   if (!ends_with(".npz"))

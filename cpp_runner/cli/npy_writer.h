@@ -22,13 +22,11 @@ struct NpyTensor {
 // The bytes of a .npy file holding `t`.
 std::string npy_bytes(const NpyTensor& t);
 
-Status write_npy_float32(const std::string& path, const std::vector<float>& data,
-                         int64_t rows, int64_t cols);
+Status write_npy_float32(const std::string& path, const std::vector<float>& data, int64_t rows, int64_t cols);
 
 // One tensor as .npy, several as .npz (output_0.npy, output_1.npy, ...),
 // written to a temporary file and renamed: whole or not at all. `flag`
 // names the path in errors.
-Status write_tensors(const std::string& path, const std::vector<NpyTensor>& tensors,
-                     const std::string& flag);
+Status write_tensors(const std::string& path, const std::vector<NpyTensor>& tensors, const std::string& flag);
 
 }  // namespace lora_share

@@ -25,15 +25,14 @@ Status run_program_mode(const Options& options) {
   ls_error error;
   ls_options open_options;
   ls_options_init(&open_options);
-  std::unique_ptr<ls_runtime, void (*)(ls_runtime*)> runtime(
-      ls_open(options.ptd.c_str(), &open_options, &error), ls_close);
+  std::unique_ptr<ls_runtime, void (*)(ls_runtime*)> runtime(ls_open(options.ptd.c_str(), &open_options, &error),
+                                                             ls_close);
   if (!runtime) return Status::failure(error.message);
   ls_program* chosen = nullptr;
   for (const std::string& pte : options.ptes) {
     ls_program* program = ls_load_program(runtime.get(), pte.c_str(), &error);
     if (program == nullptr) return Status::failure(error.message);
-    if (chosen == nullptr && (options.adapter.empty() || options.adapter == file_stem(pte)))
-      chosen = program;
+    if (chosen == nullptr && (options.adapter.empty() || options.adapter == file_stem(pte))) chosen = program;
   }
   std::vector<NpyArray> arrays;
   for (const std::string& path : options.inputs) {
@@ -43,12 +42,11 @@ Status run_program_mode(const Options& options) {
   }
   std::vector<ls_tensor> inputs;
   for (NpyArray& a : arrays)
-    inputs.push_back(ls_tensor{a.dtype, static_cast<int32_t>(a.shape.size()), a.shape.data(),
-                               a.data.data(), a.data.size()});
+    inputs.push_back(
+        ls_tensor{a.dtype, static_cast<int32_t>(a.shape.size()), a.shape.data(), a.data.data(), a.data.size()});
   std::vector<ls_tensor> outputs(kMaxOutputs);
   size_t n = 0;
-  ls_status s = ls_run_program(chosen, inputs.data(), inputs.size(), outputs.data(), outputs.size(),
-                               &n, &error);
+  ls_status s = ls_run_program(chosen, inputs.data(), inputs.size(), outputs.data(), outputs.size(), &n, &error);
   if (s != LS_OK) return from_error(s, error);
   std::vector<NpyTensor> tensors;
   for (size_t i = 0; i < n; ++i) {

@@ -12,8 +12,7 @@ StatusOr<AdapterView> view_of(ls_runtime* runtime, ls_adapter* handle) {
   ls_error error;
   ls_status code = ls_diag_adapter_info(runtime, handle, &info, &error);
   if (code != LS_OK) return status_of(code, error);
-  return AdapterView{handle, info.name, info.pte, info.vocab_size, info.max_seq_len,
-                     info.prefill_chunk, info.load_ms};
+  return AdapterView{handle, info.name, info.pte, info.vocab_size, info.max_seq_len, info.prefill_chunk, info.load_ms};
 }
 
 // The C callback over the request's on_token; `user_data` is the Reply's
@@ -33,8 +32,7 @@ int collect(int64_t token, void* user_data) {
 }  // namespace
 
 Status status_of(ls_status code, const ls_error& error) {
-  bool usage = code == LS_ERR_ARGUMENT || code == LS_ERR_NOT_FOUND || code == LS_ERR_REQUEST ||
-               code == LS_ERR_BUDGET;
+  bool usage = code == LS_ERR_ARGUMENT || code == LS_ERR_NOT_FOUND || code == LS_ERR_REQUEST || code == LS_ERR_BUDGET;
   // The whole message: ls_error keeps its first 1023 bytes.
   std::string message = ls_diag_last_message();
   if (message.rfind(error.message, 0) != 0) message = error.message;
@@ -62,12 +60,11 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
 
   auto t0 = std::chrono::steady_clock::now();
   ls_error error;
-  ls_runtime* handle = ls_diag_open(options.ptd.empty() ? nullptr : options.ptd.c_str(),
-                                    ptes.data(), ptes.size(), &lib, &diag, &error);
+  ls_runtime* handle =
+      ls_diag_open(options.ptd.empty() ? nullptr : options.ptd.c_str(), ptes.data(), ptes.size(), &lib, &diag, &error);
   if (handle == nullptr) return status_of(error.code, error);
   std::unique_ptr<RunnerRuntime> rt(new RunnerRuntime(handle));
-  rt->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+  rt->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ls_diag_memory_stats(&rt->after_load);
   rt->ptd = options.ptd;
   rt->shared_ptd = options.shared_ptd;
@@ -127,9 +124,8 @@ StatusOr<Reply> RunnerRuntime::generate(const AdapterView& adapter, const Genera
   Collector collector{&reply, &on_token};
   ls_diag_generation figures;
   ls_error error;
-  ls_status code = ls_diag_generate(runtime_, adapter.handle, request.prompt.data(),
-                                    request.prompt.size(), &options, &diag, collect, &collector,
-                                    &figures, &error);
+  ls_status code = ls_diag_generate(runtime_, adapter.handle, request.prompt.data(), request.prompt.size(), &options,
+                                    &diag, collect, &collector, &figures, &error);
   if (code != LS_OK) return status_of(code, error);
   reply.rows = figures.logits_rows;
   reply.logits.resize(static_cast<size_t>(reply.rows) * adapter.vocab_size);

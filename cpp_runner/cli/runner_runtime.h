@@ -68,7 +68,7 @@ class RunnerRuntime {
   StatusOr<Reply> generate(const AdapterView& adapter, const GenerateRequest& request,
                            const std::function<void(int64_t)>& on_token) const;
 
-  std::string ptd, shared_ptd;  // as given ("" = none)
+  std::string ptd, shared_ptd;        // as given ("" = none)
   std::vector<AdapterView> adapters;  // in --pte order
   std::optional<AdapterView> base;    // none with --stock
   ls_diag_loading loading{};

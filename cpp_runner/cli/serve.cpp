@@ -35,8 +35,7 @@ StatusOr<const AdapterView*> find_adapter(const RunnerRuntime& runtime, const st
   return adapter;
 }
 
-StatusOr<Request> parse_tab_line(const RunnerRuntime& runtime, const Options& options,
-                                 const std::string& line) {
+StatusOr<Request> parse_tab_line(const RunnerRuntime& runtime, const Options& options, const std::string& line) {
   size_t tab = line.find('\t');
   if (tab == std::string::npos)
     return Status::usage("expected 'adapter<TAB>token ids' (e.g. 'a\\t1,17,42') or a JSON object");
@@ -66,8 +65,7 @@ Status read_settings(const json& j, Request& r) {
   }
   if (j.contains("seed")) {
     const json& v = j.at("seed");
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      return Status::usage("\"seed\": expected an integer >= 0");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) return Status::usage("\"seed\": expected an integer >= 0");
     r.seed = v.get<uint64_t>();
   }
   return Status();
@@ -91,7 +89,8 @@ StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& o
     (void)value;
     if (key != "adapter" && key != "prompt" && key != "tokens" && key != "messages" && key != "max_new_tokens" &&
         key != "temperature" && key != "seed")
-      return Status::usage("unknown key \"" + key + "\" (known: adapter, prompt, tokens, messages, max_new_tokens, "
+      return Status::usage("unknown key \"" + key +
+                           "\" (known: adapter, prompt, tokens, messages, max_new_tokens, "
                            "temperature, seed)");
   }
   if (!j.contains("adapter") || !j.at("adapter").is_string())
@@ -103,8 +102,9 @@ StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& o
   Status s = read_settings(j, r);
   if (!s.ok()) return s;
   if (j.contains("prompt") + j.contains("tokens") + j.contains("messages") != 1)
-    return Status::usage("give exactly one of \"prompt\" (text), \"tokens\" (a list of ids) or \"messages\" "
-                         "(a list of {\"role\", \"content\"}, in the build's chat template)");
+    return Status::usage(
+        "give exactly one of \"prompt\" (text), \"tokens\" (a list of ids) or \"messages\" "
+        "(a list of {\"role\", \"content\"}, in the build's chat template)");
   if (j.contains("messages")) {
     if (tokenizer == nullptr) return Status::usage(tok::no_tokenizer_message(tokenizer_folder(options)));
     const json& m = j.at("messages");
@@ -138,19 +138,22 @@ StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& o
 }
 
 // Answers one request line; returns the JSON line to print.
-std::string answer(const RunnerRuntime& runtime, const Options& options,
-                   const tok::BoundTokenizer* tokenizer, const std::string& line) {
+std::string answer(const RunnerRuntime& runtime, const Options& options, const tok::BoundTokenizer* tokenizer,
+                   const std::string& line) {
   size_t first = line.find_first_not_of(" \t");
   bool is_json = first != std::string::npos && line[first] == '{';
-  auto request = is_json ? parse_json_line(runtime, options, tokenizer, line)
-                         : parse_tab_line(runtime, options, line);
+  auto request = is_json ? parse_json_line(runtime, options, tokenizer, line) : parse_tab_line(runtime, options, line);
   if (!request.ok()) return error_json(request.status().message());
   Request& r = request.value();
   // The seed is reset per request so an answer does not depend on what was
   // asked before it: the same request gets the same answer as a fresh run.
   // The library checks the request before it generates.
-  GenerateRequest g_request{r.prompt, r.max_new_tokens, r.temperature, r.seed,
-                            stop_ids_for(options, tokenizer), /*keep_logits=*/false,
+  GenerateRequest g_request{r.prompt,
+                            r.max_new_tokens,
+                            r.temperature,
+                            r.seed,
+                            stop_ids_for(options, tokenizer),
+                            /*keep_logits=*/false,
                             r.is_text ? "prompt" : "token ids"};
   if (r.is_text) {
     auto t = generate_text(runtime, *r.adapter, *tokenizer, g_request, nullptr);
@@ -168,14 +171,12 @@ std::string answer(const RunnerRuntime& runtime, const Options& options,
 
 }  // namespace
 
-Status serve(const RunnerRuntime& runtime, const Options& options,
-             const tok::BoundTokenizer* tokenizer, std::istream& in,
-             std::ostream& out) {
+Status serve(const RunnerRuntime& runtime, const Options& options, const tok::BoundTokenizer* tokenizer,
+             std::istream& in, std::ostream& out) {
   // On stderr, so answers stay one JSON line each on stdout: tells a client
   // (and the benchmark, which reads memory right after) that loading is over.
-  std::fprintf(stderr, "ready: %zu adapter(s) loaded in %.1f ms (%s arena): %s%s\n",
-               runtime.adapters.size(), runtime.load_ms, runtime.loading.arena,
-               runtime.names().c_str(), tokenizer ? "; tokenizer bound" : "");
+  std::fprintf(stderr, "ready: %zu adapter(s) loaded in %.1f ms (%s arena): %s%s\n", runtime.adapters.size(),
+               runtime.load_ms, runtime.loading.arena, runtime.names().c_str(), tokenizer ? "; tokenizer bound" : "");
   std::fflush(stderr);
   std::string line;
   while (std::getline(in, line)) {

@@ -19,8 +19,7 @@
 namespace lora_share {
 
 // `tokenizer`: the build's, or null when it has none.
-Status serve(const RunnerRuntime& runtime, const Options& options,
-             const tok::BoundTokenizer* tokenizer, std::istream& in,
-             std::ostream& out);
+Status serve(const RunnerRuntime& runtime, const Options& options, const tok::BoundTokenizer* tokenizer,
+             std::istream& in, std::ostream& out);
 
 }  // namespace lora_share

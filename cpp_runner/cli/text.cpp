@@ -30,7 +30,8 @@ StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenize
 StatusOr<std::vector<int64_t>> encode_chat(const tok::BoundTokenizer& tokenizer,
                                            const std::vector<tok::ChatTurn>& messages, const std::string& what) {
   if (!tokenizer.chat) {
-    return Status::usage(what + ": the build has no chat format (its tokenizer has no chat template, or one that "
+    return Status::usage(what +
+                         ": the build has no chat format (its tokenizer has no chat template, or one that "
                          "is not fixed text per role): give the formatted text as the prompt");
   }
   auto text = tok::render_chat(*tokenizer.chat, messages);
@@ -40,16 +41,15 @@ StatusOr<std::vector<int64_t>> encode_chat(const tok::BoundTokenizer& tokenizer,
   return ids;
 }
 
-std::optional<std::vector<int64_t>> stop_ids_for(const Options& options,
-                                                 const tok::BoundTokenizer* tokenizer) {
+std::optional<std::vector<int64_t>> stop_ids_for(const Options& options, const tok::BoundTokenizer* tokenizer) {
   if (options.ignore_eos) return std::vector<int64_t>();
   if (tokenizer != nullptr) return tokenizer->eos_token_ids;
   return std::nullopt;
 }
 
 StatusOr<TextGeneration> generate_text(const RunnerRuntime& runtime, const AdapterView& adapter,
-                                       const tok::BoundTokenizer& tokenizer,
-                                       const GenerateRequest& request, const TextWriter& write) {
+                                       const tok::BoundTokenizer& tokenizer, const GenerateRequest& request,
+                                       const TextWriter& write) {
   const std::vector<int64_t>& eos = tokenizer.eos_token_ids;
   tok::StreamDecoder stream(tokenizer.tokenizer, /*skip_special_tokens=*/true);
   std::vector<int64_t> text_ids;

@@ -36,12 +36,11 @@ StatusOr<std::vector<int64_t>> encode_chat(const tok::BoundTokenizer& tokenizer,
 // The ids generation stops after: none with --ignore-eos, else the bound
 // tokenizer's EOS ids (text and --serve), else (nullopt) the build's, which
 // the library reads from the manifest.json beside --ptd.
-std::optional<std::vector<int64_t>> stop_ids_for(const Options& options,
-                                                 const tok::BoundTokenizer* tokenizer);
+std::optional<std::vector<int64_t>> stop_ids_for(const Options& options, const tok::BoundTokenizer* tokenizer);
 
 struct TextGeneration {
-  Reply generation;       // its tokens end with the EOS id when one stopped it
-  std::string text;       // the decoded tokens, special tokens (EOS) skipped
+  Reply generation;  // its tokens end with the EOS id when one stopped it
+  std::string text;  // the decoded tokens, special tokens (EOS) skipped
 };
 
 // Generates `request` with `adapter` of `runtime`; `write`, if given,
@@ -49,7 +48,7 @@ struct TextGeneration {
 // never text, even when they do not stop generation (--ignore-eos).
 using TextWriter = std::function<void(const std::string& piece)>;
 StatusOr<TextGeneration> generate_text(const RunnerRuntime& runtime, const AdapterView& adapter,
-                                       const tok::BoundTokenizer& tokenizer,
-                                       const GenerateRequest& request, const TextWriter& write);
+                                       const tok::BoundTokenizer& tokenizer, const GenerateRequest& request,
+                                       const TextWriter& write);
 
 }  // namespace lora_share

@@ -21,20 +21,15 @@ enum class ExitCode : int { kOk = 0, kRunError = 1, kUsageError = 2 };
 class Status {
  public:
   Status() = default;
-  static Status usage(std::string message) {
-    return Status(ExitCode::kUsageError, std::move(message));
-  }
-  static Status failure(std::string message) {
-    return Status(ExitCode::kRunError, std::move(message));
-  }
+  static Status usage(std::string message) { return Status(ExitCode::kUsageError, std::move(message)); }
+  static Status failure(std::string message) { return Status(ExitCode::kRunError, std::move(message)); }
 
   bool ok() const { return code_ == ExitCode::kOk; }
   ExitCode code() const { return code_; }
   const std::string& message() const { return message_; }
 
  private:
-  Status(ExitCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(ExitCode code, std::string message) : code_(code), message_(std::move(message)) {}
   ExitCode code_ = ExitCode::kOk;
   std::string message_;
 };
@@ -43,7 +38,7 @@ class Status {
 template <typename T>
 class StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit on purpose
+  StatusOr(T value) : value_(std::move(value)) {}          // NOLINT: implicit on purpose
   StatusOr(Status status) : status_(std::move(status)) {}  // NOLINT
 
   bool ok() const { return value_.has_value(); }

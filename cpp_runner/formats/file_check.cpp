@@ -21,8 +21,7 @@ Status check_readable_file(const std::string& path, const std::string& flag) {
   if (fd < 0) {
     int err = errno;
     return Status::failure(flag + " " + path + ": " +
-                           (err == ENOENT ? std::string("no such file")
-                                          : std::strerror(err)));
+                           (err == ENOENT ? std::string("no such file") : std::strerror(err)));
   }
   struct stat st;
   bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
@@ -32,7 +31,6 @@ Status check_readable_file(const std::string& path, const std::string& flag) {
 }
 
 namespace {
-
 
 // A read-only mapping of a whole file, unmapped on destruction.
 class Mapping {
@@ -52,12 +50,13 @@ class Mapping {
     size_ = static_cast<uint64_t>(st.st_size);
     if (size_ > 0) {
       void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) data_ = nullptr;
-      else data_ = static_cast<const uint8_t*>(p);
+      if (p == MAP_FAILED)
+        data_ = nullptr;
+      else
+        data_ = static_cast<const uint8_t*>(p);
     }
     ::close(fd);
-    if (size_ > 0 && data_ == nullptr)
-      return Status::failure(flag + " " + path + ": could not map the file");
+    if (size_ > 0 && data_ == nullptr) return Status::failure(flag + " " + path + ": could not map the file");
     return Status();
   }
   const uint8_t* data() const { return data_; }
@@ -82,14 +81,32 @@ uint64_t le64(const uint8_t* p) {
 // Bytes per element of executorch_flatbuffer.ScalarType; 0 = unknown.
 uint64_t element_size(int8_t scalar_type) {
   switch (scalar_type) {
-    case 0: case 1: case 11: case 12: case 13: case 16: case 17:
-    case 23: case 24: case 25: case 26:
+    case 0:
+    case 1:
+    case 11:
+    case 12:
+    case 13:
+    case 16:
+    case 17:
+    case 23:
+    case 24:
+    case 25:
+    case 26:
       return 1;
-    case 2: case 5: case 15: case 22: case 27:
+    case 2:
+    case 5:
+    case 15:
+    case 22:
+    case 27:
       return 2;
-    case 3: case 6: case 14: case 28:
+    case 3:
+    case 6:
+    case 14:
+    case 28:
       return 4;
-    case 4: case 7: case 29:
+    case 4:
+    case 7:
+    case 29:
       return 8;
     default:
       return 0;
@@ -104,15 +121,14 @@ struct Range {
 
 // Reads DataSegment tables (offset slot 0, size slot 1) relative to `base`,
 // each inside [base, base + data_size).
-bool read_segments(FlatReader& fb, const FlatReader::Vector& v, uint64_t base,
-                   uint64_t data_size, std::vector<Range>* out) {
+bool read_segments(FlatReader& fb, const FlatReader::Vector& v, uint64_t base, uint64_t data_size,
+                   std::vector<Range>* out) {
   for (uint32_t i = 0; i < v.count && !fb.failed(); ++i) {
     FlatReader::Table seg = fb.table_at(v, i, "DataSegment");
     uint64_t offset = fb.u64(seg, 0), size = fb.u64(seg, 1);
     if (fb.failed()) return false;
     if (offset > data_size || size > data_size - offset) {
-      fb.fail("segment " + std::to_string(i) +
-              " runs past the end of the segment data: the file may be truncated");
+      fb.fail("segment " + std::to_string(i) + " runs past the end of the segment data: the file may be truncated");
       return false;
     }
     out->push_back({base + offset, size});
@@ -121,25 +137,19 @@ bool read_segments(FlatReader& fb, const FlatReader::Vector& v, uint64_t base,
 }
 
 // Header + region checks shared by both file kinds; `what` prefixes errors.
-Status check_region(uint64_t file_size, uint64_t fb_end, uint64_t base,
-                    uint64_t data_size, const std::string& what) {
+Status check_region(uint64_t file_size, uint64_t fb_end, uint64_t base, uint64_t data_size, const std::string& what) {
   if (fb_end > file_size)
-    return Status::failure(what + ": flatbuffer ends at byte " +
-                           std::to_string(fb_end) + ", past the end of the " +
-                           std::to_string(file_size) +
-                           "-byte file: the file may be truncated");
+    return Status::failure(what + ": flatbuffer ends at byte " + std::to_string(fb_end) + ", past the end of the " +
+                           std::to_string(file_size) + "-byte file: the file may be truncated");
   if (base > file_size || data_size > file_size - base)
-    return Status::failure(what + ": segment data runs past the end of the " +
-                           std::to_string(file_size) +
+    return Status::failure(what + ": segment data runs past the end of the " + std::to_string(file_size) +
                            "-byte file: the file may be truncated");
-  if (data_size > 0 && base < fb_end)
-    return Status::failure(what + ": segment data overlaps the flatbuffer");
+  if (data_size > 0 && base < fb_end) return Status::failure(what + ": segment data overlaps the flatbuffer");
   return Status();
 }
 
 std::string magic_hint(const uint8_t* data, uint64_t size) {
-  return size >= 8 ? std::string(reinterpret_cast<const char*>(data + 4), 4)
-                   : std::string();
+  return size >= 8 ? std::string(reinterpret_cast<const char*>(data + 4), 4) : std::string();
 }
 
 // What tells the two kinds of file apart, and what their fixed headers need.
@@ -150,18 +160,17 @@ struct FileKind {
   const char* name;          // for "not <name>"
   const char* ext;
   const char* header_name;
-  const char* other_ident;   // the other kind, named when it is passed instead
+  const char* other_ident;  // the other kind, named when it is passed instead
   const char* other_name;
 };
-const FileKind kPtdKind{"FT01", "FH01", 48, "an ExecuTorch data file (.ptd)", ".ptd",
-                        "FlatTensor header", "ET12", "a program, .pte"};
-const FileKind kPteKind{"ET12", "eh00", 40, "an ExecuTorch program (.pte)", ".pte",
-                        "extended header", "FT01", "a data file, .ptd"};
+const FileKind kPtdKind{"FT01", "FH01",           48, "an ExecuTorch data file (.ptd)", ".ptd", "FlatTensor header",
+                        "ET12", "a program, .pte"};
+const FileKind kPteKind{
+    "ET12", "eh00", 40, "an ExecuTorch program (.pte)", ".pte", "extended header", "FT01", "a data file, .ptd"};
 
 // Maps `path` into `m` and checks what every file of `kind` starts with:
 // its identifier, a whole fixed header, the header's magic.
-Status open_checked(Mapping* m, const std::string& path, const std::string& flag,
-                    const FileKind& kind) {
+Status open_checked(Mapping* m, const std::string& path, const std::string& flag, const FileKind& kind) {
   std::string what = flag + " " + path;
   Status s = m->open(path, flag);
   if (!s.ok()) return s;
@@ -170,12 +179,10 @@ Status open_checked(Mapping* m, const std::string& path, const std::string& flag
   std::string ident = magic_hint(d, n);
   if (n >= 8 && ident != kind.ident)
     return Status::failure(what + ": not " + kind.name + ": wrong magic" +
-                           (ident == kind.other_ident
-                                ? std::string(" (that is ") + kind.other_name + ")"
-                                : ""));
+                           (ident == kind.other_ident ? std::string(" (that is ") + kind.other_name + ")" : ""));
   if (n < kind.header_bytes)
-    return Status::failure(what + ": " + std::to_string(n) + " bytes, shorter than the " +
-                           kind.ext + " header: the file is truncated or empty");
+    return Status::failure(what + ": " + std::to_string(n) + " bytes, shorter than the " + kind.ext +
+                           " header: the file is truncated or empty");
   if (std::memcmp(d + 8, kind.header_magic, 4) != 0)
     return Status::failure(what + ": no " + kind.header_name + " (wrong magic at byte 8)");
   return Status();
@@ -189,8 +196,7 @@ std::string printable(const std::string& text) {
   while (i < n) {
     auto byte = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
     unsigned char c = byte(0);
-    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : (c & 0xF0) == 0xE0 ? 3
-                 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : (c & 0xF0) == 0xE0 ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
     bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) ok = (byte(k) & 0xC0) == 0x80;
     // No overlong forms, UTF-16 surrogates or code points past U+10FFFF.
@@ -218,16 +224,14 @@ StatusOr<PtdInfo> check_ptd(const std::string& path, const std::string& flag) {
   uint32_t length = le32(d + 12);
   uint64_t fb_offset = le64(d + 16), fb_size = le64(d + 24);
   uint64_t base = le64(d + 32), data_size = le64(d + 40);
-  if (length < 40 || fb_offset > n || fb_size > n ||
-      8 + static_cast<uint64_t>(length) > fb_offset + fb_size)
+  if (length < 40 || fb_offset > n || fb_size > n || 8 + static_cast<uint64_t>(length) > fb_offset + fb_size)
     return Status::failure(what + ": corrupt .ptd header");
   s = check_region(n, fb_offset + fb_size, base, data_size, what);
   if (!s.ok()) return s;
 
   FlatReader fb(d, 0, fb_offset + fb_size);
   FlatReader::Table root = fb.root("FlatTensor");
-  if (!fb.failed() && fb.u32(root, 0) != 0)
-    fb.fail("unsupported FlatTensor version");
+  if (!fb.failed() && fb.u32(root, 0) != 0) fb.fail("unsupported FlatTensor version");
   FlatReader::Vector seg_vec = fb.vector(root, 1, 4);
   FlatReader::Vector named = fb.vector(root, 2, 4);
   if (!fb.failed() && (!seg_vec.present || !named.present))
@@ -281,8 +285,7 @@ StatusOr<PtdInfo> check_ptd(const std::string& path, const std::string& flag) {
       has_record = true;
     }
   }
-  if (fb.failed())
-    return Status::failure(what + ": corrupt .ptd: " + fb.error());
+  if (fb.failed()) return Status::failure(what + ": corrupt .ptd: " + fb.error());
   if (has_record) {
     s = decode_record(d, record_range.start, record_range.size, /*adapter=*/false, what, &info.record);
     if (!s.ok()) return s;
@@ -295,8 +298,8 @@ namespace {
 // What the program needs from a .ptd: XNNPACK named constants and EXTERNAL
 // tensors, from every method. Program slots: execution_plan 1,
 // backend_delegate_data 3; ExecutionPlan: values 2, delegates 7.
-bool collect_needs(FlatReader& fb, const uint8_t* d, FlatReader::Table root,
-                   const std::vector<Range>& segments, PteInfo* info) {
+bool collect_needs(FlatReader& fb, const uint8_t* d, FlatReader::Table root, const std::vector<Range>& segments,
+                   PteInfo* info) {
   FlatReader::Vector inline_data = fb.vector(root, 3, 4);
   FlatReader::Vector plans = fb.vector(root, 1, 4);
   for (uint32_t p = 0; p < plans.count && !fb.failed(); ++p) {
@@ -311,8 +314,7 @@ bool collect_needs(FlatReader& fb, const uint8_t* d, FlatReader::Table root,
       if (fb.failed() || id != "XnnpackBackend") continue;
       Range payload;
       if (location == 0 && index < inline_data.count) {
-        FlatReader::Vector bytes =
-            fb.vector(fb.table_at(inline_data, index, "BackendDelegateInlineData"), 0, 1);
+        FlatReader::Vector bytes = fb.vector(fb.table_at(inline_data, index, "BackendDelegateInlineData"), 0, 1);
         payload = {bytes.first, bytes.count};
       } else if (location == 1 && index < segments.size()) {
         payload = segments[index];
@@ -321,8 +323,7 @@ bool collect_needs(FlatReader& fb, const uint8_t* d, FlatReader::Table root,
         break;
       }
       std::string error;
-      if (!fb.failed() && !xnnpack_named_constants(d, payload.start, payload.size,
-                                                   &info->delegate_constants, &error))
+      if (!fb.failed() && !xnnpack_named_constants(d, payload.start, payload.size, &info->delegate_constants, &error))
         fb.fail(error);
     }
     FlatReader::Vector values = fb.vector(plan, 2, 4);
@@ -380,24 +381,22 @@ StatusOr<PteInfo> check_pte(const std::string& path, const std::string& flag) {
     }
   }
   if (!fb.failed()) collect_needs(fb, d, root, segments, &info);
-  if (fb.failed())
-    return Status::failure(what + ": corrupt .pte: " + fb.error());
+  if (fb.failed()) return Status::failure(what + ": corrupt .pte: " + fb.error());
   if (has_record) {
     s = decode_record(d, record_range.start, record_range.size, /*adapter=*/true, what, &info.record);
     if (!s.ok()) return s;
     const Record& r = info.record;
     uint64_t end = record_range.start + record_range.size;
     if (r.content_bytes != 0 &&
-        (r.content_bytes != n ||
-         crc32(crc32(0, d, record_range.start), d + end, n - end) != r.content_crc32))
-      return Status::failure(what + ": does not match the size and checksum it "
+        (r.content_bytes != n || crc32(crc32(0, d, record_range.start), d + end, n - end) != r.content_crc32))
+      return Status::failure(what +
+                             ": does not match the size and checksum it "
                              "was written with: the file is damaged");
   }
   return info;
 }
 
-const PtdEntry* DataFiles::find(const std::string& key,
-                                std::string* path) const {
+const PtdEntry* DataFiles::find(const std::string& key, std::string* path) const {
   auto found = foundation.keys.find(key);
   if (found != foundation.keys.end()) {
     *path = ptd;
@@ -415,22 +414,18 @@ namespace {
 // readable line.
 std::string key_list(const std::vector<std::string>& keys) {
   std::string list;
-  for (size_t i = 0; i < keys.size() && i < 3; ++i)
-    list += (i ? ", " : "") + keys[i];
-  if (keys.size() > 3)
-    list += ", ... (" + std::to_string(keys.size()) + " in all)";
+  for (size_t i = 0; i < keys.size() && i < 3; ++i) list += (i ? ", " : "") + keys[i];
+  if (keys.size() > 3) list += ", ... (" + std::to_string(keys.size()) + " in all)";
   return list;
 }
 
 bool is_content_hash(const std::string& key) {
-  return key.size() == 64 &&
-         key.find_first_not_of("0123456789abcdef") == std::string::npos;
+  return key.size() == 64 && key.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 }  // namespace
 
-StatusOr<DataFiles> check_data_files(const std::string& ptd,
-                                     const std::string& shared_ptd) {
+StatusOr<DataFiles> check_data_files(const std::string& ptd, const std::string& shared_ptd) {
   DataFiles files;
   files.ptd = ptd;
   files.shared_ptd = shared_ptd;
@@ -447,43 +442,36 @@ StatusOr<DataFiles> check_data_files(const std::string& ptd,
     if (files.foundation.keys.count(entry.first)) in_both.push_back(entry.first);
   if (in_both.empty()) return files;
   // A foundation given twice (or another build's) is the likely mistake.
-  return Status::failure(
-      "--ptd " + ptd + " and --shared-ptd " + shared_ptd + " both hold " +
-      key_list(in_both) + ": " +
-      (files.shared.record.present
-           ? "--shared-ptd is a foundation; pass the build's "
-             "adapters_shared.ptd"
-           : "pass the foundation.ptd and adapters_shared.ptd of one build"));
+  return Status::failure("--ptd " + ptd + " and --shared-ptd " + shared_ptd + " both hold " + key_list(in_both) + ": " +
+                         (files.shared.record.present
+                              ? "--shared-ptd is a foundation; pass the build's "
+                                "adapters_shared.ptd"
+                              : "pass the foundation.ptd and adapters_shared.ptd of one build"));
 }
 
-std::string missing_keys_message(const std::string& pte,
-                                 const std::string& ptd,
-                                 const std::string& shared_ptd,
-                                 const std::vector<std::string>& missing,
-                                 bool built_for_foundation) {
-  std::string line =
-      pte + " needs weights that " +
-      (shared_ptd.empty() ? ptd + " does not have"
-                          : "neither " + ptd + " nor " + shared_ptd + " has") +
-      " (" + key_list(missing) + ")";
+std::string missing_keys_message(const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
+                                 const std::vector<std::string>& missing, bool built_for_foundation) {
+  std::string line = pte + " needs weights that " +
+                     (shared_ptd.empty() ? ptd + " does not have" : "neither " + ptd + " nor " + shared_ptd + " has") +
+                     " (" + key_list(missing) + ")";
   size_t hashes = 0;
   for (const std::string& key : missing) hashes += is_content_hash(key);
-  if (hashes == 0)
-    return line + ": was the adapter exported against this foundation?";
+  if (hashes == 0) return line + ": was the adapter exported against this foundation?";
   // XNNPACK names the weights it takes by the sha256 of their bytes, so a
   // missing hash means other weights, not merely other names: a different
   // foundation, or adapter tensors the build stored once in
   // adapters_shared.ptd. Matching records rule out the first.
-  const char* differ = "the foundation's weights differ from the ones the "
-                       "adapter was exported with";
+  const char* differ =
+      "the foundation's weights differ from the ones the "
+      "adapter was exported with";
   line += hashes == 1 ? ", a content hash: " : ", content hashes: ";
   if (!shared_ptd.empty())
-    return line + (built_for_foundation
-                       ? "pass the adapters_shared.ptd of the build that "
-                         "wrote this adapter"
-                       : differ);
-  line += "if the adapter's build set dedup.shared_adapter_tensors: hoist, "
-          "pass its adapters_shared.ptd with --shared-ptd";
+    return line + (built_for_foundation ? "pass the adapters_shared.ptd of the build that "
+                                          "wrote this adapter"
+                                        : differ);
+  line +=
+      "if the adapter's build set dedup.shared_adapter_tensors: hoist, "
+      "pass its adapters_shared.ptd with --shared-ptd";
   return built_for_foundation ? line : line + "; otherwise " + differ;
 }
 
@@ -497,59 +485,50 @@ bool needs_data_file(const PteInfo& info) {
   return false;
 }
 
-Status check_pair(const std::string& pte, const PteInfo& adapter,
-                  const DataFiles& files, bool verify) {
+Status check_pair(const std::string& pte, const PteInfo& adapter, const DataFiles& files, bool verify) {
   // What ExecuTorch and XNNPACK would read without checking it themselves,
   // in whichever file holds it.
   std::string holder;
   for (const std::string& key : adapter.external_tensors) {
     const PtdEntry* found = files.find(key, &holder);
     if (found != nullptr && !found->has_layout)
-      return Status::failure(holder + " holds " + key + " without a tensor layout, but " +
-                             pte + " reads it as a tensor: the file is corrupt");
+      return Status::failure(holder + " holds " + key + " without a tensor layout, but " + pte +
+                             " reads it as a tensor: the file is corrupt");
   }
   for (const auto& [key, bytes] : adapter.delegate_constants) {
     const PtdEntry* found = files.find(key, &holder);
     if (found != nullptr && !adapter.own_keys.count(key) && found->size < bytes)
-      return Status::failure(holder + " holds " + std::to_string(found->size) +
-                             " bytes for " + key + ", but " + pte + " reads " +
-                             std::to_string(bytes) + ": the file is corrupt");
+      return Status::failure(holder + " holds " + std::to_string(found->size) + " bytes for " + key + ", but " + pte +
+                             " reads " + std::to_string(bytes) + ": the file is corrupt");
   }
   const Record &a = adapter.record, &f = files.foundation.record;
   const std::string& ptd = files.ptd;
   if (verify) {
     const char* skip = "; --no-verify skips this check";
     if (!a.present)
-      return Status::failure(pte + " has no lora-share adapter record (" +
-                             kAdapterKey + "): rebuild it with lora-share" + skip);
+      return Status::failure(pte + " has no lora-share adapter record (" + kAdapterKey +
+                             "): rebuild it with lora-share" + skip);
     if (!f.present)
-      return Status::failure(ptd + " has no lora-share foundation record (" +
-                             kFoundationKey + "): rebuild it with lora-share" + skip);
+      return Status::failure(ptd + " has no lora-share foundation record (" + kFoundationKey +
+                             "): rebuild it with lora-share" + skip);
     if (a.fingerprint != f.fingerprint)
-      return Status::failure(pte + " was built for foundation " + a.fingerprint +
-                             ", but " + ptd + " is foundation " + f.fingerprint +
-                             ": use the foundation.ptd built with this adapter" +
-                             skip);
+      return Status::failure(pte + " was built for foundation " + a.fingerprint + ", but " + ptd + " is foundation " +
+                             f.fingerprint + ": use the foundation.ptd built with this adapter" + skip);
   }
   // Last, so that a mismatched foundation is reported as one (above): its
   // keys are all missing too. The runtime would otherwise stop at the first
   // missing key with an error code.
   std::vector<std::string> missing;
   for (const std::string& key : adapter.external_tensors)
-    if (!adapter.own_keys.count(key) && !files.find(key, &holder))
-      missing.push_back(key);
+    if (!adapter.own_keys.count(key) && !files.find(key, &holder)) missing.push_back(key);
   for (const auto& entry : adapter.delegate_constants)
-    if (!adapter.own_keys.count(entry.first) && !files.find(entry.first, &holder))
-      missing.push_back(entry.first);
+    if (!adapter.own_keys.count(entry.first) && !files.find(entry.first, &holder)) missing.push_back(entry.first);
   for (const LoraKeys& keys : a.lora)
     for (const std::string* key : {&keys.a, &keys.b})
-      if (!adapter.own_keys.count(*key) && !files.find(*key, &holder))
-        missing.push_back(*key);
+      if (!adapter.own_keys.count(*key) && !files.find(*key, &holder)) missing.push_back(*key);
   if (missing.empty()) return Status();
-  bool built_for_foundation =
-      a.present && f.present && a.fingerprint == f.fingerprint;
-  return Status::failure(missing_keys_message(pte, ptd, files.shared_ptd, missing,
-                                              built_for_foundation));
+  bool built_for_foundation = a.present && f.present && a.fingerprint == f.fingerprint;
+  return Status::failure(missing_keys_message(pte, ptd, files.shared_ptd, missing, built_for_foundation));
 }
 
 }  // namespace lora_share

@@ -22,7 +22,6 @@ namespace lora_share {
 // `flag` names the flag the path came from.
 Status check_readable_file(const std::string& path, const std::string& flag);
 
-
 struct PtdEntry {
   uint64_t size = 0;
   bool has_layout = false;
@@ -64,8 +63,7 @@ struct DataFiles {
 
 // check_ptd on both files, then that no key is in both: ExecuTorch's merged
 // map refuses that, without naming the files.
-StatusOr<DataFiles> check_data_files(const std::string& ptd,
-                                     const std::string& shared_ptd);
+StatusOr<DataFiles> check_data_files(const std::string& ptd, const std::string& shared_ptd);
 
 // Checks the .pte's header, segment table, named data and XNNPACK payload
 // headers, and collects what it needs from a .ptd (ExecuTorch then verifies
@@ -83,17 +81,13 @@ bool needs_data_file(const PteInfo& info);
 // every key the program needs and does not hold itself, and every LoRA
 // tensor its record names, is in one of the files. Failures name the files
 // (and both fingerprints).
-Status check_pair(const std::string& pte, const PteInfo& adapter,
-                  const DataFiles& files, bool verify);
+Status check_pair(const std::string& pte, const PteInfo& adapter, const DataFiles& files, bool verify);
 
 // The one line for a program whose `missing` keys no data file has. With
 // `built_for_foundation` (the records agree), a missing content hash can only
 // be a tensor the build hoisted into adapters_shared.ptd.
-std::string missing_keys_message(const std::string& pte,
-                                 const std::string& ptd,
-                                 const std::string& shared_ptd,
-                                 const std::vector<std::string>& missing,
-                                 bool built_for_foundation);
+std::string missing_keys_message(const std::string& pte, const std::string& ptd, const std::string& shared_ptd,
+                                 const std::vector<std::string>& missing, bool built_for_foundation);
 
 // `text` with every control character and every byte that is not part of
 // valid UTF-8 replaced by '?': error messages quote keys and names read from

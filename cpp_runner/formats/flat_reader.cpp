@@ -4,8 +4,7 @@
 
 namespace lora_share {
 
-FlatReader::FlatReader(const uint8_t* data, uint64_t start, uint64_t end)
-    : data_(data), start_(start), end_(end) {
+FlatReader::FlatReader(const uint8_t* data, uint64_t start, uint64_t end) : data_(data), start_(start), end_(end) {
   if (end_ < start_ || end_ - start_ < 8)
     fail("flatbuffer of " + std::to_string(end_ > start_ ? end_ - start_ : 0) +
          " bytes is too short to hold a root table");
@@ -18,9 +17,8 @@ void FlatReader::fail(const std::string& message) {
 bool FlatReader::need(uint64_t pos, uint64_t size, const char* what) {
   if (failed()) return false;
   if (pos < start_ || pos > end_ || size > end_ - pos) {
-    fail(std::string("malformed flatbuffer: ") + what + " at byte " +
-         std::to_string(pos) + " (+" + std::to_string(size) +
-         ") is outside the flatbuffer");
+    fail(std::string("malformed flatbuffer: ") + what + " at byte " + std::to_string(pos) + " (+" +
+         std::to_string(size) + ") is outside the flatbuffer");
     return false;
   }
   return true;
@@ -44,8 +42,7 @@ FlatReader::Table FlatReader::table_from(uint64_t pos, const char* type_name) {
   std::memcpy(&soffset, data_ + pos, 4);
   int64_t vtable = static_cast<int64_t>(pos) - soffset;
   if (vtable < static_cast<int64_t>(start_)) {
-    fail(std::string("malformed flatbuffer: ") + type_name +
-         " vtable is outside the flatbuffer");
+    fail(std::string("malformed flatbuffer: ") + type_name + " vtable is outside the flatbuffer");
     return t;
   }
   if (!need(vtable, 4, type_name)) return t;
@@ -53,8 +50,7 @@ FlatReader::Table FlatReader::table_from(uint64_t pos, const char* type_name) {
   std::memcpy(&vt_size, data_ + vtable, 2);
   std::memcpy(&size, data_ + vtable + 2, 2);
   if (vt_size < 4 || vt_size % 2 || size < 4) {
-    fail(std::string("malformed flatbuffer: ") + type_name +
-         " has an impossible vtable");
+    fail(std::string("malformed flatbuffer: ") + type_name + " has an impossible vtable");
     return t;
   }
   if (!need(vtable, vt_size, type_name) || !need(pos, size, type_name)) return t;
@@ -91,28 +87,24 @@ uint64_t FlatReader::target(const Table& t, int slot) {
   return pos + load_u32(pos);
 }
 
-FlatReader::Table FlatReader::table(const Table& t, int slot,
-                                    const char* type_name) {
+FlatReader::Table FlatReader::table(const Table& t, int slot, const char* type_name) {
   uint64_t pos = target(t, slot);
   return pos == 0 ? Table() : table_from(pos, type_name);
 }
 
-FlatReader::Vector FlatReader::vector(const Table& t, int slot,
-                                      uint64_t element_size) {
+FlatReader::Vector FlatReader::vector(const Table& t, int slot, uint64_t element_size) {
   Vector v;
   uint64_t pos = target(t, slot);
   if (pos == 0 || !need(pos, 4, "vector length")) return v;
   uint32_t count = load_u32(pos);
-  if (!need(pos + 4, static_cast<uint64_t>(count) * element_size, "vector"))
-    return v;
+  if (!need(pos + 4, static_cast<uint64_t>(count) * element_size, "vector")) return v;
   v.first = pos + 4;
   v.count = count;
   v.present = true;
   return v;
 }
 
-FlatReader::Table FlatReader::table_at(const Vector& v, uint32_t i,
-                                       const char* type_name) {
+FlatReader::Table FlatReader::table_at(const Vector& v, uint32_t i, const char* type_name) {
   if (failed() || !v.present || i >= v.count) return Table();
   uint64_t slot = v.first + 4 * static_cast<uint64_t>(i);
   return table_from(slot + load_u32(slot), type_name);
@@ -152,8 +144,6 @@ int32_t FlatReader::i32_at(const Vector& v, uint32_t i) const {
   return x;
 }
 
-uint8_t FlatReader::u8_at(const Vector& v, uint32_t i) const {
-  return data_[v.first + i];
-}
+uint8_t FlatReader::u8_at(const Vector& v, uint32_t i) const { return data_[v.first + i]; }
 
 }  // namespace lora_share

@@ -9,22 +9,19 @@ namespace {
 constexpr uint32_t kMetadataVersion = 2;
 }  // namespace
 
-Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
-                     bool adapter, const std::string& what, Record* out) {
+Status decode_record(const uint8_t* data, uint64_t start, uint64_t size, bool adapter, const std::string& what,
+                     Record* out) {
   FlatReader fb(data, start, start + size);
-  if (!fb.failed() && fb.identifier() != "LSM1")
-    fb.fail("identifier is not LSM1");
+  if (!fb.failed() && fb.identifier() != "LSM1") fb.fail("identifier is not LSM1");
   FlatReader::Table root = fb.root("Metadata");
   uint32_t version = fb.u32(root, 0);
-  FlatReader::Table body =
-      fb.table(root, adapter ? 2 : 1, adapter ? "Adapter" : "Foundation");
+  FlatReader::Table body = fb.table(root, adapter ? 2 : 1, adapter ? "Adapter" : "Foundation");
   if (!fb.failed() && version < kMetadataVersion)
-    fb.fail("written by an older lora-share (record version " + std::to_string(version) +
-            ", this runner reads " + std::to_string(kMetadataVersion) +
-            "): rebuild it with this version");
+    fb.fail("written by an older lora-share (record version " + std::to_string(version) + ", this runner reads " +
+            std::to_string(kMetadataVersion) + "): rebuild it with this version");
   else if (!fb.failed() && version != kMetadataVersion)
-    fb.fail("lora-share metadata version " + std::to_string(version) +
-            ", this runner reads " + std::to_string(kMetadataVersion));
+    fb.fail("lora-share metadata version " + std::to_string(version) + ", this runner reads " +
+            std::to_string(kMetadataVersion));
   if (!fb.failed() && !body.present) fb.fail("the record has no body");
   if (adapter) {
     out->name = fb.string(body, 0);
@@ -42,11 +39,9 @@ Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
     for (uint32_t i = 0; i < lora.count && !fb.failed(); ++i) {
       FlatReader::Table t = fb.table_at(lora, i, "LoraTensors");
       LoraKeys keys{fb.u32(t, 0), fb.u32(t, 1), fb.string(t, 2), fb.string(t, 3)};
-      if (!fb.failed() && (keys.slot >= out->envelope.size() || keys.rank == 0 ||
-                           keys.rank > out->envelope_max_rank))
-        fb.fail("LoRA tensors of slot " + std::to_string(keys.slot) + " at rank " +
-                std::to_string(keys.rank) + " do not fit its envelope of " +
-                std::to_string(out->envelope.size()) + " slots, ranks 1.." +
+      if (!fb.failed() && (keys.slot >= out->envelope.size() || keys.rank == 0 || keys.rank > out->envelope_max_rank))
+        fb.fail("LoRA tensors of slot " + std::to_string(keys.slot) + " at rank " + std::to_string(keys.rank) +
+                " do not fit its envelope of " + std::to_string(out->envelope.size()) + " slots, ranks 1.." +
                 std::to_string(out->envelope_max_rank));
       out->lora.push_back(std::move(keys));
     }
@@ -54,8 +49,7 @@ Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
     out->fingerprint = fb.string(body, 0);
   }
   if (fb.failed())
-    return Status::failure(what + ": bad lora-share record (" +
-                           (adapter ? kAdapterKey : kFoundationKey) +
+    return Status::failure(what + ": bad lora-share record (" + (adapter ? kAdapterKey : kFoundationKey) +
                            "): " + fb.error());
   out->present = true;
   return Status();

@@ -49,8 +49,8 @@ struct Record {
 
 // Decodes the Metadata flatbuffer at data[start, start + size), bounds-checked;
 // `adapter` selects which table is expected. `what` prefixes errors.
-Status decode_record(const uint8_t* data, uint64_t start, uint64_t size,
-                     bool adapter, const std::string& what, Record* out);
+Status decode_record(const uint8_t* data, uint64_t start, uint64_t size, bool adapter, const std::string& what,
+                     Record* out);
 
 // CRC-32 as zlib computes it (reflected polynomial 0xEDB88320), continuing
 // from `crc` (0 to start).

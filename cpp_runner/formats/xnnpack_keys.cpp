@@ -12,8 +12,7 @@ constexpr int kGraphConstantData = 8;  // XNNGraph slot
 constexpr int kConstSize = 1, kConstNamedKey = 2;
 }  // namespace
 
-bool xnnpack_named_constants(const uint8_t* data, uint64_t start, uint64_t size,
-                             std::map<std::string, uint64_t>* out,
+bool xnnpack_named_constants(const uint8_t* data, uint64_t start, uint64_t size, std::map<std::string, uint64_t>* out,
                              std::string* error) {
   uint64_t fb_start = start, fb_size = size;
   bool bare = size >= 8 && std::memcmp(data + start + 4, "XN01", 4) == 0;
@@ -27,8 +26,7 @@ bool xnnpack_named_constants(const uint8_t* data, uint64_t start, uint64_t size,
     std::memcpy(&length, data + start + 8, 2);
     std::memcpy(&offset, data + start + 10, 4);
     std::memcpy(&fb_len, data + start + 14, 4);
-    if (length < kHeaderLength || offset < length || offset > size ||
-        fb_len > size - offset) {
+    if (length < kHeaderLength || offset < length || offset > size || fb_len > size - offset) {
       *error = "an XNNPACK payload's flatbuffer lies outside the payload";
       return false;
     }
@@ -36,8 +34,7 @@ bool xnnpack_named_constants(const uint8_t* data, uint64_t start, uint64_t size,
     fb_size = fb_len;
   }
   FlatReader fb(data, fb_start, fb_start + fb_size);
-  if (!fb.failed() && fb.identifier() != "XN01")
-    fb.fail("an XNNPACK payload's flatbuffer is not XN01");
+  if (!fb.failed() && fb.identifier() != "XN01") fb.fail("an XNNPACK payload's flatbuffer is not XN01");
   FlatReader::Table graph = fb.root("XNNGraph");
   FlatReader::Vector constants = fb.vector(graph, kGraphConstantData, 4);
   for (uint32_t i = 0; i < constants.count && !fb.failed(); ++i) {

@@ -147,24 +147,24 @@ typedef struct ls_adapter ls_adapter; /* an adapter the runtime knows: valid
                                          until ls_close, resident or not */
 
 typedef struct {
-  const char* shared_ptd; /* adapters_shared.ptd for ls_open, or NULL;
-                             ls_open_dir reads it from manifest.json */
-  int verify;             /* nonzero (default): refuse an adapter whose
-                             record names another foundation */
-  uint64_t budget_bytes;  /* 0 (default): no budget, nothing is evicted */
+  const char* shared_ptd;          /* adapters_shared.ptd for ls_open, or NULL;
+                                      ls_open_dir reads it from manifest.json */
+  int verify;                      /* nonzero (default): refuse an adapter whose
+                                      record names another foundation */
+  uint64_t budget_bytes;           /* 0 (default): no budget, nothing is evicted */
   uint64_t adapter_overhead_bytes; /* the per-adapter constant of the budget's
                              accounting (MEMORY BUDGET); 0 (default): 512 KiB */
-  int parallel;           /* KV slots, 1..LS_MAX_PARALLEL: requests that run
-                             in one batch at once (THREADS); default 1: one
-                             request at a time */
-  int packed_cache;       /* nonzero (default): keep XNNPACK's packed weights
-                             in a file between starts (PACKED WEIGHTS); 0:
-                             pack them in memory at every start */
-  const char* packed_cache_dir; /* NULL (default): the file beside the
-                             foundation (<its folder>/.packed/) when that
-                             folder can be written, else in the user's cache
-                             folder; else this folder (made if missing; one
-                             that cannot be written is refused at open) */
+  int parallel;                    /* KV slots, 1..LS_MAX_PARALLEL: requests that run
+                                      in one batch at once (THREADS); default 1: one
+                                      request at a time */
+  int packed_cache;                /* nonzero (default): keep XNNPACK's packed weights
+                                      in a file between starts (PACKED WEIGHTS); 0:
+                                      pack them in memory at every start */
+  const char* packed_cache_dir;    /* NULL (default): the file beside the
+                                foundation (<its folder>/.packed/) when that
+                                folder can be written, else in the user's cache
+                                folder; else this folder (made if missing; one
+                                that cannot be written is refused at open) */
 } ls_options;
 
 typedef struct {
@@ -212,21 +212,21 @@ typedef struct {
   uint64_t hits;              /* requests whose adapter was resident */
   double last_load_ms;        /* the most recent load (open + forward) */
   double total_load_ms;
-  uint64_t budget_bytes;      /* 0 = none */
-  uint64_t foundation_bytes;  /* accounted, see MEMORY BUDGET */
-  uint64_t program_bytes;     /* accounted cost of every known program */
+  uint64_t budget_bytes;     /* 0 = none */
+  uint64_t foundation_bytes; /* accounted, see MEMORY BUDGET */
+  uint64_t program_bytes;    /* accounted cost of every known program */
   uint64_t arena_bytes;
   uint64_t resident_adapter_bytes; /* accounted cost of the resident adapters */
   uint64_t largest_adapter_bytes;  /* accounted cost of the largest known one */
-  int64_t process_pss_bytes;  /* the whole process's PSS now; -1 if unreadable */
+  int64_t process_pss_bytes;       /* the whole process's PSS now; -1 if unreadable */
   /* Batching (THREADS); with parallel = 1: parallel 1, the rest 0. */
-  uint32_t parallel;          /* KV slots (ls_options.parallel) */
-  uint32_t slots_in_use;      /* requests running now */
-  uint64_t prefix_hits;       /* requests that continued a slot's tokens */
-  uint64_t prefix_tokens;     /* prompt tokens those hits did not feed again */
-  uint64_t batch_steps;       /* decode steps run */
+  uint32_t parallel;                           /* KV slots (ls_options.parallel) */
+  uint32_t slots_in_use;                       /* requests running now */
+  uint64_t prefix_hits;                        /* requests that continued a slot's tokens */
+  uint64_t prefix_tokens;                      /* prompt tokens those hits did not feed again */
+  uint64_t batch_steps;                        /* decode steps run */
   uint64_t batch_size_counts[LS_MAX_PARALLEL]; /* [b - 1]: steps of b rows */
-  uint64_t slot_bytes;        /* one slot's KV bytes (every layer's K and V) */
+  uint64_t slot_bytes;                         /* one slot's KV bytes (every layer's K and V) */
 } ls_runtime_stats;
 
 /* Defaults: no shared file, verify on, no budget, one slot. */
@@ -240,12 +240,10 @@ LS_API const char* ls_status_name(ls_status code);
  * `options` may be NULL (defaults). The build's EOS ids are read from the
  * manifest.json beside `ptd` (none without one); a manifest whose tokenizer
  * section names another foundation is refused (LS_ERR_LOAD). */
-LS_API ls_runtime* ls_open(const char* ptd, const ls_options* options,
-                           ls_error* error);
+LS_API ls_runtime* ls_open(const char* ptd, const ls_options* options, ls_error* error);
 /* A deployment folder: checks manifest.json, the foundation and every adapter
  * it lists, sizes the arena to the largest program and loads none yet. */
-LS_API ls_runtime* ls_open_dir(const char* dir, const ls_options* options,
-                               ls_error* error);
+LS_API ls_runtime* ls_open_dir(const char* dir, const ls_options* options, ls_error* error);
 /* Unloads everything. NULL is ignored. Handles of `runtime` become invalid.
  * Called from inside this runtime's own on_token callback it does nothing
  * (it cannot report that: it returns void); close after ls_generate returns. */
@@ -254,8 +252,7 @@ LS_API void ls_close(ls_runtime* runtime);
 /* Checks `pte` against the foundation and loads it now (evicting others if
  * the budget needs it). Loading a path already known returns its handle. Its
  * name is the file stem and must be new. */
-LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte,
-                                   ls_error* error);
+LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte, ls_error* error);
 /* Removes the adapter called `name`: from the moment it is called, new
  * requests on it (by name or by its handle) are LS_ERR_NOT_FOUND and the name
  * is free for ls_load_adapter again; requests already running on it finish on
@@ -265,8 +262,7 @@ LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte,
  * unchanged. LS_ERR_NOT_FOUND: no adapter by that name ("base" included). */
 LS_API ls_status ls_remove_adapter(ls_runtime* runtime, const char* name, ls_error* error);
 /* The adapter called `name` (manifest name or file stem), loaded or not. */
-LS_API ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name,
-                                      ls_error* error);
+LS_API ls_adapter* ls_adapter_by_name(ls_runtime* runtime, const char* name, ls_error* error);
 /* The adapter registered `index`-th (0 <= index < ls_runtime_stats.
  * adapters_known: a folder's manifest order, then ls_load_adapter's), loaded
  * or not; LS_ERR_NOT_FOUND past the end. */
@@ -312,8 +308,7 @@ typedef struct {
  * (1.05 x the terms' LoRA bytes + adapter_overhead_bytes); mixes and adapters
  * are evicted least recently used first, and an evicted mix is composed again
  * on its next use. A mix is not one of adapters_known (nor ls_adapter_at's). */
-LS_API ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_t n,
-                                  ls_error* error);
+LS_API ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_t n, ls_error* error);
 /* Drops one hold of the mix `adapter` (see ls_adapter_mix). NULL is ignored;
  * an adapter that is no mix is LS_ERR_ARGUMENT (adapters live until ls_close). */
 LS_API ls_status ls_adapter_release(ls_adapter* adapter, ls_error* error);
@@ -324,17 +319,13 @@ LS_API ls_status ls_adapter_release(ls_adapter* adapter, ls_error* error);
  * A NULL `adapter` is the foundation alone ("base"): the program of the
  * first adapter the runtime knows, every LoRA input a zero rank-1 pair (at
  * least one adapter must be known: LS_ERR_REQUEST otherwise). */
-LS_API ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter,
-                             const int64_t* prompt, size_t n,
-                             const ls_generate_options* options,
-                             ls_token_callback on_token, void* user_data,
+LS_API ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt, size_t n,
+                             const ls_generate_options* options, ls_token_callback on_token, void* user_data,
                              ls_error* error);
 /* ls_generate for the adapter called `name`; "base" is the foundation alone
  * (as a NULL adapter for ls_generate). */
-LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name,
-                                   const int64_t* prompt, size_t n,
-                                   const ls_generate_options* options,
-                                   ls_token_callback on_token, void* user_data,
+LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t* prompt, size_t n,
+                                   const ls_generate_options* options, ls_token_callback on_token, void* user_data,
                                    ls_error* error);
 
 /* Whether ls_generate_named would accept this request, without loading the
@@ -342,19 +333,16 @@ LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name,
  * (with ls_generate's message) for ids outside the vocabulary, an empty
  * prompt, max_new_tokens < 1 or a request longer than the context. A server
  * asks this before it answers, so a bad request gets an error, not a stream. */
-LS_API ls_status ls_check_request(ls_runtime* runtime, const char* name,
-                                  const int64_t* prompt, size_t n,
+LS_API ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt, size_t n,
                                   int64_t max_new_tokens, ls_error* error);
 
 /* The context (max_seq_len) of the program adapter `name` runs ("base"
  * too), into *max_seq_len: a prompt of n ids leaves room for
  * max_seq_len - n + 1 new tokens. LS_ERR_NOT_FOUND for an unknown name. */
-LS_API ls_status ls_context_length(ls_runtime* runtime, const char* name,
-                                   int64_t* max_seq_len, ls_error* error);
+LS_API ls_status ls_context_length(ls_runtime* runtime, const char* name, int64_t* max_seq_len, ls_error* error);
 
 /* The runtime's counters and accounted memory. */
-LS_API ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats,
-                           ls_error* error);
+LS_API ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error);
 
 /* TEXT. A build whose checkpoint shipped a tokenizer has its tokenizer.json
  * (and manifest.json's tokenizer section: EOS ids, the chat template resolved
@@ -388,9 +376,8 @@ LS_API ls_tokenizer* ls_runtime_tokenizer(ls_runtime* runtime, ls_error* error);
  * `Tokenizer.encode(text).ids`). Sets *n_ids to the number of ids; writes
  * them to `ids` only when `capacity` holds them all (call with capacity 0 to
  * size a buffer). Text that is not valid UTF-8 is LS_ERR_REQUEST. */
-LS_API ls_status ls_tokenize(ls_tokenizer* tokenizer, const char* text, size_t length,
-                             int add_special, int64_t* ids, size_t capacity,
-                             size_t* n_ids, ls_error* error);
+LS_API ls_status ls_tokenize(ls_tokenizer* tokenizer, const char* text, size_t length, int add_special, int64_t* ids,
+                             size_t capacity, size_t* n_ids, ls_error* error);
 
 /* Text from ids as they arrive: each ls_detokenize call takes the next `n`
  * ids (n may be 0) and sets *text / *length to the text they complete (valid
@@ -398,12 +385,10 @@ LS_API ls_status ls_tokenize(ls_tokenizer* tokenizer, const char* text, size_t l
  * text is held back while it ends inside one. `flush` nonzero hands out
  * what is held back too (the end of the output). The pieces joined are
  * `Tokenizer.decode(all ids, skip_special_tokens)`. */
-LS_API ls_detokenizer* ls_detokenizer_new(ls_tokenizer* tokenizer, int skip_special,
-                                          ls_error* error);
+LS_API ls_detokenizer* ls_detokenizer_new(ls_tokenizer* tokenizer, int skip_special, ls_error* error);
 LS_API void ls_detokenizer_free(ls_detokenizer* detokenizer);
-LS_API ls_status ls_detokenize(ls_detokenizer* detokenizer, const int64_t* ids, size_t n,
-                               int flush, const char** text, size_t* length,
-                               ls_error* error);
+LS_API ls_status ls_detokenize(ls_detokenizer* detokenizer, const int64_t* ids, size_t n, int flush, const char** text,
+                               size_t* length, ls_error* error);
 
 /* The prompt text of `n` chat messages in the build's chat template (with
  * the generation prompt), as build/lora-share-server renders them; encode it
@@ -411,9 +396,8 @@ LS_API ls_status ls_detokenize(ls_detokenizer* detokenizer, const int64_t* ids, 
  * to its bytes; writes them and a NUL to `buffer` only when `capacity` holds
  * length + 1. LS_ERR_NOT_FOUND: the build has no chat template;
  * LS_ERR_REQUEST: a role the template does not know. */
-LS_API ls_status ls_apply_chat_template(ls_tokenizer* tokenizer, const ls_chat_message* messages,
-                                        size_t n, char* buffer, size_t capacity,
-                                        size_t* length, ls_error* error);
+LS_API ls_status ls_apply_chat_template(ls_tokenizer* tokenizer, const ls_chat_message* messages, size_t n,
+                                        char* buffer, size_t capacity, size_t* length, ls_error* error);
 
 /* Called with each piece of generated text (UTF-8, whole characters, not
  * NUL-terminated). Return 0 to go on, nonzero to stop. */
@@ -436,13 +420,12 @@ typedef struct {
  * handed to on_text (may be NULL) in whole characters; EOS ids are never
  * text. `result` (may be NULL) says how it ended. */
 LS_API ls_status ls_generate_text(ls_runtime* runtime, const char* name, const char* prompt,
-                                  const ls_generate_options* options, ls_text_callback on_text,
-                                  void* user_data, ls_text_result* result, ls_error* error);
+                                  const ls_generate_options* options, ls_text_callback on_text, void* user_data,
+                                  ls_text_result* result, ls_error* error);
 /* ls_generate_text for chat messages rendered by ls_apply_chat_template. */
-LS_API ls_status ls_generate_chat(ls_runtime* runtime, const char* name,
-                                  const ls_chat_message* messages, size_t n,
-                                  const ls_generate_options* options, ls_text_callback on_text,
-                                  void* user_data, ls_text_result* result, ls_error* error);
+LS_API ls_status ls_generate_chat(ls_runtime* runtime, const char* name, const ls_chat_message* messages, size_t n,
+                                  const ls_generate_options* options, ls_text_callback on_text, void* user_data,
+                                  ls_text_result* result, ls_error* error);
 
 /* PROGRAMS. A deployment built from PT2 archives (`programs:` in the config):
  * any exported model's forward, tensors in and out. Open its foundation.ptd
@@ -450,24 +433,21 @@ LS_API ls_status ls_generate_chat(ls_runtime* runtime, const char* name,
  * from it (mapped and packed once), and holds only its own. */
 typedef struct ls_program ls_program; /* valid until ls_close */
 typedef struct {
-  int32_t dtype;        /* ExecuTorch ScalarType: 6 float32, 4 int64, 3 int32,
-                           5 float16, 0 uint8, 1 int8, 11 bool */
+  int32_t dtype; /* ExecuTorch ScalarType: 6 float32, 4 int64, 3 int32,
+                    5 float16, 0 uint8, 1 int8, 11 bool */
   int32_t ndim;
   const int64_t* sizes; /* ndim sizes, row-major (contiguous) data */
   void* data;
   size_t nbytes;
 } ls_tensor;
 
-LS_API ls_program* ls_load_program(ls_runtime* runtime, const char* pte,
-                                   ls_error* error);
+LS_API ls_program* ls_load_program(ls_runtime* runtime, const char* pte, ls_error* error);
 /* forward on `inputs` (copied in; each of the dtype and rank forward takes,
  * no size above its export's): fills outputs[0 .. *n_outputs) (at most
  * max_outputs; LS_ERR_REQUEST if forward returns more), whose sizes and data
  * stay valid until the next call on `program` or ls_close. */
-LS_API ls_status ls_run_program(ls_program* program, const ls_tensor* inputs,
-                                size_t n_inputs, ls_tensor* outputs,
-                                size_t max_outputs, size_t* n_outputs,
-                                ls_error* error);
+LS_API ls_status ls_run_program(ls_program* program, const ls_tensor* inputs, size_t n_inputs, ls_tensor* outputs,
+                                size_t max_outputs, size_t* n_outputs, ls_error* error);
 
 #ifdef __cplusplus
 }

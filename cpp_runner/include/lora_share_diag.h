@@ -26,24 +26,24 @@ extern "C" {
 #endif
 
 typedef struct {
-  int stock;            /* nonzero: each adapter is an executorch::extension::
-                           Module(pte, ptd) of its own, with its own memory and
-                           the weight cache off, as ExecuTorch's examples load
-                           (runner --stock); no 'base' then */
-  int private_arenas;   /* nonzero: each program its own planned memory
-                           instead of one arena for all (--private-arenas) */
-  int weight_cache;     /* default 1; 0: every program packs its own copy of
-                           the foundation (--no-weight-cache) */
-  int ignore_eos;       /* nonzero: read no EOS ids (the manifest.json beside
-                           the .ptd is not read); --ignore-eos */
-  int runner_messages;  /* nonzero: error messages name build/runner's flags
-                           (--pte, --ptd, --no-verify, ...) rather than the
-                           library's parameters */
-  int threads;          /* ExecuTorch's threadpool, process-wide, set before
-                           the first program loads: 0 (default) one thread
-                           per core, else this many (--threads) */
-  int huge_pages;       /* default 1; 0: leave the packed weights in 4 KiB
-                           pages (--no-huge-pages) */
+  int stock;           /* nonzero: each adapter is an executorch::extension::
+                          Module(pte, ptd) of its own, with its own memory and
+                          the weight cache off, as ExecuTorch's examples load
+                          (runner --stock); no 'base' then */
+  int private_arenas;  /* nonzero: each program its own planned memory
+                          instead of one arena for all (--private-arenas) */
+  int weight_cache;    /* default 1; 0: every program packs its own copy of
+                          the foundation (--no-weight-cache) */
+  int ignore_eos;      /* nonzero: read no EOS ids (the manifest.json beside
+                          the .ptd is not read); --ignore-eos */
+  int runner_messages; /* nonzero: error messages name build/runner's flags
+                          (--pte, --ptd, --no-verify, ...) rather than the
+                          library's parameters */
+  int threads;         /* ExecuTorch's threadpool, process-wide, set before
+                          the first program loads: 0 (default) one thread
+                          per core, else this many (--threads) */
+  int huge_pages;      /* default 1; 0: leave the packed weights in 4 KiB
+                          pages (--no-huge-pages) */
 } ls_diag_options;
 
 /* sizeof the public struct called `type_name` ("ls_options",
@@ -60,8 +60,8 @@ LS_API size_t ls_diag_sizeof(const char* type_name);
 typedef struct ls_diag_slots ls_diag_slots;
 LS_API ls_diag_slots* ls_diag_slots_new(size_t slots, int ring);
 LS_API void ls_diag_slots_free(ls_diag_slots* table);
-LS_API int ls_diag_slots_claim(ls_diag_slots* table, uint64_t adapter, const int64_t* tokens,
-                               size_t n, size_t* slot, size_t* kept);
+LS_API int ls_diag_slots_claim(ls_diag_slots* table, uint64_t adapter, const int64_t* tokens, size_t n, size_t* slot,
+                               size_t* kept);
 LS_API void ls_diag_slots_fed(ls_diag_slots* table, size_t slot, const int64_t* tokens, size_t n);
 LS_API void ls_diag_slots_release(ls_diag_slots* table, size_t slot);
 /* Prefix hits so far, and the prompt tokens they skipped. */
@@ -91,27 +91,25 @@ LS_API void ls_diag_init_process(int verbose);
  * foundation without `ptd`, a manifest.json of another build, a
  * packed_cache_dir that cannot be written) are
  * LS_ERR_ARGUMENT; a file that cannot be loaded is LS_ERR_LOAD. */
-LS_API ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes,
-                                const ls_options* options, const ls_diag_options* diag,
-                                ls_error* error);
+LS_API ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes, const ls_options* options,
+                                const ls_diag_options* diag, ls_error* error);
 
 typedef struct {
-  const char* mode;  /* "shared" or "stock" (static strings) */
-  const char* arena; /* "shared" (one for every program), "private" (one per
-                        program) or "module" (stock: each Module its own) */
-  int weight_cache;  /* XNNPACK's weight cache, as the backend reports it */
+  const char* mode;               /* "shared" or "stock" (static strings) */
+  const char* arena;              /* "shared" (one for every program), "private" (one per
+                                     program) or "module" (stock: each Module its own) */
+  int weight_cache;               /* XNNPACK's weight cache, as the backend reports it */
   int64_t workspace_sharing_mode; /* as the backend reports it; -1: unread */
-  int packed_cache_warm; /* a valid packed-weights file was there before
-                            this runtime loaded (it maps it) */
-  const char* packed_cache; /* the packed-weights file in use, valid until
-                            ls_close; "" when the weights are packed in memory
-                            (cache off, stock, or no program loaded yet) */
-  uint64_t planned_bytes; /* planned memory the runtime allocated (arenas) */
-  int threads;       /* threads ExecuTorch's threadpool runs (--threads) */
+  int packed_cache_warm;          /* a valid packed-weights file was there before
+                                     this runtime loaded (it maps it) */
+  const char* packed_cache;       /* the packed-weights file in use, valid until
+                                  ls_close; "" when the weights are packed in memory
+                                  (cache off, stock, or no program loaded yet) */
+  uint64_t planned_bytes;         /* planned memory the runtime allocated (arenas) */
+  int threads;                    /* threads ExecuTorch's threadpool runs (--threads) */
 } ls_diag_loading;
 
-LS_API ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info,
-                                      ls_error* error);
+LS_API ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info, ls_error* error);
 
 typedef struct {
   const char* name; /* valid until ls_close */
@@ -123,8 +121,8 @@ typedef struct {
 } ls_diag_adapter;
 
 /* `adapter` NULL: the foundation alone ('base'). */
-LS_API ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* adapter,
-                                      ls_diag_adapter* info, ls_error* error);
+LS_API ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* adapter, ls_diag_adapter* info,
+                                      ls_error* error);
 
 /* The process's memory as the kernel accounts it (/proc/self/smaps_rollup
  * and VmHWM); a field it cannot read is -1. huge_kb: anonymous memory in
@@ -163,8 +161,8 @@ typedef struct {
 } ls_diag_generate_options;
 
 typedef struct {
-  size_t tokens;        /* generated */
-  int64_t logits_rows;  /* rows written to logits (0 without logits) */
+  size_t tokens;       /* generated */
+  int64_t logits_rows; /* rows written to logits (0 without logits) */
   double prefill_ms, decode_ms;
   double prefill_tokens_per_s, decode_tokens_per_s; /* -1: nothing was timed */
 } ls_diag_generation;
@@ -173,25 +171,23 @@ LS_API void ls_diag_generate_options_init(ls_diag_generate_options* options);
 
 /* ls_generate (NULL adapter: 'base'), with `diag` (may be NULL: defaults)
  * and the request's figures in `out` (may be NULL). */
-LS_API ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter,
-                                  const int64_t* prompt, size_t n,
-                                  const ls_generate_options* options,
-                                  const ls_diag_generate_options* diag,
-                                  ls_token_callback on_token, void* user_data,
-                                  ls_diag_generation* out, ls_error* error);
+LS_API ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt, size_t n,
+                                  const ls_generate_options* options, const ls_diag_generate_options* diag,
+                                  ls_token_callback on_token, void* user_data, ls_diag_generation* out,
+                                  ls_error* error);
 
 /* One request of a batch script (ls_diag_batch_script). */
 typedef struct {
-  ls_adapter* adapter;     /* NULL: the foundation alone ('base') */
+  ls_adapter* adapter; /* NULL: the foundation alone ('base') */
   const int64_t* prompt;
   size_t n_prompt;
-  size_t slot;             /* its KV slot, < ls_options.parallel */
-  int64_t max_new_tokens;  /* greedy tokens; no stop ids */
-  int64_t joins;           /* the decode step before which it arrives */
-  int64_t* tokens;         /* out: room for max_new_tokens */
-  float* logits;           /* out: NULL, or room for max_new_tokens x
-                              vocab_size floats (row i: token i's logits) */
-  size_t max_batch;        /* out: the most rows of a decode step it was in */
+  size_t slot;            /* its KV slot, < ls_options.parallel */
+  int64_t max_new_tokens; /* greedy tokens; no stop ids */
+  int64_t joins;          /* the decode step before which it arrives */
+  int64_t* tokens;        /* out: room for max_new_tokens */
+  float* logits;          /* out: NULL, or room for max_new_tokens x
+                             vocab_size floats (row i: token i's logits) */
+  size_t max_batch;       /* out: the most rows of a decode step it was in */
 } ls_diag_batch_request;
 
 /* Runs `requests` through the batched engine (issue 47) of a runtime opened
@@ -202,8 +198,7 @@ typedef struct {
  * fit the budget at once. Usage errors (LS_ERR_ARGUMENT): no decode_batch,
  * a slot out of range or shared by two live requests, more live requests
  * than rows. */
-LS_API ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests,
-                                      size_t n, ls_error* error);
+LS_API ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests, size_t n, ls_error* error);
 
 #ifdef __cplusplus
 }

@@ -16,8 +16,8 @@
 #include <executorch/runtime/backend/backend_options_map.h>
 
 #include "file_check.h"
-#include "lora_share.h"
 #include "foundation.h"
+#include "lora_share.h"
 #include "status.h"
 
 namespace lora_share {
@@ -44,8 +44,7 @@ class Adapter {
   // their K/V rows in the cache for later positions, and returns the logits
   // after the last one in `logits` (vocab_size floats). A request starts at
   // position 0 and reads only rows it wrote itself.
-  virtual Status step(const std::vector<int64_t>& tokens, int64_t pos,
-                      std::vector<float>* logits) = 0;
+  virtual Status step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) = 0;
 
  protected:
   std::string name_, pte_path_;
@@ -57,9 +56,7 @@ class Adapter {
 // ("" = a self-contained program) itself, its own program and planned
 // memory. Its LoRA inputs are the tensors its record (`info`) names, read
 // from the file's own named data or from `files`' adapters_shared.ptd.
-StatusOr<std::unique_ptr<Adapter>> load_adapter_per_module(const std::string& pte,
-                                                      const std::string& ptd,
-                                                      const PteInfo& info,
-                                                      const Foundation& files);
+StatusOr<std::unique_ptr<Adapter>> load_adapter_per_module(const std::string& pte, const std::string& ptd,
+                                                           const PteInfo& info, const Foundation& files);
 
 }  // namespace lora_share

@@ -21,17 +21,16 @@ std::string shortest(double x) {
   return std::string(text, end);
 }
 
-std::string slot_name(const EnvelopeSlot& slot) {
-  return slot.target + " in layer " + std::to_string(slot.layer);
-}
+std::string slot_name(const EnvelopeSlot& slot) { return slot.target + " in layer " + std::to_string(slot.layer); }
 
 }  // namespace
 
 StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& terms) {
   if (terms.empty()) return Status::usage("a mix needs at least one adapter (no terms given)");
   if (options_.stock)
-    return Status::usage("a mix runs through the shared program, which stock loading (a Module per "
-                         "adapter) does not load");
+    return Status::usage(
+        "a mix runs through the shared program, which stock loading (a Module per "
+        "adapter) does not load");
   const Entry& first = entries_[terms[0].first];
   std::string name;
   for (size_t i = 0; i < terms.size(); ++i) {
@@ -53,15 +52,14 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
     mixes_[static_cast<size_t>(known)].holds++;
     return static_cast<size_t>(known);
   }
-  if (known >= 0)
-    return Status::usage("an adapter is named '" + name + "', the name of this mix: rename the file");
+  if (known >= 0) return Status::usage("an adapter is named '" + name + "', the name of this mix: rename the file");
 
   // The summed rank on each slot against the envelope, from the records: no
   // file is mapped for a mix that cannot run.
   const Record& record = first.info.record;
-  std::map<uint32_t, uint32_t> ranks;  // slot -> summed rank
+  std::map<uint32_t, uint32_t> ranks;     // slot -> summed rank
   std::map<uint32_t, std::string> parts;  // slot -> "a 4 + b 3"
-  uint64_t bytes = 0;  // the mix's tensors: its terms', hoisted ones included
+  uint64_t bytes = 0;                     // the mix's tensors: its terms', hoisted ones included
   for (const auto& [index, scale] : terms) {
     const Entry& e = entries_[index];
     for (const LoraKeys& keys : e.info.record.lora) {
@@ -78,8 +76,7 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
   for (const auto& [slot, rank] : ranks)
     if (rank > record.envelope_max_rank)
       return Status::usage("the mix " + name + " sums rank " + std::to_string(rank) + " on " +
-                           slot_name(record.envelope[slot]) + " (" + parts[slot] +
-                           "), above the envelope's max rank " +
+                           slot_name(record.envelope[slot]) + " (" + parts[slot] + "), above the envelope's max rank " +
                            std::to_string(record.envelope_max_rank) +
                            ": drop a term, or rebuild with a larger lora_envelope.max_rank");
 
@@ -111,8 +108,7 @@ void AdapterPool::drop_mix(size_t index) {
   malloc_trim(0);  // its composed tensors go back to the kernel, as an eviction's do
 }
 
-StatusOr<std::unique_ptr<LoraData>> AdapterPool::compose(const Entry& mix,
-                                                         const SharedProgram& program) {
+StatusOr<std::unique_ptr<LoraData>> AdapterPool::compose(const Entry& mix, const SharedProgram& program) {
   // Each term's data is mapped (or found in adapters_shared.ptd) as when it is
   // loaded, copied into the mix's, then unmapped.
   std::vector<std::unique_ptr<LoraData>> data;
@@ -128,8 +124,7 @@ StatusOr<std::unique_ptr<LoraData>> AdapterPool::compose(const Entry& mix,
     terms.push_back({data.back().get(), scale});
   }
   std::vector<std::string> names;
-  for (const EnvelopeSlot& slot : entries_[mix.terms[0].first].info.record.envelope)
-    names.push_back(slot_name(slot));
+  for (const EnvelopeSlot& slot : entries_[mix.terms[0].first].info.record.envelope) names.push_back(slot_name(slot));
   return LoraData::compose(terms, program.lora_shapes(), names);
 }
 

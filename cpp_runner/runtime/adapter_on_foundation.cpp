@@ -23,19 +23,14 @@ using executorch::runtime::Result;
 using executorch::runtime::Span;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now() - t0)
-      .count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
 
-StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program,
-                                                   const char* method_name) {
+StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program, const char* method_name) {
   auto meta = program.method_meta(method_name);
-  if (!meta.ok())
-    return Status::failure(std::string("the program has no method '") +
-                           method_name + "'");
+  if (!meta.ok()) return Status::failure(std::string("the program has no method '") + method_name + "'");
   std::vector<size_t> sizes;
   for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
     int64_t size = meta->memory_planned_buffer_size(i).get();
@@ -45,8 +40,7 @@ StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program,
 }
 
 MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
-    : planned(planned_buffers),
-      manager(&method_allocator, &planned, &temp_allocator) {}
+    : planned(planned_buffers), manager(&method_allocator, &planned, &temp_allocator) {}
 
 Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_slots) {
   auto t0 = std::chrono::steady_clock::now();
@@ -55,14 +49,12 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_
   if (!readable.ok()) return readable;
   set_phase("opening " + pte);
 
-  Result<MmapDataLoader> loader =
-      MmapDataLoader::from(pte.c_str(), MmapDataLoader::MlockConfig::NoMlock);
+  Result<MmapDataLoader> loader = MmapDataLoader::from(pte.c_str(), MmapDataLoader::MlockConfig::NoMlock);
   if (!loader.ok()) return Status::failure("--pte " + pte + ": could not map the file");
   loader_ = std::make_unique<MmapDataLoader>(std::move(loader.get()));
 
   // InternalConsistency runs flatbuffers' verifier over the whole program.
-  Result<Program> program =
-      Program::load(loader_.get(), Program::Verification::InternalConsistency);
+  Result<Program> program = Program::load(loader_.get(), Program::Verification::InternalConsistency);
   if (!program.ok())
     return Status::failure("--pte " + pte +
                            ": not an ExecuTorch program (.pte) this runtime "
@@ -76,8 +68,7 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_
   if (!max_seq_len.ok()) return max_seq_len.status();
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
-  if (!program_->method_meta("get_prefill_chunk").ok())
-    return pre_chunk_program(pte);
+  if (!program_->method_meta("get_prefill_chunk").ok()) return pre_chunk_program(pte);
   auto chunk = run_constant_method("get_prefill_chunk");
   if (!chunk.ok()) return chunk.status();
   prefill_chunk_ = chunk.value();
@@ -89,8 +80,7 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_
   // its activations are planned for its most rows, which one slot never uses.
   file_has_batch_ = program_->method_meta("decode_batch").ok();
   has_batch_ = file_has_batch_ && kv_slots > 1;
-  for (auto [method, wanted] : {std::pair<const char*, bool>{"decode", has_decode_},
-                                {"decode_batch", has_batch_}}) {
+  for (auto [method, wanted] : {std::pair<const char*, bool>{"decode", has_decode_}, {"decode_batch", has_batch_}}) {
     if (!wanted) continue;
     auto more = planned_buffer_sizes(*program_, method);
     if (!more.ok()) return Status::failure(pte + ": " + more.status().message());
@@ -122,42 +112,31 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_
 Status SharedProgram::load_methods(PlannedArena& arena, const Foundation& foundation,
                                    const LoadBackendOptionsMap* backend_options) {
   auto t0 = std::chrono::steady_clock::now();
-  set_phase("loading " + pte_path_ + " against " +
-            describe_data_files(foundation.path(), foundation.shared_path()) +
+  set_phase("loading " + pte_path_ + " against " + describe_data_files(foundation.path(), foundation.shared_path()) +
             " (do they come from the same export?)");
-  if (!arena.holds(planned_sizes_))
-    return Status::failure(pte_path_ + ": its planned memory does not fit the arena");
-  memory_ = std::make_unique<MethodMemory>(
-      arena.spans(planned_sizes_.size() - 1, /*first=*/1));
-  decode_memory_ = std::make_unique<MethodMemory>(
-      arena.spans(planned_sizes_.size() - 1, /*first=*/1));
-  batch_memory_ = std::make_unique<MethodMemory>(
-      arena.spans(planned_sizes_.size() - 1, /*first=*/1));
+  if (!arena.holds(planned_sizes_)) return Status::failure(pte_path_ + ": its planned memory does not fit the arena");
+  memory_ = std::make_unique<MethodMemory>(arena.spans(planned_sizes_.size() - 1, /*first=*/1));
+  decode_memory_ = std::make_unique<MethodMemory>(arena.spans(planned_sizes_.size() - 1, /*first=*/1));
+  batch_memory_ = std::make_unique<MethodMemory>(arena.spans(planned_sizes_.size() - 1, /*first=*/1));
   kv_.data = reinterpret_cast<uint8_t*>(arena.buffer(0).data());
   // No foundation (no --ptd): the program's own named data is all there is.
-  if (foundation.data_map() != nullptr)
-    data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
+  if (foundation.data_map() != nullptr) data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
   clear_last_runtime_error();
-  Result<Method> method =
-      program_->load_method("forward", &memory_->manager,
-                            /*event_tracer=*/nullptr, data_map_.get(),
-                            backend_options);
+  Result<Method> method = program_->load_method("forward", &memory_->manager,
+                                                /*event_tracer=*/nullptr, data_map_.get(), backend_options);
   if (!method.ok()) return explain_load_failure(method.error(), foundation);
   forward_ = std::make_unique<Method>(std::move(method.get()));
   if (has_decode_) {
     // Its weights are forward's (the same foundation keys): XNNPACK's weight
     // cache packs each once for both methods.
-    Result<Method> decode =
-        program_->load_method("decode", &decode_memory_->manager,
-                              /*event_tracer=*/nullptr, data_map_.get(),
-                              backend_options);
+    Result<Method> decode = program_->load_method("decode", &decode_memory_->manager,
+                                                  /*event_tracer=*/nullptr, data_map_.get(), backend_options);
     if (!decode.ok()) return explain_load_failure(decode.error(), foundation);
     decode_ = std::make_unique<Method>(std::move(decode.get()));
   }
   if (has_batch_) {
-    Result<Method> batch =
-        program_->load_method("decode_batch", &batch_memory_->manager,
-                              /*event_tracer=*/nullptr, data_map_.get(), backend_options);
+    Result<Method> batch = program_->load_method("decode_batch", &batch_memory_->manager,
+                                                 /*event_tracer=*/nullptr, data_map_.get(), backend_options);
     if (!batch.ok()) return explain_load_failure(batch.error(), foundation);
     batch_ = std::make_unique<Method>(std::move(batch.get()));
   }
@@ -170,24 +149,21 @@ StatusOr<int64_t> SharedProgram::run_constant_method(const char* method_name) {
   std::string what = pte_path_ + ": " + method_name + "()";
   // A constant method's planned memory is its own, for this one call.
   auto sizes = planned_buffer_sizes(*program_, method_name);
-  if (!sizes.ok()) return Status::failure(pte_path_ + ": " + sizes.status().message() +
-                                          " (the export contract requires it)");
+  if (!sizes.ok())
+    return Status::failure(pte_path_ + ": " + sizes.status().message() + " (the export contract requires it)");
   auto arena = PlannedArena::allocate(sizes.value());
   if (!arena.ok()) return arena.status();
   MethodMemory memory(arena.value()->spans(sizes->size()));
   Result<Method> method = program_->load_method(method_name, &memory.manager);
   if (!method.ok())
-    return Status::failure(what + " could not be loaded (" +
-                           executorch::runtime::to_string(method.error()) + ")");
+    return Status::failure(what + " could not be loaded (" + executorch::runtime::to_string(method.error()) + ")");
   Error err = method->execute();
-  if (err != Error::Ok || method->outputs_size() != 1)
-    return Status::failure(what + " failed to run");
+  if (err != Error::Ok || method->outputs_size() != 1) return Status::failure(what + " failed to run");
   return int_from_output(method->get_output(0), what);
 }
 
 // Turns a failed forward load into the most useful message we can give.
-Status SharedProgram::explain_load_failure(Error error,
-                                           const Foundation& foundation) {
+Status SharedProgram::explain_load_failure(Error error, const Foundation& foundation) {
   // Keys found in the adapter's own data are not missing: the runtime looks
   // every key up in the foundation first and falls back to the .pte.
   std::set<std::string> own_keys;
@@ -207,44 +183,35 @@ Status SharedProgram::explain_load_failure(Error error,
   // lookup it does not model. No records here to tell hoisted tensors from
   // other foundations, so both are named.
   if (!missing.empty())
-    return Status::failure(missing_keys_message(
-        pte_path_, foundation.path(), foundation.shared_path(), missing,
-        /*built_for_foundation=*/false));
+    return Status::failure(missing_keys_message(pte_path_, foundation.path(), foundation.shared_path(), missing,
+                                                /*built_for_foundation=*/false));
   std::string detail = last_runtime_error();
-  std::string hint =
-      error == Error::InvalidExternalData
-          ? ": the foundation's tensors do not match what the adapter expects "
-            "(different shapes or dtypes); was it exported against this "
-            "foundation?"
-          : "";
-  return Status::failure("could not load " + pte_path_ +
-                         (foundation.path().empty()
-                              ? " without --ptd"
-                              : " against " + describe_data_files(
-                                                  foundation.path(),
-                                                  foundation.shared_path())) +
-                         " (" +
-                         executorch::runtime::to_string(error) +
-                         (detail.empty() ? "" : ": " + detail) + ")" + hint);
+  std::string hint = error == Error::InvalidExternalData
+                         ? ": the foundation's tensors do not match what the adapter expects "
+                           "(different shapes or dtypes); was it exported against this "
+                           "foundation?"
+                         : "";
+  return Status::failure(
+      "could not load " + pte_path_ +
+      (foundation.path().empty() ? " without --ptd"
+                                 : " against " + describe_data_files(foundation.path(), foundation.shared_path())) +
+      " (" + executorch::runtime::to_string(error) + (detail.empty() ? "" : ": " + detail) + ")" + hint);
 }
 
 Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& lora,
-                           const std::vector<int64_t>& tokens, int64_t pos,
-                           std::vector<float>* logits, const std::string& adapter_pte) {
+                           const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
+                           const std::string& adapter_pte) {
   return step_in(kv_, lora, tokens, pos, logits, adapter_pte);
 }
 
-Status SharedProgram::step_in(const KvCache& cache,
-                              const std::vector<executorch::extension::TensorPtr>& lora,
-                              const std::vector<int64_t>& tokens, int64_t pos,
-                              std::vector<float>* logits, const std::string& what) {
+Status SharedProgram::step_in(const KvCache& cache, const std::vector<executorch::extension::TensorPtr>& lora,
+                              const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
+                              const std::string& what) {
   Method& method = tokens.size() == 1 && decode_ ? *decode_ : *forward_;
   std::string call = what + (&method == decode_.get() ? ": decode" : ": forward");
   return run_forward(
-      [this, &method, &call](const std::vector<EValue>& inputs) {
-        return execute(method, inputs, call);
-      },
-      cache, lora, tokens, pos, vocab_size_, call, logits);
+      [this, &method, &call](const std::vector<EValue>& inputs) { return execute(method, inputs, call); }, cache, lora,
+      tokens, pos, vocab_size_, call, logits);
 }
 
 StatusOr<std::vector<EValue>> SharedProgram::run_batch(const std::vector<EValue>& inputs) {
@@ -256,9 +223,8 @@ executorch::runtime::MethodMeta SharedProgram::batch_meta() const {
   return program_->method_meta("decode_batch").get();
 }
 
-SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program,
-                             std::unique_ptr<LoraData> data, double load_ms,
-                             const std::string& name)
+SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program, std::unique_ptr<LoraData> data,
+                             double load_ms, const std::string& name)
     : program_(program), data_(std::move(data)) {
   name_ = name.empty() ? file_stem(pte) : name;
   pte_path_ = pte;
@@ -269,21 +235,18 @@ SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program,
   lora_ = lora_input_tensors(data_.get(), program->lora_shapes(), program->zeros());
 }
 
-Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
-                           std::vector<float>* logits) {
+Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) {
   return program_->step(lora_, tokens, pos, logits, pte_path_);
 }
 
-StatusOr<std::vector<EValue>> SharedProgram::execute(
-    Method& method, const std::vector<EValue>& inputs, const std::string& what) {
-  if (method.set_inputs(executorch::aten::ArrayRef<EValue>(inputs.data(),
-                                                           inputs.size())) != Error::Ok)
+StatusOr<std::vector<EValue>> SharedProgram::execute(Method& method, const std::vector<EValue>& inputs,
+                                                     const std::string& what) {
+  if (method.set_inputs(executorch::aten::ArrayRef<EValue>(inputs.data(), inputs.size())) != Error::Ok)
     return Status::failure(what + " rejected its inputs (" + last_runtime_error() + ")");
   Error err = method.execute();
   if (err != Error::Ok)
-    return Status::failure(what + " failed (" +
-                           executorch::runtime::to_string(err) + ": " +
-                           last_runtime_error() + ")");
+    return Status::failure(what + " failed (" + executorch::runtime::to_string(err) + ": " + last_runtime_error() +
+                           ")");
   std::vector<EValue> outputs(method.outputs_size());
   if (method.get_outputs(outputs.data(), outputs.size()) != Error::Ok)
     return Status::failure(what + ": its outputs could not be read");

@@ -29,8 +29,7 @@ namespace lora_share {
 
 // A method's allocators over planned buffers someone else owns.
 struct MethodMemory {
-  explicit MethodMemory(
-      executorch::runtime::Span<executorch::runtime::Span<uint8_t>> planned);
+  explicit MethodMemory(executorch::runtime::Span<executorch::runtime::Span<uint8_t>> planned);
   executorch::extension::MallocMemoryAllocator method_allocator;
   executorch::extension::MallocMemoryAllocator temp_allocator;
   executorch::runtime::HierarchicalAllocator planned;
@@ -67,16 +66,13 @@ class SharedProgram {
   // one token when the program has it (its attention is one lora_share::attend
   // kernel per layer, which reads the cache in place), forward otherwise;
   // `adapter_pte` names the adapter in errors.
-  Status step(const std::vector<executorch::extension::TensorPtr>& lora,
-              const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
-              const std::string& adapter_pte);
+  Status step(const std::vector<executorch::extension::TensorPtr>& lora, const std::vector<int64_t>& tokens,
+              int64_t pos, std::vector<float>* logits, const std::string& adapter_pte);
   // step over `cache` (a slot of kv(): kv().at_slot(n)); `what` names the call in errors.
   Status step_in(const KvCache& cache, const std::vector<executorch::extension::TensorPtr>& lora,
-                 const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
-                 const std::string& what);
+                 const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits, const std::string& what);
   // decode_batch on `inputs` (in its input order); its outputs, valid until the next call.
-  StatusOr<std::vector<executorch::runtime::EValue>> run_batch(
-      const std::vector<executorch::runtime::EValue>& inputs);
+  StatusOr<std::vector<executorch::runtime::EValue>> run_batch(const std::vector<executorch::runtime::EValue>& inputs);
 
   const std::string& pte() const { return pte_path_; }
   int64_t vocab_size() const { return vocab_size_; }
@@ -100,11 +96,10 @@ class SharedProgram {
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);
-  StatusOr<std::vector<executorch::runtime::EValue>> execute(
-      executorch::runtime::Method& method,
-      const std::vector<executorch::runtime::EValue>& inputs, const std::string& what);
-  Status explain_load_failure(executorch::runtime::Error error,
-                              const Foundation& foundation);
+  StatusOr<std::vector<executorch::runtime::EValue>> execute(executorch::runtime::Method& method,
+                                                             const std::vector<executorch::runtime::EValue>& inputs,
+                                                             const std::string& what);
+  Status explain_load_failure(executorch::runtime::Error error, const Foundation& foundation);
 
   std::string pte_path_;
   int64_t vocab_size_ = 0, max_seq_len_ = 0, prefill_chunk_ = 0;
@@ -129,10 +124,9 @@ class SharedAdapter final : public Adapter {
   // `program` must outlive the adapter. Its name is `name`, or the file stem
   // of `pte` when empty; null `data` is the foundation alone (every LoRA
   // input a zero rank-1 pair), then `pte` is the program's file.
-  SharedAdapter(const std::string& pte, SharedProgram* program, std::unique_ptr<LoraData> data,
-                double load_ms, const std::string& name = "");
-  Status step(const std::vector<int64_t>& tokens, int64_t pos,
-              std::vector<float>* logits) override;
+  SharedAdapter(const std::string& pte, SharedProgram* program, std::unique_ptr<LoraData> data, double load_ms,
+                const std::string& name = "");
+  Status step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) override;
   // Its program and LoRA data (null: the foundation alone), for a BatchEngine row.
   SharedProgram* program() const { return program_; }
   const LoraData* lora_data() const { return data_.get(); }

@@ -12,9 +12,9 @@
 #include <chrono>
 
 #include "adapter.h"
-#include "forward_io.h"
 #include "et_platform.h"
 #include "file_stem.h"
+#include "forward_io.h"
 #include "lora_data.h"
 
 namespace lora_share {
@@ -27,10 +27,8 @@ using executorch::runtime::EValue;
 class StockAdapter final : public Adapter {
  public:
   // `ptd` "" = a self-contained program.
-  Status load(const std::string& pte, const std::string& ptd, const PteInfo& info,
-              const Foundation& files);
-  Status step(const std::vector<int64_t>& tokens, int64_t pos,
-              std::vector<float>* logits) override;
+  Status load(const std::string& pte, const std::string& ptd, const PteInfo& info, const Foundation& files);
+  Status step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) override;
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);
@@ -57,25 +55,19 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd, const 
   std::vector<std::string> data_files;
   if (!ptd.empty()) data_files.push_back(ptd);
   std::string against = describe_data_files(ptd, "");
-  set_phase("loading " + pte + " against " + against +
-            " (do they come from the same export?)");
+  set_phase("loading " + pte + " against " + against + " (do they come from the same export?)");
   // MmapUseMlockIgnoreErrors is the LLM runner's default load mode.
   // No --ptd: a self-contained program, opened as Module(pte). Each Module
   // maps the file itself (this path shares nothing between adapters, as
   // stock ExecuTorch does not).
-  module_ = data_files.empty()
-                ? std::make_unique<Module>(
-                      pte, Module::LoadMode::MmapUseMlockIgnoreErrors)
-                : std::make_unique<Module>(
-                      pte, data_files,
-                      Module::LoadMode::MmapUseMlockIgnoreErrors);
+  module_ = data_files.empty() ? std::make_unique<Module>(pte, Module::LoadMode::MmapUseMlockIgnoreErrors)
+                               : std::make_unique<Module>(pte, data_files, Module::LoadMode::MmapUseMlockIgnoreErrors);
   clear_last_runtime_error();
   Error err = module_->load_method("forward");
   if (err != Error::Ok) {
     std::string detail = last_runtime_error();
     return Status::failure("could not load " + pte + " against " + against + " (" +
-                           executorch::runtime::to_string(err) +
-                           (detail.empty() ? "" : ": " + detail) + ")");
+                           executorch::runtime::to_string(err) + (detail.empty() ? "" : ": " + detail) + ")");
   }
   auto vocab = run_constant_method("get_vocab_size");
   if (!vocab.ok()) return vocab.status();
@@ -84,8 +76,7 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd, const 
   vocab_size_ = vocab.value();
   max_seq_len_ = max_seq_len.value();
   auto methods = module_->method_names();
-  if (!methods.ok() || !methods->count("get_prefill_chunk"))
-    return pre_chunk_program(pte);
+  if (!methods.ok() || !methods->count("get_prefill_chunk")) return pre_chunk_program(pte);
   auto chunk = run_constant_method("get_prefill_chunk");
   if (!chunk.ok()) return chunk.status();
   prefill_chunk_ = chunk.value();
@@ -100,9 +91,7 @@ Status StockAdapter::load(const std::string& pte, const std::string& ptd, const 
   lora_ = lora_input_tensors(lora_data_.get(), shapes.value(), zeros_.data());
   Status kv = allocate_kv_cache();
   if (!kv.ok()) return kv;
-  load_ms_ = std::chrono::duration<double, std::milli>(
-                 std::chrono::steady_clock::now() - t0)
-                 .count();
+  load_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   set_phase("running " + pte);
   return Status();
 }
@@ -111,7 +100,8 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
   std::string what = pte_path_ + ": " + method_name + "()";
   auto out = module_->execute(method_name);
   if (!out.ok() || out->size() != 1)
-    return Status::failure(what + " failed to run (the export contract "
+    return Status::failure(what +
+                           " failed to run (the export contract "
                            "requires it)");
   return int_from_output(out.get()[0], what);
 }
@@ -135,29 +125,23 @@ Status StockAdapter::allocate_kv_cache() {
   return Status();
 }
 
-Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos,
-                          std::vector<float>* logits) {
-  return run_forward(
-      [this](const std::vector<EValue>& inputs) { return execute_forward(inputs); },
-      kv_, lora_, tokens, pos, vocab_size_, pte_path_ + ": forward", logits);
+Status StockAdapter::step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) {
+  return run_forward([this](const std::vector<EValue>& inputs) { return execute_forward(inputs); }, kv_, lora_, tokens,
+                     pos, vocab_size_, pte_path_ + ": forward", logits);
 }
 
-StatusOr<std::vector<EValue>> StockAdapter::execute_forward(
-    const std::vector<EValue>& inputs) {
+StatusOr<std::vector<EValue>> StockAdapter::execute_forward(const std::vector<EValue>& inputs) {
   auto out = module_->execute("forward", inputs);
   if (!out.ok())
-    return Status::failure(pte_path_ + ": forward failed (" +
-                           executorch::runtime::to_string(out.error()) + ": " +
+    return Status::failure(pte_path_ + ": forward failed (" + executorch::runtime::to_string(out.error()) + ": " +
                            last_runtime_error() + ")");
   return std::move(out.get());
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Adapter>> load_adapter_per_module(const std::string& pte,
-                                                      const std::string& ptd,
-                                                      const PteInfo& info,
-                                                      const Foundation& files) {
+StatusOr<std::unique_ptr<Adapter>> load_adapter_per_module(const std::string& pte, const std::string& ptd,
+                                                           const PteInfo& info, const Foundation& files) {
   if (!ptd.empty()) {
     Status readable = check_readable_file(ptd, "--ptd");
     if (!readable.ok()) return readable;

@@ -95,8 +95,7 @@ Status AdapterPool::open_foundation() {
   // file at the default config's shape, about 5 MiB at SmolLM-135M's.
   constexpr uint64_t kRuntimeStateBytes = uint64_t{8} << 20;
   foundation_bytes_ = (has_ptd ? file_size(options_.ptd) : 0) +
-                      (options_.shared_ptd.empty() ? 0 : file_size(options_.shared_ptd)) +
-                      kRuntimeStateBytes;
+                      (options_.shared_ptd.empty() ? 0 : file_size(options_.shared_ptd)) + kRuntimeStateBytes;
   return Status();
 }
 
@@ -106,26 +105,24 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open(const PoolOptions& opti
   Status s = pool->open_foundation();
   if (!s.ok()) return s;
   if (options.budget_bytes != 0 && pool->foundation_bytes_ > options.budget_bytes)
-    return Status::usage("the memory budget (" + mib(options.budget_bytes) +
-                         ") is below the foundation alone (" +
+    return Status::usage("the memory budget (" + mib(options.budget_bytes) + ") is below the foundation alone (" +
                          mib(pool->foundation_bytes_) + " for " + options.ptd + ")");
   return pool;
 }
 
-StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& dir,
-                                                             PoolOptions options) {
+StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& dir, PoolOptions options) {
   auto manifest = read_manifest(dir);
   if (!manifest.ok()) return manifest.status();
   options.ptd = dir + "/" + manifest->foundation_file;
-  options.shared_ptd =
-      manifest->shared_file.empty() ? "" : dir + "/" + manifest->shared_file;
+  options.shared_ptd = manifest->shared_file.empty() ? "" : dir + "/" + manifest->shared_file;
   auto pool = std::unique_ptr<AdapterPool>(new AdapterPool());
   pool->options_ = options;
   Status s = pool->open_foundation();
   if (!s.ok()) return s;
   for (const ManifestAdapter& a : manifest->adapters) {
     if (a.name == kBaseName)
-      return Status::failure(dir + "/manifest.json lists an adapter named 'base', the name of the "
+      return Status::failure(dir +
+                             "/manifest.json lists an adapter named 'base', the name of the "
                              "foundation alone: rename it in the build config and rebuild");
     if (pool->find(a.name) >= 0)
       return Status::failure(dir + "/manifest.json lists the adapter '" + a.name +
@@ -139,8 +136,8 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& 
   return pool;
 }
 
-StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_files(
-    const std::vector<std::string>& ptes, const PoolOptions& options) {
+StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_files(const std::vector<std::string>& ptes,
+                                                               const PoolOptions& options) {
   auto pool = std::unique_ptr<AdapterPool>(new AdapterPool());
   pool->options_ = options;
   Status s = pool->open_foundation();
@@ -183,8 +180,7 @@ Status AdapterPool::load_all() {
   return Status();
 }
 
-StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
-                                                  const std::string& pte) {
+StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name, const std::string& pte) {
   // Messages name the runner's flags; the C API words them for the library.
   auto info = check_pte(pte, "--pte");
   if (!info.ok()) return info.status();
@@ -192,8 +188,8 @@ StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
     // A lora-share adapter never carries its foundation: refused here with
     // the fix rather than failing to load.
     if (needs_data_file(info.value()))
-      return Status::usage("--pte " + pte + " is a lora-share adapter for foundation " +
-                           info->record.fingerprint + ": give its foundation.ptd with --ptd");
+      return Status::usage("--pte " + pte + " is a lora-share adapter for foundation " + info->record.fingerprint +
+                           ": give its foundation.ptd with --ptd");
   } else {
     Status s = check_pair(pte, info.value(), files_, options_.verify);
     if (!s.ok()) return s;
@@ -219,8 +215,7 @@ StatusOr<AdapterPool::Entry> AdapterPool::inspect(const std::string& name,
 
 StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo& info) {
   // A program without a record (not written by lora-share) is its own.
-  std::string sha = info.record.program_sha256.empty() ? "file:" + pte
-                                                       : info.record.program_sha256;
+  std::string sha = info.record.program_sha256.empty() ? "file:" + pte : info.record.program_sha256;
   for (size_t i = 0; i < programs_.size(); ++i)
     if (programs_[i].sha256 == sha) return i;
   ProgramEntry p;
@@ -327,21 +322,20 @@ Status AdapterPool::check_budget_holds(const Entry& entry) const {
   uint64_t arena = total(PlannedArena::largest({arena_sizes(), program.planned_sizes}));
   uint64_t needed = foundation_bytes_ + program.cost + arena + entry.cost;
   if (needed <= options_.budget_bytes) return Status();
-  return Status::usage(
-      "the memory budget (" + mib(options_.budget_bytes) + ") cannot hold adapter '" +
-      entry.name + "': the foundation (" + mib(foundation_bytes_) + ") + its program (" +
-      mib(program.cost) + ") + the planned-memory arena (" + mib(arena) + ") + the adapter (" +
-      mib(entry.cost) + ") need " + mib(needed) + " (" + std::to_string(needed) +
-      " bytes): raise the budget");
+  return Status::usage("the memory budget (" + mib(options_.budget_bytes) + ") cannot hold adapter '" + entry.name +
+                       "': the foundation (" + mib(foundation_bytes_) + ") + its program (" + mib(program.cost) +
+                       ") + the planned-memory arena (" + mib(arena) + ") + the adapter (" + mib(entry.cost) +
+                       ") need " + mib(needed) + " (" + std::to_string(needed) + " bytes): raise the budget");
 }
 
 Status AdapterPool::check_new_name(const std::string& name, const std::string& pte) const {
   if (name == kBaseName)
-    return Status::usage(pte + ": the name 'base' (the file stem) is reserved for the foundation "
+    return Status::usage(pte +
+                         ": the name 'base' (the file stem) is reserved for the foundation "
                          "alone: rename the file");
   if (find(name) >= 0)
-    return Status::usage("an adapter named '" + name +
-                         "' is already loaded (the name is the file stem): rename " + pte);
+    return Status::usage("an adapter named '" + name + "' is already loaded (the name is the file stem): rename " +
+                         pte);
   return Status();
 }
 
@@ -509,9 +503,8 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
                     ? LoraData::open(entry.pte, entry.info, *foundation_, program.program->lora_shapes())
                     : compose(entry, *program.program);
     if (!data.ok()) return data.status();
-    entry.adapter = std::make_unique<SharedAdapter>(entry.pte, program.program.get(),
-                                                    std::move(data.value()), ms_since(t0),
-                                                    entry.terms.empty() ? "" : entry.name);
+    entry.adapter = std::make_unique<SharedAdapter>(entry.pte, program.program.get(), std::move(data.value()),
+                                                    ms_since(t0), entry.terms.empty() ? "" : entry.name);
   }
   double ms = ms_since(t0);
   counters_.loads++;
@@ -523,11 +516,13 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
 StatusOr<size_t> AdapterPool::program_of(size_t index) const {
   if (index != kBase) return entry(index).program;
   if (options_.stock)
-    return Status::usage("the foundation alone ('base') runs through the program an adapter "
-                         "carries, which stock loading (a Module per adapter) does not load");
+    return Status::usage(
+        "the foundation alone ('base') runs through the program an adapter "
+        "carries, which stock loading (a Module per adapter) does not load");
   if (entries_.empty())
-    return Status::usage("the foundation alone ('base') runs through the program an adapter "
-                         "carries: load at least one adapter .pte first");
+    return Status::usage(
+        "the foundation alone ('base') runs through the program an adapter "
+        "carries: load at least one adapter .pte first");
   return entries_.front().program;
 }
 
@@ -545,14 +540,12 @@ StatusOr<Adapter*> AdapterPool::acquire_base() {
   make_room(program.loaded ? 0 : program.cost, kBase);
   s = load_program(index.value());
   if (!s.ok()) return s;
-  base_ = std::make_unique<SharedAdapter>(program.pte, program.program.get(), nullptr, 0.0,
-                                          kBaseName);
+  base_ = std::make_unique<SharedAdapter>(program.pte, program.program.get(), nullptr, 0.0, kBaseName);
   return static_cast<Adapter*>(base_.get());
 }
 
-StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64_t>& prompt,
-                                           int64_t max_new_tokens, const Sampling& sampling,
-                                           const std::vector<int64_t>& stop_ids,
+StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                                           const Sampling& sampling, const std::vector<int64_t>& stop_ids,
                                            bool keep_logits, const TokenCallback& on_token,
                                            const std::string& prompt_label) {
   // Checked before loading: a bad request must not evict anything.
@@ -567,8 +560,7 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
   } unpin_at_end{this, index};
   auto adapter = acquire(index);
   if (!adapter.ok()) return adapter.status();
-  return lora_share::generate(*adapter.value(), prompt, max_new_tokens, sampling,
-                              keep_logits, on_token, stop_ids);
+  return lora_share::generate(*adapter.value(), prompt, max_new_tokens, sampling, keep_logits, on_token, stop_ids);
 }
 
 StatusOr<AdapterPool::Limits> AdapterPool::limits(size_t index) const {
@@ -584,8 +576,8 @@ StatusOr<AdapterPool::Limits> AdapterPool::limits(size_t index) const {
   return Limits{p.vocab_size, p.max_seq_len, p.prefill_chunk};
 }
 
-Status AdapterPool::check(size_t index, const std::vector<int64_t>& prompt,
-                          int64_t max_new_tokens, const std::string& prompt_label) const {
+Status AdapterPool::check(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                          const std::string& prompt_label) const {
   auto l = limits(index);
   if (!l.ok()) return l.status();
   return check_request(prompt, max_new_tokens, l->vocab_size, l->max_seq_len, prompt_label);
@@ -632,8 +624,7 @@ PoolStats AdapterPool::stats() const {
   // The KV buffer (arena buffer 0) holds `parallel` slots of the largest program's cache.
   for (const ProgramEntry& p : programs_)
     if (!p.planned_sizes.empty())
-      s.slot_bytes = std::max<uint64_t>(
-          s.slot_bytes, p.planned_sizes[0] / std::max<size_t>(options_.parallel, 1));
+      s.slot_bytes = std::max<uint64_t>(s.slot_bytes, p.planned_sizes[0] / std::max<size_t>(options_.parallel, 1));
   s.arena_bytes = arena_bytes();
   for (const Entry& e : entries_) {
     if (e.adapter) {

@@ -40,32 +40,32 @@
 #include <string>
 #include <vector>
 
+#include "adapter_on_foundation.h"
 #include "file_check.h"
 #include "foundation.h"
 #include "generate.h"
-#include "planned_arena.h"
-#include "adapter_on_foundation.h"
-#include "status.h"
 #include "packed_cache.h"
+#include "planned_arena.h"
+#include "status.h"
 #include "xnnpack_options.h"
 
 namespace lora_share {
 
 struct PoolOptions {
   std::string ptd;
-  std::string shared_ptd;  // "" = none
-  bool verify = true;      // refuse adapters built for another foundation
-  uint64_t budget_bytes = 0;  // 0 = no budget
+  std::string shared_ptd;                                 // "" = none
+  bool verify = true;                                     // refuse adapters built for another foundation
+  uint64_t budget_bytes = 0;                              // 0 = no budget
   uint64_t adapter_overhead_bytes = uint64_t{512} << 10;  // see adapter_cost_bytes
   // The loading variants benchmarks compare (lora_share_diag.h):
-  bool stock = false;           // each adapter a Module of its own (adapter_per_module.cpp)
-  bool private_arenas = false;  // each program its own planned memory
-  bool weight_cache = true;     // XNNPACK's process-wide weight cache
-  bool huge_pages = true;       // packed weights in 2 MiB pages once loaded (huge_pages.h)
-  int threads = 0;              // ExecuTorch's threadpool: 0 = one per core (set_threads)
-  bool packed_cache = true;     // packed weights kept in a file between starts (packed_cache.h)
-  std::string packed_cache_dir; // "" = beside the .ptd, else the user's cache folder
-  bool read_eos = true;         // false: no EOS ids, manifest.json unread
+  bool stock = false;            // each adapter a Module of its own (adapter_per_module.cpp)
+  bool private_arenas = false;   // each program its own planned memory
+  bool weight_cache = true;      // XNNPACK's process-wide weight cache
+  bool huge_pages = true;        // packed weights in 2 MiB pages once loaded (huge_pages.h)
+  int threads = 0;               // ExecuTorch's threadpool: 0 = one per core (set_threads)
+  bool packed_cache = true;      // packed weights kept in a file between starts (packed_cache.h)
+  std::string packed_cache_dir;  // "" = beside the .ptd, else the user's cache folder
+  bool read_eos = true;          // false: no EOS ids, manifest.json unread
   // KV slots (ls_options.parallel): requests batched at once (issue 47). > 1
   // sizes the arena's KV buffer for that many slots and loads decode_batch
   // (batch/batch_engine.h runs it), so the budget counts every slot; 1: one
@@ -75,8 +75,8 @@ struct PoolOptions {
 
 // What loading did, for the runner's report.
 struct LoadingInfo {
-  const char* mode = "shared";  // "shared" or "stock"
-  const char* arena = "shared"; // "shared", "private" or "module" (stock)
+  const char* mode = "shared";   // "shared" or "stock"
+  const char* arena = "shared";  // "shared", "private" or "module" (stock)
   XnnpackState xnnpack;
   bool packed_cache_warm = false;  // a valid packed-weights file was there before this process
   std::string packed_cache;        // the packed-weights file in use ("" = packed in memory)
@@ -119,13 +119,12 @@ class AdapterPool {
   static StatusOr<std::unique_ptr<AdapterPool>> open(const PoolOptions& options);
   // A deployment folder: registers (and checks) every adapter manifest.json
   // lists and sizes the arena to the largest of them. Loads none.
-  static StatusOr<std::unique_ptr<AdapterPool>> open_dir(
-      const std::string& dir, PoolOptions options);
+  static StatusOr<std::unique_ptr<AdapterPool>> open_dir(const std::string& dir, PoolOptions options);
   // The runner's way: `options.ptd` ("" = programs that carry every weight),
   // then registers every `ptes` (named by file stem) and sizes the arena;
   // load_all() then loads them.
-  static StatusOr<std::unique_ptr<AdapterPool>> open_files(
-      const std::vector<std::string>& ptes, const PoolOptions& options);
+  static StatusOr<std::unique_ptr<AdapterPool>> open_files(const std::vector<std::string>& ptes,
+                                                           const PoolOptions& options);
   // Makes every registered adapter resident, in order.
   Status load_all();
 
@@ -137,9 +136,7 @@ class AdapterPool {
   int64_t find(const std::string& name) const;
   const std::string& name(size_t index) const { return entry(index).name; }
   const std::string& pte(size_t index) const { return entry(index).pte; }
-  bool resident(size_t index) const {
-    return index == kBase ? base_ != nullptr : entry(index).adapter != nullptr;
-  }
+  bool resident(size_t index) const { return index == kBase ? base_ != nullptr : entry(index).adapter != nullptr; }
   // Every index ever registered, removed ones included (indices stay stable);
   // mixes are not counted: they are indexed apart.
   size_t size() const { return entries_.size(); }
@@ -200,11 +197,9 @@ class AdapterPool {
   // check, then generate, for adapter `index`, stopping after one of
   // `stop_ids` (eos_ids(), or none, or the caller's). Usage errors are the
   // request's; failures are loading's or running's.
-  StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt,
-                                int64_t max_new_tokens, const Sampling& sampling,
-                                const std::vector<int64_t>& stop_ids, bool keep_logits,
-                                const TokenCallback& on_token,
-                                const std::string& prompt_label = "prompt");
+  StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                                const Sampling& sampling, const std::vector<int64_t>& stop_ids, bool keep_logits,
+                                const TokenCallback& on_token, const std::string& prompt_label = "prompt");
 
   // Adapter `index` (kBase: the foundation alone).
   StatusOr<AdapterInfo> info(size_t index) const;
@@ -228,9 +223,7 @@ class AdapterPool {
   // The foundation every program of the pool reads, and XNNPACK's load
   // options: for programs of PT2 archives (program_forward.h) beside the adapters.
   const Foundation& foundation() const { return *foundation_; }
-  const executorch::runtime::LoadBackendOptionsMap* backend_options() const {
-    return xnnpack_.load_options();
-  }
+  const executorch::runtime::LoadBackendOptionsMap* backend_options() const { return xnnpack_.load_options(); }
 
  private:
   // One distinct program: opened (its sizes known) when its first adapter is
@@ -238,7 +231,7 @@ class AdapterPool {
   struct ProgramEntry {
     std::string sha256, pte;  // pte: the adapter file it is loaded from
     size_t lora_slots = 0;
-    uint64_t cost = 0;  // accounted bytes while loaded
+    uint64_t cost = 0;                  // accounted bytes while loaded
     std::vector<size_t> planned_sizes;  // its arena buffers: KV cache, then forward's planned buffers
     int64_t vocab_size = 0, max_seq_len = 0, prefill_chunk = 0;
     // With private_arenas: its own planned memory (else the pool's arena_).
@@ -249,9 +242,9 @@ class AdapterPool {
   };
   struct Entry {
     std::string name, pte;
-    PteInfo info;  // its checked record and where its tensors are
-    size_t program = 0;  // index into programs_
-    uint64_t cost = 0;   // accounted bytes when resident
+    PteInfo info;                      // its checked record and where its tensors are
+    size_t program = 0;                // index into programs_
+    uint64_t cost = 0;                 // accounted bytes when resident
     std::unique_ptr<Adapter> adapter;  // null = not resident
     uint64_t last_used = 0;
     bool removed = false;  // retire()d (a mix: its last hold released): kept so that indices (and handles) stay valid
@@ -262,9 +255,7 @@ class AdapterPool {
   // Mixes are indexed from here on, apart from registered adapters and kBase.
   static constexpr size_t kFirstMix = size_t{1} << 62;
   Entry& entry(size_t index) { return index >= kFirstMix ? mixes_.at(index) : entries_[index]; }
-  const Entry& entry(size_t index) const {
-    return index >= kFirstMix ? mixes_.at(index) : entries_[index];
-  }
+  const Entry& entry(size_t index) const { return index >= kFirstMix ? mixes_.at(index) : entries_[index]; }
   // Every entry, registered adapters then mixes, for what visits them all.
   template <typename F>
   void for_each_entry(F&& visit) {
@@ -313,7 +304,7 @@ class AdapterPool {
   // program unloaded first.
   Status grow_arena(const std::vector<size_t>& sizes);
   uint64_t accounted_bytes() const;
-  uint64_t arena_bytes() const;  // every arena allocated
+  uint64_t arena_bytes() const;             // every arena allocated
   std::vector<size_t> arena_sizes() const;  // empty without an arena
 
   // Declaration order is destruction order in reverse: adapters (in

@@ -36,8 +36,7 @@ thread_local std::string g_last_message;
 
 const std::string& last_message() { return g_last_message; }
 
-void set_error(ls_error* error, ls_status code, const std::string& message,
-               bool runner_messages) {
+void set_error(ls_error* error, ls_status code, const std::string& message, bool runner_messages) {
   g_last_message = printable(runner_messages ? message : library_wording(message));
   if (error == nullptr) return;
   error->code = code;
@@ -53,16 +52,15 @@ void clear_error(ls_error* error) {
   error->message[0] = '\0';
 }
 
-ls_status report(ls_error* error, const Status& status, ls_status usage_code,
-                 ls_status failure_code, bool runner_messages) {
+ls_status report(ls_error* error, const Status& status, ls_status usage_code, ls_status failure_code,
+                 bool runner_messages) {
   ls_status code = status.code() == ExitCode::kUsageError ? usage_code : failure_code;
   set_error(error, code, status.message(), runner_messages);
   return code;
 }
 
 bool is_budget_error(const Status& status) {
-  return status.code() == ExitCode::kUsageError &&
-         status.message().rfind("the memory budget", 0) == 0;
+  return status.code() == ExitCode::kUsageError && status.message().rfind("the memory budget", 0) == 0;
 }
 
 ls_status missing(ls_error* error, const char* what) {
@@ -100,9 +98,7 @@ void take_lock(ls_runtime* rt) {
 
 }  // namespace
 
-bool inside(const ls_runtime* rt) {
-  return rt->owner.load() == std::this_thread::get_id() || t_waiting_in == rt;
-}
+bool inside(const ls_runtime* rt) { return rt->owner.load() == std::this_thread::get_id() || t_waiting_in == rt; }
 
 Guard::Guard(ls_runtime* rt) : rt_(rt) {
   if (inside(rt_)) return;
@@ -142,8 +138,7 @@ ls_adapter* handle_for(ls_runtime* rt, size_t index) {
   }
   while (rt->handles.size() <= index) rt->handles.emplace_back();
   if (!rt->handles[index])
-    rt->handles[index].reset(
-        new ls_adapter{rt, index, rt->pool->name(index), rt->pool->pte(index)});
+    rt->handles[index].reset(new ls_adapter{rt, index, rt->pool->name(index), rt->pool->pte(index)});
   return rt->handles[index].get();
 }
 
@@ -170,11 +165,11 @@ ls_status check_options(const ls_options* options, ls_error* error) {
   return LS_ERR_ARGUMENT;
 }
 
-ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code,
-                        bool runner_messages, ls_error* error) {
+ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code, bool runner_messages,
+                        ls_error* error) {
   if (!pool.ok()) {
-    report(error, pool.status(), is_budget_error(pool.status()) ? LS_ERR_BUDGET : usage_code,
-           LS_ERR_LOAD, runner_messages);
+    report(error, pool.status(), is_budget_error(pool.status()) ? LS_ERR_BUDGET : usage_code, LS_ERR_LOAD,
+           runner_messages);
     return nullptr;
   }
   auto* rt = new ls_runtime();
@@ -191,9 +186,8 @@ namespace {
 // generate_index's request in the runtime's batch: checked and its adapter
 // pinned under the lock (as AdapterPool::generate does), then run with the
 // lock released, so that the scheduler and the other callers go on.
-StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int64_t> prompt,
-                                  int64_t max_new_tokens, const Sampling& sampling,
-                                  const std::vector<int64_t>& stop_ids, bool cache_prompt,
+StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int64_t> prompt, int64_t max_new_tokens,
+                                  const Sampling& sampling, const std::vector<int64_t>& stop_ids, bool cache_prompt,
                                   const GenerateExtras& extras, const TokenCallback& callback) {
   Status s = rt->pool->check(index, prompt, max_new_tokens, extras.prompt_label);
   if (!s.ok()) return s;
@@ -219,8 +213,8 @@ StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int6
 }  // namespace
 
 ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, size_t n,
-                         const ls_generate_options* options, ls_token_callback on_token,
-                         void* user_data, const GenerateExtras& extras, ls_error* error) {
+                         const ls_generate_options* options, ls_token_callback on_token, void* user_data,
+                         const GenerateExtras& extras, ls_error* error) {
   if (prompt == nullptr && n > 0) return missing(error, "prompt");
   if (n == 0) {
     set_error(error, LS_ERR_REQUEST, "the prompt is empty: give at least one token id");
@@ -229,14 +223,14 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   ls_generate_options defaults;
   ls_generate_options_init(&defaults);
   const ls_generate_options& o = options ? *options : defaults;
-  const char* bad = !(o.temperature >= 0)                        ? "temperature must be 0 (greedy) or more"
-                    : o.top_k < 0                                   ? "top_k must be 0 (off) or more"
-                    : !(o.top_p >= 0 && o.top_p <= 1)               ? "top_p must be in [0, 1]"
-                    : !(o.min_p >= 0 && o.min_p <= 1)               ? "min_p must be in [0, 1]"
+  const char* bad = !(o.temperature >= 0)             ? "temperature must be 0 (greedy) or more"
+                    : o.top_k < 0                     ? "top_k must be 0 (off) or more"
+                    : !(o.top_p >= 0 && o.top_p <= 1) ? "top_p must be in [0, 1]"
+                    : !(o.min_p >= 0 && o.min_p <= 1) ? "min_p must be in [0, 1]"
                     : !(o.repeat_penalty > 0 && std::isfinite(o.repeat_penalty)) ? "repeat_penalty must be above 0"
-                    : !(std::fabs(o.presence_penalty) <= 2)         ? "presence_penalty must be in [-2, 2]"
-                    : !(std::fabs(o.frequency_penalty) <= 2)        ? "frequency_penalty must be in [-2, 2]"
-                                                                    : nullptr;
+                    : !(std::fabs(o.presence_penalty) <= 2)                      ? "presence_penalty must be in [-2, 2]"
+                    : !(std::fabs(o.frequency_penalty) <= 2) ? "frequency_penalty must be in [-2, 2]"
+                                                             : nullptr;
   if (bad != nullptr) {
     set_error(error, LS_ERR_ARGUMENT, bad);
     return LS_ERR_ARGUMENT;
@@ -251,21 +245,20 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   sampling.presence_penalty = o.presence_penalty;
   sampling.frequency_penalty = o.frequency_penalty;
   TokenCallback callback;
-  if (on_token)
-    callback = [on_token, user_data](int64_t token) { return on_token(token, user_data) == 0; };
+  if (on_token) callback = [on_token, user_data](int64_t token) { return on_token(token, user_data) == 0; };
   static const std::vector<int64_t> kNone;
-  const std::vector<int64_t>& stop_ids =
-      extras.stop_ids ? *extras.stop_ids : o.ignore_eos != 0 ? kNone : rt->pool->eos_ids();
+  const std::vector<int64_t>& stop_ids = extras.stop_ids     ? *extras.stop_ids
+                                         : o.ignore_eos != 0 ? kNone
+                                                             : rt->pool->eos_ids();
   std::vector<int64_t> ids(prompt, prompt + n);
   auto g = rt->scheduler ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, sampling, stop_ids,
                                         o.cache_prompt != 0, extras, callback)
-                         : rt->pool->generate(index, ids, o.max_new_tokens, sampling, stop_ids,
-                                              extras.keep_logits, callback, extras.prompt_label);
+                         : rt->pool->generate(index, ids, o.max_new_tokens, sampling, stop_ids, extras.keep_logits,
+                                              callback, extras.prompt_label);
   if (!g.ok()) {
     // Usage errors come from the request's check; failures from loading or running.
     bool loading = !rt->pool->resident(index);
-    return report(error, g.status(), LS_ERR_REQUEST, loading ? LS_ERR_LOAD : LS_ERR_RUN,
-                  rt->runner_messages);
+    return report(error, g.status(), LS_ERR_REQUEST, loading ? LS_ERR_LOAD : LS_ERR_RUN, rt->runner_messages);
   }
   if (extras.result) *extras.result = std::move(g.value());
   clear_error(error);

@@ -46,7 +46,7 @@ struct ls_runtime {
   // Handles by pool index; unique_ptr so that handles stay where they are.
   std::vector<std::unique_ptr<ls_adapter>> handles;
   std::map<size_t, std::unique_ptr<ls_adapter>> mix_handles;  // by pool index, while held
-  std::string base_pte;  // the file 'base' runs, once asked (ls_diag_adapter_info)
+  std::string base_pte;                                       // the file 'base' runs, once asked (ls_diag_adapter_info)
   std::string packed_cache;  // the packed-weights file in use, once asked (ls_diag_loading_info)
   std::mutex lock;
   std::atomic<std::thread::id> owner{};  // the thread holding `lock`
@@ -64,16 +64,15 @@ namespace lora_share::capi {
 // Fills `error` (may be NULL) with `code` and `message` as one printable
 // line; the checks the runner and the library share name the runner's flags,
 // which are renamed to the library's parameters unless `runner_messages`.
-void set_error(ls_error* error, ls_status code, const std::string& message,
-               bool runner_messages = false);
+void set_error(ls_error* error, ls_status code, const std::string& message, bool runner_messages = false);
 void clear_error(ls_error* error);
 
 // The whole text of this thread's last set_error (ls_diag_last_message).
 const std::string& last_message();
 
 // Status -> ls_status: a usage error of `usage_code`'s kind, else `failure_code`.
-ls_status report(ls_error* error, const Status& status, ls_status usage_code,
-                 ls_status failure_code, bool runner_messages = false);
+ls_status report(ls_error* error, const Status& status, ls_status usage_code, ls_status failure_code,
+                 bool runner_messages = false);
 
 // Whether `status` is the memory budget's refusal (LS_ERR_BUDGET).
 bool is_budget_error(const Status& status);
@@ -131,8 +130,8 @@ ls_status check_options(const ls_options* options, ls_error* error);
 
 // A runtime over `pool`, or NULL with `error` set: the budget's refusal is
 // LS_ERR_BUDGET, another usage error `usage_code`, a failure LS_ERR_LOAD.
-ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code,
-                        bool runner_messages, ls_error* error);
+ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code, bool runner_messages,
+                        ls_error* error);
 
 // What ls_diag_generate adds to a request; the defaults are ls_generate's.
 struct GenerateExtras {
@@ -145,7 +144,7 @@ struct GenerateExtras {
 // ls_generate for pool entry `index` (AdapterPool::kBase: the foundation
 // alone), with the runtime's lock held.
 ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, size_t n,
-                         const ls_generate_options* options, ls_token_callback on_token,
-                         void* user_data, const GenerateExtras& extras, ls_error* error);
+                         const ls_generate_options* options, ls_token_callback on_token, void* user_data,
+                         const GenerateExtras& extras, ls_error* error);
 
 }  // namespace lora_share::capi

@@ -49,14 +49,22 @@ void ls_generate_options_init(ls_generate_options* options) {
 
 const char* ls_status_name(ls_status code) {
   switch (code) {
-    case LS_OK: return "LS_OK";
-    case LS_ERR_ARGUMENT: return "LS_ERR_ARGUMENT";
-    case LS_ERR_NOT_FOUND: return "LS_ERR_NOT_FOUND";
-    case LS_ERR_LOAD: return "LS_ERR_LOAD";
-    case LS_ERR_REQUEST: return "LS_ERR_REQUEST";
-    case LS_ERR_RUN: return "LS_ERR_RUN";
-    case LS_ERR_BUDGET: return "LS_ERR_BUDGET";
-    case LS_ERR_BUSY: return "LS_ERR_BUSY";
+    case LS_OK:
+      return "LS_OK";
+    case LS_ERR_ARGUMENT:
+      return "LS_ERR_ARGUMENT";
+    case LS_ERR_NOT_FOUND:
+      return "LS_ERR_NOT_FOUND";
+    case LS_ERR_LOAD:
+      return "LS_ERR_LOAD";
+    case LS_ERR_REQUEST:
+      return "LS_ERR_REQUEST";
+    case LS_ERR_RUN:
+      return "LS_ERR_RUN";
+    case LS_ERR_BUDGET:
+      return "LS_ERR_BUDGET";
+    case LS_ERR_BUSY:
+      return "LS_ERR_BUSY";
   }
   return "unknown";
 }
@@ -108,8 +116,8 @@ ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte, ls_error* erro
   try {
     auto index = runtime->pool->add(pte);
     if (!index.ok()) {
-      report(error, index.status(), is_budget_error(index.status()) ? LS_ERR_BUDGET : LS_ERR_LOAD,
-             LS_ERR_LOAD, runtime->runner_messages);
+      report(error, index.status(), is_budget_error(index.status()) ? LS_ERR_BUDGET : LS_ERR_LOAD, LS_ERR_LOAD,
+             runtime->runner_messages);
       return nullptr;
     }
     auto adapter = runtime->pool->acquire(index.value());
@@ -183,8 +191,9 @@ ls_adapter* ls_adapter_at(ls_runtime* runtime, size_t index, ls_error* error) {
   try {
     int64_t at = runtime->pool->live_at(index);
     if (at < 0) {
-      set_error(error, LS_ERR_NOT_FOUND, "no adapter at index " + std::to_string(index) + " (the runtime knows " +
-                                             std::to_string(runtime->pool->stats().known) + ")");
+      set_error(error, LS_ERR_NOT_FOUND,
+                "no adapter at index " + std::to_string(index) + " (the runtime knows " +
+                    std::to_string(runtime->pool->stats().known) + ")");
       return nullptr;
     }
     clear_error(error);
@@ -195,9 +204,7 @@ ls_adapter* ls_adapter_at(ls_runtime* runtime, size_t index, ls_error* error) {
   }
 }
 
-const char* ls_adapter_name(const ls_adapter* adapter) {
-  return adapter ? adapter->name.c_str() : "";
-}
+const char* ls_adapter_name(const ls_adapter* adapter) { return adapter ? adapter->name.c_str() : ""; }
 
 int ls_adapter_resident(const ls_adapter* adapter) {
   if (adapter == nullptr) return 0;
@@ -205,8 +212,7 @@ int ls_adapter_resident(const ls_adapter* adapter) {
   return adapter->runtime->pool->resident(adapter->index) ? 1 : 0;
 }
 
-ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_t n,
-                           ls_error* error) {
+ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_t n, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime"), nullptr;
   if (n > 0 && terms == nullptr) return missing(error, "terms"), nullptr;
   if (n == 0) {
@@ -218,20 +224,19 @@ ls_adapter* ls_adapter_mix(ls_runtime* runtime, const ls_lora_term* terms, size_
   try {
     std::vector<std::pair<size_t, double>> indices;
     for (size_t i = 0; i < n; ++i) {
-      if (terms[i].name == nullptr)
-        return missing(error, ("terms[" + std::to_string(i) + "].name").c_str()), nullptr;
+      if (terms[i].name == nullptr) return missing(error, ("terms[" + std::to_string(i) + "].name").c_str()), nullptr;
       int64_t index = runtime->pool->find(terms[i].name);
       if (index < 0 || runtime->pool->is_mix(static_cast<size_t>(index))) {
-        set_error(error, LS_ERR_NOT_FOUND, "terms[" + std::to_string(i) + "]: " +
-                                               unknown_adapter_message(runtime, terms[i].name));
+        set_error(error, LS_ERR_NOT_FOUND,
+                  "terms[" + std::to_string(i) + "]: " + unknown_adapter_message(runtime, terms[i].name));
         return nullptr;
       }
       indices.emplace_back(static_cast<size_t>(index), terms[i].scale);
     }
     auto index = runtime->pool->mix(indices);
     if (!index.ok()) {
-      report(error, index.status(), is_budget_error(index.status()) ? LS_ERR_BUDGET : LS_ERR_REQUEST,
-             LS_ERR_LOAD, runtime->runner_messages);
+      report(error, index.status(), is_budget_error(index.status()) ? LS_ERR_BUDGET : LS_ERR_REQUEST, LS_ERR_LOAD,
+             runtime->runner_messages);
       return nullptr;
     }
     clear_error(error);
@@ -251,8 +256,8 @@ ls_status ls_adapter_release(ls_adapter* adapter, ls_error* error) {
       Guard guard(runtime);
       if (!guard.held()) return busy(error);
       if (!runtime->pool->is_mix(index)) {
-        set_error(error, LS_ERR_ARGUMENT, "adapter '" + adapter->name +
-                                              "' is no mix: adapters live until ls_close, only a mix is released");
+        set_error(error, LS_ERR_ARGUMENT,
+                  "adapter '" + adapter->name + "' is no mix: adapters live until ls_close, only a mix is released");
         return LS_ERR_ARGUMENT;
       }
       auto last = runtime->pool->release_mix(index);
@@ -273,9 +278,9 @@ ls_status ls_adapter_release(ls_adapter* adapter, ls_error* error) {
   return LS_OK;
 }
 
-ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt,
-                      size_t n, const ls_generate_options* options,
-                      ls_token_callback on_token, void* user_data, ls_error* error) {
+ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt, size_t n,
+                      const ls_generate_options* options, ls_token_callback on_token, void* user_data,
+                      ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
   Guard guard(runtime);
@@ -286,17 +291,16 @@ ls_status ls_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* p
       set_error(error, LS_ERR_NOT_FOUND, "adapter '" + adapter->name + "' was removed (ls_remove_adapter)");
       return LS_ERR_NOT_FOUND;
     }
-    return generate_index(runtime, index, prompt, n, options, on_token, user_data,
-                          GenerateExtras(), error);
+    return generate_index(runtime, index, prompt, n, options, on_token, user_data, GenerateExtras(), error);
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_RUN, std::string("ls_generate: ") + e.what());
     return LS_ERR_RUN;
   }
 }
 
-ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t* prompt,
-                            size_t n, const ls_generate_options* options,
-                            ls_token_callback on_token, void* user_data, ls_error* error) {
+ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t* prompt, size_t n,
+                            const ls_generate_options* options, ls_token_callback on_token, void* user_data,
+                            ls_error* error) {
   if (name != nullptr && std::strcmp(name, lora_share::kBaseName) == 0)
     return ls_generate(runtime, nullptr, prompt, n, options, on_token, user_data, error);
   ls_adapter* adapter = ls_adapter_by_name(runtime, name, error);
@@ -304,8 +308,8 @@ ls_status ls_generate_named(ls_runtime* runtime, const char* name, const int64_t
   return ls_generate(runtime, adapter, prompt, n, options, on_token, user_data, error);
 }
 
-ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt,
-                           size_t n, int64_t max_new_tokens, ls_error* error) {
+ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt, size_t n,
+                           int64_t max_new_tokens, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (name == nullptr) return missing(error, "name");
   bool base = std::strcmp(name, lora_share::kBaseName) == 0;
@@ -330,8 +334,7 @@ ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t*
   return LS_OK;
 }
 
-ls_status ls_context_length(ls_runtime* runtime, const char* name, int64_t* max_seq_len,
-                            ls_error* error) {
+ls_status ls_context_length(ls_runtime* runtime, const char* name, int64_t* max_seq_len, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (name == nullptr) return missing(error, "name");
   if (max_seq_len == nullptr) return missing(error, "max_seq_len");
@@ -404,8 +407,7 @@ ls_program* ls_load_program(ls_runtime* runtime, const char* pte, ls_error* erro
       report(error, program.status(), LS_ERR_LOAD, LS_ERR_LOAD, runtime->runner_messages);
       return nullptr;
     }
-    runtime->programs.push_back(std::unique_ptr<ls_program>(
-        new ls_program{runtime, std::move(program.value()), {}}));
+    runtime->programs.push_back(std::unique_ptr<ls_program>(new ls_program{runtime, std::move(program.value()), {}}));
     clear_error(error);
     return runtime->programs.back().get();
   } catch (const std::exception& e) {
@@ -414,9 +416,8 @@ ls_program* ls_load_program(ls_runtime* runtime, const char* pte, ls_error* erro
   }
 }
 
-ls_status ls_run_program(ls_program* program, const ls_tensor* inputs, size_t n_inputs,
-                         ls_tensor* outputs, size_t max_outputs, size_t* n_outputs,
-                         ls_error* error) {
+ls_status ls_run_program(ls_program* program, const ls_tensor* inputs, size_t n_inputs, ls_tensor* outputs,
+                         size_t max_outputs, size_t* n_outputs, ls_error* error) {
   if (program == nullptr) return missing(error, "program");
   if (n_inputs > 0 && inputs == nullptr) return missing(error, "inputs");
   if (outputs == nullptr) return missing(error, "outputs");
@@ -436,19 +437,19 @@ ls_status ls_run_program(ls_program* program, const ls_tensor* inputs, size_t n_
       in[i].nbytes = inputs[i].nbytes;
     }
     auto out = program->program->run(in);
-    if (!out.ok())
-      return report(error, out.status(), LS_ERR_REQUEST, LS_ERR_RUN, program->runtime->runner_messages);
+    if (!out.ok()) return report(error, out.status(), LS_ERR_REQUEST, LS_ERR_RUN, program->runtime->runner_messages);
     if (out->size() > max_outputs) {
-      set_error(error, LS_ERR_REQUEST, "forward returns " + std::to_string(out->size()) +
-                                           " tensors; max_outputs is " + std::to_string(max_outputs));
+      set_error(
+          error, LS_ERR_REQUEST,
+          "forward returns " + std::to_string(out->size()) + " tensors; max_outputs is " + std::to_string(max_outputs));
       return LS_ERR_REQUEST;
     }
     program->output_sizes.clear();
     for (const lora_share::TensorView& v : out.value()) program->output_sizes.push_back(v.sizes);
     for (size_t i = 0; i < out->size(); ++i) {
       const lora_share::TensorView& v = out.value()[i];
-      outputs[i] = ls_tensor{v.dtype, static_cast<int32_t>(v.sizes.size()),
-                             program->output_sizes[i].data(), v.data, v.nbytes};
+      outputs[i] =
+          ls_tensor{v.dtype, static_cast<int32_t>(v.sizes.size()), program->output_sizes[i].data(), v.data, v.nbytes};
     }
     *n_outputs = out->size();
     clear_error(error);

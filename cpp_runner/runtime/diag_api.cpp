@@ -44,17 +44,15 @@ const char* ls_diag_last_message(void) { return last_message().c_str(); }
 
 void ls_diag_init_process(int verbose) { lora_share::init_platform(verbose != 0); }
 
-ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes,
-                         const ls_options* options, const ls_diag_options* diag,
-                         ls_error* error) {
+ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes, const ls_options* options,
+                         const ls_diag_options* diag, ls_error* error) {
   if (ptes == nullptr && n_ptes > 0) return missing(error, "ptes"), nullptr;
   if (check_options(options, error) != LS_OK) return nullptr;
   ls_diag_options diag_defaults;
   ls_diag_options_init(&diag_defaults);
   const ls_diag_options& d = diag ? *diag : diag_defaults;
   if (d.stock && options != nullptr && options->budget_bytes != 0) {
-    set_error(error, LS_ERR_ARGUMENT,
-              "stock loading keeps every adapter loaded: leave budget_bytes 0");
+    set_error(error, LS_ERR_ARGUMENT, "stock loading keeps every adapter loaded: leave budget_bytes 0");
     return nullptr;
   }
   try {
@@ -107,8 +105,7 @@ ls_status ls_diag_loading_info(ls_runtime* runtime, ls_diag_loading* info, ls_er
   return LS_OK;
 }
 
-ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* adapter,
-                               ls_diag_adapter* info, ls_error* error) {
+ls_status ls_diag_adapter_info(ls_runtime* runtime, const ls_adapter* adapter, ls_diag_adapter* info, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (info == nullptr) return missing(error, "info");
   if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
@@ -163,10 +160,9 @@ void ls_diag_generate_options_init(ls_diag_generate_options* options) {
   options->prompt_label = nullptr;
 }
 
-ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt,
-                           size_t n, const ls_generate_options* options,
-                           const ls_diag_generate_options* diag, ls_token_callback on_token,
-                           void* user_data, ls_diag_generation* out, ls_error* error) {
+ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt, size_t n,
+                           const ls_generate_options* options, const ls_diag_generate_options* diag,
+                           ls_token_callback on_token, void* user_data, ls_diag_generation* out, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
   ls_diag_generate_options defaults;
@@ -185,8 +181,7 @@ ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64
     if (d.prompt_label) extras.prompt_label = d.prompt_label;
     extras.result = &g;
     size_t index = adapter != nullptr ? adapter->index : AdapterPool::kBase;
-    ls_status status = generate_index(runtime, index, prompt, n, options, on_token, user_data,
-                                      extras, error);
+    ls_status status = generate_index(runtime, index, prompt, n, options, on_token, user_data, extras, error);
     if (status != LS_OK) return status;
     // Rows are at most max_new_tokens x vocab: the room the caller gave.
     if (d.logits) std::copy(g.logits.begin(), g.logits.end(), d.logits);
@@ -205,8 +200,7 @@ ls_status ls_diag_generate(ls_runtime* runtime, ls_adapter* adapter, const int64
   }
 }
 
-ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests, size_t n,
-                               ls_error* error) {
+ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests, size_t n, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (requests == nullptr && n > 0) return missing(error, "requests");
   std::vector<lora_share::ScriptRequest> script(n);
@@ -228,8 +222,7 @@ ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* reque
     if (!s.ok()) return report(error, s, LS_ERR_ARGUMENT, LS_ERR_RUN, runtime->runner_messages);
     for (size_t i = 0; i < n; ++i) {
       std::copy(script[i].tokens.begin(), script[i].tokens.end(), requests[i].tokens);
-      if (requests[i].logits)
-        std::copy(script[i].logits.begin(), script[i].logits.end(), requests[i].logits);
+      if (requests[i].logits) std::copy(script[i].logits.begin(), script[i].logits.end(), requests[i].logits);
       const auto& sizes = script[i].batch_sizes;
       requests[i].max_batch = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
     }

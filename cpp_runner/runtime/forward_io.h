@@ -45,14 +45,14 @@ namespace lora_share {
 struct KvLayout {
   int64_t slabs = 0, head_dim = 0, max_seq_len = 0;
   executorch::aten::ScalarType dtype = executorch::aten::ScalarType::Float;
-  int64_t groups = 0;  // new-rows outputs: one per layer and K or V
-  int64_t ring = 0;    // W, or 0: no ring slabs
-  std::vector<bool> is_ring;    // per slab
-  std::vector<size_t> offsets;  // per slab, its first value; then the end
-  int64_t slabs_per_group() const;  // the KV heads
+  int64_t groups = 0;                // new-rows outputs: one per layer and K or V
+  int64_t ring = 0;                  // W, or 0: no ring slabs
+  std::vector<bool> is_ring;         // per slab
+  std::vector<size_t> offsets;       // per slab, its first value; then the end
+  int64_t slabs_per_group() const;   // the KV heads
   int64_t rows(int64_t slab) const;  // ring + 1 or max_seq_len
-  size_t values() const;       // the whole cache
-  size_t value_bytes() const;  // 4 (float32) or 2 (float16)
+  size_t values() const;             // the whole cache
+  size_t value_bytes() const;        // 4 (float32) or 2 (float16)
   size_t bytes() const;
 };
 
@@ -71,9 +71,8 @@ int64_t kv_view_rows(int64_t pos, int64_t rows);
 // slab inputs of W + 1 rows are rings); refuses a program whose inputs and
 // outputs do not follow the contract above, and names the fix for one built
 // before it.
-StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward,
-                                  int64_t max_seq_len, int64_t ring, size_t lora_inputs,
-                                  const std::string& pte);
+StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward, int64_t max_seq_len, int64_t ring,
+                                  size_t lora_inputs, const std::string& pte);
 
 // A KV cache: layout.bytes() bytes at `data`, zeroed when allocated and
 // owned by the caller. With `pool_slots` N > 1, `data` holds N caches laid
@@ -92,9 +91,8 @@ struct KvCache {
 
 // Sets forward's inputs, runs it and returns its outputs, however the
 // adapter holds its method.
-using ForwardExecutor =
-    std::function<StatusOr<std::vector<executorch::runtime::EValue>>(
-        const std::vector<executorch::runtime::EValue>& inputs)>;
+using ForwardExecutor = std::function<StatusOr<std::vector<executorch::runtime::EValue>>(
+    const std::vector<executorch::runtime::EValue>& inputs)>;
 
 // Feeds `tokens` (1..prefill_chunk of them) at positions pos.. through
 // `execute` over `cache` and the adapter's `lora` inputs
@@ -102,17 +100,14 @@ using ForwardExecutor =
 // logits after the last one (vocab_size floats) in `logits`. `what` names
 // the call in errors.
 Status run_forward(const ForwardExecutor& execute, const KvCache& cache,
-                   const std::vector<executorch::extension::TensorPtr>& lora,
-                   const std::vector<int64_t>& tokens, int64_t pos,
-                   int64_t vocab_size, const std::string& what,
-                   std::vector<float>* logits);
+                   const std::vector<executorch::extension::TensorPtr>& lora, const std::vector<int64_t>& tokens,
+                   int64_t pos, int64_t vocab_size, const std::string& what, std::vector<float>* logits);
 
 // The refusal for a program without get_prefill_chunk: exported before
 // prefill chunks, so no input this runner builds fits it.
 Status pre_chunk_program(const std::string& pte);
 
 // A constant method's single int64 (get_max_seq_len, get_vocab_size).
-StatusOr<int64_t> int_from_output(const executorch::runtime::EValue& value,
-                                  const std::string& what);
+StatusOr<int64_t> int_from_output(const executorch::runtime::EValue& value, const std::string& what);
 
 }  // namespace lora_share

@@ -9,12 +9,10 @@ namespace {
 
 // Feeds the prompt from position 0 in forward calls of at most the program's
 // prefill chunk; `logits` are the last call's.
-Status prefill(Adapter& adapter, const std::vector<int64_t>& prompt,
-               std::vector<float>* logits) {
+Status prefill(Adapter& adapter, const std::vector<int64_t>& prompt, std::vector<float>* logits) {
   size_t chunk = static_cast<size_t>(std::max<int64_t>(adapter.prefill_chunk(), 1));
   for (size_t start = 0; start < prompt.size(); start += chunk) {
-    std::vector<int64_t> part(prompt.begin() + start,
-                              prompt.begin() + std::min(prompt.size(), start + chunk));
+    std::vector<int64_t> part(prompt.begin() + start, prompt.begin() + std::min(prompt.size(), start + chunk));
     Status s = adapter.step(part, static_cast<int64_t>(start), logits);
     if (!s.ok()) return s;
   }
@@ -23,33 +21,27 @@ Status prefill(Adapter& adapter, const std::vector<int64_t>& prompt,
 
 }  // namespace
 
-Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                     int64_t vocab_size, int64_t max_seq_len,
-                     const std::string& tokens_label) {
+Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t vocab_size,
+                     int64_t max_seq_len, const std::string& tokens_label) {
   for (int64_t t : prompt) {
     if (t < 0 || t >= vocab_size)
-      return Status::usage(tokens_label + ": id " + std::to_string(t) +
-                           " is outside the vocabulary [0, " +
+      return Status::usage(tokens_label + ": id " + std::to_string(t) + " is outside the vocabulary [0, " +
                            std::to_string(vocab_size) + ")");
   }
-  if (max_new_tokens < 1)
-    return Status::usage("--max-new-tokens must be at least 1");
+  if (max_new_tokens < 1) return Status::usage("--max-new-tokens must be at least 1");
   // Unsigned: a huge max_new_tokens must not overflow into a small count.
   uint64_t needed = prompt.size() + static_cast<uint64_t>(max_new_tokens) - 1;
   if (needed > static_cast<uint64_t>(max_seq_len))
-    return Status::usage(
-        std::to_string(prompt.size()) + " prompt tokens + " +
-        std::to_string(max_new_tokens) + " new tokens need " +
-        std::to_string(needed) + " positions, but the program's context "
-        "(max_seq_len) is " + std::to_string(max_seq_len) +
-        ": shorten the request");
+    return Status::usage(std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(max_new_tokens) +
+                         " new tokens need " + std::to_string(needed) +
+                         " positions, but the program's context "
+                         "(max_seq_len) is " +
+                         std::to_string(max_seq_len) + ": shorten the request");
   return Status();
 }
 
-StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
-                              int64_t max_new_tokens, const Sampling& sampling,
-                              bool keep_logits,
-                              const TokenCallback& on_token,
+StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                              const Sampling& sampling, bool keep_logits, const TokenCallback& on_token,
                               const std::vector<int64_t>& stop_ids) {
   using clock = std::chrono::steady_clock;
   Sampler sampler(sampling, prompt);

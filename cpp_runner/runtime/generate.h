@@ -30,9 +30,8 @@ struct Generation {
 // Refuses requests the exported program cannot take (usage errors), with the
 // same wording as the Python check_request.
 // `tokens_label` names where the ids came from in the message.
-Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                     int64_t vocab_size, int64_t max_seq_len,
-                     const std::string& tokens_label = "--tokens");
+Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t vocab_size,
+                     int64_t max_seq_len, const std::string& tokens_label = "--tokens");
 
 // Prefill then decode, each token picked as `sampling` says (sampler.h):
 // temperature 0 is greedy (argmax, first index on ties, as numpy); above 0 it
@@ -43,10 +42,8 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 // A token in `stop_ids` (the build's EOS ids) ends generation after it, as
 // transformers' generate does: it is the last token (and on_token sees it).
 using TokenCallback = std::function<bool(int64_t token)>;
-StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt,
-                              int64_t max_new_tokens, const Sampling& sampling,
-                              bool keep_logits,
-                              const TokenCallback& on_token = nullptr,
+StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                              const Sampling& sampling, bool keep_logits, const TokenCallback& on_token = nullptr,
                               const std::vector<int64_t>& stop_ids = {});
 
 }  // namespace lora_share

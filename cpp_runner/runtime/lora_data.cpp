@@ -19,13 +19,13 @@ using executorch::runtime::MethodMeta;
 Status bad_inputs(const std::string& pte, size_t slots, const std::string& why) {
   return Status::failure(pte + ": its record names " + std::to_string(slots) +
                          " LoRA slots, but forward's inputs do not end in as many "
-                         "float32 A/B pairs (" + why + "): the file is corrupt");
+                         "float32 A/B pairs (" +
+                         why + "): the file is corrupt");
 }
 
 }  // namespace
 
-StatusOr<std::vector<LoraShape>> read_lora_shapes(const MethodMeta& forward, size_t slots,
-                                                  const std::string& pte) {
+StatusOr<std::vector<LoraShape>> read_lora_shapes(const MethodMeta& forward, size_t slots, const std::string& pte) {
   size_t inputs = forward.num_inputs();
   if (inputs < 2 + 2 * slots) return bad_inputs(pte, slots, "too few inputs");
   std::vector<LoraShape> shapes;
@@ -33,9 +33,8 @@ StatusOr<std::vector<LoraShape>> read_lora_shapes(const MethodMeta& forward, siz
   for (size_t i = 0; i < slots; ++i) {
     auto a = forward.input_tensor_meta(first + 2 * i);
     auto b = forward.input_tensor_meta(first + 2 * i + 1);
-    if (!a.ok() || !b.ok() || a->scalar_type() != ScalarType::Float ||
-        b->scalar_type() != ScalarType::Float || a->sizes().size() != 2 ||
-        b->sizes().size() != 2 || a->sizes()[0] != b->sizes()[1] || a->sizes()[0] < 1)
+    if (!a.ok() || !b.ok() || a->scalar_type() != ScalarType::Float || b->scalar_type() != ScalarType::Float ||
+        a->sizes().size() != 2 || b->sizes().size() != 2 || a->sizes()[0] != b->sizes()[1] || a->sizes()[0] < 1)
       return bad_inputs(pte, slots, "input " + std::to_string(first + 2 * i));
     shapes.push_back({a->sizes()[1], b->sizes()[0], a->sizes()[0]});
   }
@@ -46,17 +45,14 @@ LoraData::~LoraData() {
   if (map_ != nullptr) munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
-StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const PteInfo& info,
-                                                  const Foundation& files,
-                                                  const std::vector<LoraShape>& shapes) {
+StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const PteInfo& info, const Foundation& files,
+                                                   const std::vector<LoraShape>& shapes) {
   // Hoisted tensors are in adapters_shared.ptd, merged with foundation.ptd
   // into one map on the shared path (lookups fall through to it).
-  const executorch::runtime::NamedDataMap* shared =
-      files.shared_path().empty() ? nullptr : files.data_map();
+  const executorch::runtime::NamedDataMap* shared = files.shared_path().empty() ? nullptr : files.data_map();
   const Record& record = info.record;
   if (record.envelope.size() != shapes.size())
-    return bad_inputs(pte, record.envelope.size(),
-                      std::to_string(shapes.size()) + " pairs in its program");
+    return bad_inputs(pte, record.envelope.size(), std::to_string(shapes.size()) + " pairs in its program");
   auto data = std::unique_ptr<LoraData>(new LoraData());
   int fd = ::open(pte.c_str(), O_RDONLY);
   struct stat st;
@@ -76,24 +72,22 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   data->map_offset_ = first / page * page;
   data->map_size_ = file_size - data->map_offset_;
-  void* p = data->map_size_ ? mmap(nullptr, data->map_size_, PROT_READ, MAP_PRIVATE, fd,
-                                   static_cast<off_t>(data->map_offset_))
-                            : nullptr;
+  void* p = data->map_size_
+                ? mmap(nullptr, data->map_size_, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(data->map_offset_))
+                : nullptr;
   ::close(fd);
   if (p == MAP_FAILED) return Status::failure(pte + ": could not map the file");
   data->map_ = static_cast<const uint8_t*>(p);
   data->slots_.assign(shapes.size(), Slot());
 
   // The tensor `key`, with at least `bytes` bytes, or why not.
-  auto tensor = [&](const std::string& key, uint64_t bytes, const std::string& what,
-                    const float** out) -> Status {
+  auto tensor = [&](const std::string& key, uint64_t bytes, const std::string& what, const float** out) -> Status {
     auto own = info.own_ranges.find(key);
     if (own != info.own_ranges.end()) {
       auto [start, size] = own->second;
       if (size < bytes || start < data->map_offset_ || start + size > data->map_offset_ + data->map_size_)
-        return Status::failure(pte + " holds " + std::to_string(size) + " bytes for its " +
-                               what + ", which needs " + std::to_string(bytes) +
-                               ": the file is corrupt");
+        return Status::failure(pte + " holds " + std::to_string(size) + " bytes for its " + what + ", which needs " +
+                               std::to_string(bytes) + ": the file is corrupt");
       // The writer aligns every tensor to 64 bytes.
       if (start % alignof(float) != 0)
         return Status::failure(pte + ": its " + what + " is not aligned: the file is corrupt");
@@ -105,16 +99,15 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
       auto buffer = shared->get_data(key.c_str());
       if (buffer.ok()) {
         if (buffer->size() < bytes)
-          return Status::failure(files.shared_path() + " holds " + std::to_string(buffer->size()) +
-                                 " bytes for " + pte + "'s " + what + ", which needs " +
-                                 std::to_string(bytes) + ": the file is corrupt");
+          return Status::failure(files.shared_path() + " holds " + std::to_string(buffer->size()) + " bytes for " +
+                                 pte + "'s " + what + ", which needs " + std::to_string(bytes) +
+                                 ": the file is corrupt");
         *out = static_cast<const float*>(buffer->data());
         data->shared_.push_back(std::move(buffer.get()));
         return Status();
       }
     }
-    return Status::failure(pte + ": no data for its " + what + " (key " + key.substr(0, 16) +
-                           "...)" +
+    return Status::failure(pte + ": no data for its " + what + " (key " + key.substr(0, 16) + "...)" +
                            (shared == nullptr ? "; it reads tensors shared with other adapters: "
                                                 "give the build's adapters_shared.ptd"
                                               : ""));
@@ -125,8 +118,8 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
     std::string where = slot.target + " in layer " + std::to_string(slot.layer);
     if (static_cast<int64_t>(keys.rank) > shape.max_rank)
       return Status::failure(pte + ": rank " + std::to_string(keys.rank) + " on " + where +
-                             ", but its program takes ranks 1.." +
-                             std::to_string(shape.max_rank) + ": the file is corrupt");
+                             ", but its program takes ranks 1.." + std::to_string(shape.max_rank) +
+                             ": the file is corrupt");
     Slot& s = data->slots_[keys.slot];
     s.rank = keys.rank;
     uint64_t rank = keys.rank;
@@ -138,8 +131,8 @@ StatusOr<std::unique_ptr<LoraData>> LoraData::open(const std::string& pte, const
 }
 
 StatusOr<std::unique_ptr<LoraData>> LoraData::compose(const std::vector<Term>& terms,
-                                                     const std::vector<LoraShape>& shapes,
-                                                     const std::vector<std::string>& names) {
+                                                      const std::vector<LoraShape>& shapes,
+                                                      const std::vector<std::string>& names) {
   auto mix = std::unique_ptr<LoraData>(new LoraData());
   mix->slots_.assign(shapes.size(), Slot());
   std::vector<size_t> offsets(shapes.size());  // where each slot's A, then B, start in composed_
@@ -185,8 +178,7 @@ size_t zero_floats_needed(const std::vector<LoraShape>& shapes) {
   return static_cast<size_t>(most);
 }
 
-std::vector<TensorPtr> lora_input_tensors(const LoraData* data,
-                                          const std::vector<LoraShape>& shapes,
+std::vector<TensorPtr> lora_input_tensors(const LoraData* data, const std::vector<LoraShape>& shapes,
                                           const float* zeros) {
   std::vector<TensorPtr> out;
   out.reserve(2 * shapes.size());
@@ -196,10 +188,10 @@ std::vector<TensorPtr> lora_input_tensors(const LoraData* data,
     bool has = slot.rank > 0;
     auto rank = static_cast<SizesType>(has ? slot.rank : 1);
     // The program only reads its inputs; TensorPtr wants a mutable pointer.
-    out.push_back(make_tensor_ptr({rank, static_cast<SizesType>(shape.in)},
-                                  const_cast<float*>(has ? slot.a : zeros), ScalarType::Float));
-    out.push_back(make_tensor_ptr({static_cast<SizesType>(shape.out), rank},
-                                  const_cast<float*>(has ? slot.b : zeros), ScalarType::Float));
+    out.push_back(make_tensor_ptr({rank, static_cast<SizesType>(shape.in)}, const_cast<float*>(has ? slot.a : zeros),
+                                  ScalarType::Float));
+    out.push_back(make_tensor_ptr({static_cast<SizesType>(shape.out), rank}, const_cast<float*>(has ? slot.b : zeros),
+                                  ScalarType::Float));
   }
   return out;
 }

@@ -36,9 +36,8 @@ struct LoraShape {
 // The shapes of forward's LoRA inputs: its last 2 * `slots` inputs, two per
 // slot (the record's envelope size). Refuses a program whose inputs are not
 // float32 [max_rank, in] / [out, max_rank] pairs.
-StatusOr<std::vector<LoraShape>> read_lora_shapes(
-    const executorch::runtime::MethodMeta& forward, size_t slots,
-    const std::string& pte);
+StatusOr<std::vector<LoraShape>> read_lora_shapes(const executorch::runtime::MethodMeta& forward, size_t slots,
+                                                  const std::string& pte);
 
 class LoraData {
  public:
@@ -51,8 +50,7 @@ class LoraData {
   // Maps `pte` and finds every tensor its record (`info`) names: in its own
   // named data, else in `data`'s adapters_shared.ptd, each with the bytes its
   // rank and `shapes` need (never fewer: nothing is read past).
-  static StatusOr<std::unique_ptr<LoraData>> open(const std::string& pte, const PteInfo& info,
-                                                  const Foundation& data,
+  static StatusOr<std::unique_ptr<LoraData>> open(const std::string& pte, const PteInfo& info, const Foundation& data,
                                                   const std::vector<LoraShape>& shapes);
   // One term of a mix: an adapter's data and the factor its B is scaled by.
   struct Term {
@@ -94,9 +92,9 @@ class LoraData {
 // tensors over its mapped weights, or over `zeros` (at least the largest in
 // or out of `shapes` floats, all zero) where it has no LoRA. Made once per
 // adapter and handed to every call: set_input points the method at them.
-std::vector<executorch::extension::TensorPtr> lora_input_tensors(
-    const LoraData* data, const std::vector<LoraShape>& shapes,
-    const float* zeros);
+std::vector<executorch::extension::TensorPtr> lora_input_tensors(const LoraData* data,
+                                                                 const std::vector<LoraShape>& shapes,
+                                                                 const float* zeros);
 
 // The floats of zeros every slot's zero pair needs: the largest in or out.
 size_t zero_floats_needed(const std::vector<LoraShape>& shapes);

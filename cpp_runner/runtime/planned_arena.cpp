@@ -10,23 +10,20 @@ using executorch::runtime::Span;
 
 void PlannedArena::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-StatusOr<std::unique_ptr<PlannedArena>> PlannedArena::allocate(
-    const std::vector<size_t>& sizes) {
+StatusOr<std::unique_ptr<PlannedArena>> PlannedArena::allocate(const std::vector<size_t>& sizes) {
   auto arena = std::unique_ptr<PlannedArena>(new PlannedArena());
   for (size_t size : sizes) {
     // A zero-sized buffer still needs a distinct, valid address.
     auto* p = static_cast<uint8_t*>(std::calloc(std::max<size_t>(size, 1), 1));
     if (p == nullptr)
-      return Status::failure("out of memory allocating " + std::to_string(size) +
-                             " bytes of planned memory");
+      return Status::failure("out of memory allocating " + std::to_string(size) + " bytes of planned memory");
     arena->buffers_.emplace_back(p);
     arena->spans_.emplace_back(p, size);
   }
   return arena;
 }
 
-std::vector<size_t> PlannedArena::largest(
-    const std::vector<std::vector<size_t>>& programs) {
+std::vector<size_t> PlannedArena::largest(const std::vector<std::vector<size_t>>& programs) {
   std::vector<size_t> out;
   for (const auto& sizes : programs) {
     if (sizes.size() > out.size()) out.resize(sizes.size(), 0);
@@ -37,8 +34,7 @@ std::vector<size_t> PlannedArena::largest(
 
 Span<Span<uint8_t>> PlannedArena::spans(size_t count, size_t first) {
   first = std::min(first, spans_.size());
-  return Span<Span<uint8_t>>(spans_.data() + first,
-                             std::min(count, spans_.size() - first));
+  return Span<Span<uint8_t>>(spans_.data() + first, std::min(count, spans_.size() - first));
 }
 
 bool PlannedArena::holds(const std::vector<size_t>& sizes) const {

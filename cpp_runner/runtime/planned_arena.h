@@ -34,18 +34,15 @@ class PlannedArena {
  public:
   // Zeroed buffers of `sizes` bytes. calloc: the kernel backs a page only
   // once it is touched, so a long context costs address space until used.
-  static StatusOr<std::unique_ptr<PlannedArena>> allocate(
-      const std::vector<size_t>& sizes);
+  static StatusOr<std::unique_ptr<PlannedArena>> allocate(const std::vector<size_t>& sizes);
 
   // Buffer i is the largest buffer i of any of `programs` (each a list of a
   // method's planned buffer sizes).
-  static std::vector<size_t> largest(
-      const std::vector<std::vector<size_t>>& programs);
+  static std::vector<size_t> largest(const std::vector<std::vector<size_t>>& programs);
 
   // Spans for `count` buffers from buffer `first` (at most up to size()),
   // for a HierarchicalAllocator; they stay valid as long as the arena.
-  executorch::runtime::Span<executorch::runtime::Span<uint8_t>> spans(
-      size_t count, size_t first = 0);
+  executorch::runtime::Span<executorch::runtime::Span<uint8_t>> spans(size_t count, size_t first = 0);
   // Buffer i (i < size()).
   executorch::runtime::Span<uint8_t> buffer(size_t i) const { return spans_[i]; }
 

@@ -46,7 +46,8 @@ int64_t Sampler::draw(const std::vector<float>& logits) {
     std::vector<double> sorted = p;
     std::nth_element(sorted.begin(), sorted.begin() + (sampling_.top_k - 1), sorted.end(), std::greater<>());
     const double kth = sorted[sampling_.top_k - 1];
-    for (double& q : p) if (q < kth) q = 0;  // ties with the k-th are kept, as transformers' TopK
+    for (double& q : p)
+      if (q < kth) q = 0;  // ties with the k-th are kept, as transformers' TopK
   }
   if (sampling_.top_p < 1) {
     std::vector<int64_t> order(p.size());
@@ -60,7 +61,8 @@ int64_t Sampler::draw(const std::vector<float>& logits) {
   }
   if (sampling_.min_p > 0) {
     const double floor = sampling_.min_p * *std::max_element(p.begin(), p.end());
-    for (double& q : p) if (q < floor) q = 0;
+    for (double& q : p)
+      if (q < floor) q = 0;
   }
   const double sum = std::accumulate(p.begin(), p.end(), 0.0);
   double u = std::uniform_real_distribution<double>(0.0, sum)(rng_);

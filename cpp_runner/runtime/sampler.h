@@ -24,9 +24,9 @@ namespace lora_share {
 struct Sampling {
   double temperature = 0;  // 0: greedy
   uint64_t seed = 0;
-  int64_t top_k = 0;       // 0: off
-  double top_p = 1;        // 1: off
-  double min_p = 0;        // 0: off
+  int64_t top_k = 0;             // 0: off
+  double top_p = 1;              // 1: off
+  double min_p = 0;              // 0: off
   double repeat_penalty = 1;     // 1: off
   double presence_penalty = 0;   // 0: off
   double frequency_penalty = 0;  // 0: off

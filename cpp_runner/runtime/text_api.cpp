@@ -37,8 +37,9 @@ StatusOr<tok::BoundTokenizer> open_folder(const std::string& dir) {
   auto bound = tok::bind_tokenizer(ptd, info->record.present ? info->record.fingerprint : "", dir);
   if (!bound.ok()) return bound.status();
   if (!bound->has_value()) {
-    return Status::usage(dir + " has no tokenizer (the build's checkpoint had none): give token ids, or add "
-                               "foundation.tokenizer to the config and rebuild");
+    return Status::usage(dir +
+                         " has no tokenizer (the build's checkpoint had none): give token ids, or add "
+                         "foundation.tokenizer to the config and rebuild");
   }
   return std::move(bound->value());
 }
@@ -71,8 +72,9 @@ ls_status runtime_tokenizer(ls_runtime* rt, ls_tokenizer** out, ls_error* error)
     if (!bound.ok()) return report_open(error, bound.status());
     if (!bound->has_value()) {
       set_error(error, LS_ERR_NOT_FOUND,
-                folder + " has no tokenizer (the build's checkpoint had none): give token ids to ls_generate, "
-                         "or add foundation.tokenizer to the config and rebuild");
+                folder +
+                    " has no tokenizer (the build's checkpoint had none): give token ids to ls_generate, "
+                    "or add foundation.tokenizer to the config and rebuild");
       return LS_ERR_NOT_FOUND;
     }
     rt->tokenizer = std::make_unique<ls_tokenizer>();
@@ -96,8 +98,7 @@ StatusOr<std::vector<tok::ChatTurn>> turns_of(const ls_chat_message* messages, s
 
 // The prompt text of `messages`; a usage error (LS_ERR_REQUEST) for a role
 // the template lacks, LS_ERR_NOT_FOUND when it has no template.
-ls_status render(ls_tokenizer* t, const ls_chat_message* messages, size_t n, std::string& text,
-                 ls_error* error) {
+ls_status render(ls_tokenizer* t, const ls_chat_message* messages, size_t n, std::string& text, ls_error* error) {
   if (!t->bound.chat) {
     set_error(error, LS_ERR_NOT_FOUND,
               "this tokenizer has no chat template (the build resolved none, or it is a bare tokenizer.json): "
@@ -157,8 +158,8 @@ ls_status generate_from_text(ls_runtime* rt, const char* name, const std::string
   {
     std::lock_guard<std::mutex> lock(t->lock);
     auto encoded = t->bound.tokenizer.encode(text, add_special);
-    if (!encoded.ok()) return report(error, Status::usage("prompt: " + encoded.status().message()),
-                                     LS_ERR_REQUEST, LS_ERR_REQUEST);
+    if (!encoded.ok())
+      return report(error, Status::usage("prompt: " + encoded.status().message()), LS_ERR_REQUEST, LS_ERR_REQUEST);
     ids = std::move(encoded.value());
   }
   if (ids.empty()) {
@@ -176,12 +177,15 @@ ls_status generate_from_text(ls_runtime* rt, const char* name, const std::string
   }
   // The adapter pool's EOS ids are the bound tokenizer's: both read the
   // same manifest.json section.
-  TextRun run{&rt->pool->eos_ids(), options != nullptr && options->ignore_eos != 0,
-              tok::StreamDecoder(t->bound.tokenizer, /*skip_special_tokens=*/true), on_text, user_data,
+  TextRun run{&rt->pool->eos_ids(),
+              options != nullptr && options->ignore_eos != 0,
+              tok::StreamDecoder(t->bound.tokenizer, /*skip_special_tokens=*/true),
+              on_text,
+              user_data,
               &t->lock};
   run.result.prompt_tokens = ids.size();
-  status = generate_index(rt, index, ids.data(), ids.size(), options, &TextRun::on_token, &run,
-                                    GenerateExtras(), error);
+  status =
+      generate_index(rt, index, ids.data(), ids.size(), options, &TextRun::on_token, &run, GenerateExtras(), error);
   if (status != LS_OK) return status;
   std::string rest;
   {
@@ -285,8 +289,8 @@ ls_status ls_detokenize(ls_detokenizer* detokenizer, const int64_t* ids, size_t 
   }
 }
 
-ls_status ls_apply_chat_template(ls_tokenizer* tokenizer, const ls_chat_message* messages, size_t n,
-                                 char* buffer, size_t capacity, size_t* length, ls_error* error) {
+ls_status ls_apply_chat_template(ls_tokenizer* tokenizer, const ls_chat_message* messages, size_t n, char* buffer,
+                                 size_t capacity, size_t* length, ls_error* error) {
   if (tokenizer == nullptr) return missing(error, "tokenizer");
   if (length == nullptr) return missing(error, "length");
   if (buffer == nullptr && capacity > 0) return missing(error, "buffer");
@@ -313,8 +317,7 @@ ls_status ls_generate_text(ls_runtime* runtime, const char* name, const char* pr
   Guard guard(runtime);
   if (!guard.held()) return busy(error);
   try {
-    return generate_from_text(runtime, name, prompt, /*add_special=*/true, options, on_text, user_data, result,
-                              error);
+    return generate_from_text(runtime, name, prompt, /*add_special=*/true, options, on_text, user_data, result, error);
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_RUN, std::string("ls_generate_text: ") + e.what());
     return LS_ERR_RUN;
@@ -336,8 +339,7 @@ ls_status ls_generate_chat(ls_runtime* runtime, const char* name, const ls_chat_
     status = render(t, messages, n, text, error);
     if (status != LS_OK) return status;
     // The template's text holds the special tokens it wants (BOS included).
-    return generate_from_text(runtime, name, text, /*add_special=*/false, options, on_text, user_data, result,
-                              error);
+    return generate_from_text(runtime, name, text, /*add_special=*/false, options, on_text, user_data, result, error);
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_RUN, std::string("ls_generate_chat: ") + e.what());
     return LS_ERR_RUN;

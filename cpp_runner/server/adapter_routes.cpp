@@ -25,22 +25,25 @@ using nlohmann::json;
 // server's machine, relative ones against the served folder.
 StatusOr<std::string> posted_path(const std::string& body, const std::string& dir) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object())
-    return Status::usage("the body must be a JSON object: {\"path\": \"ADAPTER.pte\"}");
+  if (!j.is_object()) return Status::usage("the body must be a JSON object: {\"path\": \"ADAPTER.pte\"}");
   for (const auto& item : j.items())
     if (item.key() != "path")
       return Status::usage("unknown field '" + item.key() + "': the body is {\"path\": \"ADAPTER.pte\"}");
   if (!j.contains("path") || !j["path"].is_string() || j["path"].get<std::string>().empty())
-    return Status::usage("path must be a non-empty string: the .pte to serve (relative paths are "
-                         "read in the served folder " + dir + ")");
+    return Status::usage(
+        "path must be a non-empty string: the .pte to serve (relative paths are "
+        "read in the served folder " +
+        dir + ")");
   const std::string path = j["path"].get<std::string>();
   return path.front() == '/' ? path : dir + "/" + path;
 }
 
 std::string model_json(const std::string& name, bool deleted) {
   json out = {{"id", name}, {"object", "model"}};
-  if (deleted) out["deleted"] = true;
-  else out.update({{"created", 0}, {"owned_by", "lora-share"}});
+  if (deleted)
+    out["deleted"] = true;
+  else
+    out.update({{"created", 0}, {"owned_by", "lora-share"}});
   return out.dump();
 }
 
@@ -56,8 +59,8 @@ App::Added App::add_adapter(const std::string& pte) {
   }
   if (serves(added.name)) {
     added.http_status = 409;
-    added.message = "an adapter named '" + added.name + "' is served already: DELETE /v1/adapters/" +
-                    added.name + " first, or rename " + pte;
+    added.message = "an adapter named '" + added.name + "' is served already: DELETE /v1/adapters/" + added.name +
+                    " first, or rename " + pte;
     return added;
   }
   ls_error err;
@@ -65,7 +68,9 @@ App::Added App::add_adapter(const std::string& pte) {
   if (handle == nullptr) {
     added.code = err.code;
     // A file that is missing, damaged or built for another foundation is the request's fault.
-    added.http_status = err.code == LS_ERR_BUDGET ? 507 : err.code == LS_ERR_LOAD || err.code == LS_ERR_ARGUMENT ? 400 : 500;
+    added.http_status = err.code == LS_ERR_BUDGET                                ? 507
+                        : err.code == LS_ERR_LOAD || err.code == LS_ERR_ARGUMENT ? 400
+                                                                                 : 500;
     added.message = err.message;
     return added;
   }
@@ -80,12 +85,10 @@ void App::offer_from_folder(const std::string& name, const std::string& pte) {
   if (serves(name) || removed_.count(name) != 0) return;
   const Added added = add_adapter(pte);
   if (added.http_status != 201) {
-    std::cerr << "refused adapter " << name << ": " << ls_status_name(added.code) << ": " << added.message
-              << std::endl;
+    std::cerr << "refused adapter " << name << ": " << ls_status_name(added.code) << ": " << added.message << std::endl;
     return;
   }
-  std::cerr << "serving adapter " << added.name << " (added to " << deployment_.dir << "/manifest.json)"
-            << std::endl;
+  std::cerr << "serving adapter " << added.name << " (added to " << deployment_.dir << "/manifest.json)" << std::endl;
 }
 
 void App::post_adapter(const httplib::Request& req, httplib::Response& res) {

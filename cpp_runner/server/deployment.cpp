@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "binding.h"
 #include "file_check.h"
 #include "manifest.h"
-#include "binding.h"
 
 namespace lora_share::server {
 namespace {

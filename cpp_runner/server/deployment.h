@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "status.h"
 #include "chat_format.h"
-#include "tokenizer.h"
 #include "openai.h"
+#include "status.h"
+#include "tokenizer.h"
 
 namespace lora_share::server {
 

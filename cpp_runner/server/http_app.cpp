@@ -21,10 +21,14 @@ namespace {
 int http_status(ls_status code) {
   switch (code) {
     case LS_ERR_ARGUMENT:
-    case LS_ERR_REQUEST: return 400;
-    case LS_ERR_NOT_FOUND: return 404;
-    case LS_ERR_BUDGET: return 507;  // the budget cannot hold the adapter
-    default: return 500;
+    case LS_ERR_REQUEST:
+      return 400;
+    case LS_ERR_NOT_FOUND:
+      return 404;
+    case LS_ERR_BUDGET:
+      return 507;  // the budget cannot hold the adapter
+    default:
+      return 500;
   }
 }
 
@@ -88,8 +92,8 @@ struct Run {
 // Everything a request needs after parsing: its ids and a place in the queue.
 struct Prepared {
   CompletionRequest request;
-  std::string adapter;               // what the library runs: model, or the mix's name
-  std::shared_ptr<ls_adapter> mix;   // the lora field's mix, released when the response is done with
+  std::string adapter;              // what the library runs: model, or the mix's name
+  std::shared_ptr<ls_adapter> mix;  // the lora field's mix, released when the response is done with
   std::vector<int64_t> ids;
   std::string id;
   int64_t created = 0;
@@ -118,9 +122,9 @@ void log_request(ls_runtime* runtime, const CompletionRequest& request, const An
   ls_error err;
   if (ls_stats(runtime, &s, &err) != LS_OK) return;
   std::cerr << "served " << request.model << " (" << how << "): " << answer.prompt_tokens << " prompt + "
-            << answer.tokens.size() << " new tokens, " << answer.finish_reason << "; resident "
-            << s.adapters_resident << "/" << s.adapters_known << ", loads " << s.loads << ", evictions "
-            << s.evictions << ", last load " << s.last_load_ms << " ms" << std::endl;
+            << answer.tokens.size() << " new tokens, " << answer.finish_reason << "; resident " << s.adapters_resident
+            << "/" << s.adapters_known << ", loads " << s.loads << ", evictions " << s.evictions << ", last load "
+            << s.last_load_ms << " ms" << std::endl;
 }
 
 }  // namespace
@@ -131,8 +135,7 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
   res.set_content(error_json(message, type, status), kJson);
 }
 
-App::App(ls_runtime* runtime, Deployment deployment)
-    : runtime_(runtime), deployment_(std::move(deployment)) {}
+App::App(ls_runtime* runtime, Deployment deployment) : runtime_(runtime), deployment_(std::move(deployment)) {}
 
 App::~App() {
   watch_.reset();
@@ -156,7 +159,7 @@ void App::install(httplib::Server& http) {
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string message =
-        res.status == 404   ? "no route " + req.method + " " + req.path +
+        res.status == 404 ? "no route " + req.method + " " + req.path +
                                 " (the routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
                                 "POST /v1/adapters, DELETE /v1/adapters/NAME, GET /v1/stats, GET /health)"
         : res.status == 413 ? "the request body is larger than the server's --max-body"
@@ -173,9 +176,8 @@ void App::install(httplib::Server& http) {
     }
     send_error(res, 500, "the server failed on this request: " + what);
   });
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\": \"ok\"}", kJson);
-  });
+  http.Get("/health",
+           [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\": \"ok\"}", kJson); });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     std::unique_lock<std::mutex> lock(adapters_lock_);
     const std::vector<std::string> adapters = deployment_.adapters;
@@ -186,12 +188,10 @@ void App::install(httplib::Server& http) {
   http.Post("/v1/adapters", [this](const httplib::Request& req, httplib::Response& res) { post_adapter(req, res); });
   http.Delete(R"(/v1/adapters/([^/]+))",
               [this](const httplib::Request& req, httplib::Response& res) { delete_adapter(req, res); });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    completions(req, res, /*chat=*/false);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    completions(req, res, /*chat=*/true);
-  });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res, /*chat=*/false); });
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res, /*chat=*/true); });
 }
 
 void App::stats(httplib::Response& res) {
@@ -201,17 +201,27 @@ void App::stats(httplib::Response& res) {
   // [b - 1]: decode steps that ran b rows, for b = 1..parallel (the rest are 0).
   const std::vector<uint64_t> batch_sizes(s.batch_size_counts,
                                           s.batch_size_counts + std::min<size_t>(s.parallel, LS_MAX_PARALLEL));
-  nlohmann::json out = {
-      {"parallel", s.parallel}, {"slots_in_use", s.slots_in_use}, {"slot_bytes", s.slot_bytes},
-      {"prefix_hits", s.prefix_hits}, {"prefix_tokens", s.prefix_tokens}, {"batch_steps", s.batch_steps},
-      {"batch_size_counts", batch_sizes}, {"requests", requests_.load()},
-      {"adapters_known", s.adapters_known}, {"adapters_resident", s.adapters_resident},
-      {"loads", s.loads}, {"evictions", s.evictions}, {"hits", s.hits},
-      {"last_load_ms", s.last_load_ms}, {"total_load_ms", s.total_load_ms},
-      {"budget_bytes", s.budget_bytes}, {"foundation_bytes", s.foundation_bytes},
-      {"program_bytes", s.program_bytes},
-      {"arena_bytes", s.arena_bytes}, {"resident_adapter_bytes", s.resident_adapter_bytes},
-      {"process_pss_bytes", s.process_pss_bytes}};
+  nlohmann::json out = {{"parallel", s.parallel},
+                        {"slots_in_use", s.slots_in_use},
+                        {"slot_bytes", s.slot_bytes},
+                        {"prefix_hits", s.prefix_hits},
+                        {"prefix_tokens", s.prefix_tokens},
+                        {"batch_steps", s.batch_steps},
+                        {"batch_size_counts", batch_sizes},
+                        {"requests", requests_.load()},
+                        {"adapters_known", s.adapters_known},
+                        {"adapters_resident", s.adapters_resident},
+                        {"loads", s.loads},
+                        {"evictions", s.evictions},
+                        {"hits", s.hits},
+                        {"last_load_ms", s.last_load_ms},
+                        {"total_load_ms", s.total_load_ms},
+                        {"budget_bytes", s.budget_bytes},
+                        {"foundation_bytes", s.foundation_bytes},
+                        {"program_bytes", s.program_bytes},
+                        {"arena_bytes", s.arena_bytes},
+                        {"resident_adapter_bytes", s.resident_adapter_bytes},
+                        {"process_pss_bytes", s.process_pss_bytes}};
   res.set_content(out.dump(), kJson);
 }
 
@@ -222,8 +232,9 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   prepared->request = std::move(parsed.value());
   const CompletionRequest& request = prepared->request;
   if (!serves(request.model)) {
-    return send_error(res, 404, "no adapter called '" + request.model +
-                                    "' in this deployment: GET /v1/models lists them ('base' is the foundation alone)");
+    return send_error(res, 404,
+                      "no adapter called '" + request.model +
+                          "' in this deployment: GET /v1/models lists them ('base' is the foundation alone)");
   }
   ls_error err;
   prepared->adapter = request.model;
@@ -232,9 +243,10 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     for (size_t i = 0; i < request.lora.size(); ++i) {
       const std::string& name = request.lora[i].name;
       if (name == "base" || !serves(name)) {
-        return send_error(res, 400, "lora[" + std::to_string(i) + "].name: no adapter called '" + name +
-                                        "' in this deployment: GET /v1/models lists them ('base', the foundation "
-                                        "alone, is no adapter to mix)");
+        return send_error(res, 400,
+                          "lora[" + std::to_string(i) + "].name: no adapter called '" + name +
+                              "' in this deployment: GET /v1/models lists them ('base', the foundation "
+                              "alone, is no adapter to mix)");
       }
       terms.push_back({name.c_str(), request.lora[i].scale});
     }
@@ -244,8 +256,9 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     prepared->adapter = ls_adapter_name(mix);
   }
   if (!request.stop.empty() && !deployment_.tokenizer) {
-    return send_error(res, 400, "stop needs the text of the answer, and this deployment has no tokenizer (" +
-                                    deployment_.no_tokenizer_reason + "): leave stop out");
+    return send_error(res, 400,
+                      "stop needs the text of the answer, and this deployment has no tokenizer (" +
+                          deployment_.no_tokenizer_reason + "): leave stop out");
   }
   auto ids = deployment_.prompt_ids(request);
   if (!ids.ok()) return send_error(res, 400, ids.status().message());
@@ -265,16 +278,16 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
     max_new_tokens = std::max<int64_t>(1, context - static_cast<int64_t>(prepared->ids.size()) + 1);
   }
   // Refused before any byte is sent, so a streamed request gets a plain 400 too.
-  if (ls_check_request(runtime_, prepared->adapter.c_str(), prepared->ids.data(), prepared->ids.size(),
-                       max_new_tokens, &err) != LS_OK) {
+  if (ls_check_request(runtime_, prepared->adapter.c_str(), prepared->ids.data(), prepared->ids.size(), max_new_tokens,
+                       &err) != LS_OK) {
     return send_error(res, http_status(err.code), err.message);
   }
   const ls_generate_options options = generate_options(request, max_new_tokens);
 
   if (!request.stream) {
     Run run(deployment_, request, static_cast<int64_t>(prepared->ids.size()));
-    if (ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(),
-                          prepared->ids.size(), &options, &Run::on_token, &run, &err) != LS_OK) {
+    if (ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(), prepared->ids.size(), &options,
+                          &Run::on_token, &run, &err) != LS_OK) {
       return send_error(res, http_status(err.code), err.message);
     }
     run.finish();
@@ -288,36 +301,33 @@ void App::completions(const httplib::Request& req, httplib::Response& res, bool 
   // connection's thread. A client that hung up fails a write: the callback
   // then returns non-zero and the library frees the request's row.
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, prepared, options](size_t, httplib::DataSink& sink) {
-        const CompletionRequest& rq = prepared->request;
-        auto send = [&sink](const std::string& event) {
-          return sink.is_writable() && sink.write(event.data(), event.size());
-        };
-        Run run(deployment_, rq, static_cast<int64_t>(prepared->ids.size()));
-        run.on_piece = [&](const std::string& piece, int64_t id) {
-          return send(stream_event(rq, prepared->id, prepared->created, piece, {id}, std::nullopt));
-        };
-        ls_error e;
-        const ls_status status =
-            ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(), prepared->ids.size(),
-                              &options, &Run::on_token, &run, &e);
-        if (run.client_gone) return false;  // nothing more to say to nobody
-        if (status != LS_OK) {
-          send("data: " + error_json(e.message, "server_error", http_status(e.code)) + "\n\n");
-        } else {
-          const std::string tail = run.finish();
-          if (!tail.empty()) send(stream_event(rq, prepared->id, prepared->created, tail, {}, std::nullopt));
-          send(stream_event(rq, prepared->id, prepared->created, "", {}, run.answer.finish_reason));
-          if (rq.include_usage) send(usage_event(rq, prepared->id, prepared->created, run.answer));
-          ++requests_;
-          log_request(runtime_, rq, run.answer, "streamed");
-        }
-        send(kStreamDone);
-        sink.done();
-        return true;
-      });
+  res.set_chunked_content_provider("text/event-stream", [this, prepared, options](size_t, httplib::DataSink& sink) {
+    const CompletionRequest& rq = prepared->request;
+    auto send = [&sink](const std::string& event) {
+      return sink.is_writable() && sink.write(event.data(), event.size());
+    };
+    Run run(deployment_, rq, static_cast<int64_t>(prepared->ids.size()));
+    run.on_piece = [&](const std::string& piece, int64_t id) {
+      return send(stream_event(rq, prepared->id, prepared->created, piece, {id}, std::nullopt));
+    };
+    ls_error e;
+    const ls_status status = ls_generate_named(runtime_, prepared->adapter.c_str(), prepared->ids.data(),
+                                               prepared->ids.size(), &options, &Run::on_token, &run, &e);
+    if (run.client_gone) return false;  // nothing more to say to nobody
+    if (status != LS_OK) {
+      send("data: " + error_json(e.message, "server_error", http_status(e.code)) + "\n\n");
+    } else {
+      const std::string tail = run.finish();
+      if (!tail.empty()) send(stream_event(rq, prepared->id, prepared->created, tail, {}, std::nullopt));
+      send(stream_event(rq, prepared->id, prepared->created, "", {}, run.answer.finish_reason));
+      if (rq.include_usage) send(usage_event(rq, prepared->id, prepared->created, run.answer));
+      ++requests_;
+      log_request(runtime_, rq, run.answer, "streamed");
+    }
+    send(kStreamDone);
+    sink.done();
+    return true;
+  });
 }
 
 }  // namespace lora_share::server

@@ -78,9 +78,9 @@ class App {
   // One registration or removal at a time (POST, DELETE, the watch), so that a
   // name is never both being added and being removed.
   std::mutex registry_lock_;
-  std::set<std::string> removed_;  // DELETEd: the folder watch does not bring them back
+  std::set<std::string> removed_;        // DELETEd: the folder watch does not bring them back
   std::unique_ptr<AdapterWatch> watch_;  // stopped before the runtime closes
-  std::atomic<uint64_t> requests_{0};     // completions answered to the end (/v1/stats)
+  std::atomic<uint64_t> requests_{0};    // completions answered to the end (/v1/stats)
 };
 
 }  // namespace lora_share::server

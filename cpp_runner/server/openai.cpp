@@ -21,12 +21,11 @@ Status read_int(const json& body, const char* key, int64_t lo, int64_t hi, int64
     return Status::usage(std::string(key) + " must be an integer, got " + it->dump());
   }
   // Unsigned values above int64's range would wrap: take them as too large.
-  const bool too_big = it->is_number_unsigned() &&
-                       it->get<uint64_t>() > static_cast<uint64_t>(hi);
+  const bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi);
   const int64_t value = too_big ? hi : it->get<int64_t>();
   if (too_big || value < lo || value > hi) {
-    return Status::usage(std::string(key) + " must be between " + std::to_string(lo) + " and " +
-                         std::to_string(hi) + ", got " + it->dump());
+    return Status::usage(std::string(key) + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                         ", got " + it->dump());
   }
   *out = value;
   return {};
@@ -51,8 +50,9 @@ Status read_prompt(const json& body, CompletionRequest* request) {
   }
   for (const json& id : *p) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-      return Status::usage("prompt must be a string or an array of token ids (integers >= 0); "
-                           "several prompts in one request are not served");
+      return Status::usage(
+          "prompt must be a string or an array of token ids (integers >= 0); "
+          "several prompts in one request are not served");
     }
     request->prompt_ids.push_back(id.get<int64_t>());
   }
@@ -85,16 +85,17 @@ Status read_lora(const json& body, CompletionRequest* request) {
   auto it = body.find("lora");
   if (it == body.end() || it->is_null()) return {};
   if (!it->is_array() || it->empty())
-    return Status::usage("lora must be a non-empty array of {\"name\": adapter, \"scale\": number}, got " +
-                         it->dump());
+    return Status::usage("lora must be a non-empty array of {\"name\": adapter, \"scale\": number}, got " + it->dump());
   for (size_t i = 0; i < it->size(); ++i) {
     const json& term = (*it)[i];
     const std::string where = "lora[" + std::to_string(i) + "]";
-    if (!term.is_object()) return Status::usage(where + " must be {\"name\": adapter, \"scale\": number}, got " + term.dump());
+    if (!term.is_object())
+      return Status::usage(where + " must be {\"name\": adapter, \"scale\": number}, got " + term.dump());
     for (const auto& [key, value] : term.items())
       if (key != "name" && key != "scale")
-        return Status::usage(where + " has the key '" + key +
-                             "': give {\"name\": adapter, \"scale\": number} (adapters by name, as GET /v1/models lists them)");
+        return Status::usage(
+            where + " has the key '" + key +
+            "': give {\"name\": adapter, \"scale\": number} (adapters by name, as GET /v1/models lists them)");
     auto name = term.find("name");
     if (name == term.end() || !name->is_string() || name->get<std::string>().empty())
       return Status::usage(where + ".name must be an adapter's name (GET /v1/models lists them)");
@@ -105,8 +106,10 @@ Status read_lora(const json& body, CompletionRequest* request) {
     request->lora.push_back({name->get<std::string>(), scale->get<double>()});
   }
   if (request->model != "base")
-    return Status::usage("with lora, model must be 'base' (the mix of lora's adapters runs on the foundation "
-                         "alone), got '" + request->model + "'");
+    return Status::usage(
+        "with lora, model must be 'base' (the mix of lora's adapters runs on the foundation "
+        "alone), got '" +
+        request->model + "'");
   return {};
 }
 
@@ -146,13 +149,12 @@ const std::vector<Unserved>& unserved_fields() {
 
 // Fields read below, and fields that change nothing about the answer.
 bool known_field(const std::string& key, bool chat) {
-  static const std::vector<std::string> common = {
-      "model", "lora", "stream", "stream_options", "max_tokens", "temperature", "seed", "ignore_eos", "stop",
-      "cache_prompt",
-      "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
-      "repetition_penalty",
-      // accepted, and change nothing here
-      "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+  static const std::vector<std::string> common = {"model", "lora", "stream", "stream_options", "max_tokens",
+                                                  "temperature", "seed", "ignore_eos", "stop", "cache_prompt", "top_p",
+                                                  "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                                                  "repeat_penalty", "repetition_penalty",
+                                                  // accepted, and change nothing here
+                                                  "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
   if (std::find(common.begin(), common.end(), key) != common.end()) return true;
   return chat ? key == "messages" || key == "max_completion_tokens" : key == "prompt";
 }
@@ -169,15 +171,14 @@ Status read_bool(const json& body, const char* key, bool* out) {
 Status read_number(const json& body, const char* key, double lo, double hi, double* out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return {};
-  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < lo ||
-      it->get<double>() > hi) {
+  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < lo || it->get<double>() > hi) {
     auto text = [](double x) {
       std::ostringstream out;
       out << x;  // 0, 1, 0.01: as a person writes them
       return out.str();
     };
-    return Status::usage(std::string(key) + " must be a number between " + text(lo) + " and " + text(hi) +
-                         ", got " + it->dump());
+    return Status::usage(std::string(key) + " must be a number between " + text(lo) + " and " + text(hi) + ", got " +
+                         it->dump());
   }
   *out = it->get<double>();
   return {};
@@ -197,8 +198,7 @@ Status read_stop(const json& body, CompletionRequest* request) {
 
 Status parse_sampling(const json& body, CompletionRequest* request) {
   if (auto t = body.find("temperature"); t != body.end() && !t->is_null()) {
-    if (!t->is_number() || !std::isfinite(t->get<double>()) || t->get<double>() < 0 ||
-        t->get<double>() > 2) {
+    if (!t->is_number() || !std::isfinite(t->get<double>()) || t->get<double>() < 0 || t->get<double>() > 2) {
       return Status::usage("temperature must be a number between 0 and 2, got " + t->dump());
     }
     request->temperature = t->get<double>();
@@ -224,12 +224,10 @@ Status parse_fields(const json& body, bool chat, CompletionRequest* request) {
                                  [&](const Unserved& u) { return key == u.key; });
     if (unserved != unserved_fields().end()) {
       if (value.is_null() || unserved->is_noop(value)) continue;
-      return Status::usage(std::string(unserved->why) + " (got " + key + ": " + value.dump() +
-                           "): leave it out");
+      return Status::usage(std::string(unserved->why) + " (got " + key + ": " + value.dump() + "): leave it out");
     }
     if (!known_field(key, chat)) {
-      return Status::usage("unknown field '" + key + "' for " +
-                           (chat ? "/v1/chat/completions" : "/v1/completions") +
+      return Status::usage("unknown field '" + key + "' for " + (chat ? "/v1/chat/completions" : "/v1/completions") +
                            ": this server does not read it, so it would change nothing; leave it out");
     }
   }
@@ -287,10 +285,10 @@ StatusOr<CompletionRequest> parse_request(const std::string& body, bool chat) {
   return request;
 }
 
-std::string response_json(const CompletionRequest& request, const std::string& id,
-                          int64_t created, const Answer& answer) {
-  json choice = {{"index", 0}, {"finish_reason", answer.finish_reason},
-                 {"tokens", answer.tokens}, {"logprobs", nullptr}};
+std::string response_json(const CompletionRequest& request, const std::string& id, int64_t created,
+                          const Answer& answer) {
+  json choice = {
+      {"index", 0}, {"finish_reason", answer.finish_reason}, {"tokens", answer.tokens}, {"logprobs", nullptr}};
   if (request.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", answer.text}};
   } else {
@@ -306,12 +304,11 @@ std::string response_json(const CompletionRequest& request, const std::string& i
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string stream_event(const CompletionRequest& request, const std::string& id,
-                         int64_t created, const std::string& text,
-                         const std::vector<int64_t>& tokens,
+std::string stream_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                         const std::string& text, const std::vector<int64_t>& tokens,
                          const std::optional<std::string>& finish_reason) {
-  json choice = {{"index", 0}, {"tokens", tokens},
-                 {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}};
+  json choice = {
+      {"index", 0}, {"tokens", tokens}, {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}};
   if (request.chat) {
     choice["delta"] = finish_reason ? json::object() : json{{"content", text}};
   } else {

@@ -25,17 +25,17 @@ struct LoraTerm {
 };
 
 struct CompletionRequest {
-  bool chat = false;        // /v1/chat/completions
-  std::string model;        // the adapter's name; "base": the foundation alone
+  bool chat = false;  // /v1/chat/completions
+  std::string model;  // the adapter's name; "base": the foundation alone
   // "lora": [{"name", "scale"}, ...]: a mix of adapters (ls_adapter_mix) on
   // the foundation, with model "base"; empty: model's adapter as it is.
   std::vector<LoraTerm> lora;
-  std::string prompt;       // completions: a text prompt
+  std::string prompt;               // completions: a text prompt
   std::vector<int64_t> prompt_ids;  // completions: a prompt of token ids
   bool prompt_is_ids = false;
   std::vector<ChatMessage> messages;  // chat
   std::optional<int64_t> max_tokens;  // none: until EOS or the end of the context
-  double temperature = 0;   // greedy unless asked: answers are reproducible
+  double temperature = 0;             // greedy unless asked: answers are reproducible
   uint64_t seed = 0;
   // Sampling filters and penalties, as ls_generate_options has them.
   int64_t top_k = 0;
@@ -44,8 +44,8 @@ struct CompletionRequest {
   std::vector<std::string> stop;  // up to 4 non-empty strings; none reaches the client
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
-  bool ignore_eos = false;  // as vLLM's: generate max_tokens past any EOS id
-  bool cache_prompt = true;  // as llama-server's: continue from a KV slot holding the prompt's start
+  bool ignore_eos = false;     // as vLLM's: generate max_tokens past any EOS id
+  bool cache_prompt = true;    // as llama-server's: continue from a KV slot holding the prompt's start
 };
 
 // Parses and checks a request body. Every problem is a usage Status naming
@@ -64,20 +64,18 @@ struct Answer {
 };
 
 // The response object of a non-streamed request.
-std::string response_json(const CompletionRequest& request, const std::string& id,
-                          int64_t created, const Answer& answer);
+std::string response_json(const CompletionRequest& request, const std::string& id, int64_t created,
+                          const Answer& answer);
 
 // One server-sent event of a streamed request: a piece of text and the ids it
 // came from, or (finish_reason set) the last chunk.
-std::string stream_event(const CompletionRequest& request, const std::string& id,
-                         int64_t created, const std::string& text,
-                         const std::vector<int64_t>& tokens,
+std::string stream_event(const CompletionRequest& request, const std::string& id, int64_t created,
+                         const std::string& text, const std::vector<int64_t>& tokens,
                          const std::optional<std::string>& finish_reason);
 
 // The chunk OpenAI sends last when stream_options.include_usage is set: no
 // choices, the request's usage.
-std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created,
-                        const Answer& answer);
+std::string usage_event(const CompletionRequest& request, const std::string& id, int64_t created, const Answer& answer);
 
 // The event that ends a stream.
 constexpr char kStreamDone[] = "data: [DONE]\n\n";

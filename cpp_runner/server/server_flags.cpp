@@ -42,9 +42,15 @@ Status parse_parallel(const std::string& text, int* parallel) {
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = {
       {"--dir", "DIR", "a lora-share build's output folder (manifest.json, foundation.ptd, *.pte); required",
-       [](ServerOptions& o, const std::string& v) { o.dir = v; return Status(); }},
+       [](ServerOptions& o, const std::string& v) {
+         o.dir = v;
+         return Status();
+       }},
       {"--host", "ADDR", "address to listen on (default 127.0.0.1: this machine only)",
-       [](ServerOptions& o, const std::string& v) { o.host = v; return Status(); }},
+       [](ServerOptions& o, const std::string& v) {
+         o.host = v;
+         return Status();
+       }},
       {"--port", "N", "port to listen on (default 8080; 0 = any free port, printed at start)",
        [](ServerOptions& o, const std::string& v) { return parse_port(v, &o.port); }},
       {"--memory-budget", "SIZE",
@@ -70,11 +76,20 @@ const std::vector<Flag>& flags() {
       {"--packed-cache", "DIR",
        "folder of the packed-weights file, written on the first start and mapped on later ones "
        "(default: DIR/.packed beside the deployment, else ~/.cache/lora-share/packed)",
-       [](ServerOptions& o, const std::string& v) { o.packed_cache = v; return Status(); }},
+       [](ServerOptions& o, const std::string& v) {
+         o.packed_cache = v;
+         return Status();
+       }},
       {"--no-packed-cache", nullptr, "pack the weights in memory at every start (no packed-weights file)",
-       [](ServerOptions& o, const std::string&) { o.no_packed_cache = true; return Status(); }},
+       [](ServerOptions& o, const std::string&) {
+         o.no_packed_cache = true;
+         return Status();
+       }},
       {"--help", nullptr, "print this help",
-       [](ServerOptions& o, const std::string&) { o.help = true; return Status(); }},
+       [](ServerOptions& o, const std::string&) {
+         o.help = true;
+         return Status();
+       }},
   };
   return table;
 }
@@ -82,9 +97,14 @@ const std::vector<Flag>& flags() {
 }  // namespace
 
 StatusOr<uint64_t> parse_size(const std::string& text, const std::string& flag) {
-  static const std::vector<std::pair<std::string, double>> units = {
-      {"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024}, {"KiB", 1024.0},
-      {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}, {"", 1}};
+  static const std::vector<std::pair<std::string, double>> units = {{"GiB", 1024.0 * 1024 * 1024},
+                                                                    {"MiB", 1024.0 * 1024},
+                                                                    {"KiB", 1024.0},
+                                                                    {"GB", 1e9},
+                                                                    {"MB", 1e6},
+                                                                    {"KB", 1e3},
+                                                                    {"B", 1},
+                                                                    {"", 1}};
   for (const auto& [suffix, scale] : units) {
     if (text.size() < suffix.size() || text.compare(text.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
@@ -118,8 +138,9 @@ StatusOr<ServerOptions> parse_server_flags(int argc, char** argv) {
     if (!s.ok()) return s;
   }
   if (!options.packed_cache.empty() && options.no_packed_cache) {
-    return Status::usage("--packed-cache names the packed-weights file's folder, --no-packed-cache "
-                         "turns the file off: give one of them");
+    return Status::usage(
+        "--packed-cache names the packed-weights file's folder, --no-packed-cache "
+        "turns the file off: give one of them");
   }
   if (!options.help && options.dir.empty()) {
     return Status::usage("--dir is required: the output folder of `lora-share build`");
@@ -136,7 +157,8 @@ std::string server_usage(const char* program) {
       << "same one) and KV slot, batched into one decode step; a slot keeps a request's tokens, so a\n"
       << "later request on the same adapter that starts with them (a chat's next turn) continues\n"
       << "from there. A client that hangs up frees its slot at the next step.\n\n"
-      << "  POST /v1/completions       {\"model\": \"a\", \"prompt\": \"...\" | [ids], \"max_tokens\": 16, \"stream\": false}\n"
+      << "  POST /v1/completions       {\"model\": \"a\", \"prompt\": \"...\" | [ids], \"max_tokens\": 16, \"stream\": "
+         "false}\n"
       << "  POST /v1/chat/completions  {\"model\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}\n"
       << "  GET  /v1/models            the deployment's adapters, and base (the foundation alone)\n"
       << "  GET  /v1/stats             slots, batch sizes, prefix hits, requests served, adapters, memory\n"
@@ -145,7 +167,8 @@ std::string server_usage(const char* program) {
       << "with a tokenizer; without one, give \"prompt\" as token ids.\n\n"
       << "example:\n"
       << "  " << program << " --dir out/llama_adapters --port 8080 --memory-budget 600MiB\n"
-      << "  curl 127.0.0.1:8080/v1/completions -d '{\"model\": \"counter\", \"prompt\": \"1 2 3\", \"stream\": true}'\n\n"
+      << "  curl 127.0.0.1:8080/v1/completions -d '{\"model\": \"counter\", \"prompt\": \"1 2 3\", \"stream\": "
+         "true}'\n\n"
       << "flags:\n";
   for (const Flag& f : flags()) {
     std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");

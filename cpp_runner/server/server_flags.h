@@ -10,14 +10,14 @@
 namespace lora_share::server {
 
 struct ServerOptions {
-  std::string dir;                    // --dir: a lora-share build's output folder
-  std::string host = "127.0.0.1";     // --host: loopback unless asked otherwise
-  int port = 8080;                    // --port (0: any free port, printed)
-  uint64_t memory_budget = 0;         // --memory-budget (0: every adapter may stay loaded)
-  uint64_t max_body = 8ull << 20;     // --max-body: larger request bodies get 413
-  int parallel = 4;                   // --parallel: requests run at once (ls_options.parallel)
-  std::string packed_cache;           // --packed-cache: the packed-weights file's folder ("" = default)
-  bool no_packed_cache = false;       // --no-packed-cache
+  std::string dir;                 // --dir: a lora-share build's output folder
+  std::string host = "127.0.0.1";  // --host: loopback unless asked otherwise
+  int port = 8080;                 // --port (0: any free port, printed)
+  uint64_t memory_budget = 0;      // --memory-budget (0: every adapter may stay loaded)
+  uint64_t max_body = 8ull << 20;  // --max-body: larger request bodies get 413
+  int parallel = 4;                // --parallel: requests run at once (ls_options.parallel)
+  std::string packed_cache;        // --packed-cache: the packed-weights file's folder ("" = default)
+  bool no_packed_cache = false;    // --no-packed-cache
   bool help = false;
 };
 

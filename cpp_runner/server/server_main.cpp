@@ -37,7 +37,7 @@ ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
   ls_runtime* runtime = ls_open_dir(options.dir.c_str(), &opts, &err);
   if (runtime == nullptr) {
     return err.code == LS_ERR_ARGUMENT || err.code == LS_ERR_BUDGET ? ls::Status::usage(err.message)
-                                                                     : ls::Status::failure(err.message);
+                                                                    : ls::Status::failure(err.message);
   }
   return runtime;
 }
@@ -96,12 +96,13 @@ int main(int argc, char** argv) {
                                       : (http.bind_to_port(options->host, options->port) ? options->port : -1);
   if (port < 0) {
     if (errno == EADDRINUSE) {
-      return fail(ls::Status::failure("port " + std::to_string(options->port) + " is in use (on " +
-                                      options->host + "), by another server or program: stop it or pick "
+      return fail(ls::Status::failure("port " + std::to_string(options->port) + " is in use (on " + options->host +
+                                      "), by another server or program: stop it or pick "
                                       "another --port"));
     }
-    return fail(ls::Status::failure("cannot listen on " + options->host + ":" + std::to_string(options->port) +
-                                    " (" + std::strerror(errno) + "; is it an address of this machine?): "
+    return fail(ls::Status::failure("cannot listen on " + options->host + ":" + std::to_string(options->port) + " (" +
+                                    std::strerror(errno) +
+                                    "; is it an address of this machine?): "
                                     "pick another --host or --port"));
   }
   // The library listens with a backlog of 5: connections beyond it would be
@@ -112,8 +113,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &signal);
     http.stop();
   }).detach();
-  std::cerr << "listening on http://" << options->host << ":" << port << " (" << options->dir << ")"
-            << std::endl;
+  std::cerr << "listening on http://" << options->host << ":" << port << " (" << options->dir << ")" << std::endl;
   http.listen_after_bind();
   return 0;
 }

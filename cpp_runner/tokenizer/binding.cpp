@@ -34,14 +34,16 @@ Status check_fingerprints(const json& manifest, const std::string& manifest_path
   std::string listed = string_at(manifest.value("foundation", json::object()), "fingerprint");
   if (listed != fingerprint) {
     return Status::usage(manifest_path + " describes foundation " + short_digest(listed) + ", not " + ptd +
-                           " (foundation " + short_digest(fingerprint) + "): use the manifest.json and tokenizer "
-                           "files of " + base_name(ptd) + "'s own build");
+                         " (foundation " + short_digest(fingerprint) +
+                         "): use the manifest.json and tokenizer "
+                         "files of " +
+                         base_name(ptd) + "'s own build");
   }
   std::string section = string_at(manifest.at("tokenizer"), "foundation_fingerprint");
   if (section != fingerprint) {
     return Status::usage(manifest_path + ": its tokenizer section is for foundation " + short_digest(section) +
-                           ", not " + ptd + " (foundation " + short_digest(fingerprint) +
-                           "): copy the tokenizer files and manifest.json from the same build");
+                         ", not " + ptd + " (foundation " + short_digest(fingerprint) +
+                         "): copy the tokenizer files and manifest.json from the same build");
   }
   return Status();
 }
@@ -52,7 +54,7 @@ Status check_files(const json& files, const std::string& folder, const std::stri
   std::string tokenizer_json = join(folder, "tokenizer.json");
   if (!files.is_object() || !files.contains("tokenizer.json") || !std::ifstream(tokenizer_json)) {
     return Status::usage(tokenizer_json + ": missing, but " + ptd + "'s build has it (listed in " + manifest_path +
-                           "): copy tokenizer.json from the same build");
+                         "): copy tokenizer.json from the same build");
   }
   for (const auto& [name, entry] : files.items()) {
     std::string path = join(folder, name);
@@ -62,8 +64,8 @@ Status check_files(const json& files, const std::string& folder, const std::stri
     std::string listed = string_at(entry, "sha256");
     if (actual.value() != listed) {
       return Status::usage(path + " (sha256 " + short_digest(actual.value()) + ") is not the tokenizer " + ptd +
-                             " was built with (manifest.json lists " + short_digest(listed) + "): copy " + name +
-                             " from the same build");
+                           " was built with (manifest.json lists " + short_digest(listed) + "): copy " + name +
+                           " from the same build");
     }
   }
   return Status();
@@ -87,14 +89,15 @@ std::string folder_of(const std::string& path) {
 }
 
 std::string no_tokenizer_message(const std::string& folder) {
-  return folder + " has no tokenizer (the build's checkpoint had none): pass --tokens ids, or add "
-                  "foundation.tokenizer to the config and rebuild";
+  return folder +
+         " has no tokenizer (the build's checkpoint had none): pass --tokens ids, or add "
+         "foundation.tokenizer to the config and rebuild";
 }
 
 StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const std::string& ptd, const std::string& ptd_fingerprint,
                                                        const std::string& folder_in) {
-  std::string folder = folder_in.size() > 1 && folder_in.back() == '/' ? folder_in.substr(0, folder_in.size() - 1)
-                                                                       : folder_in;
+  std::string folder =
+      folder_in.size() > 1 && folder_in.back() == '/' ? folder_in.substr(0, folder_in.size() - 1) : folder_in;
   std::string manifest_path = join(folder, "manifest.json");
   if (!std::ifstream(manifest_path)) return std::optional<BoundTokenizer>();
   auto manifest = read_manifest_json(manifest_path);
@@ -103,8 +106,9 @@ StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const std::string& ptd, c
     return std::optional<BoundTokenizer>();
   }
   if (ptd_fingerprint.empty()) {
-    return Status::usage(ptd + " has no lora-share foundation record, so no tokenizer can be bound to it: "
-                                 "rebuild it with lora-share build, or pass --tokens ids");
+    return Status::usage(ptd +
+                         " has no lora-share foundation record, so no tokenizer can be bound to it: "
+                         "rebuild it with lora-share build, or pass --tokens ids");
   }
   const json& section = manifest->at("tokenizer");
   Status s = check_fingerprints(manifest.value(), manifest_path, ptd, ptd_fingerprint);
@@ -123,8 +127,8 @@ StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const std::string& ptd, c
     if (!format.ok()) return format.status();
     chat = std::move(format.value());
   }
-  return std::optional<BoundTokenizer>(BoundTokenizer{folder, std::move(tokenizer.value()),
-                                                      ids_at(section, "eos_token_ids"), bos, std::move(chat)});
+  return std::optional<BoundTokenizer>(
+      BoundTokenizer{folder, std::move(tokenizer.value()), ids_at(section, "eos_token_ids"), bos, std::move(chat)});
 }
 
 }  // namespace lora_share::tok

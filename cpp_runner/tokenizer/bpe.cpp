@@ -158,7 +158,8 @@ std::vector<int64_t> Bpe::merge_all(std::vector<int64_t> symbols) const {
     push(top.pos);
   }
   std::vector<int64_t> out;
-  for (size_t i = 0; i < n; ++i) if (alive[i]) out.push_back(symbols[i]);
+  for (size_t i = 0; i < n; ++i)
+    if (alive[i]) out.push_back(symbols[i]);
   return out;
 }
 

@@ -43,13 +43,13 @@ StatusOr<ChatFormat> read_chat_format(const nlohmann::json& j, const std::string
 StatusOr<std::string> render_chat(const ChatFormat& format, const std::vector<ChatTurn>& messages) {
   std::string text = format.prefix;
   if (format.default_system && (messages.empty() || messages.front().role != "system")) {
-    auto system = std::find_if(format.roles.begin(), format.roles.end(),
-                               [](const auto& r) { return r.first == "system"; });
+    auto system =
+        std::find_if(format.roles.begin(), format.roles.end(), [](const auto& r) { return r.first == "system"; });
     if (system != format.roles.end()) text += system->second.first + *format.default_system + system->second.second;
   }
   for (const ChatTurn& m : messages) {
-    auto role = std::find_if(format.roles.begin(), format.roles.end(),
-                             [&](const auto& r) { return r.first == m.role; });
+    auto role =
+        std::find_if(format.roles.begin(), format.roles.end(), [&](const auto& r) { return r.first == m.role; });
     if (role == format.roles.end()) {
       return Status::usage("messages: role '" + m.role + "' is not one this model's chat template knows");
     }

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "status.h"
 #include "regex.h"
+#include "status.h"
 
 namespace lora_share::tok {
 

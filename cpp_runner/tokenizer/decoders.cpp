@@ -38,8 +38,10 @@ class ByteLevelDecoder : public Decoder {
       bool all_mapped = true;
       for (size_t i = 0; i < t.size() && all_mapped;) {
         int b = char_to_byte(next_code_point(t, i));
-        if (b < 0) all_mapped = false;
-        else mapped += static_cast<char>(b);
+        if (b < 0)
+          all_mapped = false;
+        else
+          mapped += static_cast<char>(b);
       }
       bytes += all_mapped ? mapped : t;
     }
@@ -79,8 +81,10 @@ class ByteFallbackDecoder : public Decoder {
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (utf8_valid(pending)) out.push_back(pending);
-      else for (size_t i = 0; i < pending.size(); ++i) out.emplace_back(kReplacementChar);
+      if (utf8_valid(pending))
+        out.push_back(pending);
+      else
+        for (size_t i = 0; i < pending.size(); ++i) out.emplace_back(kReplacementChar);
       pending.clear();
     };
     for (std::string& t : tokens) {
@@ -102,8 +106,10 @@ class ByteFallbackDecoder : public Decoder {
     int v = 0;
     for (int i = 3; i < 5; ++i) {
       char c = t[i];
-      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-                                                 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+      int d = (c >= '0' && c <= '9')   ? c - '0'
+              : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+              : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                       : -1;
       if (d < 0) return -1;
       v = v * 16 + d;
     }
@@ -159,8 +165,10 @@ class MetaspaceDecoder : public Decoder {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
       for (std::string_view c : utf8_chars(tokens[i])) {
-        if (c != replacement_) out += c;
-        else if (!(i == 0 && drop_in_first_)) out += ' ';
+        if (c != replacement_)
+          out += c;
+        else if (!(i == 0 && drop_in_first_))
+          out += ' ';
       }
       tokens[i] = std::move(out);
     }
@@ -184,8 +192,7 @@ StatusOr<std::unique_ptr<Decoder>> make_strip(const json& j, const Where& where)
 StatusOr<std::unique_ptr<Decoder>> make_metaspace_decoder(const json& j) {
   bool prepend = j.value("add_prefix_space", true);
   if (j.contains("prepend_scheme")) prepend = j.at("prepend_scheme").get<std::string>() != "never";
-  return std::unique_ptr<Decoder>(
-      new MetaspaceDecoder(j.value("replacement", std::string("\xE2\x96\x81")), prepend));
+  return std::unique_ptr<Decoder>(new MetaspaceDecoder(j.value("replacement", std::string("\xE2\x96\x81")), prepend));
 }
 
 }  // namespace

@@ -60,9 +60,9 @@ class UnicodeForm : public Normalizer {
   explicit UnicodeForm(int options) : options_(options) {}
   std::string normalize(std::string s) const override {
     utf8proc_uint8_t* out = nullptr;
-    utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                      static_cast<utf8proc_ssize_t>(s.size()), &out,
-                                      static_cast<utf8proc_option_t>(options_));
+    utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
+                     static_cast<utf8proc_option_t>(options_));
     if (n < 0) return s;  // only on invalid UTF-8, which encode() rejects before
     std::string result(reinterpret_cast<char*>(out), static_cast<size_t>(n));
     free(out);
@@ -104,7 +104,8 @@ StatusOr<std::unique_ptr<Normalizer>> make_normalizer(const json& j, const Where
   if (type == "NFC") return std::unique_ptr<Normalizer>(new UnicodeForm(stable | UTF8PROC_COMPOSE));
   if (type == "NFD") return std::unique_ptr<Normalizer>(new UnicodeForm(stable | UTF8PROC_DECOMPOSE));
   if (type == "NFKC") return std::unique_ptr<Normalizer>(new UnicodeForm(stable | UTF8PROC_COMPOSE | UTF8PROC_COMPAT));
-  if (type == "NFKD") return std::unique_ptr<Normalizer>(new UnicodeForm(stable | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT));
+  if (type == "NFKD")
+    return std::unique_ptr<Normalizer>(new UnicodeForm(stable | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT));
   return unsupported(where, type);
 }
 

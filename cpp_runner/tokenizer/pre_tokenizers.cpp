@@ -15,8 +15,7 @@ namespace {
 using json = nlohmann::json;
 
 // GPT-2's pattern, which ByteLevel applies when use_regex is set.
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Cuts every piece at the ranges `find` reports, regrouped by `behavior`.
 template <typename Find>
@@ -25,7 +24,8 @@ void split_pieces(std::vector<Piece>& pieces, SplitBehavior behavior, bool inver
   out.reserve(pieces.size());
   for (Piece& p : pieces) {
     std::vector<Range> ranges = ranges_from_matches(find(p.text), p.text.size());
-    if (invert) for (Range& r : ranges) r.is_match = !r.is_match;
+    if (invert)
+      for (Range& r : ranges) r.is_match = !r.is_match;
     for (auto [start, end] : apply_behavior(ranges, behavior)) {
       if (end > start) out.push_back({p.text.substr(start, end - start), p.at_start && start == 0});
     }
@@ -77,7 +77,8 @@ class ByteLevelPre : public PreTokenizer {
       : add_prefix_space_(add_prefix_space), regex_(std::move(regex)) {}
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     if (add_prefix_space_) {
-      for (Piece& p : pieces) if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, 1, ' ');
+      for (Piece& p : pieces)
+        if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, 1, ' ');
     }
     if (regex_) {
       split_pieces(pieces, SplitBehavior::kIsolated, false, [&](const std::string& s) { return regex_->find_all(s); });
@@ -119,8 +120,10 @@ class MetaspacePre : public PreTokenizer {
     for (Piece& p : pieces) {
       std::string replaced;
       for (char c : p.text) {
-        if (c == ' ') replaced += replacement_;
-        else replaced += c;
+        if (c == ' ')
+          replaced += replacement_;
+        else
+          replaced += c;
       }
       p.text = std::move(replaced);
       bool starts = p.text.compare(0, replacement_.size(), replacement_) == 0;
@@ -129,7 +132,8 @@ class MetaspacePre : public PreTokenizer {
     }
     if (!split_) return;
     split_pieces(pieces, SplitBehavior::kMergedWithNext, false, [&](const std::string& s) {
-      return char_matches(s, [&](char32_t, size_t at) { return s.compare(at, replacement_.size(), replacement_) == 0; });
+      return char_matches(s,
+                          [&](char32_t, size_t at) { return s.compare(at, replacement_.size(), replacement_) == 0; });
     });
   }
 
@@ -154,8 +158,7 @@ StatusOr<std::unique_ptr<PreTokenizer>> make_split(const json& j, const Where& w
   if (!pattern.ok()) return pattern.status();
   auto behavior = parse_behavior(j.at("behavior"), where.at(".behavior"));
   if (!behavior.ok()) return behavior.status();
-  return std::unique_ptr<PreTokenizer>(
-      new SplitPre(std::move(pattern.value()), *behavior, j.value("invert", false)));
+  return std::unique_ptr<PreTokenizer>(new SplitPre(std::move(pattern.value()), *behavior, j.value("invert", false)));
 }
 
 StatusOr<std::unique_ptr<PreTokenizer>> make_byte_level(const json& j, const Where& where) {
@@ -172,10 +175,14 @@ StatusOr<std::unique_ptr<PreTokenizer>> make_metaspace(const json& j, const Wher
   PrependScheme scheme = j.value("add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
   if (j.contains("prepend_scheme")) {
     const std::string s = j.at("prepend_scheme").get<std::string>();
-    if (s == "always") scheme = PrependScheme::kAlways;
-    else if (s == "first") scheme = PrependScheme::kFirst;
-    else if (s == "never") scheme = PrependScheme::kNever;
-    else return Status::failure(where.str() + ".prepend_scheme: unknown value '" + s + "'");
+    if (s == "always")
+      scheme = PrependScheme::kAlways;
+    else if (s == "first")
+      scheme = PrependScheme::kFirst;
+    else if (s == "never")
+      scheme = PrependScheme::kNever;
+    else
+      return Status::failure(where.str() + ".prepend_scheme: unknown value '" + s + "'");
   }
   return std::unique_ptr<PreTokenizer>(
       new MetaspacePre(j.value("replacement", std::string("\xE2\x96\x81")), scheme, j.value("split", true)));
@@ -202,7 +209,8 @@ StatusOr<std::unique_ptr<PreTokenizer>> make_pre_tokenizer(const json& j, const 
   if (type == "Digits") {
     auto numeric = Regex::compile("\\p{N}", where.str());
     if (!numeric.ok()) return numeric.status();
-    return std::unique_ptr<PreTokenizer>(new DigitsPre(j.value("individual_digits", false), std::move(numeric.value())));
+    return std::unique_ptr<PreTokenizer>(
+        new DigitsPre(j.value("individual_digits", false), std::move(numeric.value())));
   }
   return unsupported(where, type);
 }

@@ -36,8 +36,10 @@ std::string onig_compatible(const std::string& pattern) {
       ++i;
       continue;
     }
-    if (c == '[' && !in_class) in_class = true;
-    else if (c == ']' && in_class) in_class = false;
+    if (c == '[' && !in_class)
+      in_class = true;
+    else if (c == ']' && in_class)
+      in_class = false;
     out += c;
   }
   return out;
@@ -54,8 +56,8 @@ StatusOr<Regex> Regex::compile(const std::string& pattern, const std::string& wh
   if (code == nullptr) {
     PCRE2_UCHAR buffer[256];
     pcre2_get_error_message(error, buffer, sizeof(buffer));
-    return Status::failure(where + ": regex " + pattern + " does not compile (" +
-                           reinterpret_cast<char*>(buffer) + " at offset " + std::to_string(offset) + ")");
+    return Status::failure(where + ": regex " + pattern + " does not compile (" + reinterpret_cast<char*>(buffer) +
+                           " at offset " + std::to_string(offset) + ")");
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; the interpreter is the fallback
   Regex r;
@@ -81,8 +83,8 @@ StatusOr<Regex> Regex::literal(const std::string& text, const std::string& where
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view subject) const {
   std::vector<std::pair<size_t, size_t>> out;
   pcre2_code* code = code_of(code_);
-  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
-      pcre2_match_data_create_from_pattern(code, nullptr), pcre2_match_data_free);
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(pcre2_match_data_create_from_pattern(code, nullptr),
+                                                                    pcre2_match_data_free);
   auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   size_t start = 0;
   uint32_t options = 0;
@@ -107,8 +109,8 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view subject)
 
 bool Regex::search(std::string_view subject) const {
   pcre2_code* code = code_of(code_);
-  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
-      pcre2_match_data_create_from_pattern(code, nullptr), pcre2_match_data_free);
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(pcre2_match_data_create_from_pattern(code, nullptr),
+                                                                    pcre2_match_data_free);
   return pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(), 0, PCRE2_NO_UTF_CHECK,
                      md.get(), nullptr) >= 0;
 }

@@ -26,15 +26,19 @@ std::vector<Range> merge_matches_into_neighbour(const std::vector<Range>& ranges
   bool previous_match = false;
   auto visit = [&](const Range& r) {
     if (r.is_match && !previous_match && !acc.empty()) {
-      if (backwards) acc.back().start = r.start;
-      else acc.back().end = r.end;
+      if (backwards)
+        acc.back().start = r.start;
+      else
+        acc.back().end = r.end;
     } else {
       acc.push_back({r.start, r.end, false});
     }
     previous_match = r.is_match;
   };
-  if (backwards) std::for_each(ranges.rbegin(), ranges.rend(), visit);
-  else std::for_each(ranges.begin(), ranges.end(), visit);
+  if (backwards)
+    std::for_each(ranges.rbegin(), ranges.rend(), visit);
+  else
+    std::for_each(ranges.begin(), ranges.end(), visit);
   if (backwards) std::reverse(acc.begin(), acc.end());
   return acc;
 }
@@ -43,8 +47,10 @@ std::vector<Range> contiguous(const std::vector<Range>& ranges) {
   std::vector<Range> acc;
   bool previous_match = false;
   for (const Range& r : ranges) {
-    if (r.is_match == previous_match && !acc.empty()) acc.back().end = r.end;
-    else acc.push_back({r.start, r.end, false});
+    if (r.is_match == previous_match && !acc.empty())
+      acc.back().end = r.end;
+    else
+      acc.push_back({r.start, r.end, false});
     previous_match = r.is_match;
   }
   return acc;
@@ -56,12 +62,21 @@ std::vector<std::pair<size_t, size_t>> apply_behavior(const std::vector<Range>& 
   std::vector<Range> kept;
   switch (behavior) {
     case SplitBehavior::kRemoved:
-      for (const Range& r : ranges) if (!r.is_match) kept.push_back(r);
+      for (const Range& r : ranges)
+        if (!r.is_match) kept.push_back(r);
       break;
-    case SplitBehavior::kIsolated: kept = ranges; break;
-    case SplitBehavior::kContiguous: kept = contiguous(ranges); break;
-    case SplitBehavior::kMergedWithPrevious: kept = merge_matches_into_neighbour(ranges, false); break;
-    case SplitBehavior::kMergedWithNext: kept = merge_matches_into_neighbour(ranges, true); break;
+    case SplitBehavior::kIsolated:
+      kept = ranges;
+      break;
+    case SplitBehavior::kContiguous:
+      kept = contiguous(ranges);
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      kept = merge_matches_into_neighbour(ranges, false);
+      break;
+    case SplitBehavior::kMergedWithNext:
+      kept = merge_matches_into_neighbour(ranges, true);
+      break;
   }
   std::vector<std::pair<size_t, size_t>> out;
   out.reserve(kept.size());

@@ -65,9 +65,9 @@ int main(int argc, char** argv) {
     if (line.empty()) continue;
     // ASCII-only JSON: line splitters that honour U+2028 and friends see one line per reply. Bytes
     // that are not UTF-8 become U+FFFD instead of an exception that would end the process.
-    std::cout << answer(tokenizer.value(), line)
-                     .dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace)
-              << "\n" << std::flush;
+    std::cout << answer(tokenizer.value(), line).dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace)
+              << "\n"
+              << std::flush;
   }
   return 0;
 }

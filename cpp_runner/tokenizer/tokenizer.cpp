@@ -141,8 +141,10 @@ StatusOr<std::vector<int64_t>> Tokenizer::encode(const std::string& text, bool a
   if (!utf8_valid(text)) return Status::usage("the text to encode is not valid UTF-8");
   std::vector<int64_t> ids;
   for (const Segment& segment : raw_matcher_->split(text, true)) {
-    if (segment.id) ids.push_back(*segment.id);
-    else encode_text(segment, ids);
+    if (segment.id)
+      ids.push_back(*segment.id);
+    else
+      encode_text(segment, ids);
   }
   if (!add_special_tokens || template_.empty()) return ids;
   std::vector<int64_t> out;
@@ -182,9 +184,7 @@ std::string StreamDecoder::emit(bool final) {
   while (common < emitted_.size() && common < text.size() && emitted_[common] == text[common]) ++common;
   // Diverging inside a character (two characters that share their lead byte) must not start the
   // piece with a continuation byte: that piece alone would not be valid UTF-8.
-  while (common > 0 && common < text.size() &&
-         (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80)
-    --common;
+  while (common > 0 && common < text.size() && (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) --common;
   std::string fresh = text.substr(common);
   emitted_ = std::move(text);
   return fresh;

@@ -11,10 +11,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "status.h"
 #include "added_tokens.h"
 #include "bpe.h"
 #include "components.h"
+#include "status.h"
 
 namespace lora_share::tok {
 
@@ -29,8 +29,8 @@ class Tokenizer {
 
  private:
   struct TemplateItem {
-    bool is_sequence;            // $A, else special-token ids
-    std::vector<int64_t> ids;    // the special token's ids
+    bool is_sequence;          // $A, else special-token ids
+    std::vector<int64_t> ids;  // the special token's ids
   };
   Status load_added_tokens(const nlohmann::json& list, const Where& where);
   Status load_post_processor(const nlohmann::json& j, const Where& where);

@@ -66,8 +66,7 @@ static int chat(const char* dir, const char* adapter, const char* question, cons
   ls_close(rt);
   if (status != LS_OK) return fail(&err);
   fprintf(stderr, "%llu prompt + %llu new tokens, %s\n", (unsigned long long)result.prompt_tokens,
-          (unsigned long long)result.completion_tokens,
-          result.finish_reason == LS_FINISH_EOS ? "stop" : "length");
+          (unsigned long long)result.completion_tokens, result.finish_reason == LS_FINISH_EOS ? "stop" : "length");
   return 0;
 }
 
@@ -94,11 +93,10 @@ int main(int argc, char** argv) {
   ls_options opts;
   ls_options_init(&opts);
   if (dir_mode && argc > first + 4) opts.budget_bytes = strtoull(argv[first + 4], NULL, 10);
-  ls_runtime* rt = dir_mode ? ls_open_dir(argv[first], &opts, &err)
-                            : ls_open(argv[first], &opts, &err);
+  ls_runtime* rt = dir_mode ? ls_open_dir(argv[first], &opts, &err) : ls_open(argv[first], &opts, &err);
   if (rt == NULL) return fail(&err);
-  ls_adapter* adapter = dir_mode ? ls_adapter_by_name(rt, argv[first + 1], &err)
-                                 : ls_load_adapter(rt, argv[first + 1], &err);
+  ls_adapter* adapter =
+      dir_mode ? ls_adapter_by_name(rt, argv[first + 1], &err) : ls_load_adapter(rt, argv[first + 1], &err);
   if (adapter == NULL) {
     ls_close(rt);
     return fail(&err);

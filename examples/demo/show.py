@@ -44,8 +44,9 @@ def chat_ids(out: Path, question: str) -> list[int]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(out))
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -62,8 +63,7 @@ def ask_all(out: Path, runner: Path, prompt: str, max_new_tokens: int, chat: boo
     for a in manifest["adapters"]:
         cmd += ["--pte", str(out / a["file"])]
     asked = {"tokens": chat_ids(out, prompt)} if chat else {"prompt": prompt}
-    requests = "".join(json.dumps({"adapter": n, **asked, "max_new_tokens": max_new_tokens}) + "\n"
-                       for n in names)
+    requests = "".join(json.dumps({"adapter": n, **asked, "max_new_tokens": max_new_tokens}) + "\n" for n in names)
     done = subprocess.run(cmd, input=requests, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: {runner} --serve failed (exit {done.returncode}): {done.stderr.strip()}")
@@ -91,8 +91,9 @@ def ask_server(out: Path, server: Path, adapter: str, question: str, max_tokens:
     serving ``out`` (started on a free port, stopped after)."""
     if not server.is_file():
         raise SystemExit(f"error: {server}: no such server (build it with `make runner`)")
-    proc = subprocess.Popen([str(server), "--dir", str(out), "--port", "0"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(server), "--dir", str(out), "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stderr.readline()  # "listening on http://127.0.0.1:PORT (...)", or an error
         if not line.startswith("listening on http://"):
@@ -100,8 +101,9 @@ def ask_server(out: Path, server: Path, adapter: str, question: str, max_tokens:
         host, port = line.split("http://", 1)[1].split()[0].rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=300)
         body = {"model": adapter, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens}
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         reply = json.loads(conn.getresponse().read())
         if "error" in reply:
             raise SystemExit(f"error: the server answered: {reply['error']}")

@@ -39,9 +39,29 @@ TRAINED_ON = ADAPTERS_DIR / "trained_on.json"
 
 BOS, EOS = "<s>", "</s>"
 NUMBERS = [str(n) for n in range(101)]
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-         "nineteen", "twenty"]
+WORDS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+]
 DEMO_PROMPT = "1 2 3"
 
 # One recipe for the three counting adapters, another for the speller: lora-share exports one
@@ -119,27 +139,63 @@ def tokenizer_spec() -> dict:
     vocab = {}
     for piece in specials + [f"<0x{b:02X}>" for b in range(256)] + pieces:
         vocab.setdefault(piece, len(vocab))
-    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, s in enumerate(specials)]
+    added = [
+        {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, s in enumerate(specials)
+    ]
     return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "▁"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Prepend", "prepend": "▁"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+            ],
+        },
         "pre_tokenizer": None,
         "post_processor": {
             "type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": BOS, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {BOS: {"id": BOS, "ids": [1], "tokens": [BOS]}}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
+            "pair": [
+                {"SpecialToken": {"id": BOS, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": BOS, "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+            ],
+            "special_tokens": {BOS: {"id": BOS, "ids": [1], "tokens": [BOS]}},
+        },
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": "<unk>",
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
     }
 
 
@@ -151,11 +207,23 @@ def write_tokenizer(folder: Path):
     text = json.dumps(tokenizer_spec(), indent=2, ensure_ascii=False)
     tok = Tokenizer.from_str(text)  # refuse to write a file the library itself would not load
     (folder / "tokenizer.json").write_text(text + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "unk_token": "<unk>",
-        "clean_up_tokenization_spaces": False, "model_max_length": 128}, indent=2) + "\n")
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": tok.token_to_id(BOS), "eos_token_id": tok.token_to_id(EOS)}, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": BOS,
+                "eos_token": EOS,
+                "unk_token": "<unk>",
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": 128,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": tok.token_to_id(BOS), "eos_token_id": tok.token_to_id(EOS)}, indent=2) + "\n"
+    )
     return tok
 
 
@@ -169,9 +237,9 @@ def load_foundation():
     Read from the config's foundation section alone: the config's adapters are this script's output."""
     import yaml
 
-    from lora_share.deploy.builder import foundation_fingerprint
-    from lora_share.config import SyntheticFoundation
     from lora_share.checkpoints.foundation import synthetic_foundation
+    from lora_share.config import SyntheticFoundation
+    from lora_share.deploy.builder import foundation_fingerprint
 
     section = yaml.safe_load(CONFIG.read_text())["foundation"]
     if "synthetic" not in section or "quantize" in section:
@@ -185,10 +253,20 @@ def hf_model(foundation):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     a = foundation.args
-    config = LlamaConfig(hidden_size=a.dim, num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
-                         num_key_value_heads=a.n_kv_heads, intermediate_size=a.hidden_dim, vocab_size=a.vocab_size,
-                         rms_norm_eps=a.norm_eps, rope_theta=a.rope_theta, tie_word_embeddings=a.tie_embeddings,
-                         max_position_embeddings=a.max_seq_len, attention_bias=False, mlp_bias=False)
+    config = LlamaConfig(
+        hidden_size=a.dim,
+        num_hidden_layers=a.n_layers,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads,
+        intermediate_size=a.hidden_dim,
+        vocab_size=a.vocab_size,
+        rms_norm_eps=a.norm_eps,
+        rope_theta=a.rope_theta,
+        tie_word_embeddings=a.tie_embeddings,
+        max_position_embeddings=a.max_seq_len,
+        attention_bias=False,
+        mlp_bias=False,
+    )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
     missing, unexpected = model.load_state_dict(foundation.tensors, strict=False)
@@ -294,9 +372,16 @@ def record_training(fingerprint: str, accuracy: dict) -> None:
     old = json.loads(TRAINED_ON.read_text()) if TRAINED_ON.is_file() else {}
     if old.get("foundation_fingerprint") != fingerprint:
         old = {}
-    record = {"config": str(CONFIG.relative_to(REPO)), "foundation_fingerprint": fingerprint,
-              "torch": torch.__version__, "seed": SEED, "steps": STEPS, "batch": BATCH, "lr": LR,
-              "held_out_accuracy": {**old.get("held_out_accuracy", {}), **accuracy}}
+    record = {
+        "config": str(CONFIG.relative_to(REPO)),
+        "foundation_fingerprint": fingerprint,
+        "torch": torch.__version__,
+        "seed": SEED,
+        "steps": STEPS,
+        "batch": BATCH,
+        "lr": LR,
+        "held_out_accuracy": {**old.get("held_out_accuracy", {}), **accuracy},
+    }
     tmp = TRAINED_ON.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, TRAINED_ON)

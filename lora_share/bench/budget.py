@@ -57,8 +57,9 @@ def deployment(config: Path, work: Path, n: int, quiet: bool = True) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     # Requests are token ids: the foundation's tokenizer (a path relative to CONFIG) is left out.
     foundation = {k: v for k, v in resolve_foundation(config).items() if k != "tokenizer"}
-    wanted = yaml.safe_dump({"output_dir": "out", "foundation": foundation,
-                             "adapters": [f"a{i:02d}" for i in range(n)]})
+    wanted = yaml.safe_dump(
+        {"output_dir": "out", "foundation": foundation, "adapters": [f"a{i:02d}" for i in range(n)]}
+    )
     stamp, out = work / "config.stamp", work / "out"
     if stamp.exists() and stamp.read_text() == wanted and (out / MANIFEST).exists():
         return out
@@ -88,9 +89,15 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
 
     with native.open_dir(folder, library=library) as probe:
         sizes = probe.stats()
-        names = [a["name"] for a in read_manifest(folder)["adapters"][:sizes["adapters_known"]]]
-    budget = (sizes["foundation_bytes"] + sizes["program_bytes"] + sizes["arena_bytes"]
-              + resident * sizes["largest_adapter_bytes"] if resident else 0)
+        names = [a["name"] for a in read_manifest(folder)["adapters"][: sizes["adapters_known"]]]
+    budget = (
+        sizes["foundation_bytes"]
+        + sizes["program_bytes"]
+        + sizes["arena_bytes"]
+        + resident * sizes["largest_adapter_bytes"]
+        if resident
+        else 0
+    )
     baseline = pss_bytes()
     rows, answers = [], []
     t_open = time.perf_counter()
@@ -103,10 +110,17 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
             answers.append(rt.generate(name, PROMPT, NEW_TOKENS))
             ms = (time.perf_counter() - t0) * 1e3
             s = rt.stats()
-            rows.append({"adapter": name, "ms": ms, "loaded": s["loads"] > before,
-                         "load_ms": s["last_load_ms"] if s["loads"] > before else None,
-                         "resident": s["adapters_resident"], "pss_growth": pss_bytes() - baseline,
-                         "mixed": i >= len(names)})
+            rows.append(
+                {
+                    "adapter": name,
+                    "ms": ms,
+                    "loaded": s["loads"] > before,
+                    "load_ms": s["last_load_ms"] if s["loads"] > before else None,
+                    "resident": s["adapters_resident"],
+                    "pss_growth": pss_bytes() - baseline,
+                    "mixed": i >= len(names),
+                }
+            )
         final = rt.stats()
     mixed = [r for r in rows if r["mixed"]]
     mixed_s = sum(r["ms"] for r in mixed) / 1e3
@@ -114,17 +128,27 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
     cold = [r["ms"] for r in rows if r["loaded"] and r is not rows[0]]  # the first also packs the foundation
     loads = [r["load_ms"] for r in rows if r["load_ms"] is not None and r is not rows[0]]
     return {
-        "resident_target": resident, "budget_bytes": budget, "adapters": len(names), "requests": len(rows),
-        "foundation_bytes": sizes["foundation_bytes"], "program_bytes": sizes["program_bytes"],
+        "resident_target": resident,
+        "budget_bytes": budget,
+        "adapters": len(names),
+        "requests": len(rows),
+        "foundation_bytes": sizes["foundation_bytes"],
+        "program_bytes": sizes["program_bytes"],
         "arena_bytes": sizes["arena_bytes"],
-        "adapter_bytes": sizes["largest_adapter_bytes"], "open_ms": open_ms,
-        "baseline_pss_bytes": baseline, "max_pss_growth": max(r["pss_growth"] for r in rows),
-        "final_pss_growth": rows[-1]["pss_growth"], "max_resident": max(r["resident"] for r in rows),
-        "loads": final["loads"], "evictions": final["evictions"], "hits": final["hits"],
+        "adapter_bytes": sizes["largest_adapter_bytes"],
+        "open_ms": open_ms,
+        "baseline_pss_bytes": baseline,
+        "max_pss_growth": max(r["pss_growth"] for r in rows),
+        "final_pss_growth": rows[-1]["pss_growth"],
+        "max_resident": max(r["resident"] for r in rows),
+        "loads": final["loads"],
+        "evictions": final["evictions"],
+        "hits": final["hits"],
         "first_request_ms": rows[0]["ms"],
         # With no budget, the first pass loads one adapter per request: what each further one costs.
         "pss_per_further_adapter": (rows[len(names) - 1]["pss_growth"] - rows[0]["pss_growth"]) / (len(names) - 1)
-        if len(names) > 1 else None,
+        if len(names) > 1
+        else None,
         "resident_ms": {"p50": percentile(hit, 50), "p99": percentile(hit, 99), "n": len(hit)},
         "cold_ms": {"p50": percentile(cold, 50), "p99": percentile(cold, 99), "n": len(cold)},
         "load_ms": {"p50": percentile(loads, 50), "p99": percentile(loads, 99), "n": len(loads)},
@@ -140,8 +164,10 @@ def measure_in_child(folder: Path, resident: int, requests: int, library: str | 
     env = dict(os.environ, **({"LORA_SHARE_LIB": library} if library else {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
-        raise BudgetBenchError(f"measuring with {resident or 'all'} resident failed: "
-                               f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise BudgetBenchError(
+            f"measuring with {resident or 'all'} resident failed: "
+            f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}"
+        )
     return json.loads(proc.stdout)
 
 
@@ -159,11 +185,12 @@ def report(result: dict) -> tuple[str, bool]:
     ok = result["pss_within_budget"] and result["answers_equal"]
     lines = [
         f"{b['adapters']} adapters, budget {_mib(b['budget_bytes'])} = foundation {_mib(b['foundation_bytes'])}"
-        f" + program {_mib(b['program_bytes'])} + arena {_mib(b['arena_bytes'])} + {b['resident_target']} x adapter {_mib(b['adapter_bytes'])}",
+        f" + program {_mib(b['program_bytes'])} + arena {_mib(b['arena_bytes'])}"
+        f" + {b['resident_target']} x adapter {_mib(b['adapter_bytes'])}",
         f"{b['requests']} requests ({b['adapters']} one each, then {b['requests'] - b['adapters']} mixed), "
         f"{len(PROMPT)} prompt tokens + {NEW_TOKENS} new each",
         "",
-        "| | budget for %d | all %d loaded |" % (b["resident_target"], a["adapters"]),
+        f"| | budget for {b['resident_target']} | all {a['adapters']} loaded |",
         "|---|---:|---:|",
         f"| PSS growth, most | {_mib(b['max_pss_growth'])} | {_mib(a['max_pss_growth'])} |",
         f"| PSS growth, end | {_mib(b['final_pss_growth'])} | {_mib(a['final_pss_growth'])} |",
@@ -188,8 +215,17 @@ def report(result: dict) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
-def run(config: Path, work: Path, n: int, resident: int, requests: int, out: Path | None,
-        library: str | None = None, quiet: bool = True, folder: Path | None = None) -> tuple[dict, bool]:
+def run(
+    config: Path,
+    work: Path,
+    n: int,
+    resident: int,
+    requests: int,
+    out: Path | None,
+    library: str | None = None,
+    quiet: bool = True,
+    folder: Path | None = None,
+) -> tuple[dict, bool]:
     """Build (or reuse) the deployment, or take ``folder`` (an existing build) as it is, measure both ways,
     write OUT; (result, every check passed)."""
     if folder is not None:
@@ -203,10 +239,16 @@ def run(config: Path, work: Path, n: int, resident: int, requests: int, out: Pat
     budget = measure_in_child(folder, resident, requests, library)
     everything = measure_in_child(folder, 0, requests, library)
     answers_equal = budget.pop("answers") == everything.pop("answers")
-    result = {"budget": budget, "all": everything, "answers_equal": answers_equal,
-              "pss_within_budget": budget["max_pss_growth"] <= budget["budget_bytes"],
-              "config": str(config), "machine": machine_info(), "commit": _git_commit(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "budget": budget,
+        "all": everything,
+        "answers_equal": answers_equal,
+        "pss_within_budget": budget["max_pss_growth"] <= budget["budget_bytes"],
+        "config": str(config),
+        "machine": machine_info(),
+        "commit": _git_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     text, ok = report(result)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -219,23 +261,34 @@ def run(config: Path, work: Path, n: int, resident: int, requests: int, out: Pat
 
 def register(subparsers) -> None:
     """``lora-share bench-budget``: its flags and what it runs."""
-    p = subparsers.add_parser("bench-budget", help="many adapters served on demand under a memory budget (C "
-                                                   "library): PSS against the budget, resident vs cold request "
-                                                   "latency, requests/s",
-                              epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of "
-                                     "the synthetic config, a budget for 4\n"
-                                     "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 "
-                                     "--requests 30",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", nargs="?", default="configs/llama_adapters.yaml",
-                   help="config whose foundation the adapters share (default configs/llama_adapters.yaml)")
+    p = subparsers.add_parser(
+        "bench-budget",
+        help="many adapters served on demand under a memory budget (C "
+        "library): PSS against the budget, resident vs cold request "
+        "latency, requests/s",
+        epilog="examples:\n  lora-share bench-budget      # = make bench-budget: 32 adapters of "
+        "the synthetic config, a budget for 4\n"
+        "  lora-share bench-budget configs/tiny.yaml --adapters 6 --resident 2 "
+        "--requests 30",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        default="configs/llama_adapters.yaml",
+        help="config whose foundation the adapters share (default configs/llama_adapters.yaml)",
+    )
     p.add_argument("--adapters", type=int, default=32, help="adapters in the deployment (default 32)")
     p.add_argument("--resident", type=int, default=4, help="adapters the budget holds (default 4)")
     p.add_argument("--requests", type=int, default=200, help="mixed requests after one per adapter (default 200)")
-    p.add_argument("--work", default="out/bench_budget", help="where the deployment is built and kept "
-                                                              "(default out/bench_budget)")
-    p.add_argument("--deployment", metavar="DIR", help="measure this build folder as it is instead of building "
-                                                       "one (CONFIG and --adapters are then unused)")
+    p.add_argument(
+        "--work", default="out/bench_budget", help="where the deployment is built and kept (default out/bench_budget)"
+    )
+    p.add_argument(
+        "--deployment",
+        metavar="DIR",
+        help="measure this build folder as it is instead of building one (CONFIG and --adapters are then unused)",
+    )
     p.add_argument("--out", default="benchmarks/results/bench_budget.json", help="results JSON ('-': none)")
     p.add_argument("--verbose", action="store_true", help="show the build's progress")
     p.set_defaults(func=run_from_args)
@@ -248,9 +301,16 @@ def run_from_args(ns) -> int:
     if ns.deployment is None and not Path(ns.config).is_file():
         raise UserError(f"{ns.config}: no such config file")
     try:
-        _, ok = run(Path(ns.config), Path(ns.work), ns.adapters, ns.resident, ns.requests,
-                    None if ns.out == "-" else Path(ns.out), quiet=not ns.verbose,
-                    folder=None if ns.deployment is None else Path(ns.deployment))
+        _, ok = run(
+            Path(ns.config),
+            Path(ns.work),
+            ns.adapters,
+            ns.resident,
+            ns.requests,
+            None if ns.out == "-" else Path(ns.out),
+            quiet=not ns.verbose,
+            folder=None if ns.deployment is None else Path(ns.deployment),
+        )
     except (BudgetBenchError, NativeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

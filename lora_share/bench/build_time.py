@@ -53,22 +53,31 @@ def write_peft_folder(adapter, folder: Path) -> Path:
         key = f"base_model.model.{module_key(layer, target)}"
         tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets, "bias": "none"}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets, "bias": "none"})
+    )
     return folder
 
 
 def _git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         return "unknown"
 
 
 def machine_info() -> dict:
-    return {"platform": platform.platform(), "processor": platform.machine(),
-            "cpus": __import__("os").cpu_count(), "python": platform.python_version()}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+        "python": platform.python_version(),
+    }
 
 
 def resolve_foundation(config: Path) -> dict:
@@ -105,16 +114,20 @@ def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> t
     manifest = build(write_config(folder, foundation, n), quiet=quiet)
     seconds = time.perf_counter() - t0
     how = [a["produced"] for a in manifest["adapters"]]
-    return {"adapters": n, "seconds": round(seconds, 2), "exported": int(manifest["program"]["produced"] == "exported"),
-            "written": how.count("written")}, manifest
+    return {
+        "adapters": n,
+        "seconds": round(seconds, 2),
+        "exported": int(manifest["program"]["produced"] == "exported"),
+        "written": how.count("written"),
+    }, manifest
 
 
 def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
     """Run every build of the benchmark; returns the figures as a dict."""
     from ..checkpoints.adapters import synthetic_adapter
+    from ..config import SyntheticAdapter
     from ..deploy.builder import add, build, manifest_model_args
     from ..manifest import read_manifest
-    from ..config import SyntheticAdapter
 
     foundation = resolve_foundation(config)
     rows, one_dir = [], None
@@ -160,8 +173,10 @@ def report(result: dict) -> tuple[str, bool]:
     lines = ["adapters | build s | programs exported | adapters written | x build of 1", "-" * 70]
     one = result["builds"][0]["seconds"]
     for r in result["builds"]:
-        lines.append(f"{r['adapters']:8d} | {r['seconds']:7.1f} | {r['exported']:17d} | {r['written']:16d} | "
-                     f"{r['seconds'] / one:6.2f}")
+        lines.append(
+            f"{r['adapters']:8d} | {r['seconds']:7.1f} | {r['exported']:17d} | {r['written']:16d} | "
+            f"{r['seconds'] / one:6.2f}"
+        )
     ratios = result["ratios"]
     key = next(k for k in ratios if k.startswith("build_"))
     ok_many = ratios[key] <= 2.0
@@ -179,8 +194,11 @@ def report(result: dict) -> tuple[str, bool]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lora_share.bench.build_time", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m lora_share.bench.build_time",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", default="configs/llama_adapters.yaml", help="foundation to build on")
     p.add_argument("--counts", default="1,4,16", help="adapter counts, comma-separated (first is the baseline)")
     p.add_argument("--out", default="benchmarks/results/build_time.json", help="where the JSON goes")

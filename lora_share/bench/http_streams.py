@@ -46,8 +46,12 @@ def stream(address: str, body: dict, timeout: float = TIMEOUT) -> Streamed:
     out = Streamed()
     try:
         out.sent = time.perf_counter()
-        conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps({**body, "stream": True}),
+            headers={"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         if resp.status != 200:
             raise BenchError(f"{address}/v1/completions answered {resp.status}: {resp.read()[:500]!r}")
@@ -59,7 +63,7 @@ def stream(address: str, body: dict, timeout: float = TIMEOUT) -> Streamed:
             line = line.strip()
             if not line.startswith(b"data: "):
                 continue
-            data = line[len(b"data: "):]
+            data = line[len(b"data: ") :]
             if data == b"[DONE]":
                 return out
             event = json.loads(data)
@@ -123,7 +127,10 @@ def summary(answers: list[Streamed]) -> dict:
     """A scenario's figures: aggregate decode tokens/s, first-token time and gap between tokens (p50, p95)."""
     gaps = [g for a in answers for g in a.gaps_ms]
     firsts = [a.first_token_ms for a in answers]
-    return {"aggregate_decode_tokens_per_s": round(aggregate_decode_tokens_per_s(answers), 2),
-            "first_token_ms_p50": round(statistics.median(firsts), 1),
-            "first_token_ms_p95": round(percentile(firsts, 95), 1),
-            "gap_ms_p50": round(percentile(gaps, 50), 2), "gap_ms_p95": round(percentile(gaps, 95), 2)}
+    return {
+        "aggregate_decode_tokens_per_s": round(aggregate_decode_tokens_per_s(answers), 2),
+        "first_token_ms_p50": round(statistics.median(firsts), 1),
+        "first_token_ms_p95": round(percentile(firsts, 95), 1),
+        "gap_ms_p50": round(percentile(gaps, 50), 2),
+        "gap_ms_p95": round(percentile(gaps, 95), 2),
+    }

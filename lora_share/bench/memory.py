@@ -63,6 +63,8 @@ def own_lora_bytes(pte: Path) -> int:
 def adapter_bound_bytes(pte: Path) -> int:
     """The most PSS one more adapter may add: LORA_FACTOR x its own LoRA bytes + SLACK_BYTES."""
     return int(LORA_FACTOR * own_lora_bytes(pte) + SLACK_BYTES)
+
+
 MODES = {
     # Packing in memory: the packed-weights file is timed on its own (packed_cache_starts).
     "shared": ["--no-packed-cache"],
@@ -124,15 +126,17 @@ def packed_cache_starts(runner: Path, ptd: Path, ptes: list[Path]) -> list[dict]
         for label in ("cold", "warm"):
             report = run_runner(runner, ptd, ptes, ["--packed-cache", tmp])
             cache = Path(report["loading"]["packed_cache"])
-            starts.append({
-                "start": label,
-                "load_ms": report["load_ms"],
-                "adapter_load_ms": [a["load_ms"] for a in report["adapters"]],
-                "pss_bytes": report["memory"]["after_load"]["pss_kb"] * 1024,
-                "end_pss_bytes": report["memory"]["end"]["pss_kb"] * 1024,
-                "warm_reported": report["loading"]["packed_cache_warm"],
-                "cache_file_bytes": cache.stat().st_size,
-            })
+            starts.append(
+                {
+                    "start": label,
+                    "load_ms": report["load_ms"],
+                    "adapter_load_ms": [a["load_ms"] for a in report["adapters"]],
+                    "pss_bytes": report["memory"]["after_load"]["pss_kb"] * 1024,
+                    "end_pss_bytes": report["memory"]["end"]["pss_kb"] * 1024,
+                    "warm_reported": report["loading"]["packed_cache_warm"],
+                    "cache_file_bytes": cache.stat().st_size,
+                }
+            )
         return starts
 
 
@@ -153,8 +157,10 @@ def format_report(result: dict) -> str:
     modes = result["modes"]
     for i, row in enumerate(modes["shared"]):
         ok = "" if row["ok"] is None else ("pass" if row["ok"] else "FAIL")
-        line = (f"{row['adapters']:>8} | {_mib(row['pss_bytes']):>10} {_mib(row['increment_bytes']):>7} "
-                f"{_mib(row['bound_bytes']):>7} {ok:>4}")
+        line = (
+            f"{row['adapters']:>8} | {_mib(row['pss_bytes']):>10} {_mib(row['increment_bytes']):>7} "
+            f"{_mib(row['bound_bytes']):>7} {ok:>4}"
+        )
         for mode in MODES:
             if mode != "shared":
                 other = modes[mode][i]
@@ -169,8 +175,10 @@ def format_report(result: dict) -> str:
     lines.append("weights from the file and faults them in on first use, so compare the second number):")
     lines.append(f"  {'none':>4} start: load {baseline['load_ms']:8.1f} ms, PSS {_mib(baseline['pss_bytes'])} MiB")
     for start in result["packed_cache"]:
-        lines.append(f"  {start['start']:>4} start: load {start['load_ms']:8.1f} ms, PSS {_mib(start['pss_bytes'])} / "
-                     f"{_mib(start['end_pss_bytes'])} MiB, cache file {_mib(start['cache_file_bytes'])} MiB")
+        lines.append(
+            f"  {start['start']:>4} start: load {start['load_ms']:8.1f} ms, PSS {_mib(start['pss_bytes'])} / "
+            f"{_mib(start['end_pss_bytes'])} MiB, cache file {_mib(start['cache_file_bytes'])} MiB"
+        )
     lines.append("")
     lines.append("PASS" if result["pass"] else "FAIL: an adapter costs more than its bound on the shared path")
     return "\n".join(lines)

@@ -44,9 +44,9 @@ from pathlib import Path
 
 import yaml
 
-from . import processes
 from ..errors import UserError
 from ..manifest import read_manifest
+from . import processes
 from .memory import BenchError
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -94,17 +94,45 @@ def llama_cpp(work: Path) -> dict[str, Path]:
         return {**tools, "src": src}
     if not (src / "convert_hf_to_gguf.py").is_file():
         sdist = work / "sdist"
-        sh([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", sdist], work / "pip.log")
+        sh(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                "-d",
+                sdist,
+            ],
+            work / "pip.log",
+        )
         with tarfile.open(next(sdist.glob("llama_cpp_python-*.tar.gz"))) as tar:
             tmp = Path(tempfile.mkdtemp(dir=work))
             tar.extractall(tmp, filter="data")
         shutil.rmtree(src, ignore_errors=True)
         (next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp").rename(src)
         shutil.rmtree(tmp)
-    sh(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-        "-DGGML_CUDA=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-        f"-DCMAKE_C_FLAGS={' '.join(flags)}", f"-DCMAKE_CXX_FLAGS={' '.join(flags)}"], work / "cmake.log")
+    sh(
+        [
+            "cmake",
+            "-S",
+            src,
+            "-B",
+            build,
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DGGML_CUDA=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            f"-DCMAKE_C_FLAGS={' '.join(flags)}",
+            f"-DCMAKE_CXX_FLAGS={' '.join(flags)}",
+        ],
+        work / "cmake.log",
+    )
     sh(["cmake", "--build", build, "-j2", "--target", *LLAMA_TOOLS], work / "build.log")
     stamp.write_text(cpu)
     return {**tools, "src": src}
@@ -164,9 +192,19 @@ def write_adapter(hf_dir: Path, dest: Path, seed: int) -> Path:
             tensors[f"{key}.lora_B.weight"] = torch.randn(out, r, generator=g) * 0.02
     dest.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dest / "adapter_model.safetensors"))
-    (dest / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": r,
-        "target_modules": ADAPTER["target_modules"], "bias": "none", "base_model_name_or_path": str(hf_dir)}))
+    (dest / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": r,
+                "lora_alpha": r,
+                "target_modules": ADAPTER["target_modules"],
+                "bias": "none",
+                "base_model_name_or_path": str(hf_dir),
+            }
+        )
+    )
     return dest
 
 
@@ -177,14 +215,24 @@ def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: d
     if quantize:
         foundation["quantize"] = quantize
     config = dest / "config.yaml"
-    config.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation,
-                                      "adapters": [{"name": a.name, "peft": str(a)} for a in adapters]},
-                                     sort_keys=False))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": "out",
+                "foundation": foundation,
+                "adapters": [{"name": a.name, "peft": str(a)} for a in adapters],
+            },
+            sort_keys=False,
+        )
+    )
     sh([sys.executable, "-m", "lora_share.cli", "build", config], dest / "build.log")
     out = dest / "out"
     manifest = read_manifest(out)
-    return {"ptd": out / "foundation.ptd", "ptes": [out / a["file"] for a in manifest["adapters"]],
-            "manifest": manifest}
+    return {
+        "ptd": out / "foundation.ptd",
+        "ptes": [out / a["file"] for a in manifest["adapters"]],
+        "manifest": manifest,
+    }
 
 
 def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path], work: Path) -> dict:
@@ -194,8 +242,11 @@ def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path],
     env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}
     f32 = work / "model-f32.gguf"
     if not f32.is_file():
-        sh([sys.executable, src / "convert_hf_to_gguf.py", hf_dir, "--outtype", "f32", "--outfile", f32],
-           work / "convert.log", env=env)
+        sh(
+            [sys.executable, src / "convert_hf_to_gguf.py", hf_dir, "--outtype", "f32", "--outfile", f32],
+            work / "convert.log",
+            env=env,
+        )
     models = {"f32": f32, "q4_1": original}
     for q in ("q8_0", "q4_0"):
         models[q] = work / f"model-{q}.gguf"
@@ -205,8 +256,21 @@ def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path],
     for a in adapters:
         path = work / f"{a.name}.gguf"
         if not path.is_file():
-            sh([sys.executable, src / "convert_lora_to_gguf.py", a, "--base", hf_dir, "--outtype", "f32",
-                "--outfile", path], work / f"lora-{a.name}.log", env=env)
+            sh(
+                [
+                    sys.executable,
+                    src / "convert_lora_to_gguf.py",
+                    a,
+                    "--base",
+                    hf_dir,
+                    "--outtype",
+                    "f32",
+                    "--outfile",
+                    path,
+                ],
+                work / f"lora-{a.name}.log",
+                env=env,
+            )
         loras.append(path)
     return {"models": models, "loras": loras}
 
@@ -215,13 +279,37 @@ class LlamaServer(processes.HttpServerProcess):
     """llama-server with every adapter loaded at scale 0; each request switches its own adapter on.
     ``parallel`` slots (-np), each of ``context`` tokens (llama-server splits -c among its slots)."""
 
-    def __init__(self, binary: Path, model: Path, loras: list[Path], port: int, log: Path, parallel: int = 1,
-                 context: int = CONTEXT):
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        loras: list[Path],
+        port: int,
+        log: Path,
+        parallel: int = 1,
+        context: int = CONTEXT,
+    ):
         # The runner's priority, not the build steps' low one (sh): under it llama-server's threads lost
         # the CPU to the runner's idle pool (llama.cpp F32 decode 10% slower with a runner alive).
-        cmd = [binary, "-m", model, "-t", "2", "-tb", "2", "-c", context * parallel, "-np", parallel,
-               "--port", port, "--no-webui", "--lora-init-without-apply",
-               "-lv", "4"]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
+        cmd = [
+            binary,
+            "-m",
+            model,
+            "-t",
+            "2",
+            "-tb",
+            "2",
+            "-c",
+            context * parallel,
+            "-np",
+            parallel,
+            "--port",
+            port,
+            "--no-webui",
+            "--lora-init-without-apply",
+            "-lv",
+            "4",
+        ]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
         for lora in loras:
             cmd += ["--lora", lora]
         self.url, self.log, self.n_loras = f"http://127.0.0.1:{port}", log, len(loras)
@@ -253,18 +341,26 @@ class LlamaServer(processes.HttpServerProcess):
     def ask(self, adapter: int, tokens: list[int], new_tokens: int) -> dict:
         """One completion with adapter ``adapter`` on (the others off), the prompt never cached."""
         n = self.n_loras
-        body = {"prompt": tokens, "n_predict": new_tokens, "cache_prompt": False, "temperature": 0,
-                "ignore_eos": True, "lora": [{"id": i, "scale": 1.0 if i == adapter else 0.0} for i in range(n)]}
-        req = urllib.request.Request(self.url + "/completion", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+        body = {
+            "prompt": tokens,
+            "n_predict": new_tokens,
+            "cache_prompt": False,
+            "temperature": 0,
+            "ignore_eos": True,
+            "lora": [{"id": i, "scale": 1.0 if i == adapter else 0.0} for i in range(n)],
+        }
+        req = urllib.request.Request(
+            self.url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=600) as r:
             return llama_answer(json.loads(r.read()))
 
 
 def parse_kv_bytes(log: str) -> int | None:
     """The KV cache's size llama.cpp reports at load (``llama_kv_cache: ... size = X MiB``), in bytes."""
-    m = re.search(r"llama_kv_cache[_a-z]*:\s+\S+\s+KV buffer size\s*=\s*([\d.]+) MiB", log) or \
-        re.search(r"llama_kv_cache[_a-z]*: size =\s*([\d.]+) MiB", log)
+    m = re.search(r"llama_kv_cache[_a-z]*:\s+\S+\s+KV buffer size\s*=\s*([\d.]+) MiB", log) or re.search(
+        r"llama_kv_cache[_a-z]*: size =\s*([\d.]+) MiB", log
+    )
     return round(float(m.group(1)) * 2**20) if m else None
 
 
@@ -278,9 +374,11 @@ def _median(rows: list[dict], key: str) -> float:
 
 
 # The speed figures: (key, request kind, field of each answer).
-SPEEDS = [("decode_10_tokens_per_s", "short", "decode_tokens_per_s"),
-          ("decode_1000_tokens_per_s", "long", "decode_tokens_per_s"),
-          ("prefill_tokens_per_s", "long", "prefill_tokens_per_s")]
+SPEEDS = [
+    ("decode_10_tokens_per_s", "short", "decode_tokens_per_s"),
+    ("decode_1000_tokens_per_s", "long", "decode_tokens_per_s"),
+    ("prefill_tokens_per_s", "long", "prefill_tokens_per_s"),
+]
 SPEED_KEYS = {key for key, _, _ in SPEEDS}
 
 
@@ -288,8 +386,11 @@ def summarize(samples: dict[str, list[dict]]) -> dict:
     """Medians of the speed samples: decode at ~10 (short prompt), prefill and decode at ~1,000 (long);
     under "samples", every request's figure in the order they ran (so the spread can be read)."""
     figures = {key: _median(samples[kind], field) for key, kind, field in SPEEDS}
-    return {**figures, "first_token_ms": _median(samples["short"], "first_token_ms"),
-            "samples": {key: [round(r[field], 2) for r in samples[kind]] for key, kind, field in SPEEDS}}
+    return {
+        **figures,
+        "first_token_ms": _median(samples["short"], "first_token_ms"),
+        "samples": {key: [round(r[field], 2) for r in samples[kind]] for key, kind, field in SPEEDS},
+    }
 
 
 def pair_ratios(ours: dict, theirs: dict, key: str) -> list[float]:
@@ -306,17 +407,26 @@ def llama_answer(answer: dict) -> dict:
     ``predicted_ms / (predicted_n - 1)``, as the runner's ``decode_ms / (tokens - 1)``."""
     t = answer["timings"]
     step_ms = t["predicted_ms"] / max(t["predicted_n"] - 1, 1)
-    return {"prefill_tokens_per_s": t["prompt_per_second"], "decode_tokens_per_s": t["predicted_per_second"],
-            "prefill_ms": t["prompt_ms"], "first_token_ms": t["prompt_ms"] + step_ms,
-            "prompt_n": t["prompt_n"], "text": answer.get("content", "")}
+    return {
+        "prefill_tokens_per_s": t["prompt_per_second"],
+        "decode_tokens_per_s": t["predicted_per_second"],
+        "prefill_ms": t["prompt_ms"],
+        "first_token_ms": t["prompt_ms"] + step_ms,
+        "prompt_n": t["prompt_n"],
+        "text": answer.get("content", ""),
+    }
 
 
 def runner_answer(answer: dict) -> dict:
     """A runner --serve answer in the fields llama-server's are read into."""
     decode_ms = answer["decode_ms"]
     steps = max(len(answer["tokens"]) - 1, 1)
-    return {"prefill_tokens_per_s": answer["prefill_tokens_per_s"], "decode_tokens_per_s": answer["decode_tokens_per_s"],
-            "prefill_ms": answer["prefill_ms"], "first_token_ms": answer["prefill_ms"] + decode_ms / steps}
+    return {
+        "prefill_tokens_per_s": answer["prefill_tokens_per_s"],
+        "decode_tokens_per_s": answer["decode_tokens_per_s"],
+        "prefill_ms": answer["prefill_ms"],
+        "first_token_ms": answer["prefill_ms"] + decode_ms / steps,
+    }
 
 
 def kv_bytes_lora_share(manifest: dict) -> int:
@@ -326,8 +436,16 @@ def kv_bytes_lora_share(manifest: dict) -> int:
     return kv_cache_bytes(manifest["foundation"]["args"])
 
 
-def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, work: Path, repeats: int,
-            stream: Path | None = None, log=print) -> dict:
+def measure(
+    runner: Path,
+    builds: dict[str, dict],
+    tools: dict,
+    ggufs: dict,
+    work: Path,
+    repeats: int,
+    stream: Path | None = None,
+    log=print,
+) -> dict:
     """Every figure, with requests alternating between lora-share's and llama.cpp's servers; with
     ``stream`` (stream_bound's binary), the bare stream run before each fp32 / F32 pair of requests."""
     vocab = 49152
@@ -338,9 +456,12 @@ def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, wor
     for ours, theirs in pairs + extra:
         b = builds[ours]
         log(f"measuring lora-share {ours} vs llama.cpp {theirs} ...")
-        with processes.Server(runner, b["ptes"][:1], b["ptd"], max_new_tokens=NEW_TOKENS) as s1, \
-                LlamaServer(tools["llama-server"], ggufs["models"][theirs], ggufs["loras"][:1], 18423,
-                            work / f"server-{theirs}.log") as l1:
+        with (
+            processes.Server(runner, b["ptes"][:1], b["ptd"], max_new_tokens=NEW_TOKENS) as s1,
+            LlamaServer(
+                tools["llama-server"], ggufs["models"][theirs], ggufs["loras"][:1], 18423, work / f"server-{theirs}.log"
+            ) as l1,
+        ):
             mem_ours, mem_theirs = s1.memory(), l1.memory()
             name = s1.names[0]
             s1.ask(name, short), l1.ask(0, short, NEW_TOKENS)
@@ -359,15 +480,32 @@ def measure(runner: Path, builds: dict[str, dict], tools: dict, ggufs: dict, wor
         # the median of three more llama-servers, each started and closed alone.
         warm_theirs = []
         for _ in range(3):
-            with LlamaServer(tools["llama-server"], ggufs["models"][theirs], ggufs["loras"][:1], 18423,
-                             work / f"server-{theirs}-start.log") as again:
+            with LlamaServer(
+                tools["llama-server"],
+                ggufs["models"][theirs],
+                ggufs["loras"][:1],
+                18423,
+                work / f"server-{theirs}-start.log",
+            ) as again:
                 warm_theirs.append(again.load_ms)
-        row = {"lora_share": {"build": ours, **summarize(samples["ours"]), "load_first_ms": load_ours["first_ms"],
-                              "load_ms": load_ours["second_ms"],
-                              "pss_after_load_kb": mem_ours["pss_kb"], "kv_bytes": kv_bytes_lora_share(b["manifest"])},
-               "llama_cpp": {"model": theirs, **summarize(samples["theirs"]), "load_first_ms": round(load_theirs, 1),
-                             "load_ms": round(statistics.median(warm_theirs), 1),
-                             "pss_after_load_kb": mem_theirs["pss_kb"], "kv_bytes": kv_theirs}}
+        row = {
+            "lora_share": {
+                "build": ours,
+                **summarize(samples["ours"]),
+                "load_first_ms": load_ours["first_ms"],
+                "load_ms": load_ours["second_ms"],
+                "pss_after_load_kb": mem_ours["pss_kb"],
+                "kv_bytes": kv_bytes_lora_share(b["manifest"]),
+            },
+            "llama_cpp": {
+                "model": theirs,
+                **summarize(samples["theirs"]),
+                "load_first_ms": round(load_theirs, 1),
+                "load_ms": round(statistics.median(warm_theirs), 1),
+                "pss_after_load_kb": mem_theirs["pss_kb"],
+                "kv_bytes": kv_theirs,
+            },
+        }
         if streamed:
             row["bare_stream"] = {"median_ms": round(statistics.median(streamed), 3), "samples_ms": streamed}
         if (ours, theirs) in pairs:
@@ -386,8 +524,10 @@ def extra_adapter_ours(runner: Path, b: dict, prompt: list[int]) -> float:
     side, both see the same sharers, the pages they share with each other (libraries, foundation, the
     first adapter) split evenly, and the difference is what the N - 1 further adapters cost.
     """
-    with processes.Server(runner, b["ptes"][:1], b["ptd"]) as one, \
-            processes.Server(runner, b["ptes"], b["ptd"]) as all_:
+    with (
+        processes.Server(runner, b["ptes"][:1], b["ptd"]) as one,
+        processes.Server(runner, b["ptes"], b["ptd"]) as all_,
+    ):
         for server in (one, all_):
             server.warm(prompt)
         pss = [one.memory()["pss_kb"], all_.memory()["pss_kb"]]
@@ -398,8 +538,10 @@ def extra_adapter_theirs(tools: dict, ggufs: dict, model: str, prompt: list[int]
     """The same for llama-server, two processes alive at once: N adapters via --lora, each request
     naming its adapter, against one."""
     loras, binary, gguf = ggufs["loras"], tools["llama-server"], ggufs["models"][model]
-    with LlamaServer(binary, gguf, loras[:1], 18424, work / "server-extra-1.log") as one, \
-            LlamaServer(binary, gguf, loras, 18425, work / "server-extra-n.log") as all_:
+    with (
+        LlamaServer(binary, gguf, loras[:1], 18424, work / "server-extra-1.log") as one,
+        LlamaServer(binary, gguf, loras, 18425, work / "server-extra-n.log") as all_,
+    ):
         for server in (one, all_):
             for i in range(server.n_loras):
                 server.ask(i, prompt, 2)
@@ -417,8 +559,10 @@ def stream_bound(work: Path) -> Path:
     binary = work / f"stream_bound-{hashlib.sha256(src.read_bytes() + cpu.encode()).hexdigest()[:12]}"
     if not binary.is_file():
         tmp = binary.with_name(binary.name + ".tmp")
-        sh([os.environ.get("CXX", "c++"), "-O3", "-march=native", *compiler_flags(cpu), "-pthread", src, "-o", tmp],
-           work / "stream_bound.log")
+        sh(
+            [os.environ.get("CXX", "c++"), "-O3", "-march=native", *compiler_flags(cpu), "-pthread", src, "-o", tmp],
+            work / "stream_bound.log",
+        )
         os.replace(tmp, binary)
     return binary
 
@@ -439,21 +583,29 @@ def _prompt(n: int, vocab: int) -> list[int]:
     return prompt(n, vocab)
 
 
-CHECKS = [("decode_10_tokens_per_s", "decode tokens/s at ~10", "ratio", TARGET_SPEED),
-          ("decode_1000_tokens_per_s", "decode tokens/s at ~1,000", "ratio", TARGET_SPEED),
-          ("prefill_tokens_per_s", f"prefill tokens/s of {PROMPT_TOKENS}", "ratio", TARGET_SPEED),
-          ("load_ms", "load (second start)", "at_most", LOAD_RATIO),
-          ("kv_bytes", "KV bytes at context 2048", "le", None),
-          ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)", "le", None)]
-ROWS = [("decode_10_tokens_per_s", "decode tokens/s, position ~10"),
-        ("decode_1000_tokens_per_s", "decode tokens/s, position ~1,000"),
-        ("prefill_tokens_per_s", f"prefill tokens/s, {PROMPT_TOKENS} tokens"),
-        ("first_token_ms", f"time to first token (ms), {SHORT_PROMPT}-token prompt"),
-        ("load_first_ms", "load time (ms), first start (lora-share: packs, writes the packed-weights file)"),
-        ("load_ms", "load time (ms), from the second start on (lora-share: maps the packed-weights file; "
-                    "llama.cpp: its median of three more starts)"),
-        ("pss_after_load_kb", "PSS after load (kB)"),
-        ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)"), ("kv_bytes", "KV bytes, context 2048")]
+CHECKS = [
+    ("decode_10_tokens_per_s", "decode tokens/s at ~10", "ratio", TARGET_SPEED),
+    ("decode_1000_tokens_per_s", "decode tokens/s at ~1,000", "ratio", TARGET_SPEED),
+    ("prefill_tokens_per_s", f"prefill tokens/s of {PROMPT_TOKENS}", "ratio", TARGET_SPEED),
+    ("load_ms", "load (second start)", "at_most", LOAD_RATIO),
+    ("kv_bytes", "KV bytes at context 2048", "le", None),
+    ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)", "le", None),
+]
+ROWS = [
+    ("decode_10_tokens_per_s", "decode tokens/s, position ~10"),
+    ("decode_1000_tokens_per_s", "decode tokens/s, position ~1,000"),
+    ("prefill_tokens_per_s", f"prefill tokens/s, {PROMPT_TOKENS} tokens"),
+    ("first_token_ms", f"time to first token (ms), {SHORT_PROMPT}-token prompt"),
+    ("load_first_ms", "load time (ms), first start (lora-share: packs, writes the packed-weights file)"),
+    (
+        "load_ms",
+        "load time (ms), from the second start on (lora-share: maps the packed-weights file; "
+        "llama.cpp: its median of three more starts)",
+    ),
+    ("pss_after_load_kb", "PSS after load (kB)"),
+    ("pss_per_extra_adapter_kb", "PSS per extra adapter (kB)"),
+    ("kv_bytes", "KV bytes, context 2048"),
+]
 
 
 def checks(rows: dict) -> list[dict]:
@@ -467,31 +619,60 @@ def checks(rows: dict) -> list[dict]:
                 continue
             if kind == "ratio":
                 value = ours[key] / theirs[key]
-                out.append({"pair": pair, "check": f"{what}: lora-share / llama.cpp", "value": round(value, 3),
-                            "target": f">= {bound}", "pass": value >= bound})
+                out.append(
+                    {
+                        "pair": pair,
+                        "check": f"{what}: lora-share / llama.cpp",
+                        "value": round(value, 3),
+                        "target": f">= {bound}",
+                        "pass": value >= bound,
+                    }
+                )
             elif kind == "at_most":
                 value = ours[key] / theirs[key]
-                out.append({"pair": pair, "check": f"{what}: lora-share / llama.cpp", "value": round(value, 3),
-                            "target": f"<= {bound}", "pass": value <= bound})
+                out.append(
+                    {
+                        "pair": pair,
+                        "check": f"{what}: lora-share / llama.cpp",
+                        "value": round(value, 3),
+                        "target": f"<= {bound}",
+                        "pass": value <= bound,
+                    }
+                )
             else:
-                out.append({"pair": pair, "check": f"{what}: lora-share <= llama.cpp",
-                            "value": f"{ours[key]} vs {theirs[key]}", "target": "<=", "pass": ours[key] <= theirs[key]})
+                out.append(
+                    {
+                        "pair": pair,
+                        "check": f"{what}: lora-share <= llama.cpp",
+                        "value": f"{ours[key]} vs {theirs[key]}",
+                        "target": "<=",
+                        "pass": ours[key] <= theirs[key],
+                    }
+                )
     return out
 
 
 def report(result: dict) -> str:
     """The markdown: one table per pair (lora-share, llama.cpp, ratio), then the checks."""
-    lines = ["# bench-peers: lora-share vs llama.cpp, SmolLM2-135M-Instruct, one rank-8 q/v adapter applied",
-             "", f"{result.get('created', '')}, commit {result.get('commit', 'unknown')}, "
-             f"{result.get('machine', {}).get('cpu', 'unknown CPU')}, {result.get('machine', {}).get('cpus', '?')} CPUs. "
-             f"Command: `{result['command']}`. lora-share's KV cache {result.get('kv_cache', 'float32')}. "
-             f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
-             f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request."
-             f"{'' if result.get('complete', True) else ' INCOMPLETE: perplexity still running.'}", ""]
-    for pair, row in result["rows"].items():
+    lines = [
+        "# bench-peers: lora-share vs llama.cpp, SmolLM2-135M-Instruct, one rank-8 q/v adapter applied",
+        "",
+        f"{result.get('created', '')}, commit {result.get('commit', 'unknown')}, "
+        f"{result.get('machine', {}).get('cpu', 'unknown CPU')}, {result.get('machine', {}).get('cpus', '?')} CPUs. "
+        f"Command: `{result['command']}`. lora-share's KV cache {result.get('kv_cache', 'float32')}. "
+        f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
+        f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request."
+        f"{'' if result.get('complete', True) else ' INCOMPLETE: perplexity still running.'}",
+        "",
+    ]
+    for row in result["rows"].values():
         ours, theirs = row["lora_share"], row["llama_cpp"]
-        lines += [f"## lora-share {ours['build']} vs llama.cpp {theirs['model']}", "",
-                  "| | lora-share | llama.cpp | ratio |", "|---|---:|---:|---:|"]
+        lines += [
+            f"## lora-share {ours['build']} vs llama.cpp {theirs['model']}",
+            "",
+            "| | lora-share | llama.cpp | ratio |",
+            "|---|---:|---:|---:|",
+        ]
         for key, what in ROWS:
             a, b = ours.get(key), theirs.get(key)
             if a is None and b is None:
@@ -500,8 +681,12 @@ def report(result: dict) -> str:
             lines.append(f"| {what} | {a} | {b} | {ratio} |")
         spread = [(what, pair_ratios(ours, theirs, key)) for key, what in ROWS if key in SPEED_KEYS]
         if all(r for _, r in spread):
-            lines += ["", "Ratio of each alternating pair of requests, lowest-highest: "
-                      + "; ".join(f"{what} {min(r):.2f}-{max(r):.2f}" for what, r in spread) + "."]
+            lines += [
+                "",
+                "Ratio of each alternating pair of requests, lowest-highest: "
+                + "; ".join(f"{what} {min(r):.2f}-{max(r):.2f}" for what, r in spread)
+                + ".",
+            ]
         lines.append("")
     for row in result["rows"].values():
         if row.get("bare_stream"):
@@ -509,11 +694,16 @@ def report(result: dict) -> str:
     ppl = result.get("perplexity")
     if ppl:
         ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
-        lines += [f"## Perplexity, foundation alone, {ppl['tokens']} tokens of held-out text, context {ppl['context']}",
-                  "", "lora-share: `lora-share eval`, from `make bench-quality` (every token of each window); "
-                  "llama.cpp: `llama-perplexity` on the same text (the second half of each window). Each side's "
-                  "ratio is to its own float32.", "",
-                  "| | perplexity | / own float32 |", "|---|---:|---:|"]
+        lines += [
+            f"## Perplexity, foundation alone, {ppl['tokens']} tokens of held-out text, context {ppl['context']}",
+            "",
+            "lora-share: `lora-share eval`, from `make bench-quality` (every token of each window); "
+            "llama.cpp: `llama-perplexity` on the same text (the second half of each window). Each side's "
+            "ratio is to its own float32.",
+            "",
+            "| | perplexity | / own float32 |",
+            "|---|---:|---:|",
+        ]
         for name, value in ours.items():
             lines.append(f"| lora-share {name} | {value:.3f} | {value / ours['fp32']:.4f} |")
         for name, value in theirs.items():
@@ -521,7 +711,9 @@ def report(result: dict) -> str:
         lines.append("")
     lines += ["## Checks", ""]
     for c in result["checks"]:
-        lines.append(f"- {'PASS' if c['pass'] else 'FAIL'} [{c['pair']}] {c['check']}: {c['value']} (target {c['target']})")
+        lines.append(
+            f"- {'PASS' if c['pass'] else 'FAIL'} [{c['pair']}] {c['check']}: {c['value']} (target {c['target']})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -537,23 +729,27 @@ def stream_report(row: dict) -> list[str]:
     """The fp32 section: the bare stream's time and each side's decode at ~10 as a share of it."""
     stream = row["bare_stream"]
     ms = stream["median_ms"]
-    lines = ["## fp32 decode and the bare stream", "",
-             f"`benchmarks/stream_bound.cpp`, run before each pair of fp32 requests ({STREAM_TOKENS} tokens a run): "
-             "every F32 weight read once per token on 2 threads in XNNPACK's packed layout, a barrier after each "
-             "linear, nothing else (no attention, norms, LoRA or sampling). Median "
-             f"{ms:.2f} ms a token ({1000 / ms:.1f} tokens/s; runs {min(stream['samples_ms']):.2f}-"
-             f"{max(stream['samples_ms']):.2f} ms)."]
+    lines = [
+        "## fp32 decode and the bare stream",
+        "",
+        f"`benchmarks/stream_bound.cpp`, run before each pair of fp32 requests ({STREAM_TOKENS} tokens a run): "
+        "every F32 weight read once per token on 2 threads in XNNPACK's packed layout, a barrier after each "
+        "linear, nothing else (no attention, norms, LoRA or sampling). Median "
+        f"{ms:.2f} ms a token ({1000 / ms:.1f} tokens/s; runs {min(stream['samples_ms']):.2f}-"
+        f"{max(stream['samples_ms']):.2f} ms).",
+    ]
     shares = {side: stream_shares(row, side) for side in ("lora_share", "llama_cpp")}
     if all(shares.values()):
         ours, theirs = (statistics.median(shares[side]) for side in ("lora_share", "llama_cpp"))
-        lines[-1] += (f" Decode at ~10 as a share of the stream run just before it, median (range): lora-share "
-                      f"{ours:.0%} ({min(shares['lora_share']):.0%}-{max(shares['lora_share']):.0%}), llama.cpp "
-                      f"{theirs:.0%} ({min(shares['llama_cpp']):.0%}-{max(shares['llama_cpp']):.0%}).")
+        lines[-1] += (
+            f" Decode at ~10 as a share of the stream run just before it, median (range): lora-share "
+            f"{ours:.0%} ({min(shares['lora_share']):.0%}-{max(shares['lora_share']):.0%}), llama.cpp "
+            f"{theirs:.0%} ({min(shares['llama_cpp']):.0%}-{max(shares['llama_cpp']):.0%})."
+        )
     return lines + [""]
 
 
 def run_from_args(ns, command: str) -> int:
-    root = Path(__file__).resolve().parents[2]
     work = Path(ns.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     runner = Path(ns.runner).resolve()
@@ -567,15 +763,18 @@ def run_from_args(ns, command: str) -> int:
     def save(result: dict) -> None:
         result["command"] = command
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in (("bench_peers.json", json.dumps(result, indent=2, default=str) + "\n"),
-                           ("bench_peers.md", report(result))):
+        for name, text in (
+            ("bench_peers.json", json.dumps(result, indent=2, default=str) + "\n"),
+            ("bench_peers.md", report(result)),
+        ):
             tmp = out / (name + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, out / name)
 
     try:
-        result = run_peers(runner, gguf, work, adapters=ns.adapters, repeats=ns.repeats, quality=Path(ns.quality),
-                           save=save)
+        result = run_peers(
+            runner, gguf, work, adapters=ns.adapters, repeats=ns.repeats, quality=Path(ns.quality), save=save
+        )
     except BenchError as e:
         from .run import BenchFailed
 
@@ -584,8 +783,9 @@ def run_from_args(ns, command: str) -> int:
     return 0 if all(c["pass"] for c in result["checks"]) else 1
 
 
-def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, quality: Path,
-              save=lambda result: None) -> dict:
+def run_peers(
+    runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, quality: Path, save=lambda result: None
+) -> dict:
     """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict,
     also handed to ``save`` after the speed and memory measurements ("complete": false) and at the end."""
     print("llama.cpp ...", file=sys.stderr)
@@ -594,23 +794,33 @@ def run_peers(runner: Path, gguf: Path, work: Path, adapters: int, repeats: int,
     hf = hf_folder(gguf, work / "hf")
     folders = [write_adapter(hf, work / "adapters" / f"a{i + 1}", i + 1) for i in range(adapters)]
     print("lora-share builds (fp32, 8da4w) ...", file=sys.stderr)
-    builds = {"fp32": lora_share_build(hf, folders, work / "ls-fp32", None),
-              "8da4w": lora_share_build(hf, folders, work / "ls-8da4w", QUANTIZE)}
+    builds = {
+        "fp32": lora_share_build(hf, folders, work / "ls-fp32", None),
+        "8da4w": lora_share_build(hf, folders, work / "ls-8da4w", QUANTIZE),
+    }
     print("llama.cpp's GGUFs ...", file=sys.stderr)
     (work / "gguf").mkdir(exist_ok=True)
     ggufs = llama_ggufs(tools, hf, gguf, folders, work / "gguf")
     stream = stream_bound(work)
-    rows = measure(runner, builds, tools, ggufs, work=work, repeats=repeats, stream=stream,
-                   log=lambda s: print(s, file=sys.stderr))
+    rows = measure(
+        runner, builds, tools, ggufs, work=work, repeats=repeats, stream=stream, log=lambda s: print(s, file=sys.stderr)
+    )
     from datetime import datetime, timezone
 
     from .run import _git, _machine
 
-    result = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "commit": _git("rev-parse", "--short", "HEAD") or "unknown", "machine": _machine(),
-              "kv_cache": KV_CACHE, "repeats": repeats, "adapters": adapters, "rows": rows,
-              "perplexity": None,
-              "checks": checks(rows), "complete": False}
+    result = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
+        "machine": _machine(),
+        "kv_cache": KV_CACHE,
+        "repeats": repeats,
+        "adapters": adapters,
+        "rows": rows,
+        "perplexity": None,
+        "checks": checks(rows),
+        "complete": False,
+    }
     save(result)
     print("perplexity ...", file=sys.stderr)
     result["perplexity"] = perplexity(tools, ggufs, quality, work / "gguf")
@@ -629,17 +839,26 @@ def perplexity(tools: dict, ggufs: dict, quality: Path, work: Path) -> dict:
     figures are compared as ratios to its own float32."""
     try:
         q = json.loads(quality.read_text())
-        ours = {name: next(r["perplexity"] for r in q["variants"][name]["results"] if r["adapter"] == "base")
-                for name in ("fp32", "8da4w")}
-        text, window, digest = Path(q["variants"]["fp32"]["text"]["path"]), q["variants"]["fp32"]["text"]["window"], \
-            q["variants"]["fp32"]["text"]["sha256"]
+        ours = {
+            name: next(r["perplexity"] for r in q["variants"][name]["results"] if r["adapter"] == "base")
+            for name in ("fp32", "8da4w")
+        }
+        text, window, digest = (
+            Path(q["variants"]["fp32"]["text"]["path"]),
+            q["variants"]["fp32"]["text"]["window"],
+            q["variants"]["fp32"]["text"]["sha256"],
+        )
         settings = q["variants"]["8da4w"]["quantize"]
     except (OSError, ValueError, KeyError, StopIteration):
-        raise BenchError(f"{quality}: no bench-quality results with base perplexities for fp32 and 8da4w: "
-                         "run `make bench-quality` first (it measures lora-share's side)") from None
+        raise BenchError(
+            f"{quality}: no bench-quality results with base perplexities for fp32 and 8da4w: "
+            "run `make bench-quality` first (it measures lora-share's side)"
+        ) from None
     if settings != QUANTIZE:
-        raise BenchError(f"{quality}: its 8da4w foundation is {settings}, not this bench's {QUANTIZE}: "
-                         "run `make bench-quality` again")
+        raise BenchError(
+            f"{quality}: its 8da4w foundation is {settings}, not this bench's {QUANTIZE}: "
+            "run `make bench-quality` again"
+        )
     if not text.is_file() or hashlib.sha256(text.read_bytes()).hexdigest() != digest:
         raise BenchError(f"{text}: missing or not the text {quality} was measured on: run `make bench-quality` again")
     theirs = {}
@@ -648,8 +867,13 @@ def perplexity(tools: dict, ggufs: dict, quality: Path, work: Path) -> dict:
         if not log.is_file() or "Final estimate" not in log.read_text(errors="replace"):
             sh([tools["llama-perplexity"], "-m", model, "-f", text, "-c", window, "-b", window, "-t", "2"], log)
         theirs[name] = parse_perplexity(log.read_text())
-    return {"tokens": q["variants"]["fp32"]["text"]["tokens"], "context": window, "text_sha256": digest,
-            "lora_share": ours, "llama_cpp": theirs}
+    return {
+        "tokens": q["variants"]["fp32"]["text"]["tokens"],
+        "context": window,
+        "text_sha256": digest,
+        "lora_share": ours,
+        "llama_cpp": theirs,
+    }
 
 
 def parse_perplexity(log: str) -> float:
@@ -664,10 +888,22 @@ def perplexity_checks(ppl: dict) -> list[dict]:
     """8da4w perplexity <= 1.03 x lora-share fp32, and no further from float32 than llama.cpp's Q4_0."""
     ours, theirs = ppl["lora_share"], ppl["llama_cpp"]
     q, q4_0 = ours["8da4w"] / ours["fp32"], theirs["q4_0"] / theirs["f32"]
-    return [{"pair": "8da4w vs fp32", "check": "perplexity: lora-share 8da4w / lora-share fp32", "value": round(q, 4),
-             "target": f"<= {MAX_PPL_RATIO}", "pass": q <= MAX_PPL_RATIO},
-            {"pair": "8da4w vs q4_0", "check": "perplexity / own float32: lora-share 8da4w <= llama.cpp Q4_0",
-             "value": f"{q:.4f} vs {q4_0:.4f}", "target": "<=", "pass": q <= q4_0}]
+    return [
+        {
+            "pair": "8da4w vs fp32",
+            "check": "perplexity: lora-share 8da4w / lora-share fp32",
+            "value": round(q, 4),
+            "target": f"<= {MAX_PPL_RATIO}",
+            "pass": q <= MAX_PPL_RATIO,
+        },
+        {
+            "pair": "8da4w vs q4_0",
+            "check": "perplexity / own float32: lora-share 8da4w <= llama.cpp Q4_0",
+            "value": f"{q:.4f} vs {q4_0:.4f}",
+            "target": "<=",
+            "pass": q <= q4_0,
+        },
+    ]
 
 
 def register(subparsers) -> None:
@@ -676,30 +912,46 @@ def register(subparsers) -> None:
 
     from . import typed_command
 
-    p = subparsers.add_parser("bench-peers", help="lora-share vs llama.cpp on SmolLM2-135M-Instruct, one adapter "
-                                                  "applied on both sides: decode, prefill, first token, load, PSS, "
-                                                  "KV bytes",
-                              epilog="examples:\n  lora-share bench-peers     # = make bench-peers; builds llama.cpp "
-                                     "once into out/peers, writes benchmarks/results/bench_peers.{json,md}",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench-peers",
+        help="lora-share vs llama.cpp on SmolLM2-135M-Instruct, one adapter "
+        "applied on both sides: decode, prefill, first token, load, PSS, "
+        "KV bytes",
+        epilog="examples:\n  lora-share bench-peers     # = make bench-peers; builds llama.cpp "
+        "once into out/peers, writes benchmarks/results/bench_peers.{json,md}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-peers")))
 
 
 def add_arguments(p) -> None:
     """bench-peers' options."""
-    p.add_argument("--gguf", default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                   help="the model both sides run (default: SmolLM2-135M-Instruct's Q4_1 GGUF from `make model`)")
-    p.add_argument("--workdir", default="out/peers", help="llama.cpp's build, the converted model, the builds "
-                                                          "(kept and reused; default out/peers)")
+    p.add_argument(
+        "--gguf",
+        default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        help="the model both sides run (default: SmolLM2-135M-Instruct's Q4_1 GGUF from `make model`)",
+    )
+    p.add_argument(
+        "--workdir",
+        default="out/peers",
+        help="llama.cpp's build, the converted model, the builds (kept and reused; default out/peers)",
+    )
     p.add_argument("--runner", default="build/runner", help="lora-share's C++ runner (default build/runner)")
-    p.add_argument("--adapters", type=_at_least(2), default=4,
-                   help="adapters served for the PSS per extra adapter (>= 2; default 4)")
+    p.add_argument(
+        "--adapters",
+        type=_at_least(2),
+        default=4,
+        help="adapters served for the PSS per extra adapter (>= 2; default 4)",
+    )
     p.add_argument("--repeats", type=_at_least(1), default=5, help="alternating requests per figure (default 5)")
     p.add_argument("--out", default="benchmarks/results", help="folder for bench_peers.{json,md}")
-    p.add_argument("--quality", default="benchmarks/results/bench_quality.json",
-                   help="bench-quality's results: lora-share's perplexities and the text llama-perplexity "
-                        "scores (default benchmarks/results/bench_quality.json, from `make bench-quality`)")
+    p.add_argument(
+        "--quality",
+        default="benchmarks/results/bench_quality.json",
+        help="bench-quality's results: lora-share's perplexities and the text llama-perplexity "
+        "scores (default benchmarks/results/bench_quality.json, from `make bench-quality`)",
+    )
 
 
 def _at_least(low: int):
@@ -713,4 +965,5 @@ def _at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
         return value
+
     return parse

@@ -41,8 +41,9 @@ def sum_memory(rows: list[dict]) -> dict:
 class Server:
     """``runner --serve`` over some programs; ``ask`` sends one request and waits for its answer."""
 
-    def __init__(self, runner: Path, ptes: list[Path], ptd: Path | None = None, extra: list[str] = (),
-                 max_new_tokens: int = 1):
+    def __init__(
+        self, runner: Path, ptes: list[Path], ptd: Path | None = None, extra: list[str] = (), max_new_tokens: int = 1
+    ):
         cmd = [str(runner)] + (["--ptd", str(ptd)] if ptd else [])
         for pte in ptes:
             cmd += ["--pte", str(pte)]
@@ -51,8 +52,9 @@ class Server:
         cmd += ["--serve", "--max-new-tokens", str(max_new_tokens), "--ignore-eos", *extra]
         self.cmd, self.names = cmd, [Path(p).stem for p in ptes]
         self._stderr = tempfile.NamedTemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1
+        )
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 600.0) -> None:
@@ -163,9 +165,13 @@ def load_times(runner: Path, ptd: Path | None, ptes: list[Path], extra: list[str
     """Per-program load times (ms) from the runner's ``--json``, the median of ``repeats`` starts."""
     runs = [run_runner(runner, ptd, ptes, extra) for _ in range(repeats)]
     per = [statistics.median(r["adapters"][i]["load_ms"] for r in runs) for i in range(len(ptes))]
-    return {"first_ms": round(per[0], 2), "further_ms": [round(x, 2) for x in per[1:]],
-            "further_median_ms": round(statistics.median(per[1:]), 2) if len(per) > 1 else None,
-            "session_ms": round(statistics.median(r["load_ms"] for r in runs), 2), "programs": len(ptes)}
+    return {
+        "first_ms": round(per[0], 2),
+        "further_ms": [round(x, 2) for x in per[1:]],
+        "further_median_ms": round(statistics.median(per[1:]), 2) if len(per) > 1 else None,
+        "session_ms": round(statistics.median(r["load_ms"] for r in runs), 2),
+        "programs": len(ptes),
+    }
 
 
 def start_times(runner: Path, ptd: Path, ptes: list[Path], extra: list[str], repeats: int) -> dict:
@@ -181,8 +187,11 @@ def start_times(runner: Path, ptd: Path, ptes: list[Path], extra: list[str], rep
     warm = [run_runner(runner, ptd, ptes, extra) for _ in range(repeats)]
     if cold["loading"]["packed_cache_warm"] or not all(w["loading"]["packed_cache_warm"] for w in warm):
         raise BenchError(f"{runner}: the packed-weights file {cache} was not written once and then mapped")
-    return {"first_ms": round(cold["load_ms"], 1),
-            "second_ms": round(statistics.median(w["load_ms"] for w in warm), 1), "file": cache}
+    return {
+        "first_ms": round(cold["load_ms"], 1),
+        "second_ms": round(statistics.median(w["load_ms"] for w in warm), 1),
+        "file": cache,
+    }
 
 
 def speeds(programs: dict[str, tuple[Server, str]], prompt: list[int], repeats: int) -> dict:
@@ -197,11 +206,14 @@ def speeds(programs: dict[str, tuple[Server, str]], prompt: list[int], repeats: 
     for _ in range(repeats):
         for label, (server, name) in programs.items():
             samples[label].append(server.ask(name, prompt)[0])
-    return {name: {
-        "prefill_tokens_per_s": round(statistics.median(a["prefill_tokens_per_s"] for a in answers), 1),
-        "decode_tokens_per_s": round(statistics.median(a["decode_tokens_per_s"] for a in answers), 1),
-        "tokens": answers[0]["tokens"],
-    } for name, answers in samples.items()}
+    return {
+        name: {
+            "prefill_tokens_per_s": round(statistics.median(a["prefill_tokens_per_s"] for a in answers), 1),
+            "decode_tokens_per_s": round(statistics.median(a["decode_tokens_per_s"] for a in answers), 1),
+            "tokens": answers[0]["tokens"],
+        }
+        for name, answers in samples.items()
+    }
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:
@@ -222,7 +234,7 @@ def switch_times(server: Server, names: list[str], prompt: list[int], rounds: in
     for name in names:
         server.ask(name, prompt)
     for r in range(rounds):
-        for pattern in order[r % 3:] + order[:r % 3]:
+        for pattern in order[r % 3 :] + order[: r % 3]:
             cycle = patterns[pattern]
             for i in range(block + 1):
                 answer, seconds = server.ask(cycle[i % len(cycle)], prompt)
@@ -230,8 +242,14 @@ def switch_times(server: Server, names: list[str], prompt: list[int], rounds: in
                     continue  # the first of a block follows another pattern's request
                 wall[pattern].append(seconds * 1e3)
                 inside[pattern].append(answer["prefill_ms"] + answer["decode_ms"])
-    out = {p: {"request_ms": round(statistics.median(wall[p]), 3),
-               "compute_ms": round(statistics.median(inside[p]), 3), "requests": len(wall[p])} for p in patterns}
+    out = {
+        p: {
+            "request_ms": round(statistics.median(wall[p]), 3),
+            "compute_ms": round(statistics.median(inside[p]), 3),
+            "requests": len(wall[p]),
+        }
+        for p in patterns
+    }
     lo, hi = _quartiles(wall["same"])
     out["same"]["iqr_ms"] = round(hi - lo, 3)
     for p in ("alternating", "round_robin"):

@@ -51,40 +51,59 @@ DOC_PATTERN = "*.rst.txt"
 # and a minimum) with a Q8_0 embedding, so the int4 groups are asymmetric (Q4_1's weights kept exactly),
 # the tied output projection and the embedding int8. ExecuTorch's default symmetric grid re-rounds
 # every Q4_1 weight: 1.64 x fp32 perplexity on this text (docs/bench-quality.md).
-VARIANTS = {"fp32": None, "8da4w": {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8",
-                                  "embedding": "int8"}}
+VARIANTS = {
+    "fp32": None,
+    "8da4w": {"scheme": "8da4w", "group_size": 32, "grid": "asymmetric", "lm_head": "int8", "embedding": "int8"},
+}
 MAX_RATIO = 1.03
 
 
 def register(subparsers) -> None:
     """``lora-share bench-quality``: its flags and what it runs."""
-    p = subparsers.add_parser("bench-quality", help="perplexity and top-1 agreement with transformers float32 of the "
-                                                    "real SmolLM2-135M-Instruct, fp32 and 8da4w foundations, alone and "
-                                                    "with an adapter, on the Python tutorial (Debian's python3.11-doc)",
-                              epilog="examples:\n  lora-share bench-quality      # = make bench-quality; writes "
-                                     "benchmarks/results/bench_quality.{json,md}\n"
-                                     "  lora-share bench-quality --peft path/to/peft_dir --out /tmp/quality.json",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench-quality",
+        help="perplexity and top-1 agreement with transformers float32 of the "
+        "real SmolLM2-135M-Instruct, fp32 and 8da4w foundations, alone and "
+        "with an adapter, on the Python tutorial (Debian's python3.11-doc)",
+        epilog="examples:\n  lora-share bench-quality      # = make bench-quality; writes "
+        "benchmarks/results/bench_quality.{json,md}\n"
+        "  lora-share bench-quality --peft path/to/peft_dir --out /tmp/quality.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     p.set_defaults(func=run_from_args)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="benchmarks/quality/smollm2.yaml",
-                   help="the deployment: a checkpoint foundation (float32) and its adapter "
-                        "(default benchmarks/quality/smollm2.yaml)")
+    p.add_argument(
+        "--config",
+        default="benchmarks/quality/smollm2.yaml",
+        help="the deployment: a checkpoint foundation (float32) and its adapter "
+        "(default benchmarks/quality/smollm2.yaml)",
+    )
     p.add_argument("--peft", metavar="DIR", help="measure this PEFT adapter folder instead of the config's adapters")
-    p.add_argument("--work", default="out/bench_quality", help="where the builds are made and kept "
-                                                               "(default out/bench_quality)")
-    p.add_argument("--sources", default=str(DOC_SOURCES),
-                   help=f"folder of the text's files ({DOC_PATTERN}, in name order; default {DOC_SOURCES}, "
-                        f"from Debian's {DOC_PACKAGE})")
+    p.add_argument(
+        "--work", default="out/bench_quality", help="where the builds are made and kept (default out/bench_quality)"
+    )
+    p.add_argument(
+        "--sources",
+        default=str(DOC_SOURCES),
+        help=f"folder of the text's files ({DOC_PATTERN}, in name order; default {DOC_SOURCES}, "
+        f"from Debian's {DOC_PACKAGE})",
+    )
     p.add_argument("--tokens", type=int, default=20000, help="tokens scored at least (default 20000)")
-    p.add_argument("--max-ratio", type=float, default=MAX_RATIO,
-                   help=f"most 8da4w perplexity / fp32 perplexity that passes (default {MAX_RATIO})")
+    p.add_argument(
+        "--max-ratio",
+        type=float,
+        default=MAX_RATIO,
+        help=f"most 8da4w perplexity / fp32 perplexity that passes (default {MAX_RATIO})",
+    )
     p.add_argument("--jobs", type=int, default=2, help="measurements run at once, one process each (default 2)")
-    p.add_argument("--out", default="benchmarks/results/bench_quality.json",
-                   help="results JSON, with a Markdown table beside it ('-': none)")
+    p.add_argument(
+        "--out",
+        default="benchmarks/results/bench_quality.json",
+        help="results JSON, with a Markdown table beside it ('-': none)",
+    )
 
 
 def variant_config(config: Path, work: Path, variant: str, peft: Path | None) -> Path:
@@ -122,8 +141,10 @@ def held_out_text(sources: Path, tokenizer_json: Path, tokens: int, window: int)
 
     files = sorted(sources.glob(DOC_PATTERN))
     if not files:
-        raise UserError(f"{sources}: no {DOC_PATTERN} files: install Debian's {DOC_PACKAGE} "
-                        f"(apt-get install {DOC_PACKAGE}; `make bench-quality` does), or give --sources")
+        raise UserError(
+            f"{sources}: no {DOC_PATTERN} files: install Debian's {DOC_PACKAGE} "
+            f"(apt-get install {DOC_PACKAGE}; `make bench-quality` does), or give --sources"
+        )
     windows = math.ceil(tokens / (window - 1))
     needed = windows * window
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -165,12 +186,24 @@ def run(ns) -> tuple[dict, bool]:
     jobs = [(variant, adapter) for adapter in adapters for variant in reversed(VARIANTS)]
     results = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git": _git("rev-parse", "--short", "HEAD"), "machine": _machine(),
-        "config": str(ns.config), "adapter": ns.peft or "the config's",
-        "text": {"package": DOC_PACKAGE, "version": _package_version(DOC_PACKAGE), "license": "PSF-2.0",
-                 "sources": str(ns.sources), "files": files, "tokens": n_tokens,
-                 "sha256": hashlib.sha256(text.encode()).hexdigest()},
-        "build_s": build_s, "jobs": ns.jobs, "variants": {}, "checks": [], "complete": False,
+        "git": _git("rev-parse", "--short", "HEAD"),
+        "machine": _machine(),
+        "config": str(ns.config),
+        "adapter": ns.peft or "the config's",
+        "text": {
+            "package": DOC_PACKAGE,
+            "version": _package_version(DOC_PACKAGE),
+            "license": "PSF-2.0",
+            "sources": str(ns.sources),
+            "files": files,
+            "tokens": n_tokens,
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        },
+        "build_s": build_s,
+        "jobs": ns.jobs,
+        "variants": {},
+        "checks": [],
+        "complete": False,
     }
     done: dict[tuple[str, str], dict] = {}
     keys = {job: _measurement_key(builds[job[0]], job[1], results["text"]["sha256"], n_tokens) for job in jobs}
@@ -178,8 +211,11 @@ def run(ns) -> tuple[dict, bool]:
     for job in jobs:
         kept = _kept_measurement(work, job, keys[job]) or _kept_in_results(previous, job, keys[job])
         if kept is not None:
-            print(f"== {job[1]} on {job[0]}: kept from an earlier run (same build, adapter and text)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"== {job[1]} on {job[0]}: kept from an earlier run (same build, adapter and text)",
+                file=sys.stderr,
+                flush=True,
+            )
             done[job] = kept
     results["kept"] = [f"{v}/{a}" for v, a in done]
     _collect(results, done, jobs, keys, ns.max_ratio)
@@ -187,15 +223,30 @@ def run(ns) -> tuple[dict, bool]:
     _save(results, ns.out)
 
     def measure(variant: str, adapter: str) -> dict:
-        cmd = [sys.executable, "-m", "lora_share.cli", "eval", str(builds[variant]), str(text_path), "--adapter",
-               adapter, "--max-tokens", str(n_tokens), "--min-tokens", str(ns.tokens), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lora_share.cli",
+            "eval",
+            str(builds[variant]),
+            str(text_path),
+            "--adapter",
+            adapter,
+            "--max-tokens",
+            str(n_tokens),
+            "--min-tokens",
+            str(ns.tokens),
+            "--json",
+        ]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise UserError(f"measuring {adapter} on the {variant} foundation failed (above): {' '.join(cmd)}")
         measured = json.loads(proc.stdout)
         _measurement_path(work, (variant, adapter)).parent.mkdir(exist_ok=True)
-        _write(_measurement_path(work, (variant, adapter)),
-               json.dumps({"key": keys[(variant, adapter)], "measured": measured}, indent=2) + "\n")
+        _write(
+            _measurement_path(work, (variant, adapter)),
+            json.dumps({"key": keys[(variant, adapter)], "measured": measured}, indent=2) + "\n",
+        )
         return measured
 
     with ThreadPoolExecutor(max_workers=ns.jobs) as pool:
@@ -215,9 +266,15 @@ def _measurement_key(build: Path, adapter: str, text_sha256: str, tokens: int) -
     measurement."""
     manifest = read_manifest(build)
     adapters = {a["name"]: a["sha256"] for a in manifest["adapters"]}
-    return {"foundation": manifest["foundation"]["sha256"], "program": manifest["program"]["sha256"],
-            "tokenizer": manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"], "adapter": adapter,
-            "adapter_sha256": adapters.get(adapter), "text_sha256": text_sha256, "tokens": tokens}
+    return {
+        "foundation": manifest["foundation"]["sha256"],
+        "program": manifest["program"]["sha256"],
+        "tokenizer": manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"],
+        "adapter": adapter,
+        "adapter_sha256": adapters.get(adapter),
+        "text_sha256": text_sha256,
+        "tokens": tokens,
+    }
 
 
 def _measurement_path(work: Path, job: tuple[str, str]) -> Path:
@@ -273,9 +330,16 @@ def _collect(results: dict, done: dict, jobs: list, keys: dict, max_ratio: float
             continue
         fp32, q = done[("fp32", adapter)]["results"][0], done[("8da4w", adapter)]["results"][0]
         ratio = q["perplexity"] / fp32["perplexity"]
-        results["checks"].append({"adapter": adapter, "fp32_perplexity": fp32["perplexity"],
-                                  "8da4w_perplexity": q["perplexity"], "ratio": ratio, "limit": max_ratio,
-                                  "ok": ratio <= max_ratio})
+        results["checks"].append(
+            {
+                "adapter": adapter,
+                "fp32_perplexity": fp32["perplexity"],
+                "8da4w_perplexity": q["perplexity"],
+                "ratio": ratio,
+                "limit": max_ratio,
+                "ok": ratio <= max_ratio,
+            }
+        )
 
 
 def _save(results: dict, out: str) -> None:
@@ -311,18 +375,23 @@ def markdown(results: dict) -> str:
         f"Debian's {t['package']} {t['version']} ({t['license']}), cut to {t['tokens']} tokens (sha256 of the "
         f"text {t['sha256'][:12]}), scored in windows of the context, one token per forward call.",
         "",
-        "| foundation | adapter | perplexity | transformers fp32 | ratio | top-1 agreement | max abs logit diff | tokens/s |",
+        "| foundation | adapter | perplexity | transformers fp32 | ratio | top-1 agreement | max abs logit diff"
+        " | tokens/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for variant, report in results["variants"].items():
         for r in report["results"]:
-            lines.append(f"| {variant} | {r['adapter']} | {r['perplexity']:.4f} | {r['reference_perplexity']:.4f} | "
-                         f"{r['ratio']:.4f} | {100 * r['top1_agreement']:.2f}% | {r['max_abs_logit_diff']:.2e} | "
-                         f"{r['tokens_per_s']:.1f} |")
+            lines.append(
+                f"| {variant} | {r['adapter']} | {r['perplexity']:.4f} | {r['reference_perplexity']:.4f} | "
+                f"{r['ratio']:.4f} | {100 * r['top1_agreement']:.2f}% | {r['max_abs_logit_diff']:.2e} | "
+                f"{r['tokens_per_s']:.1f} |"
+            )
     lines += ["", "| check | measured | limit | |", "|---|---|---|---|"]
     for c in results["checks"]:
-        lines.append(f"| 8da4w / fp32 perplexity, {c['adapter']} | {c['ratio']:.4f} | <= {c['limit']} | "
-                     f"{'ok' if c['ok'] else 'FAIL'} |")
+        lines.append(
+            f"| 8da4w / fp32 perplexity, {c['adapter']} | {c['ratio']:.4f} | <= {c['limit']} | "
+            f"{'ok' if c['ok'] else 'FAIL'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -340,8 +409,10 @@ def run_from_args(ns) -> int:
         rows = [Scores(**{k: v for k, v in r.items() if k != "ratio"}) for r in report["results"]]
         print(render(Report(report["build"], report["quantize"], report["text"], report["reference"], rows)))
     for c in results["checks"]:
-        print(f"8da4w perplexity / fp32 perplexity ({c['adapter']}): {c['ratio']:.4f} <= {c['limit']}: "
-              f"{'ok' if c['ok'] else 'FAIL'}")
+        print(
+            f"8da4w perplexity / fp32 perplexity ({c['adapter']}): {c['ratio']:.4f} <= {c['limit']}: "
+            f"{'ok' if c['ok'] else 'FAIL'}"
+        )
     if ns.out != "-":
         print(f"results: {ns.out}, {Path(ns.out).with_suffix('.md')}")
     return 0 if ok else 1

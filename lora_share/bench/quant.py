@@ -81,24 +81,43 @@ def format_report(result: dict) -> str:
     for label in ("fp32", "quantized"):
         r = result[label]
         q = r["quantize"]
-        kind = "float32" if not q else f"{q['scheme']} group {q.get('group_size')}, embedding {q.get('embedding', 'float32')}"
+        kind = (
+            "float32"
+            if not q
+            else f"{q['scheme']} group {q.get('group_size')}, embedding {q.get('embedding', 'float32')}"
+        )
         lines.append(f"{label}: {r['out_dir']} ({kind})")
-        lines.append(f"  foundation.ptd {_mib(r['ptd_bytes'])} MiB; {len(r['pte_bytes'])} .pte "
-                     f"{_mib(sum(r['pte_bytes'].values()))} MiB; on disk {_mib(r['disk_bytes'])} MiB")
+        lines.append(
+            f"  foundation.ptd {_mib(r['ptd_bytes'])} MiB; {len(r['pte_bytes'])} .pte "
+            f"{_mib(sum(r['pte_bytes'].values()))} MiB; on disk {_mib(r['disk_bytes'])} MiB"
+        )
         for name, size in r["pte_bytes"].items():
             err = r["quantization_error"].get(name)
-            acc = (f", top-1 vs float {err['top1_agreement']:.1%}, rms logit diff {err['relative_rms']:.1%} of std"
-                   if err else "")
+            acc = (
+                f", top-1 vs float {err['top1_agreement']:.1%}, rms logit diff {err['relative_rms']:.1%} of std"
+                if err
+                else ""
+            )
             secs = r["export_s"][name]
-            lines.append(f"    {name}: {_mib(size)} MiB, {r['produced'][name]} in "
-                         f"{'-' if secs is None else f'{secs:.1f}'} s{acc}")
+            lines.append(
+                f"    {name}: {_mib(size)} MiB, {r['produced'][name]} in "
+                f"{'-' if secs is None else f'{secs:.1f}'} s{acc}"
+            )
         for row in r["memory"]:
-            inc = "" if row["increment_bytes"] is None else \
-                f" (+{_mib(row['increment_bytes'])}, bound {_mib(row['bound_bytes'])}, {'ok' if row['ok'] else 'FAIL'})"
-            lines.append(f"  {row['adapters']} adapter(s) loaded: PSS {_mib(row['pss_bytes'])} MiB{inc}, "
-                         f"load {row['load_ms']:.0f} ms")
-    lines.append(f"quantized / fp32: foundation.ptd {result['ptd_ratio']:.1%}, on disk {result['disk_ratio']:.1%}, "
-                 f"PSS with one adapter {result['pss_first_ratio']:.1%}")
+            inc = (
+                ""
+                if row["increment_bytes"] is None
+                else f" (+{_mib(row['increment_bytes'])}, bound {_mib(row['bound_bytes'])}, "
+                f"{'ok' if row['ok'] else 'FAIL'})"
+            )
+            lines.append(
+                f"  {row['adapters']} adapter(s) loaded: PSS {_mib(row['pss_bytes'])} MiB{inc}, "
+                f"load {row['load_ms']:.0f} ms"
+            )
+    lines.append(
+        f"quantized / fp32: foundation.ptd {result['ptd_ratio']:.1%}, on disk {result['disk_ratio']:.1%}, "
+        f"PSS with one adapter {result['pss_first_ratio']:.1%}"
+    )
     lines.append("PASS" if result["pass"] else "FAIL: an adapter costs more than its bound")
     return "\n".join(lines)
 

@@ -36,7 +36,7 @@ def switch_noise_ms(switch: dict) -> float:
     switch costs smaller than this cannot be told from the machine's noise."""
     same = switch["same"]
     sigma = same["iqr_ms"] / 1.349  # the IQR of a normal distribution is 1.349 sigma
-    return 2 * (2 ** 0.5) * 1.253 * sigma / same["requests"] ** 0.5
+    return 2 * (2**0.5) * 1.253 * sigma / same["requests"] ** 0.5
 
 
 def headline_table(result: dict) -> str:
@@ -51,7 +51,8 @@ def headline_table(result: dict) -> str:
             f"| {d['adapters']} | {_mb(d['shared_bytes'])} | {_mb(d['standalone_bytes'])} | "
             f"{_x(d['standalone_over_shared'])} | {_mib_kb(m['shared']['pss_kb'])} | "
             f"{_mib_kb(m['standalone']['pss_kb'])} | {_x(m['standalone_over_shared'])} | "
-            f"{_mib_kb(m['stock']['pss_kb'])} | {_x(m['stock_over_shared'])} |")
+            f"{_mib_kb(m['stock']['pss_kb'])} | {_x(m['stock_over_shared'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -62,14 +63,18 @@ def _per_adapter_note(result: dict) -> str:
     if last["adapters"] > first["adapters"]:
         per = (last["shared"]["pss_kb"] - first["shared"]["pss_kb"]) / (last["adapters"] - first["adapters"]) / 1024
         alone = last["standalone"]["pss_kb"] / last["adapters"] / 1024
-        text = (f"Each further adapter adds {per:.1f} MiB to the lora-share process (its LoRA weights, KV cache "
-                f"and activation buffers, once it has served a request); each stand-alone process costs "
-                f"{alone:.1f} MiB. ")
+        text = (
+            f"Each further adapter adds {per:.1f} MiB to the lora-share process (its LoRA weights, KV cache "
+            f"and activation buffers, once it has served a request); each stand-alone process costs "
+            f"{alone:.1f} MiB. "
+        )
     extra = disk[0]["standalone_bytes"] - disk[0]["shared_bytes"]
     if result["foundation"]["args"].get("tie_embeddings") and extra > 0:
-        text += (f"A stand-alone .pte is {extra / 1e6:.1f} MB larger than foundation.ptd + the adapter's .pte: "
-                 "it keeps the tied embedding twice (the embedding lookup's constant and XNNPACK's copy for the "
-                 "output projection), where foundation.ptd stores the identical bytes once.")
+        text += (
+            f"A stand-alone .pte is {extra / 1e6:.1f} MB larger than foundation.ptd + the adapter's .pte: "
+            "it keeps the tied embedding twice (the embedding lookup's constant and XNNPACK's copy for the "
+            "output projection), where foundation.ptd stores the identical bytes once."
+        )
     return text
 
 
@@ -80,8 +85,7 @@ def _intro(result: dict) -> list[str]:
     return [
         "# lora-share benchmark",
         "",
-        f"`{result['command']}`, {result['date']}, commit {result['commit']}{dirty}; "
-        f"{result['total_s'] / 60:.1f} min.",
+        f"`{result['command']}`, {result['date']}, commit {result['commit']}{dirty}; {result['total_s'] / 60:.1f} min.",
         f"Machine: {mach['cpu']}, {mach['cpus']} cores, {mach['memory_gib']:.0f} GiB RAM; {mach['platform']}; "
         f"Python {mach['python']}, torch {mach['torch']}, executorch {mach['executorch']}.",
         f"Foundation: {fnd['parameters'] / 1e6:.1f} M parameters, foundation.ptd {_mb(fnd['ptd_bytes'])}. "
@@ -110,8 +114,10 @@ def _disk_and_memory(result: dict) -> list[str]:
         "|---:|---:|---:|---:|",
     ]
     for m in result["memory"]:
-        out.append(f"| {m['adapters']} | {_mib_kb(m['shared']['rss_kb'])} | {_mib_kb(m['standalone']['rss_kb'])} | "
-                   f"{_mib_kb(m['stock']['rss_kb'])} |")
+        out.append(
+            f"| {m['adapters']} | {_mib_kb(m['shared']['rss_kb'])} | {_mib_kb(m['standalone']['rss_kb'])} | "
+            f"{_mib_kb(m['stock']['rss_kb'])} |"
+        )
     return out
 
 
@@ -124,13 +130,15 @@ def _load_time(result: dict) -> list[str]:
         "| loading | first adapter | each further adapter (median) | all, with file checks |",
         "|---|---:|---:|---:|",
     ]
-    for key, label in (("shared", "lora-share, packing in memory (`--no-packed-cache`)"),
-                       ("packed_cold", "lora-share, first start (packs, writes the packed-weights file)"),
-                       ("packed_warm", "lora-share, later starts (map the packed-weights file)"),
-                       ("stock", "stock `Module` per adapter"), ("standalone", "one stand-alone program")):
+    for key, label in (
+        ("shared", "lora-share, packing in memory (`--no-packed-cache`)"),
+        ("packed_cold", "lora-share, first start (packs, writes the packed-weights file)"),
+        ("packed_warm", "lora-share, later starts (map the packed-weights file)"),
+        ("stock", "stock `Module` per adapter"),
+        ("standalone", "one stand-alone program"),
+    ):
         row = ld[key]
-        out.append(f"| {label} | {_ms(row['first_ms'])} | {_ms(row['further_median_ms'])} | "
-                   f"{_ms(row['session_ms'])} |")
+        out.append(f"| {label} | {_ms(row['first_ms'])} | {_ms(row['further_median_ms'])} | {_ms(row['session_ms'])} |")
     return out
 
 
@@ -147,14 +155,20 @@ def _speed(result: dict) -> list[str]:
     base = sp["programs"]["base"]
     for name, row in sp["programs"].items():
         label = "foundation without LoRA (same foundation.ptd)" if name == "base" else f"adapter {name}"
-        out.append(f"| {label} | {row['prefill_tokens_per_s']:.0f} | {row['decode_tokens_per_s']:.0f} | "
-                   f"{_x(row['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
+        out.append(
+            f"| {label} | {row['prefill_tokens_per_s']:.0f} | {row['decode_tokens_per_s']:.0f} | "
+            f"{_x(row['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |"
+        )
     med = sp["adapters_median"]
-    out.append(f"| the {result['counts'][-1]} adapters, median | {med['prefill_tokens_per_s']:.0f} | "
-               f"{med['decode_tokens_per_s']:.0f} | {_x(med['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
+    out.append(
+        f"| the {result['counts'][-1]} adapters, median | {med['prefill_tokens_per_s']:.0f} | "
+        f"{med['decode_tokens_per_s']:.0f} | {_x(med['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |"
+    )
     alone = sp["standalone"]
-    out.append(f"| stand-alone {alone['name']} (own process) | {alone['prefill_tokens_per_s']:.0f} | "
-               f"{alone['decode_tokens_per_s']:.0f} | {_x(alone['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |")
+    out.append(
+        f"| stand-alone {alone['name']} (own process) | {alone['prefill_tokens_per_s']:.0f} | "
+        f"{alone['decode_tokens_per_s']:.0f} | {_x(alone['decode_tokens_per_s'] / base['decode_tokens_per_s'])} |"
+    )
     return out
 
 
@@ -191,16 +205,20 @@ def _build_time(result: dict) -> list[str]:
     ]
     one = result["build"][0]["seconds"]
     for b in result["build"]:
-        out.append(f"| {b['adapters']} | {b['seconds']:.1f} | {b['exported']} | {b['written']} | "
-                   f"{_x(b['seconds'] / one)} |")
+        out.append(
+            f"| {b['adapters']} | {b['seconds']:.1f} | {b['exported']} | {b['written']} | {_x(b['seconds'] / one)} |"
+        )
     return out
 
 
 def markdown(result: dict) -> str:
     """The whole report: one section per measurement, then the checks."""
     matched = result["checks"]["standalone_tokens_match"]
-    checks = ["", f"Checks: stand-alone and lora-share programs generate the same tokens: {'yes' if matched else 'NO'}.",
-              ""]
+    checks = [
+        "",
+        f"Checks: stand-alone and lora-share programs generate the same tokens: {'yes' if matched else 'NO'}.",
+        "",
+    ]
     sections = (_intro, _disk_and_memory, _load_time, _speed, _adapter_switch, _build_time)
     return "\n".join([line for section in sections for line in section(result)] + checks)
 
@@ -221,21 +239,40 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
     alone = [m["standalone"]["pss_kb"] / 1024 for m in mem]
     stock = [m["stock"]["pss_kb"] / 1024 for m in mem]
     series = [
-        (f"N stand-alone processes: {alone[-1]:.0f} MiB at N={n} ({alone[-1] / shared[-1]:.1f}× lora-share)", alone,
-         "tab:red", "s"),
-        (f"stock, 1 process, 1 Module per adapter: {stock[-1]:.0f} MiB ({stock[-1] / shared[-1]:.1f}×)", stock,
-         "tab:orange", "^"),
+        (
+            f"N stand-alone processes: {alone[-1]:.0f} MiB at N={n} ({alone[-1] / shared[-1]:.1f}× lora-share)",
+            alone,
+            "tab:red",
+            "s",
+        ),
+        (
+            f"stock, 1 process, 1 Module per adapter: {stock[-1]:.0f} MiB ({stock[-1] / shared[-1]:.1f}×)",
+            stock,
+            "tab:orange",
+            "^",
+        ),
         (f"lora-share, 1 process: {shared[-1]:.0f} MiB at N={n}", shared, "tab:blue", "o"),
     ]
     foot = _footer(result)
     written = [out_dir / "bench_memory.png", out_dir / "bench_disk.png"]
-    _line_plot(plt, counts, series, ylabel="memory (PSS, MiB)", title="Memory to serve N adapters", path=written[0],
-               footer=foot)
+    _line_plot(
+        plt,
+        counts,
+        series,
+        ylabel="memory (PSS, MiB)",
+        title="Memory to serve N adapters",
+        path=written[0],
+        footer=foot,
+    )
     ours = [d["shared_bytes"] / 1e6 for d in disk]
     theirs = [d["standalone_bytes"] / 1e6 for d in disk]
     series = [
-        (f"N stand-alone .pte: {theirs[-1]:.0f} MB at N={n} ({theirs[-1] / ours[-1]:.1f}× lora-share)", theirs,
-         "tab:red", "s"),
+        (
+            f"N stand-alone .pte: {theirs[-1]:.0f} MB at N={n} ({theirs[-1] / ours[-1]:.1f}× lora-share)",
+            theirs,
+            "tab:red",
+            "s",
+        ),
         (f"lora-share, foundation.ptd + N .pte: {ours[-1]:.0f} MB at N={n}", ours, "tab:blue", "o"),
     ]
     _line_plot(plt, counts, series, ylabel="on disk (MB)", title="Disk for N adapters", path=written[1], footer=foot)
@@ -244,8 +281,10 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
 
 def _footer(result: dict) -> str:
     m = result["machine"]
-    return (f"lora-share bench, commit {result['commit']}{'+' if result['dirty'] else ''}, {result['date'][:10]}; "
-            f"{m['cpu']}, {m['cpus']} cores")
+    return (
+        f"lora-share bench, commit {result['commit']}{'+' if result['dirty'] else ''}, {result['date'][:10]}; "
+        f"{m['cpu']}, {m['cpus']} cores"
+    )
 
 
 def _line_plot(plt, counts, series, ylabel, title, path: Path, footer: str) -> None:
@@ -255,8 +294,15 @@ def _line_plot(plt, counts, series, ylabel, title, path: Path, footer: str) -> N
         ax.plot(counts, ys, marker=marker, color=color, label=label, linewidth=2)
         if i == len(series) - 1:
             for x, y in zip(counts, ys):
-                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, -15), ha="center",
-                            fontsize=8, color=color)
+                ax.annotate(
+                    f"{y:.0f}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(0, -15),
+                    ha="center",
+                    fontsize=8,
+                    color=color,
+                )
     ax.set_xticks(counts)
     ax.set_xlabel("adapters (N)")
     ax.set_ylabel(ylabel)

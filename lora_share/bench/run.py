@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .build_time import RECIPE, machine_info, resolve_foundation, timed_build, write_config
-from .memory import BenchError, packed_cache_starts
 from ..config import BASE_NAME
 from ..errors import UserError
 from . import processes, report, variants
+from .build_time import RECIPE, machine_info, resolve_foundation, timed_build, write_config
+from .memory import BenchError, packed_cache_starts
 
 DEFAULT_COUNTS = [1, 2, 4, 8]
 LOAD_REPEATS = 3
@@ -70,8 +70,13 @@ def _machine() -> dict:
         mem_kb = 0
     from importlib.metadata import version
 
-    return {**info, "cpu": cpu, "memory_gib": round(mem_kb / 1024 ** 2, 1), "torch": version("torch"),
-            "executorch": version("executorch")}
+    return {
+        **info,
+        "cpu": cpu,
+        "memory_gib": round(mem_kb / 1024**2, 1),
+        "torch": version("torch"),
+        "executorch": version("executorch"),
+    }
 
 
 def _prompt(n: int, vocab: int) -> list[int]:
@@ -100,24 +105,35 @@ def _memory_row(runner: Path, n: int, ptes: list[Path], ptd: Path, standalone: l
     shared = processes.memory_one_process(runner, ptes[:n], ptd, [], prompt)
     alone = processes.memory_processes(runner, standalone[:n], prompt)
     stock = processes.memory_one_process(runner, ptes[:n], ptd, ["--stock"], prompt)
-    return {"adapters": n, "shared": shared, "standalone": alone, "stock": stock,
-            "standalone_over_shared": round(alone["pss_kb"] / shared["pss_kb"], 3),
-            "stock_over_shared": round(stock["pss_kb"] / shared["pss_kb"], 3)}
+    return {
+        "adapters": n,
+        "shared": shared,
+        "standalone": alone,
+        "stock": stock,
+        "standalone_over_shared": round(alone["pss_kb"] / shared["pss_kb"], 3),
+        "stock_over_shared": round(stock["pss_kb"] / shared["pss_kb"], 3),
+    }
 
 
 def _load_times(runner: Path, ptd: Path, ptes: list[Path], standalone: list[Path]) -> dict:
     """Start-up times: lora-share, stock, one stand-alone program, and with a packed-weights cache file."""
-    load = {"repeats": LOAD_REPEATS,
-            "shared": processes.load_times(runner, ptd, ptes, ["--no-packed-cache"], LOAD_REPEATS),
-            "stock": processes.load_times(runner, ptd, ptes, ["--stock"], LOAD_REPEATS),
-            "standalone": processes.load_times(runner, None, standalone[:1], [], LOAD_REPEATS)}
+    load = {
+        "repeats": LOAD_REPEATS,
+        "shared": processes.load_times(runner, ptd, ptes, ["--no-packed-cache"], LOAD_REPEATS),
+        "stock": processes.load_times(runner, ptd, ptes, ["--stock"], LOAD_REPEATS),
+        "standalone": processes.load_times(runner, None, standalone[:1], [], LOAD_REPEATS),
+    }
     for start in packed_cache_starts(runner, ptd, ptes):
         per = start["adapter_load_ms"]
         load[f"packed_{start['start']}"] = {
-            "first_ms": round(per[0], 2), "further_ms": [round(x, 2) for x in per[1:]],
+            "first_ms": round(per[0], 2),
+            "further_ms": [round(x, 2) for x in per[1:]],
             "further_median_ms": round(statistics.median(per[1:]), 2) if len(per) > 1 else None,
-            "session_ms": round(start["load_ms"], 2), "programs": len(per),
-            "cache_file_bytes": start["cache_file_bytes"], "warm_reported": start["warm_reported"]}
+            "session_ms": round(start["load_ms"], 2),
+            "programs": len(per),
+            "cache_file_bytes": start["cache_file_bytes"],
+            "warm_reported": start["warm_reported"],
+        }
     return load
 
 
@@ -125,8 +141,10 @@ def _speed(runner: Path, ptd: Path, ptes: list[Path], standalone: Path, prompt: 
     """Prefill and decode speed of the bare foundation and every adapter in one process, and of one
     stand-alone program; ``tokens_match``: that program generates what its adapter does."""
     names = [p.stem for p in ptes]
-    with processes.Server(runner, ptes, ptd, max_new_tokens=new_tokens) as server, \
-            processes.Server(runner, [standalone], max_new_tokens=new_tokens) as alone_server:
+    with (
+        processes.Server(runner, ptes, ptd, max_new_tokens=new_tokens) as server,
+        processes.Server(runner, [standalone], max_new_tokens=new_tokens) as alone_server,
+    ):
         # "base": the foundation alone, through the deployment's program with every LoRA input zero.
         programs = {n: (server, n) for n in [BASE_NAME, *names]}
         programs["standalone"] = (alone_server, standalone.stem)
@@ -134,10 +152,15 @@ def _speed(runner: Path, ptd: Path, ptes: list[Path], standalone: Path, prompt: 
     alone = programs.pop("standalone")
     adapter_rows = [programs[n] for n in names]
     return {
-        "prompt_tokens": len(prompt), "new_tokens": new_tokens, "repeats": SPEED_REPEATS, "programs": programs,
+        "prompt_tokens": len(prompt),
+        "new_tokens": new_tokens,
+        "repeats": SPEED_REPEATS,
+        "programs": programs,
         "standalone": {"name": standalone.stem, **alone},
-        "adapters_median": {k: round(statistics.median(r[k] for r in adapter_rows), 1)
-                            for k in ("prefill_tokens_per_s", "decode_tokens_per_s")},
+        "adapters_median": {
+            k: round(statistics.median(r[k] for r in adapter_rows), 1)
+            for k in ("prefill_tokens_per_s", "decode_tokens_per_s")
+        },
         "tokens_match": alone["tokens"] == programs[standalone.stem]["tokens"],
     }
 
@@ -149,8 +172,14 @@ def _switch(runner: Path, ptd: Path, ptes: list[Path], prompt: list[int]) -> dic
     return {**switch, "prompt_tokens": len(prompt)}
 
 
-def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quiet: bool = False,
-              build_counts: list[int] | None = None) -> dict:
+def run_bench(
+    config: Path,
+    counts: list[int],
+    runner: Path,
+    workdir: Path,
+    quiet: bool = False,
+    build_counts: list[int] | None = None,
+) -> dict:
     """Every measurement of the benchmark, with the variants made in ``workdir``; returns the result dict.
 
     ``build_counts`` (default: the first and the last of ``counts``) are the adapter counts whose
@@ -188,7 +217,9 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
     # 4. Memory for every N: one process, N processes, stock.
     memory = []
     for n in counts:
-        with progress.step(f"memory_{n}", f"memory with {n} adapter(s): lora-share, {n} stand-alone process(es), stock"):
+        with progress.step(
+            f"memory_{n}", f"memory with {n} adapter(s): lora-share, {n} stand-alone process(es), stock"
+        ):
             memory.append(_memory_row(runner, n, ptes, ptd, standalone, _prompt(3, vocab)))
 
     # 5. Load times.
@@ -198,8 +229,7 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
     # 6. Speed: the bare foundation and every adapter in one process, and one stand-alone program.
     prompt_len = min(32, max_len // 2)
     new_tokens = min(32, max_len - prompt_len + 1)
-    with progress.step("speed", f"speed: prefill {prompt_len} + decode {new_tokens} tokens, "
-                                f"{len(ptes) + 2} programs"):
+    with progress.step("speed", f"speed: prefill {prompt_len} + decode {new_tokens} tokens, {len(ptes) + 2} programs"):
         speed = _speed(runner, ptd, ptes, standalone[0], _prompt(prompt_len, vocab), new_tokens)
     tokens_match = speed.pop("tokens_match")
 
@@ -209,15 +239,29 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
 
     fnd = manifest["foundation"]
     return {
-        "format": "lora-share-bench", "version": 1,
-        "machine": _machine(), "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
+        "format": "lora-share-bench",
+        "version": 1,
+        "machine": _machine(),
+        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": str(config), "counts": counts, "recipe": RECIPE,
-        "foundation": {"parameters": fnd["parameters"], "ptd_bytes": fnd["size"], "sha256": fnd["sha256"],
-                       "fingerprint": fnd["fingerprint"], "args": args},
+        "config": str(config),
+        "counts": counts,
+        "recipe": RECIPE,
+        "foundation": {
+            "parameters": fnd["parameters"],
+            "ptd_bytes": fnd["size"],
+            "sha256": fnd["sha256"],
+            "fingerprint": fnd["fingerprint"],
+            "args": args,
+        },
         "adapter_pte_bytes": round(statistics.median(p.stat().st_size for p in ptes)),
-        "disk": disk, "memory": memory, "load": load, "speed": speed, "switch": switch, "build": build_rows,
+        "disk": disk,
+        "memory": memory,
+        "load": load,
+        "speed": speed,
+        "switch": switch,
+        "build": build_rows,
         "build_ratio": round(build_rows[-1]["seconds"] / build_rows[0]["seconds"], 3),
         "standalone_files": [{k: v for k, v in r.items() if k != "path"} for r in standalone_rows],
         "checks": {"standalone_tokens_match": tokens_match},
@@ -227,8 +271,9 @@ def run_bench(config: Path, counts: list[int], runner: Path, workdir: Path, quie
 
 
 def main(argv=None, prog: str = "python -m lora_share.bench") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(p, config_option=True)
     ns = p.parse_args(argv)
     return run_from_args(ns, f"{prog} " + " ".join(map(shlex.quote, argv if argv is not None else sys.argv[1:])))
@@ -236,16 +281,29 @@ def main(argv=None, prog: str = "python -m lora_share.bench") -> int:
 
 def add_arguments(p: argparse.ArgumentParser, config_option: bool) -> None:
     if config_option:
-        p.add_argument("--config", default="configs/llama_adapters.yaml",
-                       help="foundation to build on (default configs/llama_adapters.yaml)")
+        p.add_argument(
+            "--config",
+            default="configs/llama_adapters.yaml",
+            help="foundation to build on (default configs/llama_adapters.yaml)",
+        )
     else:
-        p.add_argument("config", metavar="CONFIG", help="config whose foundation is benchmarked (its adapters are "
-                                                        "not used: every N uses one recipe, seeds differ)")
-    p.add_argument("--counts", default=",".join(map(str, DEFAULT_COUNTS)),
-                   help="adapter counts, increasing, comma-separated (default 1,2,4,8)")
-    p.add_argument("--build-counts", metavar="COUNTS",
-                   help="adapter counts whose build is timed from scratch, one export each (default: the first "
-                        "and the last of --counts)")
+        p.add_argument(
+            "config",
+            metavar="CONFIG",
+            help="config whose foundation is benchmarked (its adapters are "
+            "not used: every N uses one recipe, seeds differ)",
+        )
+    p.add_argument(
+        "--counts",
+        default=",".join(map(str, DEFAULT_COUNTS)),
+        help="adapter counts, increasing, comma-separated (default 1,2,4,8)",
+    )
+    p.add_argument(
+        "--build-counts",
+        metavar="COUNTS",
+        help="adapter counts whose build is timed from scratch, one export each (default: the first "
+        "and the last of --counts)",
+    )
     p.add_argument("--out", default="benchmarks/results", help="where the results go (default benchmarks/results)")
     p.add_argument("--runner", default="build/runner", help="the C++ runner (default build/runner)")
     p.add_argument("--workdir", help="keep the built files here (default: a temporary folder, removed at the end)")
@@ -254,10 +312,11 @@ def add_arguments(p: argparse.ArgumentParser, config_option: bool) -> None:
 
 def run_from_args(ns, command: str) -> int:
     counts, build_counts = _ints(ns.counts, "--counts"), ns.build_counts and _ints(ns.build_counts, "--build-counts")
-    with (_kept(Path(ns.workdir)) if ns.workdir else tempfile.TemporaryDirectory(prefix="lora-share-bench-")) as wd:
+    with _kept(Path(ns.workdir)) if ns.workdir else tempfile.TemporaryDirectory(prefix="lora-share-bench-") as wd:
         try:
-            result = run_bench(Path(ns.config), counts, Path(ns.runner), Path(wd), quiet=ns.quiet,
-                               build_counts=build_counts or None)
+            result = run_bench(
+                Path(ns.config), counts, Path(ns.runner), Path(wd), quiet=ns.quiet, build_counts=build_counts or None
+            )
         except BenchError as e:
             raise BenchFailed(str(e)) from None
     result["command"] = command

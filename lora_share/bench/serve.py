@@ -47,20 +47,39 @@ from pathlib import Path
 
 import yaml
 
-from . import http_streams, peers, processes
 from ..errors import UserError
 from ..manifest import read_manifest
+from . import http_streams, peers, processes
 from .memory import BenchError
 
-QUESTIONS = ["Why is the sky blue?", "How do plants make food?", "What is a prime number?",
-             "Why do we have seasons?", "How does a rainbow form?", "What causes tides?",
-             "How do bees make honey?", "Why does ice float on water?"]
-CHAT = ["Hi! I want to learn to cook.", "What should I make first?", "What do I need to buy for that?",
-        "How long does it take?", "Can I make it without an oven?", "What goes well with it as a side?",
-        "How do I store the leftovers?", "Thanks! Any tip for next time?"]
+QUESTIONS = [
+    "Why is the sky blue?",
+    "How do plants make food?",
+    "What is a prime number?",
+    "Why do we have seasons?",
+    "How does a rainbow form?",
+    "What causes tides?",
+    "How do bees make honey?",
+    "Why does ice float on water?",
+]
+CHAT = [
+    "Hi! I want to learn to cook.",
+    "What should I make first?",
+    "What do I need to buy for that?",
+    "How long does it take?",
+    "Can I make it without an oven?",
+    "What goes well with it as a side?",
+    "How do I store the leftovers?",
+    "Thanks! Any tip for next time?",
+]
 # Scenarios: name -> the adapter (index into the deployment's adapters) of each client.
-SCENARIOS = {"1 client": [0], "2 clients, 2 adapters": [0, 1], "4 clients, 4 adapters": [0, 1, 2, 3],
-             "8 clients, 4 adapters": [0, 1, 2, 3, 0, 1, 2, 3], "4 clients, 1 adapter": [0, 0, 0, 0]}
+SCENARIOS = {
+    "1 client": [0],
+    "2 clients, 2 adapters": [0, 1],
+    "4 clients, 4 adapters": [0, 1, 2, 3],
+    "8 clients, 4 adapters": [0, 1, 2, 3, 0, 1, 2, 3],
+    "4 clients, 1 adapter": [0, 0, 0, 0],
+}
 ALONE, FOUR, EIGHT, SAME = "1 client", "4 clients, 4 adapters", "8 clients, 4 adapters", "4 clients, 1 adapter"
 # The pairs measured: lora-share's build -> llama.cpp's GGUF (bench-peers' pairs).
 PAIRS = {"fp32": "f32", "8da4w": "q4_0"}
@@ -97,10 +116,17 @@ class LoraShareServer(processes.HttpServerProcess):
         self.close()
         raise BenchError(f"{' '.join(cmd)}: not listening after 300 s; see {log}")
 
-    def body(self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool,
-             cache_prompt: bool = True) -> dict:
-        return {"model": adapter, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos,
-                "cache_prompt": cache_prompt}
+    def body(
+        self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool, cache_prompt: bool = True
+    ) -> dict:
+        return {
+            "model": adapter,
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": ignore_eos,
+            "cache_prompt": cache_prompt,
+        }
 
     def stats(self) -> dict:
         with urllib.request.urlopen(f"http://{self.address}/v1/stats", timeout=60) as r:
@@ -113,11 +139,18 @@ class LlamaSide:
     def __init__(self, server: peers.LlamaServer):
         self.server, self.address = server, server.url.split("://", 1)[1]
 
-    def body(self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool,
-             cache_prompt: bool = True) -> dict:
+    def body(
+        self, adapter: str, index: int, ids: list[int], max_tokens: int, ignore_eos: bool, cache_prompt: bool = True
+    ) -> dict:
         lora = [{"id": i, "scale": 1.0 if i == index else 0.0} for i in range(self.server.n_loras)]
-        return {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": ignore_eos, "lora": lora,
-                "cache_prompt": cache_prompt}
+        return {
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": ignore_eos,
+            "lora": lora,
+            "cache_prompt": cache_prompt,
+        }
 
 
 def demo_builds(config: Path, work: Path, precisions: list[str], log=print) -> dict[str, dict]:
@@ -135,17 +168,27 @@ def demo_builds(config: Path, work: Path, precisions: list[str], log=print) -> d
         else:
             dest = work / f"serve-{precision}"
             dest.mkdir(parents=True, exist_ok=True)
-            derived = {**raw, "output_dir": str(dest / "out"),
-                       "foundation": {**raw["foundation"], "checkpoint": str(cfg.foundation.checkpoint),
-                                      "quantize": peers.QUANTIZE},
-                       "adapters": [{**a, "peft": str(c.peft)} for a, c in zip(raw["adapters"], cfg.adapters)]}
+            derived = {
+                **raw,
+                "output_dir": str(dest / "out"),
+                "foundation": {
+                    **raw["foundation"],
+                    "checkpoint": str(cfg.foundation.checkpoint),
+                    "quantize": peers.QUANTIZE,
+                },
+                "adapters": [{**a, "peft": str(c.peft)} for a, c in zip(raw["adapters"], cfg.adapters)],
+            }
             path, out = dest / "config.yaml", dest / "out"
             path.write_text(yaml.safe_dump(derived, sort_keys=False))
         log(f"lora-share build {precision} ({path}) ...")
         peers.sh([sys.executable, "-m", "lora_share.cli", "build", path], work / f"serve-build-{precision}.log")
         manifest = read_manifest(out)
-        builds[precision] = {"dir": out, "manifest": manifest, "adapters": [a["name"] for a in manifest["adapters"]],
-                             "pefts": [Path(c.peft) for c in cfg.adapters]}
+        builds[precision] = {
+            "dir": out,
+            "manifest": manifest,
+            "adapters": [a["name"] for a in manifest["adapters"]],
+            "pefts": [Path(c.peft) for c in cfg.adapters],
+        }
     return builds
 
 
@@ -159,7 +202,9 @@ class Prompts:
         self.bound = bind_tokenizer(folder / "foundation.ptd")
         self.format = read_manifest(folder)["tokenizer"].get("chat_format")
         if self.format is None:
-            raise BenchError(f"{folder}: its manifest has no chat format; bench-serve needs a build with a chat template")
+            raise BenchError(
+                f"{folder}: its manifest has no chat format; bench-serve needs a build with a chat template"
+            )
         self._apply = apply
         self.count = 0
 
@@ -172,8 +217,9 @@ class Prompts:
         return self.ids([("user", f"[{self.count}] {question}")])
 
 
-def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, settings: dict, log,
-                  questions: list[str] = QUESTIONS) -> dict:
+def run_scenarios(
+    sides: dict, builds_adapters: list[str], prompts: Prompts, settings: dict, log, questions: list[str] = QUESTIONS
+) -> dict:
     """Every scenario ``settings['repeats']`` times, the sides alternating (which goes first swaps each
     repeat); then each concurrent request again alone on its side, the texts compared (``texts_cached``);
     then the texts without the prompt cache (``texts``, same_texts). Client c asks ``questions[c]`` (cycled)."""
@@ -183,28 +229,38 @@ def run_scenarios(sides: dict, builds_adapters: list[str], prompts: Prompts, set
     figures = {side: {name: [] for name in SCENARIOS} for side in sides}
     asked = {side: [] for side in sides}  # (adapter index, ids, concurrent text)
     order = list(sides)
-    for repeat in range(settings["repeats"]):
+    for _ in range(settings["repeats"]):
         for name, clients in SCENARIOS.items():
             ids = [prompts.tagged(questions[c % len(questions)]) for c in range(len(clients))]
             for side in order:
                 server = sides[side]
-                bodies = [server.body(builds_adapters[a], a, i, settings["max_tokens"], True)
-                          for a, i in zip(clients, ids)]
+                bodies = [
+                    server.body(builds_adapters[a], a, i, settings["max_tokens"], True) for a, i in zip(clients, ids)
+                ]
                 answers = http_streams.at_once(server.address, bodies)
                 figures[side][name].append(http_streams.summary(answers))
                 if len(clients) > 1:
                     asked[side] += [(a, i, ans.text) for a, i, ans in zip(clients, ids, answers)]
                 log(f"  {side} {name}: {figures[side][name][-1]['aggregate_decode_tokens_per_s']} tokens/s")
         order.reverse()
-    cached = {side: compare_alone(server, [(builds_adapters[a], server.body(builds_adapters[a], a, ids,
-                                                                          settings["max_tokens"], True), text)
-                                           for a, ids, text in asked[side]])
-              for side, server in sides.items()}
-    return {"scenarios": {side: {name: median_figures(rows) for name, rows in f.items()}
-                          for side, f in figures.items()},
-            "samples": figures, "texts_cached": cached,
-            "texts": {side: same_texts(server, builds_adapters, prompts, settings, questions)
-                      for side, server in sides.items()}}
+    cached = {
+        side: compare_alone(
+            server,
+            [
+                (builds_adapters[a], server.body(builds_adapters[a], a, ids, settings["max_tokens"], True), text)
+                for a, ids, text in asked[side]
+            ],
+        )
+        for side, server in sides.items()
+    }
+    return {
+        "scenarios": {side: {name: median_figures(rows) for name, rows in f.items()} for side, f in figures.items()},
+        "samples": figures,
+        "texts_cached": cached,
+        "texts": {
+            side: same_texts(server, builds_adapters, prompts, settings, questions) for side, server in sides.items()
+        },
+    }
 
 
 def same_texts(server, builds_adapters: list[str], prompts: Prompts, settings: dict, questions: list[str]) -> dict:
@@ -215,8 +271,10 @@ def same_texts(server, builds_adapters: list[str], prompts: Prompts, settings: d
         if len(clients) < 2:
             continue
         ids = [prompts.tagged(questions[c % len(questions)]) for c in range(len(clients))]
-        bodies = [server.body(builds_adapters[a], a, i, settings["max_tokens"], True, cache_prompt=False)
-                  for a, i in zip(clients, ids)]
+        bodies = [
+            server.body(builds_adapters[a], a, i, settings["max_tokens"], True, cache_prompt=False)
+            for a, i in zip(clients, ids)
+        ]
         answers = http_streams.at_once(server.address, bodies)
         asked += [(builds_adapters[a], body, ans.text) for a, body, ans in zip(clients, bodies, answers)]
     return compare_alone(server, asked)
@@ -245,33 +303,47 @@ def run_chat(sides: dict, adapter: str, prompts: Prompts, settings: dict, log, m
     side's own answers) plus a new message; the first token's time per turn, median over repeats."""
     times = {side: [[] for _ in range(settings["turns"])] for side in sides}
     order = list(sides)
-    for repeat in range(settings["repeats"]):
+    for _ in range(settings["repeats"]):
         prompts.count += 1
         opening = f"[{prompts.count}] {messages[0]}"
         for side in order:
             server, history = sides[side], []
             for turn in range(settings["turns"]):
                 history.append(("user", opening if turn == 0 else messages[turn % len(messages)]))
-                answer = http_streams.stream(server.address, server.body(adapter, 0, prompts.ids(history),
-                                                                         settings["chat_tokens"], False))
+                answer = http_streams.stream(
+                    server.address, server.body(adapter, 0, prompts.ids(history), settings["chat_tokens"], False)
+                )
                 history.append(("assistant", answer.text))
                 times[side][turn].append(answer.first_token_ms)
-            log(f"  {side} chat: first token {times[side][0][-1]:.0f} ms at turn 1, "
-                f"{times[side][-1][-1]:.0f} ms at turn {settings['turns']}")
+            log(
+                f"  {side} chat: first token {times[side][0][-1]:.0f} ms at turn 1, "
+                f"{times[side][-1][-1]:.0f} ms at turn {settings['turns']}"
+            )
         order.reverse()
     return {side: [round(statistics.median(t), 1) for t in per_turn] for side, per_turn in times.items()}
 
 
-def measure_memory(binary: Path, folder: Path, parallel: int, adapters: list[str], prompts: Prompts,
-                   max_tokens: int, work: Path, questions: list[str] = QUESTIONS) -> dict:
+def measure_memory(
+    binary: Path,
+    folder: Path,
+    parallel: int,
+    adapters: list[str],
+    prompts: Prompts,
+    max_tokens: int,
+    work: Path,
+    questions: list[str] = QUESTIONS,
+) -> dict:
     """PSS of two servers alive at once, at ``--parallel N`` and at 1, after the same four requests on four
     adapters (all slots of the first used), and one slot's KV bytes from the first's /v1/stats."""
     ids = [prompts.tagged(questions[c % len(questions)]) for c in range(len(SCENARIOS[FOUR]))]
-    with LoraShareServer(binary, folder, parallel, work / "serve-pss-n.log") as many, \
-            LoraShareServer(binary, folder, 1, work / "serve-pss-1.log") as one:
+    with (
+        LoraShareServer(binary, folder, parallel, work / "serve-pss-n.log") as many,
+        LoraShareServer(binary, folder, 1, work / "serve-pss-1.log") as one,
+    ):
         for server in (many, one):
-            http_streams.at_once(server.address, [server.body(adapters[a], a, i, max_tokens, True)
-                                                  for a, i in zip(SCENARIOS[FOUR], ids)])
+            http_streams.at_once(
+                server.address, [server.body(adapters[a], a, i, max_tokens, True) for a, i in zip(SCENARIOS[FOUR], ids)]
+            )
         pss = {"parallel_n_kb": many.memory()["pss_kb"], "parallel_1_kb": one.memory()["pss_kb"]}
         stats = many.stats()
     return {"parallel": parallel, **pss, "slot_bytes": stats.get("slot_bytes")}
@@ -287,88 +359,155 @@ def checks(precision: str, result: dict, llama: bool) -> list[dict]:
         out.append({"precision": precision, "check": what, "value": value, "target": target, "pass": bool(ok)})
 
     speedup = agg[FOUR] / agg[ALONE] if agg[ALONE] else 0.0
-    check("4 clients on 4 adapters: aggregate decode / 1 client alone", round(speedup, 3),
-          f">= {SPEEDUP[precision]}", speedup >= SPEEDUP[precision])
+    check(
+        "4 clients on 4 adapters: aggregate decode / 1 client alone",
+        round(speedup, 3),
+        f">= {SPEEDUP[precision]}",
+        speedup >= SPEEDUP[precision],
+    )
     share = agg[FOUR] / agg[SAME] if agg[SAME] else 0.0
-    check("4 clients on 4 adapters / 4 clients on 1 adapter (aggregate decode)", round(share, 3),
-          f">= {SAME_ADAPTER_SHARE}", share >= SAME_ADAPTER_SHARE)
+    check(
+        "4 clients on 4 adapters / 4 clients on 1 adapter (aggregate decode)",
+        round(share, 3),
+        f">= {SAME_ADAPTER_SHARE}",
+        share >= SAME_ADAPTER_SHARE,
+    )
     if llama:
         theirs = result["scenarios"]["llama_server"][FOUR]["aggregate_decode_tokens_per_s"]
         ratio = agg[FOUR] / theirs if theirs else 0.0
-        check("4 clients on 4 adapters: aggregate decode / llama-server -np 4", round(ratio, 3), f">= {OVER_LLAMA}",
-              ratio >= OVER_LLAMA)
+        check(
+            "4 clients on 4 adapters: aggregate decode / llama-server -np 4",
+            round(ratio, 3),
+            f">= {OVER_LLAMA}",
+            ratio >= OVER_LLAMA,
+        )
     texts = result["texts"]["lora_share"]
-    check("every concurrent answer's text equals the same request alone (cache_prompt off)",
-          f"{texts['compared'] - len(texts['differ'])} of {texts['compared']}", "all",
-          texts["compared"] > 0 and not texts["differ"])
+    check(
+        "every concurrent answer's text equals the same request alone (cache_prompt off)",
+        f"{texts['compared'] - len(texts['differ'])} of {texts['compared']}",
+        "all",
+        texts["compared"] > 0 and not texts["differ"],
+    )
     gap = ours[EIGHT]["gap_ms_p95"] / ours[ALONE]["gap_ms_p50"] if ours[ALONE]["gap_ms_p50"] else float("inf")
-    check("8 clients on 4 adapters: p95 gap between tokens / median gap of 1 client alone", round(gap, 3),
-          f"<= {GAP_OVER_ALONE}", gap <= GAP_OVER_ALONE)
+    check(
+        "8 clients on 4 adapters: p95 gap between tokens / median gap of 1 client alone",
+        round(gap, 3),
+        f"<= {GAP_OVER_ALONE}",
+        gap <= GAP_OVER_ALONE,
+    )
     turns = result["chat"]["lora_share"]
     ratio = turns[-1] / turns[0] if turns[0] else float("inf")
-    check(f"{len(turns)}-turn chat: first token at turn {len(turns)} / turn 1", round(ratio, 3),
-          f"<= {TURN_8_OVER_1}", ratio <= TURN_8_OVER_1)
+    check(
+        f"{len(turns)}-turn chat: first token at turn {len(turns)} / turn 1",
+        round(ratio, 3),
+        f"<= {TURN_8_OVER_1}",
+        ratio <= TURN_8_OVER_1,
+    )
     mem = result["memory"]
     if not mem.get("slot_bytes"):
-        check(f"PSS at --parallel {mem['parallel']} <= (PSS at --parallel 1 + {mem['parallel'] - 1} slots) x "
-              f"{PSS_SLACK}", f"/v1/stats reports no slot's bytes ({mem.get('slot_bytes')})", "measured", False)
+        check(
+            f"PSS at --parallel {mem['parallel']} <= (PSS at --parallel 1 + {mem['parallel'] - 1} slots) x {PSS_SLACK}",
+            f"/v1/stats reports no slot's bytes ({mem.get('slot_bytes')})",
+            "measured",
+            False,
+        )
     else:
         bound = (mem["parallel_1_kb"] + (mem["parallel"] - 1) * mem["slot_bytes"] / 1024) * PSS_SLACK
-        check(f"PSS at --parallel {mem['parallel']} <= (PSS at --parallel 1 + {mem['parallel'] - 1} x one slot's "
-              f"KV bytes) x {PSS_SLACK}", f"{mem['parallel_n_kb']} kB vs {bound:.0f} kB", "<=",
-              mem["parallel_n_kb"] <= bound)
+        check(
+            f"PSS at --parallel {mem['parallel']} <= (PSS at --parallel 1 + {mem['parallel'] - 1} x one slot's "
+            f"KV bytes) x {PSS_SLACK}",
+            f"{mem['parallel_n_kb']} kB vs {bound:.0f} kB",
+            "<=",
+            mem["parallel_n_kb"] <= bound,
+        )
     return out
 
 
 def report(result: dict) -> str:
     """The markdown: per precision a table of the scenarios (both sides), the chat, memory; then the checks."""
     s = result["settings"]
-    lines = [f"# bench-serve: many clients at once, SmolLM2-135M-Instruct demo deployment{' (QUICK smoke run)' if result['quick'] else ''}",
-             "", f"{result['created']}, commit {result['commit']}, {result['machine'].get('cpu', 'unknown CPU')}, "
-             f"{result['machine'].get('cpus', '?')} CPUs. Command: `{result['command']}`. lora-share-server "
-             f"--parallel {s['parallel']}; llama-server -np {s['parallel']} (llama-cpp-python {peers.LLAMA_CPP_PYTHON}'s "
-             f"llama.cpp, 2 threads, every adapter loaded, the request's switched on by `lora`). Each client: "
-             f"streamed /v1/completions, greedy, {s['max_tokens']} tokens, EOS ignored; median of {s['repeats']} "
-             "repeats, the servers alternating. Aggregate decode = every client's tokens after its first over the "
-             "time from the first first token to the last token.", ""]
+    lines = [
+        "# bench-serve: many clients at once, SmolLM2-135M-Instruct demo deployment"
+        f"{' (QUICK smoke run)' if result['quick'] else ''}",
+        "",
+        f"{result['created']}, commit {result['commit']}, {result['machine'].get('cpu', 'unknown CPU')}, "
+        f"{result['machine'].get('cpus', '?')} CPUs. Command: `{result['command']}`. lora-share-server "
+        f"--parallel {s['parallel']}; llama-server -np {s['parallel']} (llama-cpp-python {peers.LLAMA_CPP_PYTHON}'s "
+        f"llama.cpp, 2 threads, every adapter loaded, the request's switched on by `lora`). Each client: "
+        f"streamed /v1/completions, greedy, {s['max_tokens']} tokens, EOS ignored; median of {s['repeats']} "
+        "repeats, the servers alternating. Aggregate decode = every client's tokens after its first over the "
+        "time from the first first token to the last token.",
+        "",
+    ]
     for precision, row in result["precisions"].items():
         sides = row["scenarios"]
-        lines += [f"## {precision}" + (f" (llama.cpp {PAIRS[precision].upper()})" if "llama_server" in sides else ""),
-                  "", "| clients | server | aggregate decode tokens/s | first token p50 / p95 (ms) | "
-                  "gap between tokens p50 / p95 (ms) |", "|---|---|---:|---:|---:|"]
+        lines += [
+            f"## {precision}" + (f" (llama.cpp {PAIRS[precision].upper()})" if "llama_server" in sides else ""),
+            "",
+            "| clients | server | aggregate decode tokens/s | first token p50 / p95 (ms) | "
+            "gap between tokens p50 / p95 (ms) |",
+            "|---|---|---:|---:|---:|",
+        ]
         for name in SCENARIOS:
             for side, figures in sides.items():
                 f = figures[name]
-                lines.append(f"| {name} | {side.replace('_', '-')} | {f['aggregate_decode_tokens_per_s']} | "
-                             f"{f['first_token_ms_p50']} / {f['first_token_ms_p95']} | "
-                             f"{f['gap_ms_p50']} / {f['gap_ms_p95']} |")
+                lines.append(
+                    f"| {name} | {side.replace('_', '-')} | {f['aggregate_decode_tokens_per_s']} | "
+                    f"{f['first_token_ms_p50']} / {f['first_token_ms_p95']} | "
+                    f"{f['gap_ms_p50']} / {f['gap_ms_p95']} |"
+                )
         turns = row["chat"]
-        lines += ["", f"{len(next(iter(turns.values())))}-turn chat on {row['chat_adapter']}, first token (ms) per "
-                  "turn: " + "; ".join(f"{side.replace('_', '-')} {', '.join(map(str, t))}" for side, t in turns.items())
-                  + "."]
+        lines += [
+            "",
+            f"{len(next(iter(turns.values())))}-turn chat on {row['chat_adapter']}, first token (ms) per "
+            "turn: "
+            + "; ".join(f"{side.replace('_', '-')} {', '.join(map(str, t))}" for side, t in turns.items())
+            + ".",
+        ]
         for side, t in row["texts"].items():
             c = row.get("texts_cached", {}).get(side)
-            lines.append(f"Concurrent answers equal to the same request alone (cache_prompt off), "
-                         f"{side.replace('_', '-')}: {t['compared'] - len(t['differ'])} of {t['compared']}"
-                         + (f"; the timed answers asked again alone with the prompt cache on (a prefix hit): "
-                            f"{c['compared'] - len(c['differ'])} of {c['compared']}" if c else "") + ".")
+            lines.append(
+                f"Concurrent answers equal to the same request alone (cache_prompt off), "
+                f"{side.replace('_', '-')}: {t['compared'] - len(t['differ'])} of {t['compared']}"
+                + (
+                    f"; the timed answers asked again alone with the prompt cache on (a prefix hit): "
+                    f"{c['compared'] - len(c['differ'])} of {c['compared']}"
+                    if c
+                    else ""
+                )
+                + "."
+            )
         m = row["memory"]
-        lines.append(f"PSS after four requests on four adapters: --parallel {m['parallel']} {m['parallel_n_kb']} kB, "
-                     f"--parallel 1 {m['parallel_1_kb']} kB; one slot's KV {m['slot_bytes']} bytes.")
+        lines.append(
+            f"PSS after four requests on four adapters: --parallel {m['parallel']} {m['parallel_n_kb']} kB, "
+            f"--parallel 1 {m['parallel_1_kb']} kB; one slot's KV {m['slot_bytes']} bytes."
+        )
         st = row.get("server_stats") or {}
         if "batch_size_counts" in st:
-            lines.append(f"lora-share-server /v1/stats after the run: batch sizes {st['batch_size_counts']}, "
-                         f"prefix hits {st.get('prefix_hits')} ({st.get('prefix_tokens')} tokens), "
-                         f"requests {st.get('requests')}.")
+            lines.append(
+                f"lora-share-server /v1/stats after the run: batch sizes {st['batch_size_counts']}, "
+                f"prefix hits {st.get('prefix_hits')} ({st.get('prefix_tokens')} tokens), "
+                f"requests {st.get('requests')}."
+            )
         lines.append("")
     lines += ["## Checks (issue 47)", ""]
-    lines += [f"- {'PASS' if c['pass'] else 'FAIL'} [{c['precision']}] {c['check']}: {c['value']} (target {c['target']})"
-              for c in result["checks"]]
+    lines += [
+        f"- {'PASS' if c['pass'] else 'FAIL'} [{c['precision']}] {c['check']}: {c['value']} (target {c['target']})"
+        for c in result["checks"]
+    ]
     return "\n".join(lines) + "\n"
 
 
-def run_serve(server_bin: Path, config: Path, gguf: Path, work: Path, settings: dict, llama: bool,
-              save=lambda result: None, log=print) -> dict:
+def run_serve(
+    server_bin: Path,
+    config: Path,
+    gguf: Path,
+    work: Path,
+    settings: dict,
+    llama: bool,
+    save=lambda result: None,
+    log=print,
+) -> dict:
     """Builds, servers, measurements; the result dict (also handed to ``save`` after each precision)."""
     from .run import _git, _machine
 
@@ -380,10 +519,15 @@ def run_serve(server_bin: Path, config: Path, gguf: Path, work: Path, settings: 
         hf = peers.hf_folder(gguf, work / "hf")
         (work / "gguf").mkdir(exist_ok=True)
         ggufs = peers.llama_ggufs(tools, hf, gguf, builds[settings["precisions"][0]]["pefts"], work / "gguf")
-    result = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "commit": _git("rev-parse", "--short", "HEAD") or "unknown", "machine": _machine(),
-              "quick": settings["quick"], "settings": settings, "precisions": {},
-              "checks": []}
+    result = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
+        "machine": _machine(),
+        "quick": settings["quick"],
+        "settings": settings,
+        "precisions": {},
+        "checks": [],
+    }
     context = None
     for precision in settings["precisions"]:
         b = builds[precision]
@@ -394,9 +538,15 @@ def run_serve(server_bin: Path, config: Path, gguf: Path, work: Path, settings: 
             sides = {"lora_share": ours}
             llama_server = None
             if llama:
-                llama_server = peers.LlamaServer(tools["llama-server"], ggufs["models"][PAIRS[precision]],
-                                                 ggufs["loras"], LLAMA_PORT, work / f"serve-llama-{precision}.log",
-                                                 parallel=settings["parallel"], context=context)
+                llama_server = peers.LlamaServer(
+                    tools["llama-server"],
+                    ggufs["models"][PAIRS[precision]],
+                    ggufs["loras"],
+                    LLAMA_PORT,
+                    work / f"serve-llama-{precision}.log",
+                    parallel=settings["parallel"],
+                    context=context,
+                )
                 sides["llama_server"] = LlamaSide(llama_server)
             try:
                 row = run_scenarios(sides, b["adapters"], prompts, settings, log)
@@ -407,8 +557,9 @@ def run_serve(server_bin: Path, config: Path, gguf: Path, work: Path, settings: 
                 if llama_server is not None:
                     llama_server.close()
         log(f"memory {precision} ...")
-        row["memory"] = measure_memory(server_bin, b["dir"], settings["parallel"], b["adapters"], prompts,
-                                       settings["max_tokens"], work)
+        row["memory"] = measure_memory(
+            server_bin, b["dir"], settings["parallel"], b["adapters"], prompts, settings["max_tokens"], work
+        )
         result["precisions"][precision] = row
         result["checks"] += checks(precision, row, llama)
         save(result)
@@ -436,15 +587,25 @@ def run_from_args(ns, command: str) -> int:
     def save(result: dict) -> None:
         result["command"] = command
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in ((f"{stem}.json", json.dumps(result, indent=2, default=str) + "\n"),
-                           (f"{stem}.md", report(result))):
+        for name, text in (
+            (f"{stem}.json", json.dumps(result, indent=2, default=str) + "\n"),
+            (f"{stem}.md", report(result)),
+        ):
             tmp = out / (name + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, out / name)
 
     try:
-        result = run_serve(server_bin, config, gguf, work, settings, ns.llama, save=save,
-                           log=lambda s: print(s, file=sys.stderr, flush=True))
+        result = run_serve(
+            server_bin,
+            config,
+            gguf,
+            work,
+            settings,
+            ns.llama,
+            save=save,
+            log=lambda s: print(s, file=sys.stderr, flush=True),
+        )
     except BenchError as e:
         from .run import BenchFailed
 
@@ -460,28 +621,56 @@ def register(subparsers) -> None:
 
     from . import typed_command
 
-    p = subparsers.add_parser("bench-serve", help="lora-share-server with 1-8 concurrent clients on different "
-                                                  "adapters vs llama-server -np N: aggregate tokens/s, first token, "
-                                                  "gaps, a multi-turn chat, PSS",
-                              epilog="examples:\n  lora-share bench-serve            # = make bench-serve; writes "
-                                     "benchmarks/results/serve-<date>.{json,md}\n"
-                                     "  lora-share bench-serve --quick    # a smoke run: fp32 only, 8 tokens, one "
-                                     "repeat, 3 chat turns",
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a smoke run: fp32 only, 8 tokens a request, one repeat, "
-                                                        "3 chat turns (its results are named serve-<date>-quick)")
-    p.add_argument("--parallel", type=peers._at_least(1), default=4,
-                   help="lora-share-server --parallel and llama-server -np (default 4)")
-    p.add_argument("--repeats", type=peers._at_least(1), default=None,
-                   help=f"repeats of each scenario (default {FULL['repeats']}; --quick {QUICK['repeats']})")
-    p.add_argument("--no-llama", dest="llama", action="store_false",
-                   help="lora-share's side only (no llama.cpp build, no comparison)")
-    p.add_argument("--config", default="configs/smollm2.yaml", help="the demo deployment's config (default "
-                                                                    "configs/smollm2.yaml; built when missing)")
-    p.add_argument("--gguf", default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                   help="the model llama.cpp runs (default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF)")
-    p.add_argument("--workdir", default="out/peers", help="llama.cpp's build and GGUFs (shared with bench-peers) "
-                                                          "and the 8da4w build (default out/peers)")
+    p = subparsers.add_parser(
+        "bench-serve",
+        help="lora-share-server with 1-8 concurrent clients on different "
+        "adapters vs llama-server -np N: aggregate tokens/s, first token, "
+        "gaps, a multi-turn chat, PSS",
+        epilog="examples:\n  lora-share bench-serve            # = make bench-serve; writes "
+        "benchmarks/results/serve-<date>.{json,md}\n"
+        "  lora-share bench-serve --quick    # a smoke run: fp32 only, 8 tokens, one "
+        "repeat, 3 chat turns",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: fp32 only, 8 tokens a request, one repeat, "
+        "3 chat turns (its results are named serve-<date>-quick)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=peers._at_least(1),
+        default=4,
+        help="lora-share-server --parallel and llama-server -np (default 4)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=peers._at_least(1),
+        default=None,
+        help=f"repeats of each scenario (default {FULL['repeats']}; --quick {QUICK['repeats']})",
+    )
+    p.add_argument(
+        "--no-llama",
+        dest="llama",
+        action="store_false",
+        help="lora-share's side only (no llama.cpp build, no comparison)",
+    )
+    p.add_argument(
+        "--config",
+        default="configs/smollm2.yaml",
+        help="the demo deployment's config (default configs/smollm2.yaml; built when missing)",
+    )
+    p.add_argument(
+        "--gguf",
+        default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        help="the model llama.cpp runs (default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF)",
+    )
+    p.add_argument(
+        "--workdir",
+        default="out/peers",
+        help="llama.cpp's build and GGUFs (shared with bench-peers) and the 8da4w build (default out/peers)",
+    )
     p.add_argument("--server", default="build/lora-share-server", help="default build/lora-share-server")
     p.add_argument("--out", default="benchmarks/results", help="folder for serve-<date>.{json,md}")
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-serve")))

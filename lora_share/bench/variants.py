@@ -21,8 +21,8 @@ from pathlib import Path
 def load_models(config: Path):
     """(Foundation, [Adapter]) of a build's config, as the build loaded them."""
     from ..checkpoints.adapters import load_adapter
-    from ..config import load_config
     from ..checkpoints.foundation import load_foundation
+    from ..config import load_config
 
     cfg = load_config(config)
     foundation = load_foundation(cfg.foundation)
@@ -37,25 +37,28 @@ def export_standalone(foundation, adapters: list, folder: Path) -> list[dict]:
     """
     from ..deploy.adapter_pte import Program
     from ..deploy.builder import foundation_fingerprint
-    from ..export.eager import eager_model
-    from ..model.envelope import Envelope
-    from ..export.program import export_program
     from ..deploy.records import adapter_meta
+    from ..export.eager import eager_model
+    from ..export.program import export_program
+    from ..model.envelope import Envelope
 
     folder.mkdir(parents=True, exist_ok=True)
     envelope = Envelope.resolve(None, adapters, foundation.args)
     fingerprint = foundation_fingerprint(foundation)
     t0 = time.perf_counter()
-    program = Program(export_program(eager_model(foundation, envelope=envelope), envelope, folder / ".work",
-                                     external=False).pte, "the stand-alone program")
+    program = Program(
+        export_program(eager_model(foundation, envelope=envelope), envelope, folder / ".work", external=False).pte,
+        "the stand-alone program",
+    )
     _rmtree(folder / ".work")
     rows, how = [], "exported"
     for adapter in adapters:
         pte = program.write(*adapter_meta(adapter, fingerprint, envelope))
         path = folder / f"{adapter.name}.pte"
         path.write_bytes(pte)
-        rows.append({"path": str(path), "bytes": len(pte), "produced": how,
-                     "seconds": round(time.perf_counter() - t0, 3)})
+        rows.append(
+            {"path": str(path), "bytes": len(pte), "produced": how, "seconds": round(time.perf_counter() - t0, 3)}
+        )
         t0, how = time.perf_counter(), "written"
     return rows
 
@@ -67,9 +70,16 @@ def disk_rows(counts: list[int], ptd: Path, ptes: list[Path], standalone: list[P
         adapter_bytes = sum(p.stat().st_size for p in ptes[:n])
         shared = ptd.stat().st_size + adapter_bytes
         alone = sum(p.stat().st_size for p in standalone[:n])
-        rows.append({"adapters": n, "shared_bytes": shared, "ptd_bytes": ptd.stat().st_size,
-                     "adapter_pte_bytes": adapter_bytes, "standalone_bytes": alone,
-                     "standalone_over_shared": round(alone / shared, 3)})
+        rows.append(
+            {
+                "adapters": n,
+                "shared_bytes": shared,
+                "ptd_bytes": ptd.stat().st_size,
+                "adapter_pte_bytes": adapter_bytes,
+                "standalone_bytes": alone,
+                "standalone_over_shared": round(alone / shared, 3),
+            }
+        )
     return rows
 
 

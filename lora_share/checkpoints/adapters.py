@@ -19,10 +19,10 @@ import numpy as np
 
 from ..config import AdapterConfig, SyntheticAdapter
 from ..errors import UserError
-from ..model.families import ATTN, hf_linears
 from ..files import sha256_file
-from .reading import read_float32_safetensors, read_json
 from ..model.args import LORA_TARGETS, ModelArgs
+from ..model.families import ATTN, hf_linears
+from .reading import read_float32_safetensors, read_json
 
 # PEFT LoraConfig fields that change the math and that lora-share does not implement,
 # with the value that means "off". Anything else set on them is refused, never ignored.
@@ -70,7 +70,9 @@ def synthetic_adapter(name: str, s: SyntheticAdapter, args: ModelArgs) -> Adapte
     layers = s.layers if s.layers is not None else list(range(args.n_layers))
     for layer in layers:
         if not 0 <= layer < args.n_layers:
-            raise UserError(f"adapter {name}: synthetic.layers: layer {layer} does not exist (model has {args.n_layers})")
+            raise UserError(
+                f"adapter {name}: synthetic.layers: layer {layer} does not exist (model has {args.n_layers})"
+            )
     gen = torch.Generator().manual_seed(s.seed)
     scale = s.alpha / s.rank
     weights = {}
@@ -82,8 +84,11 @@ def synthetic_adapter(name: str, s: SyntheticAdapter, args: ModelArgs) -> Adapte
             weights[(layer, target)] = (a.numpy(), (b * scale).numpy())
     meta = {
         "source": {"kind": "synthetic", "seed": s.seed},
-        "rank": s.rank, "alpha": s.alpha, "targets": sorted(set(s.target_modules), key=LORA_TARGETS.index),
-        "layers": sorted(layers), "use_rslora": False,
+        "rank": s.rank,
+        "alpha": s.alpha,
+        "targets": sorted(set(s.target_modules), key=LORA_TARGETS.index),
+        "layers": sorted(layers),
+        "use_rslora": False,
     }
     return Adapter(name, weights, meta)
 
@@ -115,7 +120,9 @@ def _targeted(cfg: dict, key: str, layer: int) -> bool:
     return layer in ([layers] if isinstance(layers, int) else layers)
 
 
-_KEY_RE = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$")
+_KEY_RE = re.compile(
+    r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$"
+)
 
 
 def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
@@ -131,8 +138,11 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
         bad("peft_type", f"{cfg['peft_type']!r} is not supported; only LORA adapters are")
     for key, off in _UNSUPPORTED.items():
         if key in cfg and cfg[key] not in off:
-            bad(key, f"{json.dumps(cfg[key])} changes the adapter's math and is not supported by lora-share; "
-                     f"retrain without it (supported: {json.dumps(off[0])})")
+            bad(
+                key,
+                f"{json.dumps(cfg[key])} changes the adapter's math and is not supported by lora-share; "
+                f"retrain without it (supported: {json.dumps(off[0])})",
+            )
     if cfg.get("layers_pattern") not in (None, "", "layers", ["layers"]):
         bad("layers_pattern", f"{cfg['layers_pattern']!r} is not supported (every family's layers are 'layers')")
     if not isinstance(cfg.get("r"), int) or cfg["r"] < 1:
@@ -153,14 +163,20 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
     for key, t in raw.items():
         m = _KEY_RE.match(key)
         if not m:
-            raise UserError(f"{weights_path}: tensor {key!r} is not a LoRA A/B weight of a {args.model_type} linear "
-                            f"({names}); embeddings, lm_head and extra modules are not supported")
+            raise UserError(
+                f"{weights_path}: tensor {key!r} is not a LoRA A/B weight of a {args.model_type} linear "
+                f"({names}); embeddings, lm_head and extra modules are not supported"
+            )
         layer, block, module, ab = int(m.group(1)), m.group(2), m.group(3), m.group(4)
         if module not in linears or linears[module].block != block:
-            raise UserError(f"{weights_path}: tensor {key!r} targets an unknown module {block}.{module} "
-                            f"(a {args.model_type} model's linears: {names})")
+            raise UserError(
+                f"{weights_path}: tensor {key!r} targets an unknown module {block}.{module} "
+                f"(a {args.model_type} model's linears: {names})"
+            )
         if layer >= args.n_layers:
-            raise UserError(f"{weights_path}: tensor {key!r} is for layer {layer}, but the foundation has {args.n_layers} layers")
+            raise UserError(
+                f"{weights_path}: tensor {key!r} is for layer {layer}, but the foundation has {args.n_layers} layers"
+            )
         found.setdefault((layer, module), {})[ab] = t
 
     weights = {}
@@ -169,7 +185,9 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
             key = f"model.layers.{layer}.{lin.block}.{lin.name}"
             wanted, have = _targeted(cfg, key, layer), (layer, lin.name) in found
             if have and not wanted:
-                raise UserError(f"{weights_path}: has LoRA weights for {key}, which adapter_config.json does not target")
+                raise UserError(
+                    f"{weights_path}: has LoRA weights for {key}, which adapter_config.json does not target"
+                )
             if wanted and not have:
                 raise UserError(f"{weights_path}: no LoRA weights for {key}, which adapter_config.json targets")
             if not have:
@@ -183,8 +201,9 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
             a, b = pair["A"], pair["B"]
             if tuple(a.shape) != (r, in_f) or tuple(b.shape) != (out_f, r):
                 raise UserError(
-                    f"{weights_path}: {key}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit the foundation "
-                    f"(expected [{r}, {in_f}] and [{out_f}, {r}] for rank {r}): was this adapter trained on another model?"
+                    f"{weights_path}: {key}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit the "
+                    f"foundation (expected [{r}, {in_f}] and [{out_f}, {r}] for rank {r}): was this adapter "
+                    "trained on another model?"
                 )
             scale = alpha / math.sqrt(r) if rslora else alpha / r
             b = b * scale  # in float32, as torch multiplies a float32 tensor by a Python float
@@ -194,10 +213,17 @@ def load_peft(name: str, folder: Path, args: ModelArgs) -> Adapter:
         raise UserError(f"{weights_path}: no LoRA weights found")
     targets = sorted({t for _, t in weights}, key=LORA_TARGETS.index)
     meta = {
-        "source": {"kind": "peft", "path": str(folder),
-                   "sha256": {p.name: sha256_file(p) for p in (cfg_path, weights_path)}},
-        "rank": r_default, "alpha": alpha_default, "targets": targets,
-        "layers": sorted({layer for layer, _ in weights}), "use_rslora": rslora,
-        "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
+        "source": {
+            "kind": "peft",
+            "path": str(folder),
+            "sha256": {p.name: sha256_file(p) for p in (cfg_path, weights_path)},
+        },
+        "rank": r_default,
+        "alpha": alpha_default,
+        "targets": targets,
+        "layers": sorted({layer for layer, _ in weights}),
+        "use_rslora": rslora,
+        "rank_pattern": rank_pattern,
+        "alpha_pattern": alpha_pattern,
     }
     return Adapter(name, weights, meta)

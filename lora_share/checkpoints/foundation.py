@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 from ..config import FoundationConfig, QuantizeConfig, SyntheticFoundation
 from ..errors import UserError
-from ..model.families import model_args, to_decoder_names
 from ..files import sha256_file
-from .gguf import read_gguf
-from .reading import read_json
 from ..model.args import ModelArgs
 from ..model.decoder import LlamaLoRA
+from ..model.families import model_args, to_decoder_names
+from .gguf import read_gguf
+from .reading import read_json
 
 # Checkpoint keys that carry no weights (recomputed buffers some exporters save).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -31,7 +30,7 @@ class Foundation:
     args: ModelArgs
     tensors: dict[str, torch.Tensor]  # float32, as loaded; quantization happens on the eager model
     source: dict
-    quantize: Optional[QuantizeConfig] = None  # config.QuantizeConfig, or None for a float32 foundation
+    quantize: QuantizeConfig | None = None  # config.QuantizeConfig, or None for a float32 foundation
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         return expected_shapes(self.args)
@@ -63,16 +62,35 @@ def synthetic_args(s: SyntheticFoundation, max_seq_len: int) -> ModelArgs:
     the config.json its checkpoint would have."""
     if s.model_type == "llama":
         return ModelArgs(
-            dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-            hidden_dim=s.hidden_dim, vocab_size=s.vocab_size, norm_eps=s.norm_eps,
-            rope_theta=s.rope_theta, tie_embeddings=s.tie_embeddings, max_seq_len=max_seq_len,
+            dim=s.dim,
+            n_layers=s.n_layers,
+            n_heads=s.n_heads,
+            n_kv_heads=s.n_kv_heads,
+            hidden_dim=s.hidden_dim,
+            vocab_size=s.vocab_size,
+            norm_eps=s.norm_eps,
+            rope_theta=s.rope_theta,
+            tie_embeddings=s.tie_embeddings,
+            max_seq_len=max_seq_len,
         )
-    return model_args({"model_type": s.model_type, "hidden_size": s.dim, "num_hidden_layers": s.n_layers,
-                       "num_attention_heads": s.n_heads, "num_key_value_heads": s.n_kv_heads,
-                       "head_dim": s.head_dim or s.dim // s.n_heads, "intermediate_size": s.hidden_dim,
-                       "vocab_size": s.vocab_size, "rms_norm_eps": s.norm_eps, "rope_theta": s.rope_theta,
-                       "tie_word_embeddings": s.tie_embeddings, "sliding_window": s.sliding_window},
-                      Path("foundation.synthetic"), max_seq_len)
+    return model_args(
+        {
+            "model_type": s.model_type,
+            "hidden_size": s.dim,
+            "num_hidden_layers": s.n_layers,
+            "num_attention_heads": s.n_heads,
+            "num_key_value_heads": s.n_kv_heads,
+            "head_dim": s.head_dim or s.dim // s.n_heads,
+            "intermediate_size": s.hidden_dim,
+            "vocab_size": s.vocab_size,
+            "rms_norm_eps": s.norm_eps,
+            "rope_theta": s.rope_theta,
+            "tie_word_embeddings": s.tie_embeddings,
+            "sliding_window": s.sliding_window,
+        },
+        Path("foundation.synthetic"),
+        max_seq_len,
+    )
 
 
 def synthetic_foundation(s: SyntheticFoundation, max_seq_len: int) -> Foundation:

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..model.families import model_args
 from ..files import sha256_file
 from ..model.args import ModelArgs
+from ..model.families import model_args
 
 # GGUF architecture -> Hugging Face model_type, for the families lora-share supports. llama covers
 # SmolLM and Llama 2/3; llama.cpp writes Mistral models as llama too; phi3 is Phi-3 (and Phi-4-mini,
@@ -38,20 +38,41 @@ ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "
 # llama.cpp permutes Q and K rows for these (convert_hf_to_gguf.py, LlamaModel.permute).
 _PERMUTED = {"llama"}
 
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
-_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # convert_hf_to_gguf.py's Phi3MiniModel keeps Hugging Face's fused linears under these names.
-_FUSED_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-                "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+_FUSED_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # convert_hf_to_gguf.py's Gemma3Model (gguf's MODEL_TENSORS[MODEL_ARCH.GEMMA3]): the norms around
 # attention and the MLP; ffn_norm is the one before the MLP.
-_GEMMA3_BLOCK = {**_BLOCK, "post_attention_norm": "post_attention_layernorm",
-                 "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA3_BLOCK = {
+    **_BLOCK,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _BLOCKS = {"phi3": _FUSED_BLOCK, "gemma3": _GEMMA3_BLOCK}
 # Gemma3Model.modify_tensors stores every "*norm.weight" as 1 + w (transformers' Gemma2TensorProcessor,
 # which it uses for gemma3, subtracts 1 from the same tensors).
@@ -100,8 +121,10 @@ def hf_config(reader, path: Path) -> dict:
     """The Hugging Face ``config.json`` fields the decoder needs, from the file's metadata."""
     arch = _value(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise UserError(f"{path}: general.architecture is {arch!r}, which lora-share does not read "
-                        f"(supported: {', '.join(ARCHITECTURES)})")
+        raise UserError(
+            f"{path}: general.architecture is {arch!r}, which lora-share does not read "
+            f"(supported: {', '.join(ARCHITECTURES)})"
+        )
 
     def need(key: str):
         value = _value(reader, f"{arch}.{key}")
@@ -114,12 +137,16 @@ def hf_config(reader, path: Path) -> dict:
         raise UserError(f"{path}: {arch}.rope.scaling.type is {scaling!r}: only plain RoPE is read from GGUF")
     factors = next((t.name for t in reader.tensors if t.name.startswith("rope_factors_")), None)
     if factors is not None:  # llama.cpp's converter writes no scaling type for Phi-3's LongRoPE, only these
-        raise UserError(f"{path}: tensor {factors}: LongRoPE (the 128k-context Phi-3 models) is not supported; "
-                        "only plain RoPE is read from GGUF")
+        raise UserError(
+            f"{path}: tensor {factors}: LongRoPE (the 128k-context Phi-3 models) is not supported; "
+            "only plain RoPE is read from GGUF"
+        )
     softcap = _value(reader, f"{arch}.final_logit_softcapping")
     if softcap:
-        raise UserError(f"{path}: {arch}.final_logit_softcapping is {softcap}: soft-capping of the output logits "
-                        "is not supported by lora-share")
+        raise UserError(
+            f"{path}: {arch}.final_logit_softcapping is {softcap}: soft-capping of the output logits "
+            "is not supported by lora-share"
+        )
     heads = int(need("attention.head_count"))
     config = {
         "model_type": ARCHITECTURES[arch],
@@ -145,8 +172,10 @@ def hf_config(reader, path: Path) -> dict:
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     rotary = _value(reader, f"{arch}.rope.dimension_count")
     if rotary is not None and int(rotary) != head_dim:
-        raise UserError(f"{path}: {arch}.rope.dimension_count is {rotary}, not the head size {head_dim}: partial "
-                        "rotary embeddings are not supported")
+        raise UserError(
+            f"{path}: {arch}.rope.dimension_count is {rotary}, not the head size {head_dim}: partial "
+            "rotary embeddings are not supported"
+        )
     window = _value(reader, f"{arch}.attention.sliding_window")
     if window:  # 0 means none (Phi-4); the family refuses a window shorter than the context
         config["sliding_window"] = int(window)
@@ -170,9 +199,12 @@ def _gemma3_config(reader, path: Path, need) -> dict:
     head_dim ** -0.5, except for the 27B), a local RoPE base of 10000 unless the file has
     rope.freq_base_swa (newer converters write it), and tanh GELU."""
     local = _value(reader, "gemma3.rope.freq_base_swa")
-    return {"sliding_window": int(need("attention.sliding_window")), "query_pre_attn_scalar": 256,
-            "rope_local_base_freq": float(local) if local is not None else 10_000.0,
-            "hidden_activation": "gelu_pytorch_tanh"}
+    return {
+        "sliding_window": int(need("attention.sliding_window")),
+        "query_pre_attn_scalar": 256,
+        "rope_local_base_freq": float(local) if local is not None else 10_000.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
 
 
 def _dequantized(tensor, path: Path) -> torch.Tensor:
@@ -183,9 +215,13 @@ def _dequantized(tensor, path: Path) -> torch.Tensor:
         values = dequantize(tensor.data, tensor.tensor_type)
     except (NotImplementedError, ValueError) as e:
         kind = GGMLQuantizationType(tensor.tensor_type).name
-        raise UserError(f"{path}: tensor {tensor.name} has type {kind}, which lora-share cannot dequantize ({e})") from None
+        raise UserError(
+            f"{path}: tensor {tensor.name} has type {kind}, which lora-share cannot dequantize ({e})"
+        ) from None
     shape = [int(d) for d in reversed(tensor.shape)]  # GGUF lists the innermost dimension first
-    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a copy: the reader maps the file read-only
+    return torch.from_numpy(
+        np.array(values, dtype=np.float32).reshape(shape)
+    )  # a copy: the reader maps the file read-only
 
 
 def read_gguf(path: Path, max_seq_len: int) -> tuple[ModelArgs, dict[str, torch.Tensor], dict]:
@@ -235,8 +271,10 @@ def gguf_tokenizer_folder(path: Path) -> Path | None:
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise UserError(f"{path}: reading its tokenizer needs transformers (pip install 'lora-share[chat]'), "
-                        "or set foundation.tokenizer to a folder with tokenizer.json") from None
+        raise UserError(
+            f"{path}: reading its tokenizer needs transformers (pip install 'lora-share[chat]'), "
+            "or set foundation.tokenizer to a folder with tokenizer.json"
+        ) from None
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".tmp-"))
     try:
@@ -246,8 +284,9 @@ def gguf_tokenizer_folder(path: Path) -> Path | None:
         (tmp / "generation_config.json").write_text(json.dumps({k: int(v) for k, v in ids.items() if v is not None}))
         os.replace(tmp, folder)
     except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"{path}: its tokenizer could not be read ({e}); set foundation.tokenizer to a folder "
-                        "with tokenizer.json") from None
+        raise UserError(
+            f"{path}: its tokenizer could not be read ({e}); set foundation.tokenizer to a folder with tokenizer.json"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder

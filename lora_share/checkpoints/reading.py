@@ -50,12 +50,12 @@ def read_float32_safetensors(path: Path) -> dict[str, np.ndarray]:
     if n > len(data) - 8:
         bad(f"its header of {n} bytes runs past the end of the file's {len(data)} bytes")
     try:
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8 : 8 + n])
     except ValueError as e:
         bad(f"its header is not JSON: {e}")
     if not isinstance(header, dict):
         bad("its header is not a JSON object")
-    body = memoryview(data)[8 + n:]
+    body = memoryview(data)[8 + n :]
     out = {}
     for key, info in header.items():
         if key == "__metadata__":
@@ -65,8 +65,9 @@ def read_float32_safetensors(path: Path) -> dict[str, np.ndarray]:
         except (TypeError, KeyError, ValueError):
             bad(f"tensor {key!r} has no dtype, shape and data_offsets")
         if dtype not in _FLOAT_DTYPES:
-            raise UserError(f"{path}: tensor {key!r} is {dtype}; LoRA weights are read as float64, float32, "
-                            "float16 or bfloat16")
+            raise UserError(
+                f"{path}: tensor {key!r} is {dtype}; LoRA weights are read as float64, float32, float16 or bfloat16"
+            )
         stored = np.dtype(_FLOAT_DTYPES[dtype])
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= len(body)):
             bad(f"tensor {key!r} lies at bytes [{start}, {end}) of a {len(body)}-byte body")

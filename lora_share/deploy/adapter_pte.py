@@ -27,7 +27,8 @@ from ..formats import read_pte
 from ..formats.meta import ADAPTER_KEY, AdapterMeta, LoraTensors, encode_adapter
 from ..formats.pte_write import Entry, Template
 from ..formats.seal import seal_pte
-from ..formats.xnnpack_prune import Patch, apply as apply_patches, skip_patches
+from ..formats.xnnpack_prune import Patch, skip_patches
+from ..formats.xnnpack_prune import apply as apply_patches
 
 TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime reads in place
 RECORD_ALIGNMENT = 16
@@ -51,9 +52,9 @@ class Program:
         self.sha256 = sha256 or hashlib.sha256(self._template.write([])).hexdigest()
         self.what = what
         self.patches: tuple[Patch, ...] = ()  # set on a variant: its rewrites of the envelope program
-        self._variants: dict[tuple[int, ...], "Program"] = {}
+        self._variants: dict[tuple[int, ...], Program] = {}
 
-    def skipping(self, absent: tuple[int, ...], n_slots: int) -> "Program":
+    def skipping(self, absent: tuple[int, ...], n_slots: int) -> Program:
         """This program with the LoRA of envelope slots ``absent`` (of ``n_slots``) as dead code in its
         XNNPACK payloads (formats/xnnpack_prune.py); itself when there is nothing to skip. Kept per
         set of slots, so adapters with the same slots carry the same variant."""
@@ -69,15 +70,15 @@ class Program:
         return self._variants[absent]
 
     @classmethod
-    def from_adapter_file(cls, path: Path) -> "Program":
+    def from_adapter_file(cls, path: Path) -> Program:
         """The envelope program an adapter .pte of this format was written from. The file must match
         its seal (a CRC-32 over every byte but the record's, formats/seal.py): then its program is the
         one that was written with the record's program_sha256, which is taken without serializing it
         again; from a variant that skips absent slots, the record's rewrites are undone first and
         the program is the one its envelope_program_sha256 names."""
         from ..formats import read_pte
-        from ..formats.seal import check_seal
         from ..formats.records import adapter_record
+        from ..formats.seal import check_seal
 
         data = Path(path).read_bytes()
         parsed = read_pte(data, str(path), plans=False)
@@ -90,9 +91,8 @@ class Program:
         keys = frozenset({ADAPTER_KEY, *(k for e in meta.lora for k in (e.a, e.b))})
         if meta.program_patches:  # a variant: the envelope program is these rewrites undone
             patches = meta.program_patches
-            undo = [Patch(*patches[i:i + 4]) for i in range(0, len(patches), 4)]
-            return cls(apply_patches(data, str(path), undo, revert=True), str(path), keys,
-                       meta.envelope_program_sha256)
+            undo = [Patch(*patches[i : i + 4]) for i in range(0, len(patches), 4)]
+            return cls(apply_patches(data, str(path), undo, revert=True), str(path), keys, meta.envelope_program_sha256)
         return cls(data, str(path), keys, meta.program_sha256)
 
     def write(self, meta: AdapterMeta, tensors: dict[str, bytes], skip_absent: bool = False) -> bytes:
@@ -105,9 +105,14 @@ class Program:
         if skip_absent:
             have = {e.slot for e in meta.lora}
             program = self.skipping(tuple(s for s in range(len(meta.envelope)) if s not in have), len(meta.envelope))
-        variant = {} if program is self else {
-            "envelope_program_sha256": self.sha256,
-            "program_patches": [v for p in program.patches for v in (p.segment, p.offset, p.old, p.new)]}
+        variant = (
+            {}
+            if program is self
+            else {
+                "envelope_program_sha256": self.sha256,
+                "program_patches": [v for p in program.patches for v in (p.segment, p.offset, p.old, p.new)],
+            }
+        )
         record = encode_adapter(dataclasses.replace(meta, program_sha256=program.sha256, **variant))
         entries = [Entry(key, data, TENSOR_ALIGNMENT) for key, data in tensors.items()]
         return seal_pte(program._template.write([*entries, Entry(ADAPTER_KEY, record, RECORD_ALIGNMENT)]))

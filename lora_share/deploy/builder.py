@@ -23,22 +23,29 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from .adapter_pte import Program
 from ..checkpoints.adapters import load_adapter, load_peft
-from ..config import (BASE_NAME, config_to_dict, export_settings, foundation_from_dict, hoists_shared_tensors,
-                     load_config, require_adapters)
-from ..model.envelope import Envelope
+from ..config import (
+    BASE_NAME,
+    config_to_dict,
+    export_settings,
+    foundation_from_dict,
+    hoists_shared_tensors,
+    load_config,
+    require_adapters,
+)
 from ..errors import ConfigErrors, UserError
 from ..export.revision import EXPORTER_REVISION
 from ..files import sha256_file
 from ..formats import read_ptd
 from ..formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
-from ..model.args import ModelArgs
-from ..manifest import MANIFEST, read_manifest
-from .writer import PTD_NAME, Deployment, ProgramSource, log, write_outputs
-from .records import foundation_meta
 from ..formats.shared_ptd import SHARED_PTD
+from ..manifest import MANIFEST, read_manifest
+from ..model.args import ModelArgs
+from ..model.envelope import Envelope
 from ..tokenizer.files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
+from .adapter_pte import Program
+from .records import foundation_meta
+from .writer import PTD_NAME, Deployment, ProgramSource, log, write_outputs
 
 if TYPE_CHECKING:  # the foundation's weights, the eager model and the export need torch: only build imports them
     from ..checkpoints.foundation import Foundation
@@ -68,8 +75,12 @@ def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict |
         return None
     fnd = manifest["foundation"]
     ptd = out_dir / PTD_NAME
-    if (fnd.get("fingerprint") != fingerprint or manifest.get("export_settings") != settings
-            or manifest.get("exporter") != EXPORTER_REVISION or not ptd.is_file()):
+    if (
+        fnd.get("fingerprint") != fingerprint
+        or manifest.get("export_settings") != settings
+        or manifest.get("exporter") != EXPORTER_REVISION
+        or not ptd.is_file()
+    ):
         return None
     if ptd.stat().st_size != fnd["size"] or sha256_file(ptd) != fnd["sha256"]:
         return None
@@ -78,6 +89,7 @@ def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict |
 
 def _exporter(dep: Deployment):
     """Exports ``dep``'s program into a work folder: (the program, the foundation.ptd it wrote)."""
+
     def export(workdir: Path) -> tuple[Program, Path]:
         from ..export.eager import eager_model
         from ..export.program import export_program
@@ -88,6 +100,7 @@ def _exporter(dep: Deployment):
         # decode_batch too: a runtime with several KV slots (--parallel) batches requests with it.
         exported = export_program(model, dep.envelope, workdir, {FOUNDATION_KEY: record}, batch=True)
         return Program(exported.pte, "the exported program"), exported.ptd
+
     return export
 
 
@@ -107,8 +120,11 @@ def build(config_path, quiet: bool = False) -> dict:
     log(f"lora-share build {cfg.source} -> {cfg.output_dir}", quiet)
     foundation = load_foundation(cfg.foundation)
     n_params = sum(t.numel() for t in foundation.tensors.values())
-    log(f"  foundation: {foundation.source['kind']}, {foundation.args.n_layers} layers, dim {foundation.args.dim}, "
-        f"{n_params / 1e6:.1f} M parameters", quiet)
+    log(
+        f"  foundation: {foundation.source['kind']}, {foundation.args.n_layers} layers, dim {foundation.args.dim}, "
+        f"{n_params / 1e6:.1f} M parameters",
+        quiet,
+    )
     adapters = []
     for i, acfg in enumerate(cfg.adapters):
         try:
@@ -131,10 +147,19 @@ def build(config_path, quiet: bool = False) -> dict:
     def copy_tokenizer(stage: Path) -> dict:
         return manifest_section(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
 
-    dep = Deployment(out_dir=cfg.output_dir, fingerprint=fingerprint, settings=settings, envelope=envelope,
-                     foundation_entry=entry, resolved_config={"source": str(cfg.source), **config_to_dict(cfg)},
-                     get_foundation=lambda: foundation, tokenizer=copy_tokenizer if tokenizer else None,
-                     hoist=hoists_shared_tensors(cfg), previous=previous, started=t_start)
+    dep = Deployment(
+        out_dir=cfg.output_dir,
+        fingerprint=fingerprint,
+        settings=settings,
+        envelope=envelope,
+        foundation_entry=entry,
+        resolved_config={"source": str(cfg.source), **config_to_dict(cfg)},
+        get_foundation=lambda: foundation,
+        tokenizer=copy_tokenizer if tokenizer else None,
+        hoist=hoists_shared_tensors(cfg),
+        previous=previous,
+        started=t_start,
+    )
     return write_outputs(dep, ProgramSource(dep, _exporter(dep), quiet), adapters, [], quiet=quiet)
 
 
@@ -144,8 +169,10 @@ def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) 
         return f"  tokenizer: none ({where}; set foundation.tokenizer to ship one): run takes token ids only"
     eos = ",".join(map(str, tokenizer.eos_token_ids)) or "none"
     chat = ", chat template" if tokenizer.chat_template else ""
-    return (f"  tokenizer: {', '.join(tokenizer.files)} from {tokenizer.folder} "
-            f"(eos ids {eos}, bos id {tokenizer.bos_token_id}{chat})")
+    return (
+        f"  tokenizer: {', '.join(tokenizer.files)} from {tokenizer.folder} "
+        f"(eos ids {eos}, bos id {tokenizer.bos_token_id}{chat})"
+    )
 
 
 def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict:
@@ -164,14 +191,18 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
     adapters = _load_new_adapters(out_dir, peft_dirs, {a["name"] for a in previous["adapters"]}, args)
     # The folder being added to is the one to rebuild: its own resolved config, its output_dir set to
     # it (a copied deployment's config still names the folder it was built in).
-    envelope.require_fits(adapters, f"{out_dir} was built with this envelope: to widen it, rebuild that folder: "
-                                    f"edit lora_envelope in {out_dir / 'config.resolved.yaml'} (and output_dir to "
-                                    f"{out_dir}), then lora-share build it")
+    envelope.require_fits(
+        adapters,
+        f"{out_dir} was built with this envelope: to widen it, rebuild that folder: "
+        f"edit lora_envelope in {out_dir / 'config.resolved.yaml'} (and output_dir to "
+        f"{out_dir}), then lora-share build it",
+    )
     log(f"lora-share add -> {out_dir}: {len(adapters)} adapter(s), keeping {PTD_NAME} and the program", quiet)
 
     resolved = yaml.safe_load((out_dir / "config.resolved.yaml").read_text())
-    resolved["adapters"] = resolved.get("adapters", []) + [{"name": n, "peft": str(Path(f).resolve())}
-                                                           for n, f in peft_dirs]
+    resolved["adapters"] = resolved.get("adapters", []) + [
+        {"name": n, "peft": str(Path(f).resolve())} for n, f in peft_dirs
+    ]
     resolved["source"] = previous.get("config")
     entry = {k: v for k, v in fnd.items() if k not in ("file", "size", "sha256", "fingerprint")}
     tokenizer_files = shipped_files(out_dir, previous)
@@ -181,15 +212,26 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
         return previous["tokenizer"]
 
     def no_export(workdir: Path):
-        raise UserError(f"{out_dir}: its adapter files do not carry the program {previous['program']['sha256'][:12]} "
-                        "the manifest names: rebuild the deployment with `lora-share build`")
+        raise UserError(
+            f"{out_dir}: its adapter files do not carry the program {previous['program']['sha256'][:12]} "
+            "the manifest names: rebuild the deployment with `lora-share build`"
+        )
 
-    dep = Deployment(out_dir=out_dir, fingerprint=fnd["fingerprint"], settings=previous["export_settings"],
-                     envelope=envelope, foundation_entry=entry, resolved_config=resolved,
-                     get_foundation=functools.cache(lambda: _reload_foundation(previous)),
-                     tokenizer=keep_tokenizer if "tokenizer" in previous else None, hoist="shared" in previous,
-                     measure_quantization=False, previous=previous,
-                     shared_available=_existing_shared_keys(out_dir, previous), started=t_start)
+    dep = Deployment(
+        out_dir=out_dir,
+        fingerprint=fnd["fingerprint"],
+        settings=previous["export_settings"],
+        envelope=envelope,
+        foundation_entry=entry,
+        resolved_config=resolved,
+        get_foundation=functools.cache(lambda: _reload_foundation(previous)),
+        tokenizer=keep_tokenizer if "tokenizer" in previous else None,
+        hoist="shared" in previous,
+        measure_quantization=False,
+        previous=previous,
+        shared_available=_existing_shared_keys(out_dir, previous),
+        started=t_start,
+    )
     return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet=quiet)
 
 
@@ -201,8 +243,10 @@ def _load_new_adapters(out_dir: Path, peft_dirs: list[tuple[str, Path]], existin
         if name in existing:
             problems.append(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
         elif name == BASE_NAME:
-            problems.append(f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
-                            "runner, the C API and the server; pick another name (NAME=DIR)")
+            problems.append(
+                f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
+                "runner, the C API and the server; pick another name (NAME=DIR)"
+            )
         elif not Path(folder).is_dir():
             problems.append(f"{folder}: no such folder (a PEFT adapter folder)")
         else:

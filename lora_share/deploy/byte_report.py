@@ -22,9 +22,13 @@ from ..inference.inspection import dedup_summary
 
 
 def _file_summary(size: int, summary: dict) -> dict:
-    return {"total": size, "stored": summary["stored_bytes"], "shared": summary["shared_bytes"],
-            "unique": summary["stored_bytes"] - summary["shared_bytes"],
-            "duplicate_avoided": summary["duplicate_avoided_bytes"]}
+    return {
+        "total": size,
+        "stored": summary["stored_bytes"],
+        "shared": summary["shared_bytes"],
+        "unique": summary["stored_bytes"] - summary["shared_bytes"],
+        "duplicate_avoided": summary["duplicate_avoided_bytes"],
+    }
 
 
 def _lora_keys(pte) -> set[str]:
@@ -41,18 +45,25 @@ def _hoisted(shared, ptes: dict) -> dict:
             if key in shared:
                 readers.setdefault(key, []).append(name)
     stored = dedup_summary([(e.key, e.segment_index, e.size) for e in shared.entries])
-    return {**_file_summary(shared.size, stored), "tensors": len(readers),
-            "tensor_bytes": sum(shared.entry(k).size for k in readers),
-            "duplicate_avoided": sum(shared.entry(k).size * (len(n) - 1) for k, n in readers.items()),
-            "readers": {k: n for k, n in sorted(readers.items())}}
+    return {
+        **_file_summary(shared.size, stored),
+        "tensors": len(readers),
+        "tensor_bytes": sum(shared.entry(k).size for k in readers),
+        "duplicate_avoided": sum(shared.entry(k).size * (len(n) - 1) for k, n in readers.items()),
+        "readers": {k: n for k, n in sorted(readers.items())},
+    }
 
 
 def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_name: str | None = None) -> dict:
     """The report for a build folder; ``adapters`` maps adapter name -> .pte file name; ``shared_name``
     is its adapters_shared.ptd, if it has one."""
     ptd = read_ptd(Path(out_dir) / ptd_name)
-    report = {"foundation": {"file": ptd_name, **_file_summary(
-        ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries]))}}
+    report = {
+        "foundation": {
+            "file": ptd_name,
+            **_file_summary(ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries])),
+        }
+    }
     holders: dict[str, list[str]] = {}
     sizes: dict[str, int] = {}
     per_adapter = {}
@@ -77,8 +88,10 @@ def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_n
     }
     report["total"] = ptd.size + sum(a["total"] for a in report["adapters"].values())
     if shared_name is not None:
-        report["shared"] = {"file": shared_name,
-                            **_hoisted(read_ptd(Path(out_dir) / shared_name), {n: p for n, (p, _) in per_adapter.items()})}
+        report["shared"] = {
+            "file": shared_name,
+            **_hoisted(read_ptd(Path(out_dir) / shared_name), {n: p for n, (p, _) in per_adapter.items()}),
+        }
         report["total"] += report["shared"]["total"]
     return report
 
@@ -90,20 +103,28 @@ def _kb(n: int) -> str:
 def report_lines(report: dict) -> list[str]:
     """The report as the lines the build prints."""
     f, across = report["foundation"], report["across_adapters"]
-    lines = [f"  bytes: {_kb(report['total'])} in all; {f['file']} {_kb(f['total'])}: {_kb(f['shared'])} stored once "
-             f"for several keys, {_kb(f['duplicate_avoided'])} of duplicates avoided"]
-    for name, a in report["adapters"].items():
-        lines.append(f"    {a['file']}: {_kb(a['total'])}, {_kb(a['unique'])} unique tensor data, "
-                     f"{_kb(a['shared_with_other_adapters'])} also in other adapters")
+    lines = [
+        f"  bytes: {_kb(report['total'])} in all; {f['file']} {_kb(f['total'])}: {_kb(f['shared'])} stored once "
+        f"for several keys, {_kb(f['duplicate_avoided'])} of duplicates avoided"
+    ]
+    for a in report["adapters"].values():
+        lines.append(
+            f"    {a['file']}: {_kb(a['total'])}, {_kb(a['unique'])} unique tensor data, "
+            f"{_kb(a['shared_with_other_adapters'])} also in other adapters"
+        )
     if "shared" in report:
         sh = report["shared"]
         readers = sorted({n for names in sh["readers"].values() for n in names})
-        lines.append(f"    {sh['file']}: {_kb(sh['total'])}, {sh['tensors']} tensor(s) ({_kb(sh['tensor_bytes'])}) "
-                     f"stored once for {', '.join(readers) or 'no adapter'}: {_kb(sh['duplicate_avoided'])} of "
-                     "copies avoided")
+        lines.append(
+            f"    {sh['file']}: {_kb(sh['total'])}, {sh['tensors']} tensor(s) ({_kb(sh['tensor_bytes'])}) "
+            f"stored once for {', '.join(readers) or 'no adapter'}: {_kb(sh['duplicate_avoided'])} of "
+            "copies avoided"
+        )
     if across["tensors"]:
-        lines.append(f"    {len(across['tensors'])} tensor(s) ({_kb(across['shared'])}) are in several adapters: "
-                     f"{_kb(across['duplicate'])} stored more than once")
+        lines.append(
+            f"    {len(across['tensors'])} tensor(s) ({_kb(across['shared'])}) are in several adapters: "
+            f"{_kb(across['duplicate'])} stored more than once"
+        )
         for t in across["tensors"][:5]:
             lines.append(f"      {t['sha256'][:16]}... {_kb(t['size'])}: {', '.join(t['adapters'])}")
     return lines

@@ -42,8 +42,11 @@ def teacher_forced_logits(step, prompts: list[list[int]]) -> np.ndarray:
     Each prompt restarts at position 0; the model's mask hides cache slots at or
     beyond the current position, so no reset is needed between prompts.
     """
-    rows = [np.asarray(step([tok], pos), dtype=np.float32).reshape(-1)
-            for prompt in prompts for pos, tok in enumerate(prompt)]
+    rows = [
+        np.asarray(step([tok], pos), dtype=np.float32).reshape(-1)
+        for prompt in prompts
+        for pos, tok in enumerate(prompt)
+    ]
     return np.stack(rows)
 
 
@@ -98,14 +101,15 @@ def quantization_error(float_model: nn.Module, pte, ptd, shared_ptd=None) -> dic
         ref = teacher_forced_logits(eager_step(float_model), prompts)
     loaded = LoadedAdapter(pte, ptd, shared_ptd, positions=positions)
     got = teacher_forced_logits(loaded.step, prompts)
-    return {"prompts": len(prompts), "prompt_len": len(prompts[0]), "seed": ACCURACY_SEED,
-            **compare_logits(ref, got)}
+    return {"prompts": len(prompts), "prompt_len": len(prompts[0]), "seed": ACCURACY_SEED, **compare_logits(ref, got)}
 
 
 def format_error(err: dict) -> str:
-    return (f"vs float: top-1 agreement {err['top1_agreement']:.1%} over {err['positions']} positions, "
-            f"max |logit diff| {err['max_abs_logit_diff']:.3g}, rms {err['rms_logit_diff']:.3g} "
-            f"({err['relative_rms']:.1%} of the logit std {err['logit_std']:.3g})")
+    return (
+        f"vs float: top-1 agreement {err['top1_agreement']:.1%} over {err['positions']} positions, "
+        f"max |logit diff| {err['max_abs_logit_diff']:.3g}, rms {err['rms_logit_diff']:.3g} "
+        f"({err['relative_rms']:.1%} of the logit std {err['logit_std']:.3g})"
+    )
 
 
 def adapter_quantization_error(foundation, adapter, pte, ptd, shared_ptd=None) -> dict:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .adapter_pte import lora_entries
 from ..checkpoints.adapters import Adapter
+from ..formats.meta import AdapterMeta, FoundationMeta
 from ..model.envelope import Envelope
-from ..formats.meta import FoundationMeta, AdapterMeta
+from .adapter_pte import lora_entries
 
 if TYPE_CHECKING:
     from ..checkpoints.foundation import Foundation  # its tensors are torch's: only a build has one
@@ -21,7 +21,8 @@ def foundation_meta(foundation: Foundation, fingerprint: str) -> FoundationMeta:
     """The foundation record for ``foundation`` (``fingerprint`` from builder.foundation_fingerprint)."""
     tensors = foundation.tensors.values()
     return FoundationMeta(
-        fingerprint=fingerprint, tensor_count=len(foundation.tensors),
+        fingerprint=fingerprint,
+        tensor_count=len(foundation.tensors),
         parameter_count=sum(t.numel() for t in tensors),
         tensor_bytes=sum(t.numel() * t.element_size() for t in tensors),
         tied_embeddings=bool(foundation.args.tie_embeddings),
@@ -44,12 +45,19 @@ def adapter_meta(adapter: Adapter, fingerprint: str, envelope: Envelope) -> tupl
     kind = source.get("kind", "")
     lora, tensors = lora_entries(adapter, envelope)
     meta = AdapterMeta(
-        name=adapter.name, foundation_fingerprint=fingerprint, rank=int(m["rank"]), alpha=float(m["alpha"]),
-        targets=list(m["targets"]), layers=[int(x) for x in m.get("layers", [])],
-        use_rslora=bool(m.get("use_rslora", False)), source_kind=kind,
+        name=adapter.name,
+        foundation_fingerprint=fingerprint,
+        rank=int(m["rank"]),
+        alpha=float(m["alpha"]),
+        targets=list(m["targets"]),
+        layers=[int(x) for x in m.get("layers", [])],
+        use_rslora=bool(m.get("use_rslora", False)),
+        source_kind=kind,
         source=source_label(source),
         source_hashes=dict(source.get("sha256", {})),
         lora_bytes=sum(a.nbytes + b.nbytes for a, b in adapter.weights.values()),
-        envelope_max_rank=envelope.max_rank, envelope=list(envelope.slots), lora=lora,
+        envelope_max_rank=envelope.max_rank,
+        envelope=list(envelope.slots),
+        lora=lora,
     )
     return meta, tensors

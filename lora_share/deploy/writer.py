@@ -21,24 +21,25 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import yaml
 
-from .adapter_pte import Program
 from ..checkpoints.adapters import Adapter
-from .byte_report import byte_report, report_lines
-from ..model.envelope import Envelope
-from ..export.revision import EXPORTER_REVISION, FOUNDATION_TAG
 from ..errors import UserError
+from ..export.revision import EXPORTER_REVISION, FOUNDATION_TAG
 from ..files import sha256_file, staged_dir
-from ..manifest import compose, write_manifest
 from ..formats import read_ptd
 from ..formats.meta import SHARED_KEY
-from .records import adapter_meta
 from ..formats.shared_ptd import SHARED_PTD, encode_shared_ptd
+from ..manifest import compose, write_manifest
+from ..model.envelope import Envelope
+from .adapter_pte import Program
+from .byte_report import byte_report, report_lines
+from .records import adapter_meta
 
 if TYPE_CHECKING:
     from ..checkpoints.foundation import Foundation  # torch's tensors: loaded only when a build needs it
@@ -58,8 +59,12 @@ def mb(n: int) -> str:
 def program_signature(fingerprint: str, settings: dict, envelope: Envelope) -> str:
     """What the exported program depends on: the foundation, the export settings, the exporter's
     revision and the envelope."""
-    what = {"foundation": fingerprint, "export": settings, "exporter": EXPORTER_REVISION,
-            "envelope": {k: v for k, v in envelope.to_dict().items() if k != "skip_absent"}}
+    what = {
+        "foundation": fingerprint,
+        "export": settings,
+        "exporter": EXPORTER_REVISION,
+        "envelope": {k: v for k, v in envelope.to_dict().items() if k != "skip_absent"},
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -111,8 +116,11 @@ class ProgramSource:
         if program is not None:
             self.how = "reused"
         else:
-            log(f"  exporting the program: LoRA on {', '.join(self.dep.envelope.targets)} of "
-                f"{len(self.dep.envelope.layers)} layer(s), ranks 1..{self.dep.envelope.max_rank}", self.quiet)
+            log(
+                f"  exporting the program: LoRA on {', '.join(self.dep.envelope.targets)} of "
+                f"{len(self.dep.envelope.layers)} layer(s), ranks 1..{self.dep.envelope.max_rank}",
+                self.quiet,
+            )
             from ..export.memory import release_after_export
 
             program, ptd = self.export(stage / ".work")
@@ -143,8 +151,13 @@ def _hoisted_keys(adapters_keys: dict[str, set[str]], available: set[str] | None
 def _shared_entry(path: Path) -> dict:
     ptd = read_ptd(path)
     tensors = [e for e in ptd.entries if e.key != SHARED_KEY]
-    return {"file": path.name, "size": path.stat().st_size, "sha256": sha256_file(path),
-            "tensors": len(tensors), "tensor_bytes": sum(e.size for e in tensors)}
+    return {
+        "file": path.name,
+        "size": path.stat().st_size,
+        "sha256": sha256_file(path),
+        "tensors": len(tensors),
+        "tensor_bytes": sum(e.size for e in tensors),
+    }
 
 
 def _write_shared(stage: Path, dep: Deployment, tensors: dict[str, bytes] | None) -> Path:
@@ -172,8 +185,17 @@ def _stage_shared(stage: Path, dep: Deployment, metas: dict, keep: list[dict]) -
     return _write_shared(stage, dep, None if dep.shared_available is not None else tensors), hoisted
 
 
-def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adapter, *, meta_and_tensors: tuple,
-                   hoisted: set[str], shared: Path | None, quiet: bool) -> dict:
+def _write_adapter(
+    stage: Path,
+    dep: Deployment,
+    program: Program,
+    adapter: Adapter,
+    *,
+    meta_and_tensors: tuple,
+    hoisted: set[str],
+    shared: Path | None,
+    quiet: bool,
+) -> dict:
     """``adapter``'s .pte in ``stage`` (hard-linked when the previous outputs have these bytes) and its
     manifest entry, with its quantization error on a quantized foundation."""
     meta, tensors = meta_and_tensors
@@ -191,11 +213,24 @@ def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adap
         how = "written"
     seconds = time.perf_counter() - t0
     entry = {
-        "name": adapter.name, "file": path.name, "size": len(data), "sha256": sha,
-        "lora_bytes": meta.lora_bytes, "produced": how, "seconds": round(seconds, 3),
+        "name": adapter.name,
+        "file": path.name,
+        "size": len(data),
+        "sha256": sha,
+        "lora_bytes": meta.lora_bytes,
+        "produced": how,
+        "seconds": round(seconds, 3),
         **adapter.meta,
-        "lora": [{"layer": dep.envelope.slots[e.slot][0], "target": dep.envelope.slots[e.slot][1],
-                  "rank": e.rank, "a": e.a, "b": e.b} for e in meta.lora],
+        "lora": [
+            {
+                "layer": dep.envelope.slots[e.slot][0],
+                "target": dep.envelope.slots[e.slot][1],
+                "rank": e.rank,
+                "a": e.a,
+                "b": e.b,
+            }
+            for e in meta.lora
+        ],
         **({"hoisted": sorted(set(tensors) & hoisted)} if dep.hoist else {}),
     }
     note = f", {len(entry['hoisted'])} tensor(s) in {SHARED_PTD}" if entry.get("hoisted") else ""
@@ -204,36 +239,57 @@ def _write_adapter(stage: Path, dep: Deployment, program: Program, adapter: Adap
         from .quant_error import adapter_quantization_error, format_error  # torch, and only here
 
         err = (old or {}).get("quantization_error") if how == "reused" else None
-        err = err or adapter_quantization_error(dep.get_foundation(), adapter, path, stage / PTD_NAME,
-                                                shared if entry.get("hoisted") else None)
+        err = err or adapter_quantization_error(
+            dep.get_foundation(), adapter, path, stage / PTD_NAME, shared if entry.get("hoisted") else None
+        )
         entry["quantization_error"] = err
         log(f"        quantized foundation {format_error(err)}", quiet)
     return entry
 
 
-def _assemble_manifest(stage: Path, dep: Deployment, *, source: ProgramSource, program: Program,
-                       tokenizer_section: dict | None, shared: Path | None, entries: list[dict]) -> dict:
+def _assemble_manifest(
+    stage: Path,
+    dep: Deployment,
+    *,
+    source: ProgramSource,
+    program: Program,
+    tokenizer_section: dict | None,
+    shared: Path | None,
+    entries: list[dict],
+) -> dict:
     """The manifest of the staged outputs, its byte report read back from the files."""
     ptd = stage / PTD_NAME
     return compose(
         config=dep.resolved_config.get("source"),
         export_settings=dep.settings,
         exporter=EXPORTER_REVISION,
-        foundation={"file": ptd.name, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
-                    "fingerprint": dep.fingerprint, **dep.foundation_entry},
-        program={"signature": source.signature, "sha256": program.sha256,
-                 "envelope": dep.envelope.to_dict(), "produced": source.how, "seconds": round(source.seconds, 2)},
+        foundation={
+            "file": ptd.name,
+            "size": ptd.stat().st_size,
+            "sha256": sha256_file(ptd),
+            "fingerprint": dep.fingerprint,
+            **dep.foundation_entry,
+        },
+        program={
+            "signature": source.signature,
+            "sha256": program.sha256,
+            "envelope": dep.envelope.to_dict(),
+            "produced": source.how,
+            "seconds": round(source.seconds, 2),
+        },
         tokenizer=tokenizer_section,
         shared=_shared_entry(shared) if shared else None,
         adapters=entries,
-        byte_report=byte_report(stage, PTD_NAME, {e["name"]: e["file"] for e in entries},
-                                shared.name if shared else None),
+        byte_report=byte_report(
+            stage, PTD_NAME, {e["name"]: e["file"] for e in entries}, shared.name if shared else None
+        ),
         build_s=round(time.perf_counter() - dep.started, 2),
     )
 
 
-def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list[Adapter], keep: list[dict],
-                  *, quiet: bool) -> dict:
+def write_outputs(
+    dep: Deployment, program_source: ProgramSource, adapters: list[Adapter], keep: list[dict], *, quiet: bool
+) -> dict:
     """Write every output of ``dep`` into a staging folder that replaces ``dep.out_dir`` at the end:
     the program and foundation.ptd, adapters_shared.ptd, the tokenizer files, ``adapters`` (new or
     rebuilt) and ``keep`` (previous manifest entries kept as they are), the resolved config and the
@@ -249,14 +305,34 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
         entries = list(keep)
         for i, adapter in enumerate(adapters, 1):
             meta = metas[adapter.name][0]
-            log(f"  [{i}/{len(adapters)}] {adapter.name}: rank {meta.rank}, alpha {meta.alpha:g}, "
-                f"targets {','.join(meta.targets)}", quiet)
-            entries.append(_write_adapter(stage, dep, program, adapter, meta_and_tensors=metas[adapter.name],
-                                          hoisted=hoisted, shared=shared, quiet=quiet))
+            log(
+                f"  [{i}/{len(adapters)}] {adapter.name}: rank {meta.rank}, alpha {meta.alpha:g}, "
+                f"targets {','.join(meta.targets)}",
+                quiet,
+            )
+            entries.append(
+                _write_adapter(
+                    stage,
+                    dep,
+                    program,
+                    adapter,
+                    meta_and_tensors=metas[adapter.name],
+                    hoisted=hoisted,
+                    shared=shared,
+                    quiet=quiet,
+                )
+            )
         if (stage / ".work").exists():
             shutil.rmtree(stage / ".work")
-        manifest = _assemble_manifest(stage, dep, source=program_source, program=program,
-                                      tokenizer_section=tokenizer_section, shared=shared, entries=entries)
+        manifest = _assemble_manifest(
+            stage,
+            dep,
+            source=program_source,
+            program=program,
+            tokenizer_section=tokenizer_section,
+            shared=shared,
+            entries=entries,
+        )
         for line in report_lines(manifest["bytes"]):
             log(line, quiet)
         config_out = {k: v for k, v in dep.resolved_config.items() if k != "source"}
@@ -265,6 +341,9 @@ def write_outputs(dep: Deployment, program_source: ProgramSource, adapters: list
     total = sum(e["size"] for e in entries)
     shared_note = f", {SHARED_PTD} {mb(manifest['shared']['size'])}" if shared else ""
     tokenizer_note = f"tokenizer ({len(tokenizer_section['files'])} files)" if tokenizer_section else "no tokenizer"
-    log(f"  wrote {dep.out_dir}: foundation.ptd {mb(manifest['foundation']['size'])}{shared_note}, "
-        f"{len(entries)} adapter .pte {mb(total)} in all, {tokenizer_note}, {manifest['build_s']:.1f} s", quiet)
+    log(
+        f"  wrote {dep.out_dir}: foundation.ptd {mb(manifest['foundation']['size'])}{shared_note}, "
+        f"{len(entries)} adapter .pte {mb(total)} in all, {tokenizer_note}, {manifest['build_s']:.1f} s",
+        quiet,
+    )
     return manifest

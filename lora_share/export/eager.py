@@ -3,23 +3,25 @@ LoRA inputs bound, the reference every export is checked against."""
 
 from __future__ import annotations
 
-import torch
-
 from ..checkpoints.adapters import Adapter
-from ..model.envelope import Envelope
 from ..checkpoints.foundation import Foundation
 from ..model.decoder import LlamaLoRA
+from ..model.envelope import Envelope
 from ..model.quantize import quantize_foundation_
 
 
 def adapter_envelope(adapter: Adapter) -> Envelope:
     """The envelope of exactly ``adapter``'s recipe: its linears on its layers at its largest rank."""
-    return Envelope.make({t for _, t in adapter.weights}, {layer for layer, _ in adapter.weights},
-                         max(a.shape[0] for a, _ in adapter.weights.values()))
+    return Envelope.make(
+        {t for _, t in adapter.weights},
+        {layer for layer, _ in adapter.weights},
+        max(a.shape[0] for a, _ in adapter.weights.values()),
+    )
 
 
-def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True,
-                envelope: Envelope | None = None) -> LlamaLoRA:
+def eager_model(
+    foundation: Foundation, adapter: Adapter | None = None, quantized: bool = True, envelope: Envelope | None = None
+) -> LlamaLoRA:
     """The PyTorch model taking LoRA on ``envelope`` (default: ``adapter``'s own recipe, or none), with
     ``adapter``'s LoRA inputs bound for ``step``.
 
@@ -35,7 +37,9 @@ def eager_model(foundation: Foundation, adapter: Adapter | None = None, quantize
         model.lm_head.weight = model.model.embed_tokens.weight
         missing = [n for n in missing if n != "lm_head.weight"]
     if missing or unexpected:
-        raise RuntimeError(f"foundation tensors do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise RuntimeError(
+            f"foundation tensors do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     model.requires_grad_(False)
     model.bind(tuple(envelope.inputs(adapter, foundation.args)))
     if quantized and foundation.quantize is not None:

@@ -94,8 +94,14 @@ def sharing_weights(tensors):
 
     tensor_bytes = _tensor_bytes_class()
     # Only tensors that are their whole storage: XNNPACK's serializer reads a weight's storage, not its view.
-    tensors = [t for t in tensors if type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_contiguous()
-               and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes]
+    tensors = [
+        t
+        for t in tensors
+        if type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.nbytes
+    ]
     ids = {id(t) for t in tensors}
     by_digest = {}
     for t in tensors:
@@ -113,6 +119,7 @@ def sharing_weights(tensors):
                 memo[id(self)] = self
                 return self
             return original(self, memo)
+
         return deepcopy
 
     def add_shared(self, key, data, *args, **kwargs):

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from ..model.envelope import Envelope
-from .memory import compact_dependencies, sharing_weights
-from .speed import OneDecomposition, lean_lowering
 from ..model.decoder import KVCache, KVPools, LlamaLoRA, ModelArgs, forward_inputs, ring_window, rows_inputs, slab_rows
+from ..model.envelope import Envelope
 from ..model.quantize import is_quantized
+from .memory import compact_dependencies, sharing_weights
 from .revision import FOUNDATION_TAG
+from .speed import OneDecomposition, lean_lowering
 from .xnnpack_ops import inferred_views, partitioner_configs, xnnpack_visitors
 
 
@@ -32,8 +32,9 @@ def example_inputs(args: ModelArgs, envelope: Envelope, tokens: int = 3) -> tupl
     """forward's example inputs for torch.export: a few tokens (``tokens``, at most a chunk) after four
     earlier positions, the slabs' views exactly the past (so that the two dynamic sizes, tokens and
     slab rows, differ and are not taken to be one), and the envelope's LoRA inputs."""
-    return forward_inputs(range(1, min(tokens, args.chunk) + 1), 4, KVCache.for_model(args),
-                          envelope.example_inputs(args), block=1)
+    return forward_inputs(
+        range(1, min(tokens, args.chunk) + 1), 4, KVCache.for_model(args), envelope.example_inputs(args), block=1
+    )
 
 
 # The batch method's most rows and KV slots (dynamic sizes; a runtime's --parallel stays within them).
@@ -89,6 +90,7 @@ def _tag_foundation_constants(user_inputs: set[str]):
                 if user.op == "call_function" and "dequantize" in str(user.target) and user.args[0] is node:
                     user.meta.setdefault("custom", {})["delegate_constant_tag"] = FOUNDATION_TAG
         return PassResult(gm, True)
+
     return tag
 
 
@@ -103,9 +105,13 @@ def _embedding_output_float32(gm: torch.fx.GraphModule):
 
     changed = False
     for node in gm.graph.nodes:
-        if (node.op == "call_function" and "dequantize_affine" in str(node.target) and len(node.args) == 7
-                and node.args[2].meta["val"].dtype == torch.float16
-                and any("embedding" in str(u.target) for u in node.users)):
+        if (
+            node.op == "call_function"
+            and "dequantize_affine" in str(node.target)
+            and len(node.args) == 7
+            and node.args[2].meta["val"].dtype == torch.float16
+            and any("embedding" in str(u.target) for u in node.users)
+        ):
             node.args = (*node.args, torch.float32)
             changed = True
     if changed:
@@ -136,16 +142,25 @@ def _partitioner(lean: bool):
                 return True, []
             return super()._get_weight_deps(node, ep, precision)
 
-    configs = partitioner_configs([InputWeightLinearConfig if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS])
+    configs = partitioner_configs(
+        [InputWeightLinearConfig if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS]
+    )
+
     class LeanXnnpackPartitioner(OneDecomposition, XnnpackPartitioner):
         pass
 
     return (LeanXnnpackPartitioner if lean else XnnpackPartitioner)(configs=configs)
 
 
-def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
-                   named_data: dict[str, bytes] | None = None, external: bool = True, lean: bool = True,
-                   batch: bool = False) -> Exported:
+def export_program(
+    model: LlamaLoRA,
+    envelope: Envelope,
+    workdir: Path,
+    named_data: dict[str, bytes] | None = None,
+    external: bool = True,
+    lean: bool = True,
+    batch: bool = False,
+) -> Exported:
     """torch.export → XNNPACK → ExecuTorch: the .pte bytes, and foundation.ptd written into ``workdir``.
 
     ``model`` takes LoRA on ``envelope``'s slots (``LlamaLoRA(args, envelope.slots)``).
@@ -171,8 +186,11 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
     # A sliding layer's ring (model.ring_window) is its window's size whatever the position.
     past = Dim("past", min=1, max=args.max_seq_len)
     full = args.max_seq_len
-    dynamic = ({1: Dim("seq", min=1, max=args.chunk)}, *({0: past} if rows == full else {} for rows in slab_rows(args)),
-               *envelope.dynamic_shapes())
+    dynamic = (
+        {1: Dim("seq", min=1, max=args.chunk)},
+        *({0: past} if rows == full else {} for rows in slab_rows(args)),
+        *envelope.dynamic_shapes(),
+    )
     # Float exports take exactly the float path. An int8 embedding is torchao's dequantize +
     # embedding; ExecuTorch's quant fusion turns that into its quantized embedding_byte kernel.
     fuse_quant = is_quantized(model.model.embed_tokens.weight)
@@ -180,12 +198,20 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
         warnings.simplefilter("ignore")
         # forward: 1 to a chunk of tokens, attention by XNNPACK's products (prefill); decode: one token,
         # attention by lora_share::rope_attend (model.LlamaLoRA.decoding). Same inputs and weights.
-        programs = {"forward": torch.export.export(model, example_inputs(args, envelope),
-                                                   dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False)}
+        programs = {
+            "forward": torch.export.export(
+                model, example_inputs(args, envelope), dynamic_shapes=(dynamic[0], None, dynamic[1:]), strict=False
+            )
+        }
         with model.decoding():
             programs["decode"] = _without_unread_constants(
-                torch.export.export(model, example_inputs(args, envelope, tokens=1),
-                                    dynamic_shapes=(None, None, dynamic[1:]), strict=False))
+                torch.export.export(
+                    model,
+                    example_inputs(args, envelope, tokens=1),
+                    dynamic_shapes=(None, None, dynamic[1:]),
+                    strict=False,
+                )
+            )
         if batch:
             programs["decode_batch"] = _without_unread_constants(_export_rows(model, envelope))
         ep = programs["forward"]
@@ -197,8 +223,11 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
                 lowering.enter_context(compact_dependencies())
             edge = to_edge_transform_and_lower(
                 programs,
-                transform_passes=[_embedding_output_float32, inferred_views,
-                                  *([_tag_foundation_constants(user_inputs)] if external else [])],
+                transform_passes=[
+                    _embedding_output_float32,
+                    inferred_views,
+                    *([_tag_foundation_constants(user_inputs)] if external else []),
+                ],
                 partitioner=[_partitioner(lean)],
                 # The graph is ours and passes the edge verifier; skipping it saves ~15% of the export.
                 compile_config=EdgeCompileConfig(_check_ir_validity=False),
@@ -209,9 +238,12 @@ def export_program(model: LlamaLoRA, envelope: Envelope, workdir: Path,
             program = edge.to_executorch(
                 # alloc_graph_input=False: inputs get no planned memory, so the runtime hands forward
                 # its KV cache and LoRA weights where they lie instead of copying them in on every call.
-                ExecutorchBackendConfig(external_constants=_foundation_tag if external else False,
-                                        do_quant_fusion_and_const_prop=fuse_quant,
-                                        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
+                ExecutorchBackendConfig(
+                    external_constants=_foundation_tag if external else False,
+                    do_quant_fusion_and_const_prop=fuse_quant,
+                    memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+                )
+            )
             workdir.mkdir(parents=True, exist_ok=True)
             program.write_tensor_data_to_file(str(workdir))
             pte = program.buffer
@@ -230,9 +262,12 @@ def _export_rows(model: LlamaLoRA, envelope: Envelope):
     rows, slots = Dim("rows", min=1, max=MAX_BATCH_ROWS), Dim("slots", min=1, max=MAX_SLOTS)
     pools = [{0: slots} for _ in slab_rows(model.args)]
     with model.batching():
-        return torch.export.export(model, example_rows_inputs(model.args, envelope), strict=False,
-                                   dynamic_shapes=({0: rows}, {0: rows}, ({0: rows}, *pools,
-                                                                          *envelope.rows_dynamic_shapes(rows))))
+        return torch.export.export(
+            model,
+            example_rows_inputs(model.args, envelope),
+            strict=False,
+            dynamic_shapes=({0: rows}, {0: rows}, ({0: rows}, *pools, *envelope.rows_dynamic_shapes(rows))),
+        )
 
 
 def _without_unread_constants(ep):
@@ -243,8 +278,7 @@ def _without_unread_constants(ep):
 
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-    unread = [s for s in ep.graph_signature.input_specs
-              if s.kind in kinds and not placeholders[s.arg.name].users]
+    unread = [s for s in ep.graph_signature.input_specs if s.kind in kinds and not placeholders[s.arg.name].users]
     for spec in unread:
         ep.graph_signature.input_specs.remove(spec)
         (ep._state_dict if spec.target in ep.state_dict else ep._constants).pop(spec.target)

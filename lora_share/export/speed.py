@@ -30,20 +30,22 @@ import contextlib
 
 # XNNPACK delegate passes (executorch.backends.xnnpack._passes) that find nothing to rewrite in the
 # graphs lora-share's model (model/decoder.py) gives, in every family and precision (tests/test_export_speed.py).
-SKIPPED_XNNPACK_PASSES = frozenset({
-    "ConvertToUpsampleBilinear2d",   # upsampling
-    "FuseBatchNormPass",             # batch norm after a convolution or linear
-    "DecomposeBatchNorm",            # batch norm alone
-    "Conv1dUnsqueezePass",           # 1-d convolutions
-    "PReLUReshapePass",              # PReLU
-    "InsertPadQDQPass",              # quantized padding
-    "RemoveGetItemPass",             # max-pooling's (values, indices)
-    "ChannelsLastTaggedReshapePass", # the NHWC layout convolutions and pooling run in
-    "ConvertToSDPAPass",             # the fused attention pattern; ours is bmm, softmax, bmm
-    "FuseActivationPass",            # relu / hardtanh after a linear: our activations are silu and gelu
-    "RemoveRedundantCopyPass",       # back-to-back copies
-    "ConstPropPass",                 # ops on constants alone
-})
+SKIPPED_XNNPACK_PASSES = frozenset(
+    {
+        "ConvertToUpsampleBilinear2d",  # upsampling
+        "FuseBatchNormPass",  # batch norm after a convolution or linear
+        "DecomposeBatchNorm",  # batch norm alone
+        "Conv1dUnsqueezePass",  # 1-d convolutions
+        "PReLUReshapePass",  # PReLU
+        "InsertPadQDQPass",  # quantized padding
+        "RemoveGetItemPass",  # max-pooling's (values, indices)
+        "ChannelsLastTaggedReshapePass",  # the NHWC layout convolutions and pooling run in
+        "ConvertToSDPAPass",  # the fused attention pattern; ours is bmm, softmax, bmm
+        "FuseActivationPass",  # relu / hardtanh after a linear: our activations are silu and gelu
+        "RemoveRedundantCopyPass",  # back-to-back copies
+        "ConstPropPass",  # ops on constants alone
+    }
+)
 
 
 class OneDecomposition:
@@ -78,11 +80,25 @@ def _sort_in_place(gm):
 
     import torch
 
-    prioritized = {operator.add, operator.mul, operator.sub, operator.floordiv, operator.truediv, operator.mod,
-                   operator.le, operator.lt, operator.ge, operator.gt, operator.eq, operator.ne,
-                   torch.ops.aten.sym_constrain_range.default, torch.ops.aten.sym_constrain_range_for_size.default,
-                   torch.ops.aten._assert_async.msg, torch.ops.aten.scalar_tensor.default,
-                   torch.ops.aten._assert_scalar.default}
+    prioritized = {
+        operator.add,
+        operator.mul,
+        operator.sub,
+        operator.floordiv,
+        operator.truediv,
+        operator.mod,
+        operator.le,
+        operator.lt,
+        operator.ge,
+        operator.gt,
+        operator.eq,
+        operator.ne,
+        torch.ops.aten.sym_constrain_range.default,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten.scalar_tensor.default,
+        torch.ops.aten._assert_scalar.default,
+    }
     nodes = list(gm.graph.nodes)
     indeg = dict.fromkeys(nodes, 0)
     for node in nodes:

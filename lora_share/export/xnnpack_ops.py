@@ -69,15 +69,17 @@ def static_slice(node: torch.fx.Node) -> tuple[int, int, int] | None:
 
 def partitioner_configs(configs: list) -> list:
     """XNNPACK's partitioner configs with the slice and copy configs replaced by ours."""
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import (SliceCopyConfig,
-                                                                                   ToDimOrderCopyConfig)
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import SliceCopyConfig, ToDimOrderCopyConfig
 
     class SliceConfig(SliceCopyConfig):
         """A static slice, whatever the other dimensions' sizes."""
 
         def check_constraints(self, node, ep) -> bool:
-            return (self.check_common_constraints(node, ep) and "XNN_NHWC_NODE" not in node.meta
-                    and static_slice(node) is not None)
+            return (
+                self.check_common_constraints(node, ep)
+                and "XNN_NHWC_NODE" not in node.meta
+                and static_slice(node) is not None
+            )
 
     class CastConfig(ToDimOrderCopyConfig):
         """A copy that keeps the dim order and casts float32 <-> float16 (or keeps the dtype)."""
@@ -87,8 +89,9 @@ def partitioner_configs(configs: list) -> list:
                 return False
             dtypes = {node.args[0].meta["val"].dtype, node.meta["val"].dtype}
             order = node.kwargs.get("dim_order")
-            return (len(dtypes) == 1 or dtypes == {torch.float32, torch.float16}) and \
-                (order is None or list(order) == list(range(node.meta["val"].dim())))
+            return (len(dtypes) == 1 or dtypes == {torch.float32, torch.float16}) and (
+                order is None or list(order) == list(range(node.meta["val"].dim()))
+            )
 
     ours = {SliceCopyConfig: SliceConfig, ToDimOrderCopyConfig: CastConfig}
     return [ours.get(c, c) for c in configs]
@@ -98,8 +101,7 @@ def partitioner_configs(configs: list) -> list:
 def xnnpack_visitors():
     """Within the block, XNNPACK's serializer writes our slices and casts (``partitioner_configs``)."""
     from executorch.backends.xnnpack.operators import node_visitor as nv
-    from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import (XNNConvert, XNNStaticSlice,
-                                                                                XNode)
+    from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import XNNConvert, XNNStaticSlice, XNode
 
     registry = nv._node_visitor_dict
     shipped = {SLICE_TARGET: registry[SLICE_TARGET], COPY_TARGET: registry[COPY_TARGET]}
@@ -113,9 +115,19 @@ def xnnpack_visitors():
             n = node.args[0].meta["val"].dim()
             offsets, sizes = [0] * n, [0] * n  # size 0 at offset 0: the whole dimension, as it is at run time
             offsets[dim], sizes[dim] = start, length
-            xnn_graph.xnodes.append(XNode(
-                xnode_union=XNNStaticSlice(num_dims=n, offsets=offsets, sizes=sizes, input_id=vals_to_ids[node.args[0]],
-                                           output_id=vals_to_ids[node], flags=0), debug_handle=debug_handle))
+            xnn_graph.xnodes.append(
+                XNode(
+                    xnode_union=XNNStaticSlice(
+                        num_dims=n,
+                        offsets=offsets,
+                        sizes=sizes,
+                        input_id=vals_to_ids[node.args[0]],
+                        output_id=vals_to_ids[node],
+                        flags=0,
+                    ),
+                    debug_handle=debug_handle,
+                )
+            )
 
     class CastVisitor(nv.NodeVisitor):
         target = COPY_TARGET
@@ -128,9 +140,12 @@ def xnnpack_visitors():
             if node.args[0].meta["val"].dtype == node.meta["val"].dtype:
                 return self.memory_format.define_node(node, xnn_graph, vals_to_ids, debug_handle)
             self.define_nodes_tensor_inputs_outputs(node, xnn_graph, vals_to_ids)
-            xnn_graph.xnodes.append(XNode(
-                xnode_union=XNNConvert(input_id=vals_to_ids[node.args[0]], output_id=vals_to_ids[node], flags=0),
-                debug_handle=debug_handle))
+            xnn_graph.xnodes.append(
+                XNode(
+                    xnode_union=XNNConvert(input_id=vals_to_ids[node.args[0]], output_id=vals_to_ids[node], flags=0),
+                    debug_handle=debug_handle,
+                )
+            )
 
     registry.update({SLICE_TARGET: SliceVisitor, COPY_TARGET: CastVisitor})
     try:

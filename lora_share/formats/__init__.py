@@ -30,15 +30,43 @@ drop).write(entries)`` writes a .pte with a template's program, byte for byte,
 and other named data.
 """
 
-from .errors import (BadFlatbuffer, BadHeader, Damaged, FormatError, NotRewritable, OffsetOutOfRange,
-                     TruncatedHeader, UnsupportedVersion, WrongMagic)
+from .errors import (
+    BadFlatbuffer,
+    BadHeader,
+    Damaged,
+    FormatError,
+    NotRewritable,
+    OffsetOutOfRange,
+    TruncatedHeader,
+    UnsupportedVersion,
+    WrongMagic,
+)
 from .layout import TensorLayout
 from .ptd import Ptd, PtdEntry, PtdHeader, Segment, read_ptd
 from .pte import Delegate, ExternalTensor, NamedData, Pte, PteHeader, read_pte
 from .xnnpack import ConstantRef
 
 __all__ = [
-    "read_ptd", "read_pte", "Ptd", "PtdEntry", "PtdHeader", "Pte", "PteHeader", "Segment", "NamedData",
-    "Delegate", "ConstantRef", "ExternalTensor", "TensorLayout", "FormatError", "WrongMagic", "TruncatedHeader",
-    "BadHeader", "OffsetOutOfRange", "BadFlatbuffer", "UnsupportedVersion", "Damaged", "NotRewritable",
+    "read_ptd",
+    "read_pte",
+    "Ptd",
+    "PtdEntry",
+    "PtdHeader",
+    "Pte",
+    "PteHeader",
+    "Segment",
+    "NamedData",
+    "Delegate",
+    "ConstantRef",
+    "ExternalTensor",
+    "TensorLayout",
+    "FormatError",
+    "WrongMagic",
+    "TruncatedHeader",
+    "BadHeader",
+    "OffsetOutOfRange",
+    "BadFlatbuffer",
+    "UnsupportedVersion",
+    "Damaged",
+    "NotRewritable",
 ]

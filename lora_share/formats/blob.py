@@ -61,4 +61,4 @@ class KeyedEntries:
     def data(self, key: str) -> bytes:
         """A copy of the bytes stored under ``key``."""
         e = self._by_key[key]
-        return bytes(self.blob[e.start:e.end])
+        return bytes(self.blob[e.start : e.end])

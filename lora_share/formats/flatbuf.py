@@ -16,7 +16,6 @@ offsets a caller can use on the whole file.
 from __future__ import annotations
 
 import struct
-from typing import Optional
 
 from .errors import BadFlatbuffer
 
@@ -26,7 +25,7 @@ _U8, _U16, _U32, _I32, _U64 = (struct.Struct(f) for f in ("<B", "<H", "<I", "<i"
 class FlatBuffer:
     """One flatbuffer occupying ``data[start:end]``; ``what`` names it in errors."""
 
-    def __init__(self, data, what: str, start: int = 0, end: Optional[int] = None):
+    def __init__(self, data, what: str, start: int = 0, end: int | None = None):
         self.data = data
         self.what = what
         self.start = start
@@ -65,9 +64,9 @@ class FlatBuffer:
 
     def identifier(self) -> bytes:
         """The 4-byte file identifier after the root offset."""
-        return bytes(self.data[self.start + 4:self.start + 8])
+        return bytes(self.data[self.start + 4 : self.start + 8])
 
-    def root(self, name: str) -> "Table":
+    def root(self, name: str) -> Table:
         """The root table; ``name`` is its schema type, for error messages."""
         return Table(self, self.start + self.u32(self.start, f"{name} root offset"), name)
 
@@ -88,7 +87,7 @@ class Table:
         fb.need(pos, self.size, f"{name} table")
         self.vtable, self.vt_size = vtable, vt_size
 
-    def _field(self, slot: int, size: int) -> Optional[int]:
+    def _field(self, slot: int, size: int) -> int | None:
         """Absolute position of field ``slot`` (``size`` bytes inline), or None if absent."""
         entry = 4 + 2 * slot
         if entry + 2 > self.vt_size:
@@ -125,18 +124,18 @@ class Table:
         entry = 4 + 2 * slot
         return entry + 2 <= self.vt_size and self.fb.u16(self.vtable + entry) != 0
 
-    def _target(self, slot: int) -> Optional[int]:
+    def _target(self, slot: int) -> int | None:
         pos = self._field(slot, 4)
         if pos is None:
             return None
         return pos + self.fb.u32(pos, f"{self.name} field {slot} offset")
 
-    def table(self, slot: int, name: str) -> Optional["Table"]:
+    def table(self, slot: int, name: str) -> Table | None:
         """Sub-table at ``slot`` (schema type ``name``), or None."""
         target = self._target(slot)
         return None if target is None else Table(self.fb, target, name)
 
-    def vector(self, slot: int, elem_size: int) -> Optional[tuple[int, int]]:
+    def vector(self, slot: int, elem_size: int) -> tuple[int, int] | None:
         """(absolute position of element 0, element count) of a vector field, or None."""
         target = self._target(slot)
         if target is None:
@@ -145,21 +144,21 @@ class Table:
         self.fb.need(target + 4, count * elem_size, f"{self.name} field {slot} vector of {count}")
         return target + 4, count
 
-    def string_span(self, slot: int) -> Optional[tuple[int, int]]:
+    def string_span(self, slot: int) -> tuple[int, int] | None:
         """(absolute position, byte length) of a string field, or None."""
         return self.vector(slot, 1)
 
-    def string(self, slot: int) -> Optional[str]:
+    def string(self, slot: int) -> str | None:
         """A string field as text, or None."""
         span = self.string_span(slot)
         if span is None:
             return None
         try:
-            return bytes(self.fb.data[span[0]:span[0] + span[1]]).decode("utf-8")
+            return bytes(self.fb.data[span[0] : span[0] + span[1]]).decode("utf-8")
         except UnicodeDecodeError:
             raise self.fb.fail(f"{self.name} field {slot} is not UTF-8 text") from None
 
-    def tables(self, slot: int, name: str) -> list["Table"]:
+    def tables(self, slot: int, name: str) -> list[Table]:
         """A vector of tables (empty if absent)."""
         vec = self.vector(slot, 4)
         if vec is None:
@@ -188,7 +187,7 @@ class Table:
             n = self.fb.u32(at, f"{self.name} field {slot} string length")
             self.fb.need(at + 4, n, f"{self.name} field {slot} string")
             try:
-                out.append(bytes(self.fb.data[at + 4:at + 4 + n]).decode("utf-8"))
+                out.append(bytes(self.fb.data[at + 4 : at + 4 + n]).decode("utf-8"))
             except UnicodeDecodeError:
                 raise self.fb.fail(f"{self.name} field {slot} item {i} is not UTF-8 text") from None
         return out

@@ -7,12 +7,29 @@ from dataclasses import dataclass
 
 # executorch_flatbuffer.ScalarType (schema/scalar_type.fbs) -> (name, bytes per element).
 SCALAR_TYPES: dict[int, tuple[str, int]] = {
-    0: ("uint8", 1), 1: ("int8", 1), 2: ("int16", 2), 3: ("int32", 4), 4: ("int64", 8),
-    5: ("float16", 2), 6: ("float32", 4), 7: ("float64", 8), 11: ("bool", 1),
-    12: ("qint8", 1), 13: ("quint8", 1), 14: ("qint32", 4), 15: ("bfloat16", 2),
-    16: ("quint4x2", 1), 17: ("quint2x4", 1), 22: ("bits16", 2),
-    23: ("float8_e5m2", 1), 24: ("float8_e4m3fn", 1), 25: ("float8_e5m2fnuz", 1), 26: ("float8_e4m3fnuz", 1),
-    27: ("uint16", 2), 28: ("uint32", 4), 29: ("uint64", 8),
+    0: ("uint8", 1),
+    1: ("int8", 1),
+    2: ("int16", 2),
+    3: ("int32", 4),
+    4: ("int64", 8),
+    5: ("float16", 2),
+    6: ("float32", 4),
+    7: ("float64", 8),
+    11: ("bool", 1),
+    12: ("qint8", 1),
+    13: ("quint8", 1),
+    14: ("qint32", 4),
+    15: ("bfloat16", 2),
+    16: ("quint4x2", 1),
+    17: ("quint2x4", 1),
+    22: ("bits16", 2),
+    23: ("float8_e5m2", 1),
+    24: ("float8_e4m3fn", 1),
+    25: ("float8_e5m2fnuz", 1),
+    26: ("float8_e4m3fnuz", 1),
+    27: ("uint16", 2),
+    28: ("uint32", 4),
+    29: ("uint64", 8),
 }
 
 

@@ -15,7 +15,6 @@ named-data key of the .pte, or of adapters_shared.ptd for a tensor the build hoi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import flatbuffers
 
@@ -35,9 +34,27 @@ SHARED_PAD = 256
 # Slots, in declaration order of schema/lora_share.fbs.
 _M_VERSION, _M_FOUNDATION, _M_ADAPTER, _M_SHARED = 0, 1, 2, 3
 _F_FINGERPRINT, _F_TENSORS, _F_PARAMS, _F_BYTES, _F_TIED = 0, 1, 2, 3, 4
-(_A_NAME, _A_FINGERPRINT, _A_RANK, _A_ALPHA, _A_TARGETS, _A_LAYERS, _A_RSLORA, _A_KIND, _A_SOURCE, _A_HASHES,
- _A_LORA_BYTES, _A_CONTENT_BYTES, _A_CONTENT_CRC, _A_PROGRAM, _A_MAX_RANK, _A_ENVELOPE, _A_LORA,
- _A_ENVELOPE_PROGRAM, _A_PATCHES) = range(19)
+(
+    _A_NAME,
+    _A_FINGERPRINT,
+    _A_RANK,
+    _A_ALPHA,
+    _A_TARGETS,
+    _A_LAYERS,
+    _A_RSLORA,
+    _A_KIND,
+    _A_SOURCE,
+    _A_HASHES,
+    _A_LORA_BYTES,
+    _A_CONTENT_BYTES,
+    _A_CONTENT_CRC,
+    _A_PROGRAM,
+    _A_MAX_RANK,
+    _A_ENVELOPE,
+    _A_LORA,
+    _A_ENVELOPE_PROGRAM,
+    _A_PATCHES,
+) = range(19)
 _H_FILE, _H_SHA = 0, 1
 _E_LAYER, _E_TARGET = 0, 1
 _L_SLOT, _L_RANK, _L_A, _L_B = 0, 1, 2, 3
@@ -107,9 +124,9 @@ class Metadata:
     lora-share writes."""
 
     format_version: int
-    foundation: Optional[FoundationMeta] = None
-    adapter: Optional[AdapterMeta] = None
-    shared: Optional[SharedMeta] = None
+    foundation: FoundationMeta | None = None
+    adapter: AdapterMeta | None = None
+    shared: SharedMeta | None = None
 
 
 def _pad(data: bytes, pad: int) -> bytes:
@@ -232,7 +249,9 @@ def decode(data: bytes, what: str) -> Metadata:
     """Decode a record (either kind); ``what`` names where it came from in errors."""
     fb = FlatBuffer(data, what)
     if fb.identifier() != FILE_IDENTIFIER:
-        raise BadFlatbuffer(what, f"lora-share metadata has identifier {fb.identifier()!r}, expected {FILE_IDENTIFIER!r}")
+        raise BadFlatbuffer(
+            what, f"lora-share metadata has identifier {fb.identifier()!r}, expected {FILE_IDENTIFIER!r}"
+        )
     root = fb.root("Metadata")
     version = root.u32(_M_VERSION)
     if version != FORMAT_VERSION:
@@ -240,25 +259,42 @@ def decode(data: bytes, what: str) -> Metadata:
     out = Metadata(version)
     f = root.table(_M_FOUNDATION, "Foundation")
     if f is not None:
-        out.foundation = FoundationMeta(_text(f, _F_FINGERPRINT), f.u32(_F_TENSORS), f.u64(_F_PARAMS),
-                                        f.u64(_F_BYTES), bool(f.u8(_F_TIED)))
+        out.foundation = FoundationMeta(
+            _text(f, _F_FINGERPRINT), f.u32(_F_TENSORS), f.u64(_F_PARAMS), f.u64(_F_BYTES), bool(f.u8(_F_TIED))
+        )
     a = root.table(_M_ADAPTER, "Adapter")
     if a is not None:
         hashes = {_text(h, _H_FILE): _text(h, _H_SHA) for h in a.tables(_A_HASHES, "SourceHash")}
         out.adapter = AdapterMeta(
-            name=_text(a, _A_NAME), foundation_fingerprint=_text(a, _A_FINGERPRINT), rank=a.u32(_A_RANK),
-            alpha=a.f64(_A_ALPHA), targets=a.strings(_A_TARGETS), layers=a.scalars(_A_LAYERS, "I"),
-            use_rslora=bool(a.u8(_A_RSLORA)), source_kind=_text(a, _A_KIND), source=_text(a, _A_SOURCE),
-            source_hashes=hashes, lora_bytes=a.u64(_A_LORA_BYTES), content_bytes=a.u64(_A_CONTENT_BYTES),
-            content_crc32=a.u32(_A_CONTENT_CRC), program_sha256=_text(a, _A_PROGRAM),
+            name=_text(a, _A_NAME),
+            foundation_fingerprint=_text(a, _A_FINGERPRINT),
+            rank=a.u32(_A_RANK),
+            alpha=a.f64(_A_ALPHA),
+            targets=a.strings(_A_TARGETS),
+            layers=a.scalars(_A_LAYERS, "I"),
+            use_rslora=bool(a.u8(_A_RSLORA)),
+            source_kind=_text(a, _A_KIND),
+            source=_text(a, _A_SOURCE),
+            source_hashes=hashes,
+            lora_bytes=a.u64(_A_LORA_BYTES),
+            content_bytes=a.u64(_A_CONTENT_BYTES),
+            content_crc32=a.u32(_A_CONTENT_CRC),
+            program_sha256=_text(a, _A_PROGRAM),
             envelope_max_rank=a.u32(_A_MAX_RANK),
             envelope=[(e.u32(_E_LAYER), _text(e, _E_TARGET)) for e in a.tables(_A_ENVELOPE, "EnvelopeSlot")],
-            lora=[LoraTensors(t.u32(_L_SLOT), t.u32(_L_RANK), _text(t, _L_A), _text(t, _L_B))
-                  for t in a.tables(_A_LORA, "LoraTensors")],
-            envelope_program_sha256=_text(a, _A_ENVELOPE_PROGRAM), program_patches=a.scalars(_A_PATCHES, "I"))
+            lora=[
+                LoraTensors(t.u32(_L_SLOT), t.u32(_L_RANK), _text(t, _L_A), _text(t, _L_B))
+                for t in a.tables(_A_LORA, "LoraTensors")
+            ],
+            envelope_program_sha256=_text(a, _A_ENVELOPE_PROGRAM),
+            program_patches=a.scalars(_A_PATCHES, "I"),
+        )
         if len(out.adapter.program_patches) % 4:
-            raise BadFlatbuffer(what, f"adapter record: {len(out.adapter.program_patches)} program patch values, "
-                                      "not a multiple of 4: the record is damaged")
+            raise BadFlatbuffer(
+                what,
+                f"adapter record: {len(out.adapter.program_patches)} program patch values, "
+                "not a multiple of 4: the record is damaged",
+            )
     s = root.table(_M_SHARED, "Shared")
     if s is not None:
         out.shared = SharedMeta(_text(s, _S_FINGERPRINT), s.u32(_S_TENSORS), s.u64(_S_BYTES))

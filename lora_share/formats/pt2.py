@@ -25,8 +25,18 @@ ARCHIVE_FORMAT = "pt2"
 ARCHIVE_VERSIONS = ("0",)  # torch.export.pt2_archive.constants.ARCHIVE_VERSION_VALUE in torch 2.13
 WEIGHTS_DIR, CONSTANTS_DIR = "data/weights/", "data/constants/"
 # torch._export.serde.schema.ScalarType -> (name, bytes per element): the dtypes a blob may hold.
-SCALAR_TYPES = {1: ("uint8", 1), 2: ("int8", 1), 3: ("int16", 2), 4: ("int32", 4), 5: ("int64", 8),
-                6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 12: ("bool", 1), 13: ("bfloat16", 2)}
+SCALAR_TYPES = {
+    1: ("uint8", 1),
+    2: ("int8", 1),
+    3: ("int16", 2),
+    4: ("int32", 4),
+    5: ("int64", 8),
+    6: ("float16", 2),
+    7: ("float32", 4),
+    8: ("float64", 8),
+    12: ("bool", 1),
+    13: ("bfloat16", 2),
+}
 SCALAR_TYPES_BY_NAME = dict(SCALAR_TYPES.values())
 
 
@@ -56,7 +66,6 @@ class Payload:
         return n
 
 
-
 @dataclass(frozen=True)
 class ArchiveModel:
     """One model of an archive: its program's JSON, its tensors and (maybe) its sample inputs."""
@@ -78,15 +87,17 @@ class Pt2Archive:
         try:
             return self.zip.read(member)
         except (zipfile.BadZipFile, OSError, EOFError) as e:
-            raise Damaged(str(self.path), f"{member}: cannot be read ({e}): the archive is truncated or damaged; "
-                                          "export it again") from None
+            raise Damaged(
+                str(self.path), f"{member}: cannot be read ({e}): the archive is truncated or damaged; export it again"
+            ) from None
 
     def model(self, name: str | None) -> ArchiveModel:
         """The model ``name``; ``None``: the archive's only model."""
         if name is None:
             if len(self.models) != 1:
-                raise FormatError(str(self.path), f"holds {len(self.models)} models ({', '.join(self.models)}): "
-                                                  "name one with 'model'")
+                raise FormatError(
+                    str(self.path), f"holds {len(self.models)} models ({', '.join(self.models)}): name one with 'model'"
+                )
             return next(iter(self.models.values()))
         if name not in self.models:
             raise FormatError(str(self.path), f"has no model {name!r}; it holds {', '.join(self.models)}")
@@ -111,8 +122,9 @@ def open_archive(path) -> Pt2Archive:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise WrongMagic(what, f"not a zip file, or a truncated one ({e}): a PT2 archive is the zip "
-                                     "torch.export.save writes") from None
+        raise WrongMagic(
+            what, f"not a zip file, or a truncated one ({e}): a PT2 archive is the zip torch.export.save writes"
+        ) from None
     try:
         return _checked(path, zf)
     except BaseException:
@@ -127,7 +139,7 @@ def _checked(path: Path, zf: zipfile.ZipFile) -> Pt2Archive:
     if len(roots) != 1 or not all("/" in n for n in names):
         raise BadHeader(what, "not a PT2 archive: its members are not all in one top folder")
     root = roots.pop() + "/"
-    members = {n[len(root):]: zf.getinfo(n) for n in names}
+    members = {n[len(root) :]: zf.getinfo(n) for n in names}
 
     def text(member: str) -> str:
         if member not in members:
@@ -138,24 +150,32 @@ def _checked(path: Path, zf: zipfile.ZipFile) -> Pt2Archive:
             raise Damaged(what, f"{member}: cannot be read ({e})") from None
 
     if (fmt := text("archive_format")) != ARCHIVE_FORMAT:
-        raise BadHeader(what, f"archive_format is {fmt[:40]!r}, not {ARCHIVE_FORMAT!r}: not a torch.export archive "
-                              "(an AOTInductor-only or other package)")
+        raise BadHeader(
+            what,
+            f"archive_format is {fmt[:40]!r}, not {ARCHIVE_FORMAT!r}: not a torch.export archive "
+            "(an AOTInductor-only or other package)",
+        )
     version = text("archive_version") if "archive_version" in members else "0"
     if version not in ARCHIVE_VERSIONS:
-        raise UnsupportedVersion(what, f"archive_version {version[:40]!r}: this lora-share reads version(s) "
-                                       f"{', '.join(ARCHIVE_VERSIONS)} (torch 2.13's); export with that torch")
+        raise UnsupportedVersion(
+            what,
+            f"archive_version {version[:40]!r}: this lora-share reads version(s) "
+            f"{', '.join(ARCHIVE_VERSIONS)} (torch 2.13's); export with that torch",
+        )
     byteorder = text("byteorder") if "byteorder" in members else "little"
     if byteorder != "little":
         raise BadHeader(what, f"byteorder is {byteorder[:20]!r}: only little-endian archives are read")
     models = {}
     for member in members:
         if member.startswith("models/") and member.endswith(".json"):
-            name = member[len("models/"):-len(".json")]
-            payloads = (_payloads(what, zf, root, members, name, WEIGHTS_DIR)
-                        + _payloads(what, zf, root, members, name, CONSTANTS_DIR))
+            name = member[len("models/") : -len(".json")]
+            payloads = _payloads(what, zf, root, members, name, WEIGHTS_DIR) + _payloads(
+                what, zf, root, members, name, CONSTANTS_DIR
+            )
             sample = f"data/sample_inputs/{name}.pt"
-            models[name] = ArchiveModel(name, root + member, tuple(payloads),
-                                        root + sample if sample in members else None)
+            models[name] = ArchiveModel(
+                name, root + member, tuple(payloads), root + sample if sample in members else None
+            )
     if not models:
         raise BadHeader(what, "holds no model (no models/<name>.json): was it written by torch.export.save?")
     return Pt2Archive(path, zf, root, models)
@@ -182,17 +202,28 @@ def _payloads(what: str, zf: zipfile.ZipFile, root: str, members: dict, model: s
             if "/" in file or "\\" in file or file in ("", ".", ".."):
                 raise BadHeader(what, f"{where} names {file!r}, a file outside the archive's {folder} folder")
             if meta.get("use_pickle") or file.startswith(("custom_obj_", "opaque_obj_")):
-                kind = ("a TorchBind object" if file.startswith("custom_obj_") else
-                        "an opaque pickled object" if file.startswith("opaque_obj_") else "a pickled tensor")
-                raise NeedsCode(what, f"{where} is {kind} ({file}): reading it would run code from the archive, "
-                                      "which lora-share refuses; export the model with plain tensors")
+                kind = (
+                    "a TorchBind object"
+                    if file.startswith("custom_obj_")
+                    else "an opaque pickled object"
+                    if file.startswith("opaque_obj_")
+                    else "a pickled tensor"
+                )
+                raise NeedsCode(
+                    what,
+                    f"{where} is {kind} ({file}): reading it would run code from the archive, "
+                    "which lora-share refuses; export the model with plain tensors",
+                )
             member = folder + file
             if member not in members:
                 raise OffsetOutOfRange(what, f"{where}: its blob {member} is missing from the archive; export it again")
             tm = meta["tensor_meta"]
             if tm["dtype"] not in SCALAR_TYPES:
-                raise FormatError(what, f"{where}: dtype code {tm['dtype']} is not one lora-share reads "
-                                        f"({', '.join(n for n, _ in SCALAR_TYPES.values())})")
+                raise FormatError(
+                    what,
+                    f"{where}: dtype code {tm['dtype']} is not one lora-share reads "
+                    f"({', '.join(n for n, _ in SCALAR_TYPES.values())})",
+                )
             dtype, size = SCALAR_TYPES[tm["dtype"]]
             sizes = tuple(_int(s) for s in tm["sizes"])
             strides = tuple(_int(s) for s in tm["strides"])
@@ -200,14 +231,29 @@ def _payloads(what: str, zf: zipfile.ZipFile, root: str, members: dict, model: s
         except (KeyError, TypeError, ValueError) as e:
             raise Damaged(what, f"{where}: not a readable entry ({e!r})") from None
         if len(sizes) != len(strides) or min((*sizes, *strides, offset, 0)) < 0:
-            raise Damaged(what, f"{where}: sizes {sizes}, strides {strides} and offset {offset} do not describe a tensor")
+            raise Damaged(
+                what, f"{where}: sizes {sizes}, strides {strides} and offset {offset} do not describe a tensor"
+            )
         needed = 0 if 0 in sizes else (offset + sum((n - 1) * s for n, s in zip(sizes, strides)) + 1) * size
         have = members[member].file_size
         if have < needed:
-            raise OffsetOutOfRange(what, f"{where}: its blob {member} holds {have} bytes, the tensor needs {needed}: "
-                                         "the archive is truncated; export it again")
-        out.append(Payload(fqn, root + member, "weight" if folder == WEIGHTS_DIR else "constant",
-                           bool(meta.get("is_param")), dtype, sizes, strides, offset))
+            raise OffsetOutOfRange(
+                what,
+                f"{where}: its blob {member} holds {have} bytes, the tensor needs {needed}: "
+                "the archive is truncated; export it again",
+            )
+        out.append(
+            Payload(
+                fqn,
+                root + member,
+                "weight" if folder == WEIGHTS_DIR else "constant",
+                bool(meta.get("is_param")),
+                dtype,
+                sizes,
+                strides,
+                offset,
+            )
+        )
     return out
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .blob import KeyedEntries, open_blob
 from .errors import BadFlatbuffer, BadHeader, OffsetOutOfRange, TruncatedHeader, UnsupportedVersion, WrongMagic
@@ -84,7 +83,7 @@ class PtdEntry:
     segment_index: int
     start: int
     size: int
-    layout: Optional[TensorLayout]
+    layout: TensorLayout | None
     key_span: tuple[int, int]  # absolute (position, length) of the key's bytes
 
     @property
@@ -121,33 +120,48 @@ def read_header(blob, what: str) -> PtdHeader:
     if n >= 8 and bytes(blob[4:8]) != FILE_IDENTIFIER:
         found = bytes(blob[4:8])
         hint = " (that is an ExecuTorch program, .pte)" if found == b"ET12" else ""
-        raise WrongMagic(what, f"not an ExecuTorch data file (.ptd): identifier {found!r} at byte 4, "
-                               f"expected {FILE_IDENTIFIER!r}{hint}")
+        raise WrongMagic(
+            what,
+            f"not an ExecuTorch data file (.ptd): identifier {found!r} at byte 4, expected {FILE_IDENTIFIER!r}{hint}",
+        )
     if n < HEADER_OFFSET + MIN_HEADER_LENGTH:
-        raise TruncatedHeader(what, f"{n} bytes, shorter than the {HEADER_OFFSET + MIN_HEADER_LENGTH}-byte "
-                                    ".ptd header: the file is truncated or empty")
+        raise TruncatedHeader(
+            what,
+            f"{n} bytes, shorter than the {HEADER_OFFSET + MIN_HEADER_LENGTH}-byte "
+            ".ptd header: the file is truncated or empty",
+        )
     if bytes(blob[8:12]) != HEADER_MAGIC:
-        raise WrongMagic(what, f"no FlatTensor header: magic {bytes(blob[8:12])!r} at byte 8, expected {HEADER_MAGIC!r}")
+        raise WrongMagic(
+            what, f"no FlatTensor header: magic {bytes(blob[8:12])!r} at byte 8, expected {HEADER_MAGIC!r}"
+        )
     length, fb_off, fb_size, seg_base, seg_size = struct.unpack_from("<IQQQQ", blob, 12)
     header = PtdHeader(length, fb_off, fb_size, seg_base, seg_size)
     if length < MIN_HEADER_LENGTH:
         raise BadHeader(what, f"header length {length} is below {MIN_HEADER_LENGTH}")
     if HEADER_OFFSET + length > fb_off + fb_size:
-        raise BadHeader(what, f"header ({length} bytes at byte 8) runs past the flatbuffer's end "
-                              f"{header.flatbuffer_end}")
+        raise BadHeader(
+            what, f"header ({length} bytes at byte 8) runs past the flatbuffer's end {header.flatbuffer_end}"
+        )
     if header.flatbuffer_end > n:
-        raise OffsetOutOfRange(what, f"flatbuffer ends at byte {header.flatbuffer_end}, past the end of the "
-                                     f"{n}-byte file: the file may be truncated")
+        raise OffsetOutOfRange(
+            what,
+            f"flatbuffer ends at byte {header.flatbuffer_end}, past the end of the "
+            f"{n}-byte file: the file may be truncated",
+        )
     if seg_base + seg_size > n:
-        raise OffsetOutOfRange(what, f"segment data ends at byte {seg_base + seg_size}, past the end of the "
-                                     f"{n}-byte file: the file may be truncated")
+        raise OffsetOutOfRange(
+            what,
+            f"segment data ends at byte {seg_base + seg_size}, past the end of the "
+            f"{n}-byte file: the file may be truncated",
+        )
     if seg_size and seg_base < header.flatbuffer_end:
-        raise BadHeader(what, f"segment data at byte {seg_base} overlaps the flatbuffer (ends at "
-                              f"{header.flatbuffer_end})")
+        raise BadHeader(
+            what, f"segment data at byte {seg_base} overlaps the flatbuffer (ends at {header.flatbuffer_end})"
+        )
     return header
 
 
-def _layout(table: Optional[Table]) -> Optional[TensorLayout]:
+def _layout(table: Table | None) -> TensorLayout | None:
     if table is None:
         return None
     return TensorLayout(
@@ -175,8 +189,10 @@ def read_ptd(source, what: str | None = None) -> Ptd:
     for i, t in enumerate(root.tables(_FT_SEGMENTS, "DataSegment")):
         seg = Segment(i, t.u64(_SEG_OFFSET), t.u64(_SEG_SIZE), header.segment_base_offset + t.u64(_SEG_OFFSET))
         if seg.end > seg_end:
-            raise OffsetOutOfRange(what, f"segment {i} ends at byte {seg.end}, past the segment data's end "
-                                         f"{seg_end}: the file may be truncated")
+            raise OffsetOutOfRange(
+                what,
+                f"segment {i} ends at byte {seg.end}, past the segment data's end {seg_end}: the file may be truncated",
+            )
         segments.append(seg)
     if root.vector(_FT_SEGMENTS, 4) is None or root.vector(_FT_NAMED_DATA, 4) is None:
         raise BadFlatbuffer(what, "FlatTensor has no segments or no named_data table")
@@ -198,11 +214,13 @@ def read_ptd(source, what: str | None = None) -> Ptd:
         if layout is not None:
             problem = layout.problem()
             if problem is None and layout.nbytes > seg.size:
-                problem = f"its layout {layout.dtype}{list(layout.sizes)} needs {layout.nbytes} bytes, " \
-                          f"its segment holds {seg.size}"
+                problem = (
+                    f"its layout {layout.dtype}{list(layout.sizes)} needs {layout.nbytes} bytes, "
+                    f"its segment holds {seg.size}"
+                )
             if problem:
                 raise BadFlatbuffer(what, f"key {key!r}: {problem}")
-        entries.append(PtdEntry(key=key, segment_index=index, start=seg.start, size=seg.size, layout=layout,
-                                key_span=key_span))
-    return Ptd(what=what, size=len(blob), header=header, version=version, segments=segments, entries=entries,
-               blob=blob)
+        entries.append(
+            PtdEntry(key=key, segment_index=index, start=seg.start, size=seg.size, layout=layout, key_span=key_span)
+        )
+    return Ptd(what=what, size=len(blob), header=header, version=version, segments=segments, entries=entries, blob=blob)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .blob import KeyedEntries, open_blob
 from .errors import BadFlatbuffer, BadHeader, OffsetOutOfRange, TruncatedHeader, UnsupportedVersion, WrongMagic
@@ -133,10 +132,10 @@ class Pte(KeyedEntries):
     named_data: list[NamedData]
     delegates: list[Delegate]
     external_tensors: list[ExternalTensor]
-    constant_segment: Optional[int]
+    constant_segment: int | None
     blob: object = field(repr=False)
     constants: list[ConstantTensor] = field(default_factory=list)
-    inputs: dict[str, list[Optional[TensorLayout]]] = field(default_factory=dict)  # per method, None: not a tensor
+    inputs: dict[str, list[TensorLayout | None]] = field(default_factory=dict)  # per method, None: not a tensor
 
     def __post_init__(self):
         self._index(self.named_data)
@@ -150,7 +149,7 @@ class Pte(KeyedEntries):
         for c in self.constants:
             if c.buffer not in seen:
                 seen.add(c.buffer)
-                digest = hashlib.sha256(bytes(self.blob[c.start:c.end])).hexdigest()
+                digest = hashlib.sha256(bytes(self.blob[c.start : c.end])).hexdigest()
                 out.append((digest, -c.buffer, c.start, c.layout.nbytes))
         return out
 
@@ -168,11 +167,15 @@ def read_header(blob, what: str) -> PteHeader:
     if n >= 8 and bytes(blob[4:8]) != FILE_IDENTIFIER:
         found = bytes(blob[4:8])
         hint = " (that is an ExecuTorch data file, .ptd)" if found == b"FT01" else ""
-        raise WrongMagic(what, f"not an ExecuTorch program (.pte): identifier {found!r} at byte 4, "
-                               f"expected {FILE_IDENTIFIER!r}{hint}")
+        raise WrongMagic(
+            what,
+            f"not an ExecuTorch program (.pte): identifier {found!r} at byte 4, expected {FILE_IDENTIFIER!r}{hint}",
+        )
     if n < 8 + MIN_HEADER_LENGTH:
-        raise TruncatedHeader(what, f"{n} bytes, shorter than the {8 + MIN_HEADER_LENGTH}-byte .pte header: "
-                                    "the file is truncated or empty")
+        raise TruncatedHeader(
+            what,
+            f"{n} bytes, shorter than the {8 + MIN_HEADER_LENGTH}-byte .pte header: the file is truncated or empty",
+        )
     if bytes(blob[8:12]) != HEADER_MAGIC:
         raise WrongMagic(what, f"no extended header: magic {bytes(blob[8:12])!r} at byte 8, expected {HEADER_MAGIC!r}")
     length, program_size, base = struct.unpack_from("<IQQ", blob, 12)
@@ -184,11 +187,17 @@ def read_header(blob, what: str) -> PteHeader:
     if 8 + length > program_size:
         raise BadHeader(what, f"extended header ({length} bytes) runs past the program's end {program_size}")
     if program_size > n:
-        raise OffsetOutOfRange(what, f"program flatbuffer ends at byte {program_size}, past the end of the "
-                                     f"{n}-byte file: the file may be truncated")
+        raise OffsetOutOfRange(
+            what,
+            f"program flatbuffer ends at byte {program_size}, past the end of the "
+            f"{n}-byte file: the file may be truncated",
+        )
     if base + seg_size > n:
-        raise OffsetOutOfRange(what, f"segment data ends at byte {base + seg_size}, past the end of the "
-                                     f"{n}-byte file: the file may be truncated")
+        raise OffsetOutOfRange(
+            what,
+            f"segment data ends at byte {base + seg_size}, past the end of the "
+            f"{n}-byte file: the file may be truncated",
+        )
     if seg_size and base < program_size:
         raise BadHeader(what, f"segment data at byte {base} overlaps the program (ends at {program_size})")
     return PteHeader(length, program_size, base, seg_size)
@@ -200,8 +209,10 @@ def _segments(root: Table, header: PteHeader, what: str) -> list[Segment]:
     for i, t in enumerate(root.tables(_P_SEGMENTS, "DataSegment")):
         seg = Segment(i, t.u64(_SEG_OFFSET), t.u64(_SEG_SIZE), header.segment_base_offset + t.u64(_SEG_OFFSET))
         if seg.end > seg_end:
-            raise OffsetOutOfRange(what, f"segment {i} ends at byte {seg.end}, past the segment data's end "
-                                         f"{seg_end}: the file may be truncated")
+            raise OffsetOutOfRange(
+                what,
+                f"segment {i} ends at byte {seg.end}, past the segment data's end {seg_end}: the file may be truncated",
+            )
         out.append(seg)
     return out
 
@@ -235,12 +246,23 @@ def _delegates(root: Table, plan: Table, plan_name: str, segments, blob, what: s
         elif location == _SEGMENT and index < len(segments):
             span = (segments[index].start, segments[index].size)
         else:
-            raise BadFlatbuffer(what, f"{plan_name}: delegate {i} points at missing payload {index} (location {location})")
+            raise BadFlatbuffer(
+                what, f"{plan_name}: delegate {i} points at missing payload {index} (location {location})"
+            )
         backend = d.string(_DEL_ID) or ""
         consts = named_constants(blob, what, *span) if backend == XNNPACK_ID else []
-        out.append(Delegate(plan=plan_name, index=i, id=backend,
-                            location="inline" if location == _INLINE else "segment", data_index=index,
-                            start=span[0], size=span[1], constants=tuple(consts)))
+        out.append(
+            Delegate(
+                plan=plan_name,
+                index=i,
+                id=backend,
+                location="inline" if location == _INLINE else "segment",
+                data_index=index,
+                start=span[0],
+                size=span[1],
+                constants=tuple(consts),
+            )
+        )
     return out
 
 
@@ -250,7 +272,7 @@ def _tensors(plan: Table):
             yield t
 
 
-def _inputs(plan: Table, plan_name: str, what: str) -> list[Optional[TensorLayout]]:
+def _inputs(plan: Table, plan_name: str, what: str) -> list[TensorLayout | None]:
     """The layout (upper-bound sizes) of each input of ``plan``; None for an input that is not a tensor."""
     values = plan.tables(_PLAN_VALUES, "EValue")
     out = []
@@ -264,8 +286,11 @@ def _inputs(plan: Table, plan_name: str, what: str) -> list[Optional[TensorLayou
 
 
 def _layout(t: Table) -> TensorLayout:
-    return TensorLayout(struct.unpack("<b", bytes([t.u8(_T_SCALAR_TYPE)]))[0],
-                        tuple(t.scalars(_T_SIZES, "i")), tuple(t.scalars(_T_DIM_ORDER, "B")))
+    return TensorLayout(
+        struct.unpack("<b", bytes([t.u8(_T_SCALAR_TYPE)]))[0],
+        tuple(t.scalars(_T_SIZES, "i")),
+        tuple(t.scalars(_T_DIM_ORDER, "B")),
+    )
 
 
 def _is_external(t: Table) -> bool:
@@ -285,8 +310,9 @@ def _external_tensors(plan: Table, plan_name: str, what: str) -> list[ExternalTe
     return out
 
 
-def _constant_tensors(plan: Table, plan_name: str, segment: Segment, offsets: list[int],
-                      what: str) -> list[ConstantTensor]:
+def _constant_tensors(
+    plan: Table, plan_name: str, segment: Segment, offsets: list[int], what: str
+) -> list[ConstantTensor]:
     """Tensors of ``plan`` with data in the constant segment (buffer 0 is the empty placeholder)."""
     out = []
     for t in _tensors(plan):
@@ -294,15 +320,19 @@ def _constant_tensors(plan: Table, plan_name: str, segment: Segment, offsets: li
         if index == 0 or _is_external(t):
             continue
         if index >= len(offsets):
-            raise BadFlatbuffer(what, f"{plan_name}: a tensor points at constant buffer {index}, "
-                                      f"but there are {len(offsets)}")
+            raise BadFlatbuffer(
+                what, f"{plan_name}: a tensor points at constant buffer {index}, but there are {len(offsets)}"
+            )
         layout = _layout(t)
         if layout.problem():
             raise BadFlatbuffer(what, f"{plan_name}: constant buffer {index}: {layout.problem()}")
         c = ConstantTensor(plan_name, index, segment.start + offsets[index], layout)
         if offsets[index] > segment.size or c.end > segment.end:
-            raise OffsetOutOfRange(what, f"{plan_name}: constant buffer {index} ends at byte {c.end}, past its "
-                                         f"segment's end ({segment.end}): the file may be truncated")
+            raise OffsetOutOfRange(
+                what,
+                f"{plan_name}: constant buffer {index} ends at byte {c.end}, past its "
+                f"segment's end ({segment.end}): the file may be truncated",
+            )
         out.append(c)
     return out
 
@@ -342,6 +372,18 @@ def read_pte(source, what: str | None = None, plans: bool = True) -> Pte:
             constants += _constant_tensors(p, name, segments[const_index], offsets, what)
     if not tables:
         raise BadFlatbuffer(what, "the program has no methods")
-    return Pte(what=what, size=len(blob), header=header, version=version, plans=plans, segments=segments,
-               named_data=named, delegates=delegates, external_tensors=external, constant_segment=const_index,
-               blob=blob, constants=constants, inputs=inputs)
+    return Pte(
+        what=what,
+        size=len(blob),
+        header=header,
+        version=version,
+        plans=plans,
+        segments=segments,
+        named_data=named,
+        delegates=delegates,
+        external_tensors=external,
+        constant_segment=const_index,
+        blob=blob,
+        constants=constants,
+        inputs=inputs,
+    )

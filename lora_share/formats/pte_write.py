@@ -27,8 +27,8 @@ new entry's alignment as well.
 
 The program region is the template's flatbuffer from the lowest of the three vectors it
 points into, rounded down to that alignment (the bytes below the vector zeroed), to the
-flatbuffer's end, zero-padded to a multiple of ``FLATBUFFER_ALIGNMENT``. Flatbuffer offsets to tables, vectors and strings are
-unsigned and point forward, and a Builder writes a table's vtable just below the table (above
+flatbuffer's end, zero-padded to a multiple of ``FLATBUFFER_ALIGNMENT``. Flatbuffer offsets to tables,
+vectors and strings are unsigned and point forward, and a Builder writes a table's vtable just below the table (above
 its parent) or reuses one written earlier (higher), so the region holds everything those
 vectors reach. In a file this module wrote, the region is exactly the embedded vector: writing
 from an adapter file gives the same bytes as writing from the program it was written from,
@@ -43,23 +43,42 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import flatbuffers
 
 from .errors import BadFlatbuffer, NotRewritable, UnsupportedVersion
 from .flatbuf import FlatBuffer, Table
-from .pte import (_DEL_PROCESSED, _PLAN_DELEGATES, _REF_INDEX, _REF_LOCATION, _SEGMENT, _SUB_OFFSETS, _SUB_SEGMENT,
-                  FILE_IDENTIFIER, HEADER_MAGIC, PteHeader, read_pte)
+from .pte import (
+    _DEL_PROCESSED,
+    _PLAN_DELEGATES,
+    _REF_INDEX,
+    _REF_LOCATION,
+    _SEGMENT,
+    _SUB_OFFSETS,
+    _SUB_SEGMENT,
+    FILE_IDENTIFIER,
+    HEADER_MAGIC,
+    PteHeader,
+    read_pte,
+)
 
 SEGMENT_ALIGNMENT = 128  # serialize_pte_binary's default segment alignment
 FLATBUFFER_ALIGNMENT = 16  # the largest force_align in program.fbs: ExecuTorch pads its header to it
 HEADER_LENGTH = 32  # the extended header with the segment data size (a multiple of FLATBUFFER_ALIGNMENT)
 
 # program.fbs's Program, fields in declaration order (the slot is the index).
-PROGRAM_FIELDS = ("version", "execution_plan", "constant_buffer", "backend_delegate_data", "segments",
-                  "constant_segment", "mutable_data_segments", "named_data")
+PROGRAM_FIELDS = (
+    "version",
+    "execution_plan",
+    "constant_buffer",
+    "backend_delegate_data",
+    "segments",
+    "constant_segment",
+    "mutable_data_segments",
+    "named_data",
+)
 _VERSION, _PLANS, _SEGMENTS, _CONSTANT_SEGMENT, _MUTABLE, _NAMED = 0, 1, 4, 5, 6, 7
 _EMBEDDED = (1, 2, 3)  # vectors pointed at in the embedded program region
 _CONSTANT_BUFFERS, _INLINE_DELEGATES = 2, 3  # Buffer and BackendDelegateInlineData: one ubyte vector each
@@ -97,27 +116,37 @@ class Template:
         root = FlatBuffer(pte, what, 0, header.program_size).root("Program")
         unknown = [s for s in range(len(PROGRAM_FIELDS), (root.vt_size - 4) // 2) if root.has(s)]
         if unknown:  # a newer schema's field, which a rewrite would lose
-            raise UnsupportedVersion(what, f"its Program has field slot(s) {unknown}, past the {len(PROGRAM_FIELDS)} "
-                                           "fields of the program.fbs this writer knows")
+            raise UnsupportedVersion(
+                what,
+                f"its Program has field slot(s) {unknown}, past the {len(PROGRAM_FIELDS)} "
+                "fields of the program.fbs this writer knows",
+            )
         self._version = root.u32(_VERSION)
         self._constant = self._subsegments(root.table(_CONSTANT_SEGMENT, "SubsegmentOffsets"))
-        self._mutable = ([self._subsegments(t) for t in root.tables(_MUTABLE, "SubsegmentOffsets")]
-                         if root.has(_MUTABLE) else None)
+        self._mutable = (
+            [self._subsegments(t) for t in root.tables(_MUTABLE, "SubsegmentOffsets")] if root.has(_MUTABLE) else None
+        )
         drop = set(drop)
         self.kept = [e for e in parsed.named_data if e.key not in drop]
         dropped = {e.segment_index for e in parsed.named_data if e.key in drop}
         n = len(parsed.segments)
         self._n_kept = n - len(dropped)
         if dropped != set(range(self._n_kept, n)):
-            raise NotRewritable(what, f"the named data to leave out is in segments {sorted(dropped)}, not the last "
-                                      f"{len(dropped)} of its {n}: its other segments would have to move")
-        late = [(name, i) for name, i in self._segment_references(root.tables(_PLANS, "ExecutionPlan"))
-                if i >= self._n_kept]
+            raise NotRewritable(
+                what,
+                f"the named data to leave out is in segments {sorted(dropped)}, not the last "
+                f"{len(dropped)} of its {n}: its other segments would have to move",
+            )
+        late = [
+            (name, i) for name, i in self._segment_references(root.tables(_PLANS, "ExecutionPlan")) if i >= self._n_kept
+        ]
         if late:
             name, i = late[0]
-            raise NotRewritable(what, f"{name} refers to segment {i}, one of the last {len(dropped)} that hold "
-                                      "the named data to leave out")
-        self._segments = [(s.offset, s.size) for s in parsed.segments[:self._n_kept]]
+            raise NotRewritable(
+                what,
+                f"{name} refers to segment {i}, one of the last {len(dropped)} that hold the named data to leave out",
+            )
+        self._segments = [(s.offset, s.size) for s in parsed.segments[: self._n_kept]]
         self._region, self._fields = self._program_region(pte, root, header)
 
     @staticmethod
@@ -153,7 +182,7 @@ class Template:
         if start < 8 + header.length:
             raise BadFlatbuffer(self.what, f"the program's fields reach byte {low}, inside its header")
         # The bytes below the lowest vector belong to no kept field: zeros, whatever the template had there.
-        region = bytes(low - start) + pte[low:header.program_size]
+        region = bytes(low - start) + pte[low : header.program_size]
         region += bytes(-len(region) % FLATBUFFER_ALIGNMENT)
         return region, {slot: t - start for slot, t in targets.items()}
 
@@ -176,14 +205,16 @@ class Template:
             raise ValueError(f"{self.what}: named data key {dup!r} would appear twice")
         kept_end = max((offset + size for offset, size in self._segments), default=0)
         at = self._header.segment_base_offset
-        data, segments, end = [self._pte[at:at + kept_end]], list(self._segments), kept_end
+        data, segments, end = [self._pte[at : at + kept_end]], list(self._segments), kept_end
         for e in entries:
             offset = _aligned(end, math.lcm(SEGMENT_ALIGNMENT, e.alignment))
             data += [bytes(offset - end), e.data]
             segments.append((offset, len(e.data)))
             end = offset + len(e.data)
-        flatbuffer = self._flatbuffer(segments, [(e.key, e.segment_index) for e in self.kept]
-                                      + [(e.key, self._n_kept + i) for i, e in enumerate(entries)])
+        flatbuffer = self._flatbuffer(
+            segments,
+            [(e.key, e.segment_index) for e in self.kept] + [(e.key, self._n_kept + i) for i, e in enumerate(entries)],
+        )
         # The header goes after the file identifier, as ExecuTorch inserts it: only the root offset crosses it.
         program_size = HEADER_LENGTH + len(flatbuffer)
         # Segment offsets are relative to the base: it is aligned for every new entry too, so each
@@ -191,15 +222,16 @@ class Template:
         base = _aligned(program_size, math.lcm(SEGMENT_ALIGNMENT, *(e.alignment for e in entries)))
         root = struct.unpack_from("<I", flatbuffer)[0] + HEADER_LENGTH
         header = HEADER_MAGIC + struct.pack("<IQQQ", HEADER_LENGTH, program_size, base, end)
-        return b"".join([struct.pack("<I", root), flatbuffer[4:8], header, flatbuffer[8:], bytes(base - program_size),
-                         *data])
+        return b"".join(
+            [struct.pack("<I", root), flatbuffer[4:8], header, flatbuffer[8:], bytes(base - program_size), *data]
+        )
 
     def _flatbuffer(self, segments: list[tuple[int, int]], named: list[tuple[str, int]]) -> bytes:
         """The Program flatbuffer (no extended header): the region, then the new tables and root."""
         b = flatbuffers.Builder(len(self._region) + 128 * (len(segments) + len(named)) + 256)
         b.StartVector(1, len(self._region), FLATBUFFER_ALIGNMENT)
         b.head -= len(self._region)
-        b.Bytes[b.head:b.head + len(self._region)] = self._region
+        b.Bytes[b.head : b.head + len(self._region)] = self._region
         start = b.Offset()  # Builder offsets count back from the buffer's end: this is the region's start
         b.EndVector()
         names = [b.CreateString(key) for key, _ in named]
@@ -218,8 +250,9 @@ class Template:
             tables.append(b.EndObject())
         segments_vector = self._vector(b, tables)
         constant = self._subsegments_table(b, self._constant)
-        mutable = None if self._mutable is None else self._vector(b, [self._subsegments_table(b, m)
-                                                                      for m in self._mutable])
+        mutable = (
+            None if self._mutable is None else self._vector(b, [self._subsegments_table(b, m) for m in self._mutable])
+        )
         b.StartObject(len(PROGRAM_FIELDS))
         b.PrependUint32Slot(_VERSION, self._version, 0)
         for slot, at in self._fields.items():

@@ -4,23 +4,23 @@ adapters_shared.ptd. Each accessor takes a parsed file and gives its record, or 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .meta import ADAPTER_KEY, FOUNDATION_KEY, SHARED_KEY, AdapterMeta, FoundationMeta, SharedMeta, decode
 from .ptd import Ptd
 from .pte import Pte
 
 
-def adapter_record(pte: Pte) -> Optional[AdapterMeta]:
+def adapter_record(pte: Pte) -> AdapterMeta | None:
     """The adapter record stored in ``pte``, or None if it has none."""
     return decode(pte.data(ADAPTER_KEY), f"{pte.what}: {ADAPTER_KEY}").adapter if ADAPTER_KEY in pte else None
 
 
-def foundation_record(ptd: Ptd) -> Optional[FoundationMeta]:
+def foundation_record(ptd: Ptd) -> FoundationMeta | None:
     """The foundation record stored in ``ptd``, or None if it has none."""
-    return decode(ptd.data(FOUNDATION_KEY), f"{ptd.what}: {FOUNDATION_KEY}").foundation if FOUNDATION_KEY in ptd else None
+    return (
+        decode(ptd.data(FOUNDATION_KEY), f"{ptd.what}: {FOUNDATION_KEY}").foundation if FOUNDATION_KEY in ptd else None
+    )
 
 
-def shared_record(ptd: Ptd) -> Optional[SharedMeta]:
+def shared_record(ptd: Ptd) -> SharedMeta | None:
     """The shared-tensors record stored in ``ptd`` (an adapters_shared.ptd), or None if it has none."""
     return decode(ptd.data(SHARED_KEY), f"{ptd.what}: {SHARED_KEY}").shared if SHARED_KEY in ptd else None

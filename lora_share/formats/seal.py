@@ -28,12 +28,13 @@ def seal_pte(data: bytes) -> bytes:
     pte = read_pte(data, what="<pte to seal>", plans=False)
     entry = pte.entry(ADAPTER_KEY)
     meta = decode(pte.data(ADAPTER_KEY), "<pte to seal>").adapter
-    sealed = dataclasses.replace(meta, content_bytes=len(data),
-                                 content_crc32=content_crc32(data, entry.start, entry.end))
+    sealed = dataclasses.replace(
+        meta, content_bytes=len(data), content_crc32=content_crc32(data, entry.start, entry.end)
+    )
     record = encode_adapter(sealed)
     if len(record) != entry.size:
         raise BadFlatbuffer("<pte to seal>", f"the sealed record is {len(record)} bytes, its segment {entry.size}")
-    return data[:entry.start] + record + data[entry.end:]
+    return data[: entry.start] + record + data[entry.end :]
 
 
 def _record(pte: Pte):

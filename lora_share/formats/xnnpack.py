@@ -42,20 +42,24 @@ class ConstantRef:
 
 def named_constants(blob, what: str, start: int, size: int) -> list[ConstantRef]:
     """Named constants of the XNNPACK payload at ``blob[start:start + size]``."""
-    if size >= 8 and bytes(blob[start + 4:start + 8]) == FILE_IDENTIFIER:
+    if size >= 8 and bytes(blob[start + 4 : start + 8]) == FILE_IDENTIFIER:
         fb_start, fb_size = start, size
     else:
-        if size < 30 or bytes(blob[start + 4:start + 8]) != HEADER_MAGIC:
+        if size < 30 or bytes(blob[start + 4 : start + 8]) != HEADER_MAGIC:
             raise BadFlatbuffer(what, f"XNNPACK payload at byte {start} has no {HEADER_MAGIC!r} header")
         length, fb_off, fb_size = struct.unpack_from("<HII", blob, start + 8)
         if length < 30 or fb_off < length or fb_off + fb_size > size:
-            raise BadFlatbuffer(what, f"XNNPACK payload at byte {start}: flatbuffer [{fb_off}, {fb_off + fb_size}) "
-                                      f"is outside the {size}-byte payload")
+            raise BadFlatbuffer(
+                what,
+                f"XNNPACK payload at byte {start}: flatbuffer [{fb_off}, {fb_off + fb_size}) "
+                f"is outside the {size}-byte payload",
+            )
         fb_start = start + fb_off
     fb = FlatBuffer(blob, f"{what} (XNNPACK payload at byte {start})", fb_start, fb_start + fb_size)
     if fb.identifier() != FILE_IDENTIFIER:
-        raise BadFlatbuffer(what, f"XNNPACK payload at byte {start}: identifier {fb.identifier()!r}, "
-                                  f"expected {FILE_IDENTIFIER!r}")
+        raise BadFlatbuffer(
+            what, f"XNNPACK payload at byte {start}: identifier {fb.identifier()!r}, expected {FILE_IDENTIFIER!r}"
+        )
     refs = []
     for t in fb.root("XNNGraph").tables(_GRAPH_CONSTANT_DATA, "ConstantDataOffset"):
         key = t.string(_CONST_NAMED_KEY)

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from .errors import BadFlatbuffer
 from .flatbuf import FlatBuffer
-from .pte import _segments as program_segments, read_header
+from .pte import _segments as program_segments
+from .pte import read_header
 from .xnnpack import HEADER_MAGIC
 
 XNNPACK_ID = "XnnpackBackend"
@@ -73,14 +74,24 @@ def node_id_fields() -> dict[int, tuple[str, tuple[tuple[int, str], ...]]]:
     read from the installed ExecuTorch's XNNPACK schema, so that the rewrite follows its layout."""
     spec = importlib.util.find_spec("executorch")
     roots = list(spec.submodule_search_locations or []) if spec else []
-    path = next((Path(r) / "backends/xnnpack/serialization/schema.fbs" for r in roots
-                 if (Path(r) / "backends/xnnpack/serialization/schema.fbs").is_file()), None)
+    path = next(
+        (
+            Path(r) / "backends/xnnpack/serialization/schema.fbs"
+            for r in roots
+            if (Path(r) / "backends/xnnpack/serialization/schema.fbs").is_file()
+        ),
+        None,
+    )
     if path is None:
-        raise RuntimeError("ExecuTorch's XNNPACK schema (backends/xnnpack/serialization/schema.fbs) is not "
-                           "installed: reinstall the project (make setup)")
+        raise RuntimeError(
+            "ExecuTorch's XNNPACK schema (backends/xnnpack/serialization/schema.fbs) is not "
+            "installed: reinstall the project (make setup)"
+        )
     text = re.sub(r"//[^\n]*", "", path.read_text())
-    tables = {m.group(1): [f.split(":")[0].strip() for f in m.group(2).split(";") if ":" in f]
-              for m in re.finditer(r"table\s+(\w+)\s*\{(.*?)\}", text, re.S)}
+    tables = {
+        m.group(1): [f.split(":")[0].strip() for f in m.group(2).split(";") if ":" in f]
+        for m in re.finditer(r"table\s+(\w+)\s*\{(.*?)\}", text, re.S)
+    }
     union = re.search(r"union\s+XNodeUnion\s*\{(.*?)\}", text, re.S).group(1)
     out = {}
     for i, member in enumerate(m.strip() for m in union.split(",") if m.strip()):
@@ -94,10 +105,15 @@ def _copy_type() -> int:
     """XNNCopy's type byte, and a check that it reads a 2x1 node's first three id fields as its own."""
     by_name = {name: (kind, fields) for kind, (name, fields) in node_id_fields().items()}
     kind, fields = by_name["XNNCopy"]
-    if [f for _, f in fields] != ["input_id", "output_id"] or [f for _, f in by_name["XNNAdd"][1]] != \
-            ["input1_id", "input2_id", "output_id"] or by_name["XNNAdd"][1][2][0] != 2:
-        raise RuntimeError("this ExecuTorch's XNNPACK schema lays out Add or Copy differently than lora-share "
-                           "expects: set lora_envelope.skip_absent to false")
+    if (
+        [f for _, f in fields] != ["input_id", "output_id"]
+        or [f for _, f in by_name["XNNAdd"][1]] != ["input1_id", "input2_id", "output_id"]
+        or by_name["XNNAdd"][1][2][0] != 2
+    ):
+        raise RuntimeError(
+            "this ExecuTorch's XNNPACK schema lays out Add or Copy differently than lora-share "
+            "expects: set lora_envelope.skip_absent to false"
+        )
     return kind
 
 
@@ -118,21 +134,23 @@ class _Payload:
     """An XNNPACK payload's nodes and external values, read in place."""
 
     def __init__(self, data, what: str, start: int, size: int):
-        if size < 30 or bytes(data[start + 4:start + 8]) != HEADER_MAGIC:
+        if size < 30 or bytes(data[start + 4 : start + 8]) != HEADER_MAGIC:
             raise BadFlatbuffer(what, f"XNNPACK payload at byte {start} has no {HEADER_MAGIC!r} header")
         _, fb_off, fb_size = struct.unpack_from("<HII", data, start + 8)
         if fb_off + fb_size > size:
             raise BadFlatbuffer(what, f"XNNPACK payload at byte {start}: its flatbuffer runs past its end")
         self.data = data
-        graph = FlatBuffer(data, f"{what} (XNNPACK payload at byte {start})",
-                           start + fb_off, start + fb_off + fb_size).root("XNNGraph")
+        graph = FlatBuffer(
+            data, f"{what} (XNNPACK payload at byte {start})", start + fb_off, start + fb_off + fb_size
+        ).root("XNNGraph")
         fields = node_id_fields()
         self.nodes = []
         for xnode in graph.tables(_G_NODES, "XNode"):
             kind = xnode.u8(_NODE_TYPE)
             if kind not in fields:
-                raise BadFlatbuffer(what, f"XNNPACK payload at byte {start}: node type {kind} is not in this "
-                                          "ExecuTorch's schema")
+                raise BadFlatbuffer(
+                    what, f"XNNPACK payload at byte {start}: node type {kind} is not in this ExecuTorch's schema"
+                )
             name, id_fields = fields[kind]
             table = xnode.table(_NODE_UNION, name)
             ids = {}
@@ -165,8 +183,13 @@ class _Payload:
             return []
         h = a_fc[0].get("output_id")
         b_fc = self.readers(h)
-        if len(b_fc) != 1 or b_fc[0].type != "XNNFullyConnected" or b_fc[0].get("input1_id") != h \
-                or b_fc[0].get("filter_id") != b or h in self.outputs:
+        if (
+            len(b_fc) != 1
+            or b_fc[0].type != "XNNFullyConnected"
+            or b_fc[0].get("input1_id") != h
+            or b_fc[0].get("filter_id") != b
+            or h in self.outputs
+        ):
             return []
         d = b_fc[0].get("output_id")
         add = self.readers(d)
@@ -175,15 +198,22 @@ class _Payload:
         add = add[0]
         y = add.get("input1_id") if add.get("input2_id") == d else add.get("input2_id")
         out = add.get("output_id")
-        if y is None or y == d or out is None or add.type_pos is None \
-                or any(f not in add.fields for f in ("input1_id", "input2_id")):
+        if (
+            y is None
+            or y == d
+            or out is None
+            or add.type_pos is None
+            or any(f not in add.fields for f in ("input1_id", "input2_id"))
+        ):
             return []
         type_word = struct.unpack_from("<I", self.data, add.type_pos)[0]  # the type byte is its low byte
-        return [(add.type_pos, type_word, (type_word & ~0xFF) | _copy_type()),
-                (add.fields["input1_id"][0], add.get("input1_id"), y),  # Copy's input_id
-                (add.fields["input2_id"][0], add.get("input2_id"), out),  # Copy's output_id
-                (add.fields["output_id"][0], out, 0),  # Copy's flags
-                (b_fc[0].fields["input1_id"][0], h, b)]
+        return [
+            (add.type_pos, type_word, (type_word & ~0xFF) | _copy_type()),
+            (add.fields["input1_id"][0], add.get("input1_id"), y),  # Copy's input_id
+            (add.fields["input2_id"][0], add.get("input2_id"), out),  # Copy's output_id
+            (add.fields["output_id"][0], out, 0),  # Copy's flags
+            (b_fc[0].fields["input1_id"][0], h, b),
+        ]
 
 
 def _segments(pte: bytes, what: str) -> list[tuple[int, int]]:
@@ -212,8 +242,16 @@ def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[
     return patches
 
 
-def _plan_patches(pte: bytes, what: str, plan, name: str, slots: list[int], n_slots: int,
-                  segments: list[tuple[int, int]], taken: set[int]) -> list[Patch]:
+def _plan_patches(
+    pte: bytes,
+    what: str,
+    plan,
+    name: str,
+    slots: list[int],
+    n_slots: int,
+    segments: list[tuple[int, int]],
+    taken: set[int],
+) -> list[Patch]:
     """``skip_patches`` of one method (``plan``, called ``name``)."""
     inputs = plan.scalars(_PLAN_INPUTS, "i")
     delegates = plan.tables(_PLAN_DELEGATES, "BackendDelegate")
@@ -238,10 +276,12 @@ def _plan_patches(pte: bytes, what: str, plan, name: str, slots: list[int], n_sl
                 continue
             segment = ref.u32(_REF_INDEX)
             if segment >= len(segments):
-                raise BadFlatbuffer(what, f"delegate {index} points at segment {segment}, but there are {len(segments)}")
+                raise BadFlatbuffer(
+                    what, f"delegate {index} points at segment {segment}, but there are {len(segments)}"
+                )
             start, size = segments[segment]
             payload = _Payload(pte, what, start, size)
-            arg_of = {v: k for k, v in enumerate(args[:payload.n_inputs])}
+            arg_of = {v: k for k, v in enumerate(args[: payload.n_inputs])}
             for a_value, b_value in wanted.items():
                 if a_value in arg_of and b_value in arg_of:
                     a = payload.external.get(arg_of[a_value])
@@ -263,7 +303,10 @@ def apply(pte: bytes, what: str, patches: list[Patch], revert: bool = False) -> 
             raise BadFlatbuffer(what, f"a program patch points past segment {p.segment}: the file is damaged")
         pos = segments[p.segment][0] + p.offset
         if struct.unpack_from("<I", out, pos)[0] != expect:
-            raise BadFlatbuffer(what, f"segment {p.segment} holds another value at +{p.offset} than its record's "
-                                      "program patch expects: the file is damaged")
+            raise BadFlatbuffer(
+                what,
+                f"segment {p.segment} holds another value at +{p.offset} than its record's "
+                "program patch expects: the file is damaged",
+            )
         struct.pack_into("<I", out, pos, write)
     return bytes(out)

@@ -1,1 +1,2 @@
-"""Using a deployment from Python: inference through ExecuTorch's runtime or the C library, generation, verify, inspect."""
+"""Using a deployment from Python: inference through ExecuTorch's runtime or the C library, generation, verify,
+inspect."""

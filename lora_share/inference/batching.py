@@ -16,8 +16,9 @@ last position, token i after feeding token i - 1.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -110,8 +111,15 @@ class Scheduler:
     """Continuous batching of requests on any adapters over ``methods`` (module docstring). ``adapters``
     maps a name to its LoRA weights (``Envelope.inputs``' adapter); a request names one, or None."""
 
-    def __init__(self, methods: Methods, args: ModelArgs, envelope: Envelope, adapters: dict, slots: int,
-                 keep_logits: bool = False):
+    def __init__(
+        self,
+        methods: Methods,
+        args: ModelArgs,
+        envelope: Envelope,
+        adapters: dict,
+        slots: int,
+        keep_logits: bool = False,
+    ):
         self.methods, self.args, self.envelope, self.adapters = methods, args, envelope, adapters
         self.slots = Slots(args, slots)
         self.keep_logits = keep_logits
@@ -119,8 +127,13 @@ class Scheduler:
         self.active: list[Request] = []
         self.batch_sizes: dict[int, int] = {}
 
-    def submit(self, adapter: str | None, prompt: Sequence[int], max_new_tokens: int,
-               on_token: Callable[[int], bool] | None = None) -> Request:
+    def submit(
+        self,
+        adapter: str | None,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        on_token: Callable[[int], bool] | None = None,
+    ) -> Request:
         check_request(prompt, max_new_tokens, self.args.vocab_size, self.args.max_seq_len)
         request = Request(adapter, list(prompt), max_new_tokens, on_token)
         self.waiting.append(request)
@@ -157,10 +170,11 @@ class Scheduler:
 
     def _prefill_chunk(self, request: Request) -> None:
         start = request.fed
-        chunk = request.prompt[start:start + self.args.chunk]
+        chunk = request.prompt[start : start + self.args.chunk]
         cache = self.slots.pools.slot(request.slot)
-        out = self.methods.forward(forward_inputs(chunk, start, cache,
-                                                  self.envelope.inputs(self._lora(request), self.args)))
+        out = self.methods.forward(
+            forward_inputs(chunk, start, cache, self.envelope.inputs(self._lora(request), self.args))
+        )
         cache.write(start, out[1:])
         request.fed += len(chunk)
         self.slots.state[request.slot].tokens += chunk

@@ -22,8 +22,16 @@ PACKAGED_LIBRARY = Path(__file__).resolve().parents[1] / "_native" / "liblora_sh
 DEFAULT_LIBRARY = REPO / "build" / "liblora_share.so"
 
 MAX_PARALLEL = 32  # LS_MAX_PARALLEL: the most KV slots, the length of stats' batch_size_counts
-STATUS_NAMES = ["LS_OK", "LS_ERR_ARGUMENT", "LS_ERR_NOT_FOUND", "LS_ERR_LOAD", "LS_ERR_REQUEST", "LS_ERR_RUN",
-                "LS_ERR_BUDGET", "LS_ERR_BUSY"]
+STATUS_NAMES = [
+    "LS_OK",
+    "LS_ERR_ARGUMENT",
+    "LS_ERR_NOT_FOUND",
+    "LS_ERR_LOAD",
+    "LS_ERR_REQUEST",
+    "LS_ERR_RUN",
+    "LS_ERR_BUDGET",
+    "LS_ERR_BUSY",
+]
 
 
 class NativeError(Exception):
@@ -39,16 +47,31 @@ class _Error(ctypes.Structure):
 
 
 class _Options(ctypes.Structure):
-    _fields_ = [("shared_ptd", ctypes.c_char_p), ("verify", ctypes.c_int), ("budget_bytes", ctypes.c_uint64),
-                ("adapter_overhead_bytes", ctypes.c_uint64), ("parallel", ctypes.c_int),
-                ("packed_cache", ctypes.c_int), ("packed_cache_dir", ctypes.c_char_p)]
+    _fields_ = [
+        ("shared_ptd", ctypes.c_char_p),
+        ("verify", ctypes.c_int),
+        ("budget_bytes", ctypes.c_uint64),
+        ("adapter_overhead_bytes", ctypes.c_uint64),
+        ("parallel", ctypes.c_int),
+        ("packed_cache", ctypes.c_int),
+        ("packed_cache_dir", ctypes.c_char_p),
+    ]
 
 
 class _GenerateOptions(ctypes.Structure):
-    _fields_ = [("max_new_tokens", ctypes.c_int64), ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64),
-                ("ignore_eos", ctypes.c_int), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
-                ("min_p", ctypes.c_double), ("repeat_penalty", ctypes.c_double), ("presence_penalty", ctypes.c_double),
-                ("frequency_penalty", ctypes.c_double), ("cache_prompt", ctypes.c_int)]
+    _fields_ = [
+        ("max_new_tokens", ctypes.c_int64),
+        ("temperature", ctypes.c_double),
+        ("seed", ctypes.c_uint64),
+        ("ignore_eos", ctypes.c_int),
+        ("top_k", ctypes.c_int64),
+        ("top_p", ctypes.c_double),
+        ("min_p", ctypes.c_double),
+        ("repeat_penalty", ctypes.c_double),
+        ("presence_penalty", ctypes.c_double),
+        ("frequency_penalty", ctypes.c_double),
+        ("cache_prompt", ctypes.c_int),
+    ]
 
 
 def _generate_options(lib, max_new_tokens: int, temperature: float, seed: int, ignore_eos: bool) -> _GenerateOptions:
@@ -56,22 +79,39 @@ def _generate_options(lib, max_new_tokens: int, temperature: float, seed: int, i
     positional struct would leave the later ones zero), with these four set."""
     opts = _GenerateOptions()
     lib.ls_generate_options_init(ctypes.byref(opts))
-    opts.max_new_tokens, opts.temperature, opts.seed, opts.ignore_eos = max_new_tokens, temperature, seed, \
-        int(ignore_eos)
+    opts.max_new_tokens, opts.temperature, opts.seed, opts.ignore_eos = (
+        max_new_tokens,
+        temperature,
+        seed,
+        int(ignore_eos),
+    )
     return opts
 
 
 class _Stats(ctypes.Structure):
-    _fields_ = [("adapters_known", ctypes.c_uint32), ("adapters_resident", ctypes.c_uint32),
-                ("loads", ctypes.c_uint64), ("evictions", ctypes.c_uint64), ("hits", ctypes.c_uint64),
-                ("last_load_ms", ctypes.c_double), ("total_load_ms", ctypes.c_double),
-                ("budget_bytes", ctypes.c_uint64), ("foundation_bytes", ctypes.c_uint64),
-                ("program_bytes", ctypes.c_uint64),
-                ("arena_bytes", ctypes.c_uint64), ("resident_adapter_bytes", ctypes.c_uint64),
-                ("largest_adapter_bytes", ctypes.c_uint64), ("process_pss_bytes", ctypes.c_int64),
-                ("parallel", ctypes.c_uint32), ("slots_in_use", ctypes.c_uint32), ("prefix_hits", ctypes.c_uint64),
-                ("prefix_tokens", ctypes.c_uint64), ("batch_steps", ctypes.c_uint64),
-                ("batch_size_counts", ctypes.c_uint64 * MAX_PARALLEL), ("slot_bytes", ctypes.c_uint64)]
+    _fields_ = [
+        ("adapters_known", ctypes.c_uint32),
+        ("adapters_resident", ctypes.c_uint32),
+        ("loads", ctypes.c_uint64),
+        ("evictions", ctypes.c_uint64),
+        ("hits", ctypes.c_uint64),
+        ("last_load_ms", ctypes.c_double),
+        ("total_load_ms", ctypes.c_double),
+        ("budget_bytes", ctypes.c_uint64),
+        ("foundation_bytes", ctypes.c_uint64),
+        ("program_bytes", ctypes.c_uint64),
+        ("arena_bytes", ctypes.c_uint64),
+        ("resident_adapter_bytes", ctypes.c_uint64),
+        ("largest_adapter_bytes", ctypes.c_uint64),
+        ("process_pss_bytes", ctypes.c_int64),
+        ("parallel", ctypes.c_uint32),
+        ("slots_in_use", ctypes.c_uint32),
+        ("prefix_hits", ctypes.c_uint64),
+        ("prefix_tokens", ctypes.c_uint64),
+        ("batch_steps", ctypes.c_uint64),
+        ("batch_size_counts", ctypes.c_uint64 * MAX_PARALLEL),
+        ("slot_bytes", ctypes.c_uint64),
+    ]
 
 
 class _ChatMessage(ctypes.Structure):
@@ -83,8 +123,11 @@ class _LoraTerm(ctypes.Structure):
 
 
 class _TextResult(ctypes.Structure):
-    _fields_ = [("prompt_tokens", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64),
-                ("finish_reason", ctypes.c_int)]
+    _fields_ = [
+        ("prompt_tokens", ctypes.c_uint64),
+        ("completion_tokens", ctypes.c_uint64),
+        ("finish_reason", ctypes.c_int),
+    ]
 
 
 FINISH_REASONS = ["length", "stop", "callback"]  # ls_finish_reason, as OpenAI names the first two
@@ -98,11 +141,15 @@ _ERR = ctypes.POINTER(_Error)
 def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
     """liblora_share.so from ``path``, $LORA_SHARE_LIB, the installed package (a wheel's) or a checkout's
     build/, with every function's signature declared."""
-    path = Path(path or os.environ.get("LORA_SHARE_LIB")
-                or (PACKAGED_LIBRARY if PACKAGED_LIBRARY.exists() else DEFAULT_LIBRARY))
+    path = Path(
+        path or os.environ.get("LORA_SHARE_LIB") or (PACKAGED_LIBRARY if PACKAGED_LIBRARY.exists() else DEFAULT_LIBRARY)
+    )
     if not path.exists():
-        raise NativeError("LS_ERR_LOAD", f"{path} does not exist: install the lora_share wheel (make wheel), "
-                                         "or build the library in a checkout with `make runner`")
+        raise NativeError(
+            "LS_ERR_LOAD",
+            f"{path} does not exist: install the lora_share wheel (make wheel), "
+            "or build the library in a checkout with `make runner`",
+        )
     lib = ctypes.CDLL(str(path))
     signatures = {
         "ls_options_init": (None, [ctypes.POINTER(_Options)]),
@@ -120,31 +167,102 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         "ls_adapter_resident": (ctypes.c_int, [_P]),
         "ls_adapter_mix": (_P, [_P, ctypes.POINTER(_LoraTerm), ctypes.c_size_t, _ERR]),
         "ls_adapter_release": (ctypes.c_int, [_P, _ERR]),
-        "ls_generate": (ctypes.c_int, [_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
-                                       ctypes.POINTER(_GenerateOptions), TOKEN_CALLBACK, ctypes.c_void_p, _ERR]),
-        "ls_generate_named": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
-                                             ctypes.POINTER(_GenerateOptions), TOKEN_CALLBACK, ctypes.c_void_p,
-                                             _ERR]),
+        "ls_generate": (
+            ctypes.c_int,
+            [
+                _P,
+                _P,
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.c_size_t,
+                ctypes.POINTER(_GenerateOptions),
+                TOKEN_CALLBACK,
+                ctypes.c_void_p,
+                _ERR,
+            ],
+        ),
+        "ls_generate_named": (
+            ctypes.c_int,
+            [
+                _P,
+                ctypes.c_char_p,
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.c_size_t,
+                ctypes.POINTER(_GenerateOptions),
+                TOKEN_CALLBACK,
+                ctypes.c_void_p,
+                _ERR,
+            ],
+        ),
         "ls_stats": (ctypes.c_int, [_P, ctypes.POINTER(_Stats), _ERR]),
         "ls_tokenizer_open": (_P, [ctypes.c_char_p, _ERR]),
         "ls_tokenizer_close": (None, [_P]),
         "ls_runtime_tokenizer": (_P, [_P, _ERR]),
-        "ls_tokenize": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
-                                       ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t,
-                                       ctypes.POINTER(ctypes.c_size_t), _ERR]),
+        "ls_tokenize": (
+            ctypes.c_int,
+            [
+                _P,
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.c_size_t,
+                ctypes.POINTER(ctypes.c_size_t),
+                _ERR,
+            ],
+        ),
         "ls_detokenizer_new": (_P, [_P, ctypes.c_int, _ERR]),
         "ls_detokenizer_free": (None, [_P]),
-        "ls_detokenize": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_int,
-                                         ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
-                                         ctypes.POINTER(ctypes.c_size_t), _ERR]),
-        "ls_apply_chat_template": (ctypes.c_int, [_P, ctypes.POINTER(_ChatMessage), ctypes.c_size_t,
-                                                  ctypes.c_char_p, ctypes.c_size_t,
-                                                  ctypes.POINTER(ctypes.c_size_t), _ERR]),
-        "ls_generate_text": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_GenerateOptions),
-                                            TEXT_CALLBACK, ctypes.c_void_p, ctypes.POINTER(_TextResult), _ERR]),
-        "ls_generate_chat": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(_ChatMessage), ctypes.c_size_t,
-                                            ctypes.POINTER(_GenerateOptions), TEXT_CALLBACK, ctypes.c_void_p,
-                                            ctypes.POINTER(_TextResult), _ERR]),
+        "ls_detokenize": (
+            ctypes.c_int,
+            [
+                _P,
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.POINTER(ctypes.c_char)),
+                ctypes.POINTER(ctypes.c_size_t),
+                _ERR,
+            ],
+        ),
+        "ls_apply_chat_template": (
+            ctypes.c_int,
+            [
+                _P,
+                ctypes.POINTER(_ChatMessage),
+                ctypes.c_size_t,
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+                ctypes.POINTER(ctypes.c_size_t),
+                _ERR,
+            ],
+        ),
+        "ls_generate_text": (
+            ctypes.c_int,
+            [
+                _P,
+                ctypes.c_char_p,
+                ctypes.c_char_p,
+                ctypes.POINTER(_GenerateOptions),
+                TEXT_CALLBACK,
+                ctypes.c_void_p,
+                ctypes.POINTER(_TextResult),
+                _ERR,
+            ],
+        ),
+        "ls_generate_chat": (
+            ctypes.c_int,
+            [
+                _P,
+                ctypes.c_char_p,
+                ctypes.POINTER(_ChatMessage),
+                ctypes.c_size_t,
+                ctypes.POINTER(_GenerateOptions),
+                TEXT_CALLBACK,
+                ctypes.c_void_p,
+                ctypes.POINTER(_TextResult),
+                _ERR,
+            ],
+        ),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -188,16 +306,24 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """ls_tokenize: sized by a first call with no buffer, then filled."""
         data, n, err = text.encode(), ctypes.c_size_t(0), _Error()
-        if self.lib.ls_tokenize(self.handle, data, len(data), int(add_special), None, 0, ctypes.byref(n),
-                                ctypes.byref(err)) != 0:
+        if (
+            self.lib.ls_tokenize(
+                self.handle, data, len(data), int(add_special), None, 0, ctypes.byref(n), ctypes.byref(err)
+            )
+            != 0
+        ):
             _raise(self.lib, err)
         ids = (ctypes.c_int64 * max(n.value, 1))()
-        if self.lib.ls_tokenize(self.handle, data, len(data), int(add_special), ids, n.value, ctypes.byref(n),
-                                ctypes.byref(err)) != 0:
+        if (
+            self.lib.ls_tokenize(
+                self.handle, data, len(data), int(add_special), ids, n.value, ctypes.byref(n), ctypes.byref(err)
+            )
+            != 0
+        ):
             _raise(self.lib, err)
-        return list(ids[:n.value])
+        return list(ids[: n.value])
 
-    def stream(self, skip_special: bool = True) -> "Detokenizer":
+    def stream(self, skip_special: bool = True) -> Detokenizer:
         err = _Error()
         h = self.lib.ls_detokenizer_new(self.handle, int(skip_special), ctypes.byref(err))
         if not h:
@@ -211,14 +337,22 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict]) -> str:
         """ls_apply_chat_template: the prompt text of ``[{"role", "content"}, ...]``."""
         array, n, err = _messages(messages), ctypes.c_size_t(0), _Error()
-        if self.lib.ls_apply_chat_template(self.handle, array, len(messages), None, 0, ctypes.byref(n),
-                                           ctypes.byref(err)) != 0:
+        if (
+            self.lib.ls_apply_chat_template(
+                self.handle, array, len(messages), None, 0, ctypes.byref(n), ctypes.byref(err)
+            )
+            != 0
+        ):
             _raise(self.lib, err)
         buffer = ctypes.create_string_buffer(n.value + 1)
-        if self.lib.ls_apply_chat_template(self.handle, array, len(messages), buffer, n.value + 1, ctypes.byref(n),
-                                           ctypes.byref(err)) != 0:
+        if (
+            self.lib.ls_apply_chat_template(
+                self.handle, array, len(messages), buffer, n.value + 1, ctypes.byref(n), ctypes.byref(err)
+            )
+            != 0
+        ):
             _raise(self.lib, err)
-        return buffer.raw[:n.value].decode()
+        return buffer.raw[: n.value].decode()
 
 
 class Detokenizer:
@@ -241,8 +375,12 @@ class Detokenizer:
     def push(self, ids: list[int], flush: bool = False) -> str:
         array = (ctypes.c_int64 * max(len(ids), 1))(*ids)
         text, n, err = ctypes.POINTER(ctypes.c_char)(), ctypes.c_size_t(0), _Error()
-        if self.lib.ls_detokenize(self.handle, array, len(ids), int(flush), ctypes.byref(text), ctypes.byref(n),
-                                  ctypes.byref(err)) != 0:
+        if (
+            self.lib.ls_detokenize(
+                self.handle, array, len(ids), int(flush), ctypes.byref(text), ctypes.byref(n), ctypes.byref(err)
+            )
+            != 0
+        ):
             _raise(self.lib, err)
         return ctypes.string_at(text, n.value).decode()
 
@@ -260,7 +398,7 @@ def open_tokenizer(path, library=None) -> Tokenizer:
 class Adapter:
     """A handle the runtime returned: valid while the runtime is open."""
 
-    def __init__(self, runtime: "Runtime", handle: int):
+    def __init__(self, runtime: Runtime, handle: int):
         self.runtime, self.handle = runtime, handle
 
     @property
@@ -314,8 +452,13 @@ class Runtime:
         ``release()`` (the same terms while held: the same mix, held once more)."""
         terms = (_LoraTerm * len(lora))()
         for i, term in enumerate(lora):
-            if not (isinstance(term, dict) and set(term) == {"name", "scale"} and isinstance(term["name"], str)
-                    and isinstance(term["scale"], (int, float)) and not isinstance(term["scale"], bool)):
+            if not (
+                isinstance(term, dict)
+                and set(term) == {"name", "scale"}
+                and isinstance(term["name"], str)
+                and isinstance(term["scale"], (int, float))
+                and not isinstance(term["scale"], bool)
+            ):
                 raise TypeError(f"lora[{i}] must be {{'name': adapter, 'scale': number}}, got {term!r}")
             terms[i].name, terms[i].scale = term["name"].encode(), term["scale"]
         err = _Error()
@@ -331,9 +474,16 @@ class Runtime:
             _raise(self.lib, err)
         return Adapter(self, h)
 
-    def generate(self, adapter: Adapter | str | None, prompt: list[int], max_new_tokens: int = 16,
-                 temperature: float = 0.0, seed: int = 0, stop_after: int | None = None,
-                 ignore_eos: bool = False) -> list[int]:
+    def generate(
+        self,
+        adapter: Adapter | str | None,
+        prompt: list[int],
+        max_new_tokens: int = 16,
+        temperature: float = 0.0,
+        seed: int = 0,
+        stop_after: int | None = None,
+        ignore_eos: bool = False,
+    ) -> list[int]:
         """The generated ids. ``adapter`` a handle, a name (ls_generate_named; "base" is the foundation
         alone) or None (the foundation alone, a NULL handle); ``stop_after`` makes the callback return
         nonzero after that many tokens; ``ignore_eos`` goes on past the build's EOS ids."""
@@ -348,12 +498,14 @@ class Runtime:
         opts = _generate_options(self.lib, max_new_tokens, temperature, seed, ignore_eos)
         err = _Error()
         if isinstance(adapter, str):
-            status = self.lib.ls_generate_named(self.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts),
-                                                callback, None, ctypes.byref(err))
+            status = self.lib.ls_generate_named(
+                self.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts), callback, None, ctypes.byref(err)
+            )
         else:
             handle = None if adapter is None else adapter.handle
-            status = self.lib.ls_generate(self.handle, handle, ids, len(prompt), ctypes.byref(opts),
-                                          callback, None, ctypes.byref(err))
+            status = self.lib.ls_generate(
+                self.handle, handle, ids, len(prompt), ctypes.byref(opts), callback, None, ctypes.byref(err)
+            )
         if status != 0:
             _raise(self.lib, err)
         return out
@@ -366,9 +518,18 @@ class Runtime:
             _raise(self.lib, err)
         return Tokenizer(self.lib, h, owned=False)
 
-    def generate_text(self, adapter: str, prompt: str | list[dict], max_new_tokens: int = 16,
-                      temperature: float = 0.0, seed: int = 0, ignore_eos: bool = False, on_text=None,
-                      stop_after: int | None = None, stop=None) -> tuple[str, dict]:
+    def generate_text(
+        self,
+        adapter: str,
+        prompt: str | list[dict],
+        max_new_tokens: int = 16,
+        temperature: float = 0.0,
+        seed: int = 0,
+        ignore_eos: bool = False,
+        on_text=None,
+        stop_after: int | None = None,
+        stop=None,
+    ) -> tuple[str, dict]:
         """ls_generate_text (``prompt`` a string) or ls_generate_chat (a list of messages) for the adapter
         called ``adapter`` ("base": the foundation alone): the text, and the ls_text_result as a dict
         (``finish_reason`` "length", "stop" or "callback"). ``on_text(piece)`` gets each piece as it comes;
@@ -387,18 +548,36 @@ class Runtime:
         opts = _generate_options(self.lib, max_new_tokens, temperature, seed, ignore_eos)
         result, err = _TextResult(), _Error()
         if isinstance(prompt, str):
-            status = self.lib.ls_generate_text(self.handle, adapter.encode(), prompt.encode(), ctypes.byref(opts),
-                                               callback, None, ctypes.byref(result), ctypes.byref(err))
+            status = self.lib.ls_generate_text(
+                self.handle,
+                adapter.encode(),
+                prompt.encode(),
+                ctypes.byref(opts),
+                callback,
+                None,
+                ctypes.byref(result),
+                ctypes.byref(err),
+            )
         else:
             array = _messages(prompt)
-            status = self.lib.ls_generate_chat(self.handle, adapter.encode(), array, len(prompt),
-                                               ctypes.byref(opts), callback, None, ctypes.byref(result),
-                                               ctypes.byref(err))
+            status = self.lib.ls_generate_chat(
+                self.handle,
+                adapter.encode(),
+                array,
+                len(prompt),
+                ctypes.byref(opts),
+                callback,
+                None,
+                ctypes.byref(result),
+                ctypes.byref(err),
+            )
         if status != 0:
             _raise(self.lib, err)
-        return "".join(pieces), {"prompt_tokens": result.prompt_tokens,
-                                 "completion_tokens": result.completion_tokens,
-                                 "finish_reason": FINISH_REASONS[result.finish_reason]}
+        return "".join(pieces), {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "finish_reason": FINISH_REASONS[result.finish_reason],
+        }
 
     def stats(self) -> dict:
         """ls_stats as a dict of its fields (``batch_size_counts`` a list: [b - 1] counts steps of b rows)."""
@@ -410,8 +589,15 @@ class Runtime:
         return out
 
 
-def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0,
-             adapter_overhead_bytes: int = 0, parallel: int = 1, packed_cache=True) -> _Options:
+def _options(
+    lib,
+    shared_ptd=None,
+    verify: bool = True,
+    budget_bytes: int = 0,
+    adapter_overhead_bytes: int = 0,
+    parallel: int = 1,
+    packed_cache=True,
+) -> _Options:
     """ls_options; ``packed_cache``: True (the default folders), False (packed in memory) or a folder."""
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
@@ -422,8 +608,16 @@ def _options(lib, shared_ptd=None, verify: bool = True, budget_bytes: int = 0,
     return opts
 
 
-def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapter_overhead_bytes: int = 0,  # noqa: A001
-         library=None, parallel: int = 1, packed_cache=True) -> Runtime:
+def open(
+    ptd,
+    shared_ptd=None,
+    verify: bool = True,
+    budget_bytes: int = 0,
+    adapter_overhead_bytes: int = 0,  # noqa: A001
+    library=None,
+    parallel: int = 1,
+    packed_cache=True,
+) -> Runtime:
     """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``. ``parallel``: KV slots,
     requests from several threads batched at once (lora_share.h, THREADS); ``packed_cache``: the
     packed-weights file (lora_share.h, PACKED WEIGHTS): True, False (off) or its folder."""
@@ -436,8 +630,15 @@ def open(ptd, shared_ptd=None, verify: bool = True, budget_bytes: int = 0, adapt
     return Runtime(lib, h)
 
 
-def open_dir(folder, budget_bytes: int = 0, verify: bool = True, adapter_overhead_bytes: int = 0,
-             library=None, parallel: int = 1, packed_cache=True) -> Runtime:
+def open_dir(
+    folder,
+    budget_bytes: int = 0,
+    verify: bool = True,
+    adapter_overhead_bytes: int = 0,
+    library=None,
+    parallel: int = 1,
+    packed_cache=True,
+) -> Runtime:
     """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``
     (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default;
     ``parallel``: KV slots, requests from several threads batched at once; ``packed_cache``: the

@@ -13,8 +13,8 @@ the last token returned, as transformers' ``generate`` returns it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ def parse_tokens(text: str, flag: str = "--tokens") -> list[int]:
     try:
         ids = [int(t) for t in text.split(",") if t.strip() != ""]
     except ValueError:
-        raise UserError(f"{flag} {text!r}: expected comma-separated integer token ids, e.g. 1,17,42")
+        raise UserError(f"{flag} {text!r}: expected comma-separated integer token ids, e.g. 1,17,42") from None
     if not ids:
         raise UserError(f"{flag}: give at least one token id, e.g. 1,17,42")
     return ids
@@ -60,7 +60,7 @@ def prefill(step: Callable[[list[int], int], np.ndarray], prompt: Sequence[int],
     size = chunk or len(prompt)
     logits = None
     for start in range(0, len(prompt), size):
-        logits = step(prompt[start:start + size], start)
+        logits = step(prompt[start : start + size], start)
     return logits
 
 
@@ -81,7 +81,7 @@ def generate(
     seed: int = 0,
     chunk: int | None = None,
     stop_ids: Collection[int] = (),
-    on_token: Optional[Callable[[int], None]] = None,
+    on_token: Callable[[int], None] | None = None,
 ) -> Generation:
     """Run prefill (in calls of at most ``chunk`` tokens) then decode with ``step``; collect tokens and logits.
 

@@ -56,8 +56,10 @@ def _explain(failure: Exception, native: list[str]) -> str:
     for line in native:
         m = re.search(r"constant data for key (\w+)", line)
         if m:
-            return (f"the .ptd has no data for key {m.group(1)[:16]}... that the .pte needs: "
-                    "was this adapter built against a different foundation?")
+            return (
+                f"the .ptd has no data for key {m.group(1)[:16]}... that the .pte needs: "
+                "was this adapter built against a different foundation?"
+            )
     relevant = [ln for ln in native if ("Failed" in ln or "rror" in ln) and "midr" not in ln]
     return "; ".join(relevant) or str(failure)
 
@@ -69,8 +71,9 @@ class LoadedAdapter:
     ``positions``: the most positions it will be fed (default: the program's context), which sizes
     its KV cache."""
 
-    def __init__(self, pte: Path, ptd: Path, shared_ptd: Path | None = None, lora: bool = True,
-                 positions: int | None = None):
+    def __init__(
+        self, pte: Path, ptd: Path, shared_ptd: Path | None = None, lora: bool = True, positions: int | None = None
+    ):
         import executorch.kernels.quantized  # noqa: F401  (quantized_decomposed kernels: int8 embeddings)
         import torch  # noqa: F401  (registers tensor types the runtime returns)
         from executorch.runtime import Runtime
@@ -85,11 +88,16 @@ class LoadedAdapter:
                 self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
                 self.vocab_size = int(program.load_method("get_vocab_size").execute([])[0])
                 if "get_prefill_chunk" not in program.method_names:
-                    raise UserError(f"{self.pte}: built by an older lora-share (its forward takes input_pos, "
-                                    "not cache_positions): rebuild it with this version")
+                    raise UserError(
+                        f"{self.pte}: built by an older lora-share (its forward takes input_pos, "
+                        "not cache_positions): rebuild it with this version"
+                    )
                 self.prefill_chunk = int(program.load_method("get_prefill_chunk").execute([])[0])
-                self.ring = (int(program.load_method("get_sliding_window").execute([])[0])
-                             if "get_sliding_window" in program.method_names else 0)
+                self.ring = (
+                    int(program.load_method("get_sliding_window").execute([])[0])
+                    if "get_sliding_window" in program.method_names
+                    else 0
+                )
                 meta = program.metadata("forward")
                 failure = None
             except RuntimeError as e:
@@ -98,8 +106,9 @@ class LoadedAdapter:
             raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
         record = _record(self.pte)
         # The cache first: a program of an earlier contract is refused for its inputs, with the fix.
-        self.cache = _runtime_cache(meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.ring,
-                                    self.pte, positions)
+        self.cache = _runtime_cache(
+            meta, 2 * len(record.envelope) if record else 0, self.max_seq_len, self.ring, self.pte, positions
+        )
         if record is not None and not lora:
             record = dataclasses.replace(record, lora=[])
         self.lora = lora_inputs(self.pte, record, shared, meta) if record else []
@@ -143,12 +152,16 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
     def tensor(key: str, rows: int, cols: int, what: str):
         holder = own if key in own else next((f for f in files if key in f), None)
         if holder is None:
-            hint = "" if files else "; it reads tensors shared with other adapters: give the build's adapters_shared.ptd"
+            hint = (
+                "" if files else "; it reads tensors shared with other adapters: give the build's adapters_shared.ptd"
+            )
             raise UserError(f"{pte}: no data for the {what} (key {key[:16]}...){hint}")
         raw = holder.data(key)
         if len(raw) != rows * cols * 4:
-            raise UserError(f"{holder.what}: {key[:16]}... is {len(raw)} bytes, but {pte}'s {what} is "
-                            f"[{rows}, {cols}] float32: the file is damaged")
+            raise UserError(
+                f"{holder.what}: {key[:16]}... is {len(raw)} bytes, but {pte}'s {what} is "
+                f"[{rows}, {cols}] float32: the file is damaged"
+            )
         return torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(rows, cols)
 
     shapes = []
@@ -165,8 +178,10 @@ def lora_inputs(pte: Path, record, shared_ptd: Path | None, meta) -> list:
         layer, target = record.envelope[i]
         if not 1 <= e.rank <= max_rank:
             raise UserError(f"{pte}: rank {e.rank} on {target} of layer {layer}, but its program takes 1..{max_rank}")
-        out += [tensor(e.a, e.rank, in_f, f"LoRA A of {target} in layer {layer}"),
-                tensor(e.b, out_f, e.rank, f"LoRA B of {target} in layer {layer}")]
+        out += [
+            tensor(e.a, e.rank, in_f, f"LoRA A of {target} in layer {layer}"),
+            tensor(e.b, out_f, e.rank, f"LoRA B of {target} in layer {layer}"),
+        ]
     return out
 
 
@@ -181,20 +196,34 @@ def _runtime_cache(meta, n_lora: int, max_seq_len: int, ring: int, pte: Path, po
 
     slabs = meta.num_inputs() - 2 - n_lora
     if is_slab(1):
-        raise UserError(f"{pte}: built by an older lora-share (its forward reads the position off the KV "
-                        "cache's length, not an input): rebuild it with this version")
+        raise UserError(
+            f"{pte}: built by an older lora-share (its forward reads the position off the KV "
+            "cache's length, not an input): rebuild it with this version"
+        )
     if slabs < 1 or not is_slab(2):
-        raise UserError(f"{pte}: built by an older lora-share (its forward takes cache positions, not the "
-                        "runtime's KV cache): rebuild it with this version")
+        raise UserError(
+            f"{pte}: built by an older lora-share (its forward takes cache positions, not the "
+            "runtime's KV cache): rebuild it with this version"
+        )
     first = meta.input_tensor_meta(2)
-    rows = [ring + 1 if ring and meta.input_tensor_meta(2 + j).sizes()[0] == ring + 1 else max_seq_len
-            for j in range(slabs)]
-    return KVCache(capped_rows(rows, ring, positions), first.sizes()[1], ring,
-                   KV_DTYPES[_ET_KV_DTYPES[first.dtype()]])
+    rows = [
+        ring + 1 if ring and meta.input_tensor_meta(2 + j).sizes()[0] == ring + 1 else max_seq_len for j in range(slabs)
+    ]
+    return KVCache(capped_rows(rows, ring, positions), first.sizes()[1], ring, KV_DTYPES[_ET_KV_DTYPES[first.dtype()]])
 
 
-def run(pte, ptd, tokens, max_new_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
-        verify: bool = True, shared_ptd=None, stop_ids=(), on_token=None) -> Generation:
+def run(
+    pte,
+    ptd,
+    tokens,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    seed: int = 0,
+    verify: bool = True,
+    shared_ptd=None,
+    stop_ids=(),
+    on_token=None,
+) -> Generation:
     """Generate ``max_new_tokens`` ids after ``tokens``; returns tokens, logits rows and timings.
 
     Generation stops early after a token in ``stop_ids``; ``on_token`` sees each token as it comes.

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import c_library
 from .c_library import NativeError
@@ -39,11 +39,18 @@ class Runtime:
     XNNPACK's packed weights kept in a file between starts (lora_share.h, PACKED WEIGHTS): True (beside
     the deployment, else the user's cache folder), False (packed in memory at every start) or a folder."""
 
-    def __init__(self, path: str | os.PathLike, budget_bytes: int = 0, library: str | os.PathLike | None = None,
-                 parallel: int = 1, packed_cache: bool | str | os.PathLike = True):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        budget_bytes: int = 0,
+        library: str | os.PathLike | None = None,
+        parallel: int = 1,
+        packed_cache: bool | str | os.PathLike = True,
+    ):
         self.path = os.fspath(path)
-        self._rt = c_library.open_dir(self.path, budget_bytes=budget_bytes, library=library, parallel=parallel,
-                                      packed_cache=packed_cache)
+        self._rt = c_library.open_dir(
+            self.path, budget_bytes=budget_bytes, library=library, parallel=parallel, packed_cache=packed_cache
+        )
 
     def __enter__(self):
         return self
@@ -78,8 +85,16 @@ class Runtime:
     def detokenize(self, ids: list[int], skip_special: bool = True) -> str:
         return self._rt.tokenizer().decode(ids, skip_special)
 
-    def generate(self, prompt: str, adapter: str = BASE, max_tokens: int | None = 16, temperature: float = 0.0,
-                 seed: int = 0, stream: bool = False, lora: list[dict] | None = None) -> dict | Iterator[dict]:
+    def generate(
+        self,
+        prompt: str,
+        adapter: str = BASE,
+        max_tokens: int | None = 16,
+        temperature: float = 0.0,
+        seed: int = 0,
+        stream: bool = False,
+        lora: list[dict] | None = None,
+    ) -> dict | Iterator[dict]:
         """A text completion (the prompt encoded with the tokenizer's special tokens), as
         llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or with ``stream`` an
         iterator of chunks. ``max_tokens`` None: up to the end of the context. ``lora``: a mix of
@@ -87,9 +102,16 @@ class Runtime:
         ``add_weighted_adapter(combination_type="cat")``), with ``adapter`` left "base"."""
         return self._complete(prompt, adapter, max_tokens, temperature, seed, stream, chat=False, lora=lora)
 
-    def create_chat_completion(self, messages: list[dict], adapter: str = BASE, max_tokens: int | None = None,
-                               temperature: float = 0.0, seed: int = 0, stream: bool = False,
-                               lora: list[dict] | None = None) -> dict | Iterator[dict]:
+    def create_chat_completion(
+        self,
+        messages: list[dict],
+        adapter: str = BASE,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+        stream: bool = False,
+        lora: list[dict] | None = None,
+    ) -> dict | Iterator[dict]:
         """A chat completion of ``[{"role", "content"}, ...]`` in the build's chat template, as
         llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or with ``stream`` an
         iterator of ``chat.completion.chunk`` dicts. ``max_tokens`` None: up to the end of the context.
@@ -103,8 +125,12 @@ class Runtime:
         if max_tokens is not None:
             return max_tokens
         lib, err, n = self._rt.lib, c_library._Error(), c_library.ctypes.c_int64(0)
-        if lib.ls_context_length(self._rt.handle, adapter.encode(), c_library.ctypes.byref(n),
-                                 c_library.ctypes.byref(err)) != 0:
+        if (
+            lib.ls_context_length(
+                self._rt.handle, adapter.encode(), c_library.ctypes.byref(n), c_library.ctypes.byref(err)
+            )
+            != 0
+        ):
             c_library._raise(lib, err)
         tokenizer = self._rt.tokenizer()
         if isinstance(prompt, str):
@@ -113,12 +139,14 @@ class Runtime:
             used = len(tokenizer.encode(tokenizer.apply_chat_template(prompt), False))
         return max(n.value - used + 1, 1)
 
-    def _complete(self, prompt, adapter: str, max_tokens, temperature, seed, stream: bool, chat: bool,
-                  lora: list[dict] | None):
+    def _complete(
+        self, prompt, adapter: str, max_tokens, temperature, seed, stream: bool, chat: bool, lora: list[dict] | None
+    ):
         shape = _Shape(chat, adapter)
         if lora is not None and adapter != BASE:
-            raise ValueError(f"lora mixes adapters on the foundation alone: leave adapter '{BASE}', "
-                             f"got adapter={adapter!r}")
+            raise ValueError(
+                f"lora mixes adapters on the foundation alone: leave adapter '{BASE}', got adapter={adapter!r}"
+            )
         # Checked now, so that a bad request raises here rather than at the first chunk of a stream.
         with self._running(adapter, lora) as name:
             max_new = self._max_new(prompt, name, max_tokens)
@@ -139,11 +167,11 @@ class Runtime:
         finally:
             mix.release()
 
-    def _stream(self, prompt, adapter, lora, max_new, temperature, seed, shape: "_Shape") -> Iterator[dict]:
+    def _stream(self, prompt, adapter, lora, max_new, temperature, seed, shape: _Shape) -> Iterator[dict]:
         with self._running(adapter, lora) as name:
             yield from self._stream_named(prompt, name, max_new, temperature, seed, shape)
 
-    def _stream_named(self, prompt, adapter, max_new, temperature, seed, shape: "_Shape") -> Iterator[dict]:
+    def _stream_named(self, prompt, adapter, max_new, temperature, seed, shape: _Shape) -> Iterator[dict]:
         """Generation runs on a thread (the library calls back with each piece); the caller's loop takes
         the pieces from a queue. Leaving the loop early stops generation at the next piece."""
         pieces: queue.Queue = queue.Queue()
@@ -155,8 +183,9 @@ class Runtime:
 
         def work() -> None:
             try:
-                _, result = self._rt.generate_text(adapter, prompt, max_new, temperature=temperature, seed=seed,
-                                                   on_text=on_text, stop=abandoned.is_set)
+                _, result = self._rt.generate_text(
+                    adapter, prompt, max_new, temperature=temperature, seed=seed, on_text=on_text, stop=abandoned.is_set
+                )
                 pieces.put((done, result))
             except NativeError as e:
                 pieces.put((done, e))
@@ -192,8 +221,11 @@ class _Shape:
 
     @staticmethod
     def _usage(result: dict) -> dict:
-        return {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
-                "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}
+        return {
+            "prompt_tokens": result["prompt_tokens"],
+            "completion_tokens": result["completion_tokens"],
+            "total_tokens": result["prompt_tokens"] + result["completion_tokens"],
+        }
 
     @staticmethod
     def _finish(result: dict) -> str:
@@ -201,21 +233,28 @@ class _Shape:
 
     def whole(self, text: str, result: dict) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": self._finish(result)}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": self._finish(result),
+            }
             out = self._envelope("chat.completion", choice)
         else:
-            out = self._envelope("text_completion", {"text": text, "index": 0, "logprobs": None,
-                                                     "finish_reason": self._finish(result)})
+            out = self._envelope(
+                "text_completion", {"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish(result)}
+            )
         out["usage"] = self._usage(result)
         return out
 
     def chunk(self, delta, finish_reason: str | None) -> dict:
         if self.chat:
-            return self._envelope("chat.completion.chunk", {"index": 0, "delta": delta, "logprobs": None,
-                                                            "finish_reason": finish_reason})
-        return self._envelope("text_completion", {"text": delta, "index": 0, "logprobs": None,
-                                                  "finish_reason": finish_reason})
+            return self._envelope(
+                "chat.completion.chunk", {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            )
+        return self._envelope(
+            "text_completion", {"text": delta, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+        )
 
     def last(self, result: dict) -> dict:
         out = self.chunk({} if self.chat else "", self._finish(result))

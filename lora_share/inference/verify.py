@@ -24,14 +24,13 @@ the program's (its LoRA inputs, their number and largest sizes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ..errors import UserError
 from ..formats import Ptd, Pte, read_ptd, read_pte
 from ..formats.meta import ADAPTER_KEY, FOUNDATION_KEY, SHARED_KEY, AdapterMeta, FoundationMeta
 from ..formats.records import adapter_record, foundation_record, shared_record
-from ..formats.shared_ptd import SHARED_PTD
 from ..formats.seal import check_seal
+from ..formats.shared_ptd import SHARED_PTD
 
 
 class Incompatible(UserError):
@@ -59,8 +58,8 @@ class Pairing:
 
     pte: Pte
     ptd: Ptd
-    adapter: Optional[AdapterMeta]
-    foundation: Optional[FoundationMeta]
+    adapter: AdapterMeta | None
+    foundation: FoundationMeta | None
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     unsafe: list[str] = field(default_factory=list)
@@ -86,15 +85,20 @@ def check_pair(pte_path, ptd_path, shared_path=None) -> Pairing:
     pairing.problems += pairing.unsafe
     a, f = pairing.adapter, pairing.foundation
     if a is None:
-        pairing.problems.append(f"{pte.what} has no lora-share adapter record ({ADAPTER_KEY}): "
-                                "it was not built by lora-share, or by an older version; rebuild it")
+        pairing.problems.append(
+            f"{pte.what} has no lora-share adapter record ({ADAPTER_KEY}): "
+            "it was not built by lora-share, or by an older version; rebuild it"
+        )
     if f is None:
-        pairing.problems.append(f"{ptd.what} has no lora-share foundation record ({FOUNDATION_KEY}): "
-                                "it was not built by lora-share, or by an older version; rebuild it")
+        pairing.problems.append(
+            f"{ptd.what} has no lora-share foundation record ({FOUNDATION_KEY}): "
+            "it was not built by lora-share, or by an older version; rebuild it"
+        )
     if a is not None and f is not None and a.foundation_fingerprint != f.fingerprint:
         pairing.problems.append(
             f"{pte.what} was built for foundation {a.foundation_fingerprint}, but {ptd.what} is foundation "
-            f"{f.fingerprint}: use the foundation.ptd built with this adapter, or rebuild the adapter")
+            f"{f.fingerprint}: use the foundation.ptd built with this adapter, or rebuild the adapter"
+        )
     if shared is not None:
         pairing.problems += _shared_problems(pairing.adapter, shared)
     pairing.missing = [k for k in pte.external_keys() if k not in data]
@@ -106,36 +110,54 @@ def check_pair(pte_path, ptd_path, shared_path=None) -> Pairing:
     if pairing.missing:
         shown = ", ".join(k[:16] + ("..." if len(k) > 16 else "") for k in pairing.missing[:3])
         more = f" and {len(pairing.missing) - 3} more" if len(pairing.missing) > 3 else ""
-        hint = (f"; it reads tensors shared with other adapters: give the build's {SHARED_PTD} (--shared-ptd)"
-                if shared is None and a is not None and a.foundation_fingerprint == getattr(f, "fingerprint", None)
-                else "")
+        hint = (
+            f"; it reads tensors shared with other adapters: give the build's {SHARED_PTD} (--shared-ptd)"
+            if shared is None and a is not None and a.foundation_fingerprint == getattr(f, "fingerprint", None)
+            else ""
+        )
         pairing.problems.append(
-            f"{data.what} lacks {len(pairing.missing)} key(s) that {pte.what} needs: {shown}{more}{hint}")
+            f"{data.what} lacks {len(pairing.missing)} key(s) that {pte.what} needs: {shown}{more}{hint}"
+        )
     for t in pte.external_tensors:
         if t.key in data and data.holder(t.key).entry(t.key).layout is not None:
             have = data.holder(t.key).entry(t.key).layout
             if (have.scalar_type, have.sizes) != (t.layout.scalar_type, t.layout.sizes):
-                pairing.problems.append(f"{ptd.what} holds {t.key} as {_layout_text(have)}, but {pte.what} "
-                                        f"expects {_layout_text(t.layout)}")
+                pairing.problems.append(
+                    f"{ptd.what} holds {t.key} as {_layout_text(have)}, but {pte.what} expects {_layout_text(t.layout)}"
+                )
     return pairing
 
 
-def _lora_problems(pte: Pte, a: AdapterMeta, shared: Optional[Ptd]) -> tuple[list[str], list[str], list[str]]:
+def _lora_problems(pte: Pte, a: AdapterMeta, shared: Ptd | None) -> tuple[list[str], list[str], list[str]]:
     """(LoRA keys found nowhere, unsafe problems, other problems) of an adapter's LoRA inputs."""
     if not a.program_sha256:
-        return [], [], [f"{pte.what} was built by an older lora-share (its LoRA weights are constants of its "
-                        "program, not inputs): rebuild it with this version"]
+        return (
+            [],
+            [],
+            [
+                f"{pte.what} was built by an older lora-share (its LoRA weights are constants of its "
+                "program, not inputs): rebuild it with this version"
+            ],
+        )
     inputs = pte.inputs.get("forward", [])
     n = len(a.envelope)
-    lora_inputs = inputs[len(inputs) - 2 * n:] if 0 < 2 * n < len(inputs) else []
+    lora_inputs = inputs[len(inputs) - 2 * n :] if 0 < 2 * n < len(inputs) else []
     if len(lora_inputs) != 2 * n or any(t is None or len(t.sizes) != 2 for t in lora_inputs):
-        return [], [f"{pte.what}: its record names {n} LoRA slots, which its program's {len(inputs)} inputs "
-                    "do not hold: the file is damaged"], []
+        return (
+            [],
+            [
+                f"{pte.what}: its record names {n} LoRA slots, which its program's {len(inputs)} inputs "
+                "do not hold: the file is damaged"
+            ],
+            [],
+        )
     missing, unsafe = [], []
     for e in a.lora:
         if e.slot >= n or not 1 <= e.rank <= a.envelope_max_rank:
-            unsafe.append(f"{pte.what}: its record has rank {e.rank} on envelope slot {e.slot} (of {n}, ranks "
-                          f"1..{a.envelope_max_rank}): the file is damaged")
+            unsafe.append(
+                f"{pte.what}: its record has rank {e.rank} on envelope slot {e.slot} (of {n}, ranks "
+                f"1..{a.envelope_max_rank}): the file is damaged"
+            )
             continue
         (_, in_f), (out_f, _) = lora_inputs[2 * e.slot].sizes, lora_inputs[2 * e.slot + 1].sizes
         for key, size in ((e.a, e.rank * in_f * 4), (e.b, out_f * e.rank * 4)):
@@ -143,20 +165,26 @@ def _lora_problems(pte: Pte, a: AdapterMeta, shared: Optional[Ptd]) -> tuple[lis
             if holder is None:
                 missing.append(key)
             elif holder.entry(key).size < size:
-                unsafe.append(f"{holder.what} holds {holder.entry(key).size} bytes for LoRA tensor {key[:16]}..., but "
-                              f"{pte.what} reads {size}: the file is damaged")
+                unsafe.append(
+                    f"{holder.what} holds {holder.entry(key).size} bytes for LoRA tensor {key[:16]}..., but "
+                    f"{pte.what} reads {size}: the file is damaged"
+                )
     return missing, unsafe, []
 
 
-def _shared_problems(adapter: Optional[AdapterMeta], shared: Ptd) -> list[str]:
+def _shared_problems(adapter: AdapterMeta | None, shared: Ptd) -> list[str]:
     record = shared_record(shared)
     if record is None:
-        return [f"{shared.what} has no lora-share shared-tensors record ({SHARED_KEY}): it is not an "
-                f"{SHARED_PTD} written by lora-share build"]
+        return [
+            f"{shared.what} has no lora-share shared-tensors record ({SHARED_KEY}): it is not an "
+            f"{SHARED_PTD} written by lora-share build"
+        ]
     if adapter is not None and adapter.foundation_fingerprint != record.foundation_fingerprint:
-        return [f"{shared.what} holds shared tensors of adapters for foundation {record.foundation_fingerprint}, "
-                f"but {adapter.name}'s foundation is {adapter.foundation_fingerprint}: use the {SHARED_PTD} "
-                "built with this adapter"]
+        return [
+            f"{shared.what} holds shared tensors of adapters for foundation {record.foundation_fingerprint}, "
+            f"but {adapter.name}'s foundation is {adapter.foundation_fingerprint}: use the {SHARED_PTD} "
+            "built with this adapter"
+        ]
     return []
 
 
@@ -165,14 +193,18 @@ def _hazards(pte: Pte, data: DataFiles) -> list[str]:
     out = []
     for t in pte.external_tensors:
         if t.key in data and data.holder(t.key).entry(t.key).layout is None:
-            out.append(f"{data.holder(t.key).what} holds {t.key} without a tensor layout, but {pte.what} reads it "
-                       "as a tensor: the file is damaged")
+            out.append(
+                f"{data.holder(t.key).what} holds {t.key} without a tensor layout, but {pte.what} reads it "
+                "as a tensor: the file is damaged"
+            )
     for d in pte.delegates:
         for c in d.constants:
             if c.key not in pte and c.key in data and data.holder(c.key).entry(c.key).size < c.size:
                 holder = data.holder(c.key)
-                out.append(f"{holder.what} holds {holder.entry(c.key).size} bytes for {c.key}, but {pte.what} "
-                           f"reads {c.size}: the file is damaged")
+                out.append(
+                    f"{holder.what} holds {holder.entry(c.key).size} bytes for {c.key}, but {pte.what} "
+                    f"reads {c.size}: the file is damaged"
+                )
     return out
 
 
@@ -186,4 +218,3 @@ def require_compatible(pte_path, ptd_path, verify: bool = True, shared_path=None
         skip = "; --no-verify skips this check" if not pairing.unsafe else ""
         raise Incompatible(f"{problems[0]}{extra}{skip}")
     return pairing
-

@@ -4,8 +4,8 @@ and ``lora-share add`` read it without importing torch (model/decoder.py is the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -46,7 +46,9 @@ class ModelArgs:
     embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(dim) in float32)
     activation: str = "silu"  # the MLP's activation, one of ACTIVATION_NAMES (Gemma: gelu_pytorch_tanh)
     sandwich_norms: bool = False  # Gemma 3: attention and MLP outputs normalised too, the MLP input by its own norm
-    attn_scale: float | None = None  # attention's score scale (Gemma 3: query_pre_attn_scalar ** -0.5); None: 1/sqrt(head_dim)
+    attn_scale: float | None = (
+        None  # attention's score scale (Gemma 3: query_pre_attn_scalar ** -0.5); None: 1/sqrt(head_dim)
+    )
     sliding_window: int | None = None  # the sliding layers' window: a query sees its own and the window - 1 before
     sliding_layers: tuple[int, ...] = ()  # which layers attend over the window only (Gemma 3)
     local_rope_theta: float | None = None  # the sliding layers' RoPE base (Gemma 3's rope_local_base_freq)

@@ -86,11 +86,15 @@ def attend(q, k_new, v_new, bias, keys, values) -> torch.Tensor:
     return torch.ops.lora_share.attend(q, k_new, v_new, bias, list(keys), list(values))
 
 
-_ROPE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, Tensor bias, "
-                "Tensor[] keys, Tensor[] values)")
+_ROPE_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, Tensor bias, "
+    "Tensor[] keys, Tensor[] values)"
+)
 _lib.define(f"rope_attend{_ROPE_SCHEMA} -> (Tensor, Tensor, Tensor)")
-_lib.define(f"rope_attend.out{_ROPE_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
-            "-> (Tensor(a!), Tensor(b!), Tensor(c!))")
+_lib.define(
+    f"rope_attend.out{_ROPE_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
+    "-> (Tensor(a!), Tensor(b!), Tensor(c!))"
+)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -148,11 +152,15 @@ def rope_attend(q, k, v, rope_q, rope_k, bias, keys, values):
 
 # rope_attend_rows: the batch method's attention (docs/batching.md): B rows, each one token at its own
 # position reading its own KV slot of the slot pools.
-_ROWS_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, Tensor bias, "
-                "Tensor slots, Tensor[] keys, Tensor[] values)")
+_ROWS_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, Tensor bias, "
+    "Tensor slots, Tensor[] keys, Tensor[] values)"
+)
 _lib.define(f"rope_attend_rows{_ROWS_SCHEMA} -> (Tensor, Tensor, Tensor)")
-_lib.define(f"rope_attend_rows.out{_ROWS_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
-            "-> (Tensor(a!), Tensor(b!), Tensor(c!))")
+_lib.define(
+    f"rope_attend_rows.out{_ROWS_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
+    "-> (Tensor(a!), Tensor(b!), Tensor(c!))"
+)
 
 
 def rope_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values):
@@ -166,9 +174,18 @@ def rope_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots,
     outs, ks, vs = [], [], []
     for b, slot in enumerate(slots.tolist()):
         row_bias = bias[b].expand(rep, bias.shape[1]).unsqueeze(0)
-        o, k_b, v_b = rope_attend_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], cos_q[b:b + 1], sin_q[b:b + 1],
-                                            cos_k[b:b + 1], sin_k[b:b + 1], row_bias,
-                                            [p[slot] for p in keys], [p[slot] for p in values])
+        o, k_b, v_b = rope_attend_reference(
+            q[b : b + 1],
+            k[b : b + 1],
+            v[b : b + 1],
+            cos_q[b : b + 1],
+            sin_q[b : b + 1],
+            cos_k[b : b + 1],
+            sin_k[b : b + 1],
+            row_bias,
+            [p[slot] for p in keys],
+            [p[slot] for p in values],
+        )
         outs.append(o)
         ks.append(k_b.view(n_kv, hd))
         vs.append(v_b.view(n_kv, hd))
@@ -188,8 +205,7 @@ def _rope_attend_rows_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, key
     return torch.empty_like(q), rows, torch.empty_like(rows)
 
 
-def _rope_attend_rows_out_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values, *, out, k_out,
-                               v_out):
+def _rope_attend_rows_out_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values, *, out, k_out, v_out):
     return out, k_out, v_out
 
 

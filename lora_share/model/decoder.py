@@ -2,7 +2,8 @@
 
 One decoder serves every supported model family: ``ModelArgs`` carries the switches
 a family turns on (biases, q/k norms, Gemma's norm offset, embedding scale and
-activation, Gemma 3's sandwich norms, attention scale and sliding layers); model/families.py maps each Hugging Face ``model_type`` onto them.
+activation, Gemma 3's sandwich norms, attention scale and sliding layers); model/families.py maps each
+Hugging Face ``model_type`` onto them.
 
 The module tree mirrors Hugging Face's ``LlamaForCausalLM`` so that foundation
 parameter names are Hugging Face's own (``model.layers.0.self_attn.q_proj.weight``).
@@ -261,10 +262,16 @@ class Attention(nn.Module):
         """q, k and v of ``x`` ``[1, T, dim]``, each with its LoRA: ``[1, T, heads * head_dim]``."""
         if self.qkv_proj is not None:
             qkv, nq, nk = self.qkv_proj(x), self.n_heads * self.hd, self.n_kv * self.hd
-            return (add_lora(qkv[..., :nq], x, lora.get("q_proj")),
-                    add_lora(qkv[..., nq:nq + nk], x, lora.get("k_proj")),
-                    add_lora(qkv[..., nq + nk:], x, lora.get("v_proj")))
-        return self.q_proj(x, lora.get("q_proj")), self.k_proj(x, lora.get("k_proj")), self.v_proj(x, lora.get("v_proj"))
+            return (
+                add_lora(qkv[..., :nq], x, lora.get("q_proj")),
+                add_lora(qkv[..., nq : nq + nk], x, lora.get("k_proj")),
+                add_lora(qkv[..., nq + nk :], x, lora.get("v_proj")),
+            )
+        return (
+            self.q_proj(x, lora.get("q_proj")),
+            self.k_proj(x, lora.get("k_proj")),
+            self.v_proj(x, lora.get("v_proj")),
+        )
 
     def rope(self, x, cos, sin):
         return x * cos + F.linear(x, self.rotate_half) * sin
@@ -311,12 +318,13 @@ class Attention(nn.Module):
         # Query rows [n_kv, rep * T, hd], ordered (query head within its group, position), as the
         # rows of ``bias``.
         q_rows = self._to_kv(permute(q.view(t, n_kv, rep, hd), [1, 2, 0, 3]).view(n_kv, rows, hd))
-        past_s = torch.cat([F.linear(q_rows[h:h + 1], keys[h]) for h in range(n_kv)], dim=0)
+        past_s = torch.cat([F.linear(q_rows[h : h + 1], keys[h]) for h in range(n_kv)], dim=0)
         new_s = torch.bmm(q_rows, permute(k, [0, 2, 1]))  # [n_kv, rows, T]
         probs = torch.softmax(torch.cat([past_s, new_s], dim=2) + bias, dim=-1)
         p_past, p_new = probs[:, :, :past], probs[:, :, past:]
         out = torch.bmm(p_new, v) + torch.cat(
-            [torch.bmm(p_past[h:h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0)
+            [torch.bmm(p_past[h : h + 1], values[h].view(1, past, hd)) for h in range(n_kv)], dim=0
+        )
         return self._output(out, t, lora), k, v
 
     def _forward_rows(self, x, rope_q, rope_k, bias, keys, values, lora, slots):
@@ -355,7 +363,10 @@ class MLP(nn.Module):
     def forward(self, x, lora):
         if self.gate_up_proj is not None:
             both, h = self.gate_up_proj(x), self.gate_up_proj.out_features // 2
-            gate, up = add_lora(both[..., :h], x, lora.get("gate_proj")), add_lora(both[..., h:], x, lora.get("up_proj"))
+            gate, up = (
+                add_lora(both[..., :h], x, lora.get("gate_proj")),
+                add_lora(both[..., h:], x, lora.get("up_proj")),
+            )
         else:
             gate, up = self.gate_proj(x, lora.get("gate_proj")), self.up_proj(x, lora.get("up_proj"))
         return self.down_proj(self.act(gate) * up, lora.get("down_proj"))
@@ -425,8 +436,9 @@ def slab_rows(args: ModelArgs) -> list[int]:
     """Rows of each KV slab, in slab order: ``max_seq_len`` (the sink, then every position but the
     last, which no call reads), or ``W + 1`` for a sliding layer's ring."""
     ring, per_layer = ring_window(args), 2 * args.n_kv_heads
-    return [ring + 1 if ring and j // per_layer in args.sliding_layers else args.max_seq_len
-            for j in range(n_slabs(args))]
+    return [
+        ring + 1 if ring and j // per_layer in args.sliding_layers else args.max_seq_len for j in range(n_slabs(args))
+    ]
 
 
 def capped_rows(rows: list[int], ring: int, positions: int | None) -> list[int]:
@@ -448,7 +460,7 @@ class KVCache:
         self.ring = ring
 
     @classmethod
-    def for_model(cls, args: ModelArgs, positions: int | None = None) -> "KVCache":
+    def for_model(cls, args: ModelArgs, positions: int | None = None) -> KVCache:
         """The cache ``args``' program reads; with ``positions``, only big enough for that many
         (``capped_rows``)."""
         ring = ring_window(args)
@@ -457,8 +469,7 @@ class KVCache:
     def prefixes(self, pos: int, block: int = KV_ROW_BLOCK) -> list[torch.Tensor]:
         """forward's slab inputs for a call at position ``pos``: each slab's first ``kv_view_rows`` rows
         (``block`` 1: exactly ``pos + 1``); a ring whole."""
-        return [slab if self._is_ring(slab) else slab[:kv_view_rows(pos, slab.shape[0], block)]
-                for slab in self.slabs]
+        return [slab if self._is_ring(slab) else slab[: kv_view_rows(pos, slab.shape[0], block)] for slab in self.slabs]
 
     def _is_ring(self, slab: torch.Tensor) -> bool:
         return self.ring > 0 and slab.shape[0] == self.ring + 1
@@ -476,14 +487,14 @@ class KVCache:
                         slab[1 + (pos + i) % self.ring] = rows[h, i]
                 else:  # the context's last position has no row: no later call reads it
                     kept = min(rows.shape[1], slab.shape[0] - pos - 1)
-                    slab[pos + 1:pos + 1 + kept] = rows[h, :kept]
+                    slab[pos + 1 : pos + 1 + kept] = rows[h, :kept]
 
     def clear(self) -> None:
         for slab in self.slabs:
             slab.zero_()
 
     @classmethod
-    def of_slabs(cls, slabs: list[torch.Tensor], ring: int) -> "KVCache":
+    def of_slabs(cls, slabs: list[torch.Tensor], ring: int) -> KVCache:
         """A cache over existing slabs (views: writes land in them)."""
         cache = cls.__new__(cls)
         cache.slabs, cache.ring = list(slabs), ring
@@ -521,15 +532,21 @@ def forward_inputs(tokens, pos: int, cache: KVCache, lora=(), block: int = KV_RO
     """``forward``'s inputs for ``tokens`` (ids) fed at positions ``pos``, ``pos + 1``, ..., with the
     LoRA inputs ``lora`` (``envelope.Envelope.inputs``: A, B per slot); the slabs' views in blocks of
     ``block`` rows (``kv_view_rows``)."""
-    return (torch.tensor([list(tokens)], dtype=torch.int64), torch.tensor([pos], dtype=torch.int64),
-            *cache.prefixes(pos, block), *lora)
+    return (
+        torch.tensor([list(tokens)], dtype=torch.int64),
+        torch.tensor([pos], dtype=torch.int64),
+        *cache.prefixes(pos, block),
+        *lora,
+    )
 
 
 def rows_inputs(tokens, pos, slots, pools: KVPools, lora=()) -> tuple[torch.Tensor, ...]:
     """The batch method's inputs: row b feeds token ``tokens[b]`` at position ``pos[b]`` from KV slot
     ``slots[b]``; ``lora`` the rows' LoRA inputs (``envelope.Envelope.rows_inputs``)."""
+
     def ints(values):
         return torch.tensor(list(values), dtype=torch.int64)
+
     return (ints(tokens).view(-1, 1), ints(pos), ints(slots), *pools.pools, *lora)
 
 
@@ -593,7 +610,7 @@ class LlamaLoRA(nn.Module):
         if self.batch_rows:
             return self._forward_rows(tokens, pos, inputs[0], *inputs[1:])
         args = self.args
-        slabs, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
+        slabs, lora = inputs[: n_slabs(args)], inputs[n_slabs(args) :]
         per_layer = self._lora_by_layer(lora)
         t = tokens.shape[1]
         positions = torch.arange(t) + pos
@@ -622,10 +639,9 @@ class LlamaLoRA(nn.Module):
         h = self._embed(tokens)
         n_kv, new_rows = args.n_kv_heads, []
         for i, layer in enumerate(self.model.layers):
-            mine = slabs[2 * n_kv * i:2 * n_kv * (i + 1)]
+            mine = slabs[2 * n_kv * i : 2 * n_kv * (i + 1)]
             local = i in args.sliding_layers
-            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i],
-                            self.fused_attention)
+            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i], self.fused_attention)
             new_rows += [k, v]
         # The last position's row. Decode has one: a view, which XNNPACK takes, where forward's select
         # runs outside it and would split the last layer from the lm_head.
@@ -637,7 +653,7 @@ class LlamaLoRA(nn.Module):
         pools (``KVPools``), the rows' LoRA inputs; logits ``[B, vocab]`` and each layer's keys and values
         ``[B, n_kv, head_dim]``. Each row is masked as forward masks one token at its position."""
         args = self.args
-        pools, lora = inputs[:n_slabs(args)], inputs[n_slabs(args):]
+        pools, lora = inputs[: n_slabs(args)], inputs[n_slabs(args) :]
         per_layer = self._lora_by_layer(lora)
         scale = args.attn_scale if args.attn_scale is not None else 1.0 / math.sqrt(args.hd)
         query = pos.unsqueeze(1)  # [B, 1]
@@ -657,7 +673,7 @@ class LlamaLoRA(nn.Module):
         h = self._embed(tokens)
         n_kv, new_rows = args.n_kv_heads, []
         for i, layer in enumerate(self.model.layers):
-            mine = pools[2 * n_kv * i:2 * n_kv * (i + 1)]
+            mine = pools[2 * n_kv * i : 2 * n_kv * (i + 1)]
             local = i in args.sliding_layers
             h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i], slots=slots)
             new_rows += [k, v]
@@ -691,7 +707,7 @@ class LlamaLoRA(nn.Module):
         finally:
             self.fused_attention = False
 
-    def fuse_projections(self) -> "LlamaLoRA":
+    def fuse_projections(self) -> LlamaLoRA:
         """Every layer's q, k and v, and gate and up, as one linear each (``fused_linear``): same outputs,
         fewer ops per layer. For a quantized foundation, after quantizing (the fused weights are the
         quantized ones side by side, so no float copy is made)."""
@@ -700,7 +716,7 @@ class LlamaLoRA(nn.Module):
             layer.mlp.fuse()
         return self
 
-    def bind(self, lora: tuple[torch.Tensor, ...]) -> "LlamaLoRA":
+    def bind(self, lora: tuple[torch.Tensor, ...]) -> LlamaLoRA:
         """Use these LoRA inputs (two per slot, ``envelope.Envelope.inputs``) in ``step``."""
         if len(lora) != 2 * len(self.lora_slots):
             raise ValueError(f"{len(lora)} LoRA inputs for {len(self.lora_slots)} slots")

@@ -39,20 +39,23 @@ class Envelope:
     skip_absent: bool = False  # adapters' files carry a program variant without their absent slots
 
     @classmethod
-    def make(cls, targets, layers, max_rank: int, skip_absent: bool = False) -> "Envelope":
+    def make(cls, targets, layers, max_rank: int, skip_absent: bool = False) -> Envelope:
         targets = sorted(set(targets), key=LORA_TARGETS.index)
-        return cls(tuple((layer, t) for layer in sorted(set(layers)) for t in targets), int(max_rank),
-                   bool(skip_absent))
+        return cls(
+            tuple((layer, t) for layer in sorted(set(layers)) for t in targets), int(max_rank), bool(skip_absent)
+        )
 
     @classmethod
-    def resolve(cls, cfg, adapters, args: ModelArgs) -> "Envelope":
+    def resolve(cls, cfg, adapters, args: ModelArgs) -> Envelope:
         """The build's envelope: ``cfg`` (config.EnvelopeConfig, or None) with its unset keys
         filled from ``adapters`` (targets: those they adapt; rank: their largest; layers: all)."""
-        targets = getattr(cfg, "targets", None) or sorted({t for a in adapters for _, t in a.weights},
-                                                          key=LORA_TARGETS.index)
+        targets = getattr(cfg, "targets", None) or sorted(
+            {t for a in adapters for _, t in a.weights}, key=LORA_TARGETS.index
+        )
         layers = getattr(cfg, "layers", None) or range(args.n_layers)
         max_rank = getattr(cfg, "max_rank", None) or max(
-            (a_.shape[0] for a in adapters for a_, _ in a.weights.values()), default=1)
+            (a_.shape[0] for a in adapters for a_, _ in a.weights.values()), default=1
+        )
         return cls.make(targets, layers, max_rank, bool(getattr(cfg, "skip_absent", False)))
 
     @property
@@ -70,7 +73,7 @@ class Envelope:
         return {**out, "skip_absent": True} if self.skip_absent else out
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Envelope":
+    def from_dict(cls, d: dict) -> Envelope:
         return cls.make(d["targets"], d["layers"], d["max_rank"], d.get("skip_absent", False))
 
     def misfits(self, adapter) -> list[str]:
@@ -82,8 +85,9 @@ class Envelope:
                 have = ", ".join(self.targets) if key == "targets" else _ranges(self.layers)
                 problems.append(f"LoRA on {target} of layer {layer}: lora_envelope.{key} is [{have}]")
             elif a.shape[0] > self.max_rank:
-                problems.append(f"rank {a.shape[0]} on {target} of layer {layer}: lora_envelope.max_rank is "
-                                f"{self.max_rank}")
+                problems.append(
+                    f"rank {a.shape[0]} on {target} of layer {layer}: lora_envelope.max_rank is {self.max_rank}"
+                )
         return problems
 
     def require_fits(self, adapters, remedy: str) -> None:
@@ -96,8 +100,10 @@ class Envelope:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 lines.append(f"adapter {adapter.name}: outside the deployment's LoRA envelope: {problems[0]}{more}")
         if lines:
-            raise UserError("; ".join(lines) + f"; {remedy} (an envelope is exported once; adapters inside it are "
-                            "added without an export)")
+            raise UserError(
+                "; ".join(lines) + f"; {remedy} (an envelope is exported once; adapters inside it are "
+                "added without an export)"
+            )
 
     def shapes(self, args: ModelArgs) -> list[tuple[int, int]]:
         """(out_features, in_features) of each slot's linear, in input order."""
@@ -151,7 +157,6 @@ class Envelope:
             r = Dim(f"lora_rank_{i}", min=1, max=self.max_rank)
             out += [{0: r}, {1: r}]
         return out
-
 
     def rows_dynamic_shapes(self, batch) -> list[dict]:
         """torch.export's dynamic sizes of the batch method's LoRA inputs: the rows (``batch``, a Dim) and

@@ -31,9 +31,10 @@ transformers 5's ``rope_parameters``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .args import ACTIVATION_NAMES, LORA_TARGETS, ModelArgs
@@ -72,20 +73,44 @@ _QWEN_WINDOW = {"use_sliding_window": False, "sliding_window": 4096, "max_window
 FAMILIES: dict[str, Family] = {
     "llama": Family("Llama 2, 3, 3.1, 3.2, SmolLM", _DEFAULTS, bias_keys=("attention_bias", "mlp_bias")),
     "qwen2": Family("Qwen2, Qwen2.5", {**_DEFAULTS, **_QWEN_WINDOW}, qkv_bias=True, sliding="qwen"),
-    "qwen3": Family("dense Qwen3", {**_DEFAULTS, **_QWEN_WINDOW, "head_dim": 128}, bias_keys=("attention_bias",),
-                    qk_norm=True, sliding="qwen"),
+    "qwen3": Family(
+        "dense Qwen3",
+        {**_DEFAULTS, **_QWEN_WINDOW, "head_dim": 128},
+        bias_keys=("attention_bias",),
+        qk_norm=True,
+        sliding="qwen",
+    ),
     "mistral": Family("Mistral", {**_DEFAULTS, "sliding_window": 4096}, sliding="all"),
-    "gemma": Family("Gemma 1", {**_DEFAULTS, "tie_word_embeddings": True, "head_dim": 256,
-                                  "hidden_act": "gelu_pytorch_tanh"},
-                    bias_keys=("attention_bias",), norm_offset=1.0, scale_embeddings=True,
-                    # transformers 4 read hidden_activation when set; both read the legacy "gelu" as tanh GELU
-                    act_keys=("hidden_activation", "hidden_act"), act_aliases={"gelu": "gelu_pytorch_tanh"}),
-    "gemma3_text": Family("Gemma 3 text (Gemma3ForCausalLM)",
-                          {**_DEFAULTS, "tie_word_embeddings": True, "head_dim": 256, "hidden_activation":
-                           "gelu_pytorch_tanh", "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-                           "query_pre_attn_scalar": 256, "sliding_window": 4096},
-                          bias_keys=("attention_bias",), qk_norm=True, norm_offset=1.0, scale_embeddings=True,
-                          act_keys=("hidden_activation",), sliding="gemma3", sandwich_norms=True),
+    "gemma": Family(
+        "Gemma 1",
+        {**_DEFAULTS, "tie_word_embeddings": True, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh"},
+        bias_keys=("attention_bias",),
+        norm_offset=1.0,
+        scale_embeddings=True,
+        # transformers 4 read hidden_activation when set; both read the legacy "gelu" as tanh GELU
+        act_keys=("hidden_activation", "hidden_act"),
+        act_aliases={"gelu": "gelu_pytorch_tanh"},
+    ),
+    "gemma3_text": Family(
+        "Gemma 3 text (Gemma3ForCausalLM)",
+        {
+            **_DEFAULTS,
+            "tie_word_embeddings": True,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
+            "query_pre_attn_scalar": 256,
+            "sliding_window": 4096,
+        },
+        bias_keys=("attention_bias",),
+        qk_norm=True,
+        norm_offset=1.0,
+        scale_embeddings=True,
+        act_keys=("hidden_activation",),
+        sliding="gemma3",
+        sandwich_norms=True,
+    ),
     "phi3": Family("Phi-3", {**_DEFAULTS, "rms_norm_eps": 1e-5, "sliding_window": None}, fused=True, sliding="all"),
 }
 
@@ -93,7 +118,7 @@ FAMILIES: dict[str, Family] = {
 REFUSED = {
     "gemma2": "soft-caps attention and output logits, which lora-share's decoder does not",
     "gemma3": "is the multimodal Gemma 3 (text_config and a vision tower); lora-share takes Gemma 3's text "
-              "model, model_type 'gemma3_text' (Gemma3ForCausalLM checkpoints: 270M, 1B)",
+    "model, model_type 'gemma3_text' (Gemma3ForCausalLM checkpoints: 270M, 1B)",
 }
 
 # Config keys that change the math when set (not null or false), on any family.
@@ -142,14 +167,28 @@ def model_args(config: dict, where: Path, max_seq_len: int) -> ModelArgs:
     local = _gemma3_layers(c, bad) if family.sliding == "gemma3" else {}
     biased = {key for key in family.bias_keys if c.get(key)}
     return ModelArgs(
-        dim=dim, n_layers=c["num_hidden_layers"], n_heads=n_heads, n_kv_heads=n_kv,
-        hidden_dim=c["intermediate_size"], vocab_size=c["vocab_size"], head_dim=c.get("head_dim"),
-        norm_eps=float(c["rms_norm_eps"]), rope_theta=theta, rope_scaling=scaling,
-        tie_embeddings=bool(c["tie_word_embeddings"]), max_seq_len=max_seq_len, model_type=kind,
-        qkv_bias=family.qkv_bias or "attention_bias" in biased, o_bias="attention_bias" in biased,
-        mlp_bias="mlp_bias" in biased, qk_norm=family.qk_norm, norm_offset=family.norm_offset,
+        dim=dim,
+        n_layers=c["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        hidden_dim=c["intermediate_size"],
+        vocab_size=c["vocab_size"],
+        head_dim=c.get("head_dim"),
+        norm_eps=float(c["rms_norm_eps"]),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_embeddings=bool(c["tie_word_embeddings"]),
+        max_seq_len=max_seq_len,
+        model_type=kind,
+        qkv_bias=family.qkv_bias or "attention_bias" in biased,
+        o_bias="attention_bias" in biased,
+        mlp_bias="mlp_bias" in biased,
+        qk_norm=family.qk_norm,
+        norm_offset=family.norm_offset,
         embed_scale=_float32(dim**0.5) if family.scale_embeddings else 1.0,
-        activation=_activation(c, family, bad), sandwich_norms=family.sandwich_norms, **local,
+        activation=_activation(c, family, bad),
+        sandwich_norms=family.sandwich_norms,
+        **local,
     )
 
 
@@ -187,13 +226,17 @@ def _check_window(c: dict, family: Family, max_seq_len: int, bad) -> None:
         first = c["max_window_layers"]  # the first sliding layer, unless layer_types says which
         if not c.get("layer_types") and not (isinstance(first, int) and not isinstance(first, bool)):
             bad("max_window_layers", f"{first!r} is not an integer")
-        types = c.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
-                                         for i in range(c["num_hidden_layers"])]
+        types = c.get("layer_types") or [
+            "sliding_attention" if i >= first else "full_attention" for i in range(c["num_hidden_layers"])
+        ]
         if "sliding_attention" not in types:
             return
     if window < max_seq_len:
-        bad("sliding_window", f"{window} is shorter than the context (foundation.max_seq_len {max_seq_len}) and "
-                              f"sliding-window attention is not supported; set max_seq_len to at most {window}")
+        bad(
+            "sliding_window",
+            f"{window} is shorter than the context (foundation.max_seq_len {max_seq_len}) and "
+            f"sliding-window attention is not supported; set max_seq_len to at most {window}",
+        )
 
 
 def _gemma3_layers(c: dict, bad) -> dict:
@@ -222,8 +265,12 @@ def _gemma3_layers(c: dict, bad) -> dict:
     theta, scaling = _rope(local, bad)
     if scaling is not None:
         bad("rope_parameters", "scaled RoPE on the sliding layers is not supported")
-    return {"sliding_window": c["sliding_window"], "local_rope_theta": theta, "attn_scale": float(scalar) ** -0.5,
-            "sliding_layers": tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")}
+    return {
+        "sliding_window": c["sliding_window"],
+        "local_rope_theta": theta,
+        "attn_scale": float(scalar) ** -0.5,
+        "sliding_layers": tuple(i for i, kind in enumerate(types) if kind == "sliding_attention"),
+    }
 
 
 def _rope(c: dict, bad) -> tuple[float, dict | None]:
@@ -284,8 +331,9 @@ def hf_linears(args: ModelArgs) -> tuple[HFLinear, ...]:
         return tuple(plain(t) for t in LORA_TARGETS)
     q, kv, h = args.linear_shape("q_proj")[0], args.linear_shape("k_proj")[0], args.hidden_dim
     return (
-        HFLinear("qkv_proj", "self_attn", (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)),
-                 args.dim),
+        HFLinear(
+            "qkv_proj", "self_attn", (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv)), args.dim
+        ),
         plain("o_proj"),
         HFLinear("gate_up_proj", "mlp", (("gate_proj", 0, h), ("up_proj", h, 2 * h)), args.dim),
         plain("down_proj"),

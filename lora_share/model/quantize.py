@@ -37,7 +37,6 @@ from torch import nn
 from ..errors import UserError
 
 
-
 def is_quantized(t: torch.Tensor) -> bool:
     """True for a torchao quantized tensor (a subclass), False for a plain float tensor/Parameter."""
     return type(t) not in (torch.Tensor, nn.Parameter)
@@ -89,8 +88,10 @@ def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
     linears = foundation_linears(model)
     for name, lin in linears.items():
         if lin.in_features % qcfg.group_size:
-            raise UserError(f"foundation.quantize.group_size: {qcfg.group_size} does not divide the input width "
-                            f"{lin.in_features} of {name}; pick a group size that divides every linear's input")
+            raise UserError(
+                f"foundation.quantize.group_size: {qcfg.group_size} does not divide the input width "
+                f"{lin.in_features} of {name}; pick a group size that divides every linear's input"
+            )
     int4 = {n for n in linears if not (n == "lm_head" and qcfg.lm_head == "int8")}
     with torch.no_grad():
         if qcfg.grid == "asymmetric":
@@ -104,8 +105,9 @@ def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
                 weight_scale_dtype=torch.bfloat16,
                 # An asymmetric grid's d * (q - 8) spans exactly -8 d .. 7 d: this mapping's scale
                 # max(|min| / 8, max / 7) is then d itself, so the int4 values are q - 8 exactly.
-                weight_mapping_type=(MappingType.SYMMETRIC_NO_CLIPPING_ERR if qcfg.grid == "asymmetric"
-                                     else MappingType.SYMMETRIC),
+                weight_mapping_type=(
+                    MappingType.SYMMETRIC_NO_CLIPPING_ERR if qcfg.grid == "asymmetric" else MappingType.SYMMETRIC
+                ),
                 intx_choose_qparams_algorithm="affine",
             ),
             filter_fn=lambda m, fqn: fqn in int4,
@@ -113,21 +115,24 @@ def quantize_foundation_(model: nn.Module, qcfg) -> nn.Module:
         if qcfg.lm_head == "int8":
             quantize_(
                 model,
-                Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0),
-                                                      intx_choose_qparams_algorithm="affine"),
+                Int8DynamicActivationIntxWeightConfig(
+                    weight_dtype=torch.int8, weight_granularity=PerAxis(0), intx_choose_qparams_algorithm="affine"
+                ),
                 filter_fn=lambda m, fqn: fqn == "lm_head",
             )
         if qcfg.embedding is not None:
             int4_rows = qcfg.embedding == "int4"
             quantize_(
                 model,
-                IntxWeightOnlyConfig(weight_dtype=torch.int4 if int4_rows else torch.int8,
-                                     granularity=PerGroup(qcfg.group_size) if int4_rows else PerAxis(0),
-                                     # An int4 table has a scale per group, not per row: float16 halves
-                                     # them (21 MB of Gemma 3's 262k x 640 table), and embedding_4bit's
-                                     # dtype variant reads float16 scales into a float32 output.
-                                     scale_dtype=torch.float16 if int4_rows else None,
-                                     intx_choose_qparams_algorithm="affine"),
+                IntxWeightOnlyConfig(
+                    weight_dtype=torch.int4 if int4_rows else torch.int8,
+                    granularity=PerGroup(qcfg.group_size) if int4_rows else PerAxis(0),
+                    # An int4 table has a scale per group, not per row: float16 halves
+                    # them (21 MB of Gemma 3's 262k x 640 table), and embedding_4bit's
+                    # dtype variant reads float16 scales into a float32 output.
+                    scale_dtype=torch.float16 if int4_rows else None,
+                    intx_choose_qparams_algorithm="affine",
+                ),
                 filter_fn=lambda m, fqn: isinstance(m, nn.Embedding),
             )
     leaked = [n for n, p in model.named_parameters() if _is_lora(n) and is_quantized(p)]

@@ -33,8 +33,11 @@ def _tensor(archive: Pt2Archive, p: Payload, blobs: dict[str, torch.Tensor]) -> 
     if p.member not in blobs:
         raw = archive.read(p.member)
         size = torch.empty((), dtype=dtype).element_size()
-        blobs[p.member] = (torch.frombuffer(bytearray(raw), dtype=dtype, count=len(raw) // size)
-                           if len(raw) >= size else torch.empty(0, dtype=dtype))
+        blobs[p.member] = (
+            torch.frombuffer(bytearray(raw), dtype=dtype, count=len(raw) // size)
+            if len(raw) >= size
+            else torch.empty(0, dtype=dtype)
+        )
     if 0 in p.sizes:
         return torch.empty(p.sizes, dtype=dtype)
     return torch.as_strided(blobs[p.member], p.sizes, p.strides, p.storage_offset)
@@ -55,7 +58,7 @@ def load_program(archive: Pt2Archive, model: ArchiveModel) -> ArchiveProgram:
         else:
             constants[p.fqn] = t
     sample = _sample_inputs(archive, model)
-    member = model.program[len(archive.root):]
+    member = model.program[len(archive.root) :]
     try:
         serialized = _bytes_to_dataclass(schema.ExportedProgram, archive.read(model.program))
     except Exception as e:  # any malformed JSON or schema mismatch: the archive, not our code
@@ -63,7 +66,9 @@ def load_program(archive: Pt2Archive, model: ArchiveModel) -> ArchiveProgram:
     try:
         ep = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, sample)
     except SerializeError as e:
-        raise UnsupportedVersion(what, f"{member}: {e}: export it with torch {torch.__version__.split('+')[0]}") from None
+        raise UnsupportedVersion(
+            what, f"{member}: {e}: export it with torch {torch.__version__.split('+')[0]}"
+        ) from None
     except Exception as e:
         raise Damaged(what, f"{member}: cannot be deserialized ({type(e).__name__}: {e})") from None
     flat = None
@@ -80,12 +85,15 @@ def _sample_inputs(archive: Pt2Archive, model: ArchiveModel) -> tuple | None:
     data = archive.read(model.sample_inputs)
     if not data:
         return None
-    member = model.sample_inputs[len(archive.root):]
+    member = model.sample_inputs[len(archive.root) :]
     try:
         sample = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as e:
-        raise NeedsCode(str(archive.path), f"{member}: not plain tensors ({type(e).__name__}); reading it would run "
-                                           "code from the archive, which lora-share refuses") from None
+        raise NeedsCode(
+            str(archive.path),
+            f"{member}: not plain tensors ({type(e).__name__}); reading it would run "
+            "code from the archive, which lora-share refuses",
+        ) from None
     if not (isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict)):
         raise Damaged(str(archive.path), f"{member}: not the (args, kwargs) pair torch.export.save writes")
     return sample

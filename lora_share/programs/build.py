@@ -33,8 +33,8 @@ from ..formats.pt2 import open_archive
 from ..manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
 from . import KIND
 from .archive import ArchiveProgram, load_program
-from .lower import lower
 from .forward import LoadedProgram
+from .lower import lower
 from .sharing import program_keys, shared_keys, state_tensors, tensor_bytes
 
 ALIGNMENT = 64  # a cache line, as XNNPACK's constants are aligned
@@ -85,8 +85,13 @@ def _max_diff(pte: Path, ptd: Path, src: Source, reference) -> float | None:
     outputs = program.run([t.numpy() for t in src.program.sample_inputs])
     if len(outputs) != len(reference):
         raise UserError(f"{pte.name}: returns {len(outputs)} tensors, the archive's program {len(reference)}")
-    return max((float(np.max(np.abs(o.astype(np.float64) - r.numpy().astype(np.float64)))) if o.size else 0.0
-                for o, r in zip(outputs, reference)), default=0.0)
+    return max(
+        (
+            float(np.max(np.abs(o.astype(np.float64) - r.numpy().astype(np.float64)))) if o.size else 0.0
+            for o, r in zip(outputs, reference)
+        ),
+        default=0.0,
+    )
 
 
 def encode_foundation_ptd(entries: dict[str, tuple[bytes, object]]) -> bytes:
@@ -100,23 +105,39 @@ def encode_foundation_ptd(entries: dict[str, tuple[bytes, object]]) -> bytes:
     named = {}
     for i, k in enumerate(keys):
         layout = entries[k][1]
-        named[k] = DataEntry(i, ALIGNMENT, None if layout is None else TensorLayout(
-            ScalarType(layout.scalar_type), list(layout.sizes), list(layout.dim_order)))
+        named[k] = DataEntry(
+            i,
+            ALIGNMENT,
+            None
+            if layout is None
+            else TensorLayout(ScalarType(layout.scalar_type), list(layout.sizes), list(layout.dim_order)),
+        )
     payload = DataPayload(buffers=[entries[k][0] for k in keys], named_data=named)
     return bytes(FlatTensorSerializer().serialize(payload))
 
 
 def _program_entry(src: Source, path: Path, data: bytes, lowered, diff: float | None) -> dict:
     ep = src.program.ep
-    inputs = [n.meta.get("val") for n in ep.graph.nodes
-              if n.op == "placeholder" and n.name in set(ep.graph_signature.user_inputs)]
+    inputs = [
+        n.meta.get("val")
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and n.name in set(ep.graph_signature.user_inputs)
+    ]
     return {
-        "name": src.name, "file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-        "archive": str(src.pt2), "archive_sha256": sha256_file(src.pt2), "model": src.model,
-        "tensors": len(src.keys), "tensor_bytes": src.tensor_bytes,
+        "name": src.name,
+        "file": path.name,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "archive": str(src.pt2),
+        "archive_sha256": sha256_file(src.pt2),
+        "model": src.model,
+        "tensors": len(src.keys),
+        "tensor_bytes": src.tensor_bytes,
         "from_foundation": dict(sorted(lowered.shared_fqns.items())),
         "from_foundation_bytes": sum(src.bytes_of[f] for f in lowered.shared_fqns),
-        "inputs": [{"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for v in inputs if v is not None],
+        "inputs": [
+            {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for v in inputs if v is not None
+        ],
         "sample_max_abs_diff": diff,
     }
 
@@ -132,14 +153,25 @@ def _lower_all(sources: list[Source], shared: set[str], stage: Path, quiet: bool
                 external[key] = (data, layout)
         (stage / f"{src.name}.pte").write_bytes(low.pte)
         lowered[src.name] = low
-        log(f"  [{i}/{len(sources)}] {src.name}: {src.pt2.name} ({src.model}), {len(src.keys)} tensors, "
+        log(
+            f"  [{i}/{len(sources)}] {src.name}: {src.pt2.name} ({src.model}), {len(src.keys)} tensors, "
             f"{len(low.shared_fqns)} from {PTD_NAME}; {src.name}.pte {mb(len(low.pte))} in "
-            f"{time.perf_counter() - t0:.1f} s", quiet)
+            f"{time.perf_counter() - t0:.1f} s",
+            quiet,
+        )
     return external, lowered
 
 
-def _finish(stage: Path, sources: list[Source], lowered: dict, kept: list[dict], config, quiet: bool,
-            t_start: float, references: dict) -> dict:
+def _finish(
+    stage: Path,
+    sources: list[Source],
+    lowered: dict,
+    kept: list[dict],
+    config,
+    quiet: bool,
+    t_start: float,
+    references: dict,
+) -> dict:
     """Check each new program against its archive, write the manifest; returns it."""
     ptd = stage / PTD_NAME
     entries = list(kept)
@@ -155,20 +187,35 @@ def _finish(stage: Path, sources: list[Source], lowered: dict, kept: list[dict],
     without = sum(e["size"] + e["from_foundation_bytes"] for e in entries)
     with_sharing = ptd.stat().st_size + sum(e["size"] for e in entries)
     manifest = {
-        "format": FORMAT, "version": VERSION, "kind": KIND, "config": config,
-        "foundation": {"file": PTD_NAME, "size": ptd.stat().st_size, "sha256": sha256_file(ptd),
-                       "tensors": len(found.entries), "tensor_bytes": data_bytes},
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": KIND,
+        "config": config,
+        "foundation": {
+            "file": PTD_NAME,
+            "size": ptd.stat().st_size,
+            "sha256": sha256_file(ptd),
+            "tensors": len(found.entries),
+            "tensor_bytes": data_bytes,
+        },
         "programs": entries,
-        "bytes": {"foundation_tensor_bytes": data_bytes, "programs_bytes": sum(e["size"] for e in entries),
-                  "total_without_sharing": without, "total_with_sharing": with_sharing,
-                  "saved": without - with_sharing},
+        "bytes": {
+            "foundation_tensor_bytes": data_bytes,
+            "programs_bytes": sum(e["size"] for e in entries),
+            "total_without_sharing": without,
+            "total_with_sharing": with_sharing,
+            "saved": without - with_sharing,
+        },
         "build_s": round(time.perf_counter() - t_start, 2),
     }
     write_manifest(stage, manifest)
     b = manifest["bytes"]
-    log(f"  bytes: {PTD_NAME} {mb(manifest['foundation']['size'])} ({len(found.entries)} shared tensors, "
+    log(
+        f"  bytes: {PTD_NAME} {mb(manifest['foundation']['size'])} ({len(found.entries)} shared tensors, "
         f"{mb(data_bytes)}), {len(entries)} .pte {mb(b['programs_bytes'])}: {mb(with_sharing)} in all; each program "
-        f"on its own {mb(without)}, saved {mb(b['saved'])}", quiet)
+        f"on its own {mb(without)}, saved {mb(b['saved'])}",
+        quiet,
+    )
     return manifest
 
 
@@ -198,7 +245,8 @@ def build_programs(config_path, quiet: bool = False) -> dict:
         shutil.rmtree(stage / ".work", ignore_errors=True)
         resolved = config_to_dict(cfg)
         (stage / "config.resolved.yaml").write_text(
-            yaml.safe_dump({k: v for k, v in resolved.items() if k != "source"}, sort_keys=False))
+            yaml.safe_dump({k: v for k, v in resolved.items() if k != "source"}, sort_keys=False)
+        )
         return _finish(stage, sources, lowered, [], str(cfg.source), quiet, t_start, references)
 
 
@@ -226,8 +274,11 @@ def add_program(out_dir, name: str, pt2: Path, model: str | None = None, quiet: 
     available = {key for e in previous["programs"] for key in e["from_foundation"].values()}
     shared = set(src.keys.values()) & available
     references = _prepare([src])
-    log(f"lora-share add -> {out_dir}: {name} from {pt2} ({src.model}), {len(shared)} tensor(s) from {PTD_NAME}, "
-        f"kept as it is", quiet)
+    log(
+        f"lora-share add -> {out_dir}: {name} from {pt2} ({src.model}), {len(shared)} tensor(s) from {PTD_NAME}, "
+        f"kept as it is",
+        quiet,
+    )
     stored = {e.key for e in read_ptd(ptd).entries}
     with staged_dir(out_dir) as stage:
         for f in out_dir.iterdir():
@@ -236,9 +287,10 @@ def add_program(out_dir, name: str, pt2: Path, model: str | None = None, quiet: 
         external, lowered = _lower_all([src], shared, stage, quiet)
         missing = sorted(set(external) - stored)
         if missing:
-            raise UserError(f"{pt2}: {len(missing)} of the tensors it shares with the deployment are laid out for "
-                            f"another kind of operation than in {PTD_NAME} (key {missing[0][:12]}...): "
-                            "rebuild the deployment with this program in its config")
+            raise UserError(
+                f"{pt2}: {len(missing)} of the tensors it shares with the deployment are laid out for "
+                f"another kind of operation than in {PTD_NAME} (key {missing[0][:12]}...): "
+                "rebuild the deployment with this program in its config"
+            )
         shutil.rmtree(stage / ".work", ignore_errors=True)
-        return _finish(stage, [src], lowered, previous["programs"], previous.get("config"), quiet, t_start,
-                       references)
+        return _finish(stage, [src], lowered, previous["programs"], previous.get("config"), quiet, t_start, references)

@@ -31,18 +31,24 @@ class LoadedProgram:
                 failure = e
         if failure is not None:
             raise UserError(f"could not load {self.pte} with {self.ptd}: {_explain(failure, log.lines())}")
-        self.inputs = [(tuple(meta.input_tensor_meta(i).sizes()), SCALAR_TYPES[meta.input_tensor_meta(i).dtype()][0])
-                       for i in range(meta.num_inputs())]
+        self.inputs = [
+            (tuple(meta.input_tensor_meta(i).sizes()), SCALAR_TYPES[meta.input_tensor_meta(i).dtype()][0])
+            for i in range(meta.num_inputs())
+        ]
 
     def check(self, arrays: list[np.ndarray], names: list[str]) -> None:
         """Each array has the shape and dtype forward takes at its position; else one error naming it."""
         if len(arrays) != len(self.inputs):
-            raise UserError(f"{self.pte}: forward takes {len(self.inputs)} input(s) "
-                            f"({', '.join(_describe(s, d) for s, d in self.inputs)}), got {len(arrays)} --input")
+            raise UserError(
+                f"{self.pte}: forward takes {len(self.inputs)} input(s) "
+                f"({', '.join(_describe(s, d) for s, d in self.inputs)}), got {len(arrays)} --input"
+            )
         for i, (a, name, (shape, dtype)) in enumerate(zip(arrays, names, self.inputs)):
             if a.dtype.name != dtype or tuple(a.shape) != shape:
-                raise UserError(f"{name}: input {i} of {self.pte.name}'s forward is {_describe(shape, dtype)}, "
-                                f"this file holds {_describe(a.shape, a.dtype.name)}")
+                raise UserError(
+                    f"{name}: input {i} of {self.pte.name}'s forward is {_describe(shape, dtype)}, "
+                    f"this file holds {_describe(a.shape, a.dtype.name)}"
+                )
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """forward's outputs for ``arrays`` (checked by ``check``)."""

@@ -46,8 +46,10 @@ def _check_static(ep: torch.export.ExportedProgram, what: str) -> None:
 
     for name, r in ep.range_constraints.items():
         if r.upper == int_oo or not r.upper.is_number or int(r.upper) > 1 << 31:
-            raise UserError(f"{what}: a dynamic size ({name}) has no upper bound, so its memory cannot be planned: "
-                            "export with torch.export.Dim(..., max=N), or with static shapes")
+            raise UserError(
+                f"{what}: a dynamic size ({name}) has no upper bound, so its memory cannot be planned: "
+                "export with torch.export.Dim(..., max=N), or with static shapes"
+            )
 
 
 def lower(ep: torch.export.ExportedProgram, shared: set[str], workdir: Path, what: str) -> Lowered:
@@ -81,15 +83,21 @@ def lower(ep: torch.export.ExportedProgram, shared: set[str], workdir: Path, wha
     try:
         with torch.no_grad(), warnings.catch_warnings(), _quiet_logs():
             warnings.simplefilter("ignore")
-            edge = to_edge_transform_and_lower(ep, transform_passes=[tag], partitioner=[XnnpackPartitioner()],
-                                               compile_config=EdgeCompileConfig(_check_ir_validity=False))
+            edge = to_edge_transform_and_lower(
+                ep,
+                transform_passes=[tag],
+                partitioner=[XnnpackPartitioner()],
+                compile_config=EdgeCompileConfig(_check_ir_validity=False),
+            )
             program = edge.to_executorch(ExecutorchBackendConfig(external_constants=external))
             program.write_tensor_data_to_file(str(workdir))
     except UserError:
         raise
     except Exception as e:  # an op or a graph ExecuTorch cannot lower: name the program, not our stack
-        raise UserError(f"{what}: ExecuTorch cannot lower this program ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise UserError(
+            f"{what}: ExecuTorch cannot lower this program ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     ptd = workdir / f"{FOUNDATION_TAG}.ptd"
     data = {}
     if ptd.is_file():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 # Sentinel contents: text no template writes itself, and that survives any whitespace trimming.
 _S, _U, _A, _U2 = "\u27e6sys\u27e7", "\u27e6user\u27e7", "\u27e6assistant\u27e7", "\u27e6user2\u27e7"
@@ -35,11 +34,12 @@ _CHECKS = [
 
 
 def _render(tokenizer, messages, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+    return tokenizer.apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
-def _split(text: str, *sentinels: str) -> Optional[list[str]]:
+def _split(text: str, *sentinels: str) -> list[str] | None:
     """``text`` cut around each sentinel in turn: n sentinels give n + 1 pieces; None if one is missing."""
     pieces = []
     for s in sentinels:
@@ -50,14 +50,14 @@ def _split(text: str, *sentinels: str) -> Optional[list[str]]:
     return pieces + [text]
 
 
-def _cut(text: str, head: str = "", tail: str = "") -> Optional[str]:
+def _cut(text: str, head: str = "", tail: str = "") -> str | None:
     """``text`` without ``head`` at its start and ``tail`` at its end; None if it lacks either."""
     if not text.startswith(head) or not text.endswith(tail) or len(head) + len(tail) > len(text):
         return None
-    return text[len(head): len(text) - len(tail)]
+    return text[len(head) : len(text) - len(tail)]
 
 
-def _pieces(tokenizer) -> Optional[dict]:
+def _pieces(tokenizer) -> dict | None:
     """The pieces read off sentinel conversations (checked by the caller): each role's text before
     and after its content from where it sits between other messages, the prefix from what is left."""
     plain, with_gen = (_render(tokenizer, [("user", _U)], g) for g in (False, True))
@@ -78,7 +78,7 @@ def _pieces(tokenizer) -> Optional[dict]:
         system = _split(_render(tokenizer, [("system", _S), ("user", _U)], False), _S, _U)
     except Exception:  # templates that refuse a system message (Gemma's raise an exception)
         system = None
-    format_ = {"prefix": prefix, "roles": roles, "generation_prompt": with_gen[len(plain):]}
+    format_ = {"prefix": prefix, "roles": roles, "generation_prompt": with_gen[len(plain) :]}
     if system is not None:
         pre_system, post_system = _cut(system[0], head=prefix), _cut(system[1], tail=pre_user)
         if pre_system is not None and post_system is not None:
@@ -102,7 +102,7 @@ def apply(format_: dict, messages) -> str:
     return format_["prefix"] + "".join(roles[r][0] + c + roles[r][1] for r, c in turns) + format_["generation_prompt"]
 
 
-def resolve_chat_format(folder: Path) -> Optional[dict]:
+def resolve_chat_format(folder: Path) -> dict | None:
     """``{"prefix", "roles": {role: [before, after]}, "generation_prompt", "trim_content"}`` for the chat template of
     the tokenizer in ``folder``, or None when it has none or it cannot be written this way."""
     try:
@@ -119,8 +119,7 @@ def resolve_chat_format(folder: Path) -> Optional[dict]:
             return None
         # Templates that strip each message (Llama 3's `| trim`) are followed; others must keep it as is.
         padded = [("user", " Hi there \n")]
-        format_["trim_content"] = apply({**format_, "trim_content": True}, padded) == \
-            _render(tokenizer, padded, True)
+        format_["trim_content"] = apply({**format_, "trim_content": True}, padded) == _render(tokenizer, padded, True)
         for messages in _CHECKS + [padded]:
             if any(r not in format_["roles"] for r, _ in messages):
                 continue

@@ -16,20 +16,25 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-from .chat_format import resolve_chat_format
 from ..config import FoundationConfig
 from ..errors import UserError
 from ..files import sha256_file
 from ..manifest import MANIFEST, read_manifest_file
+from .chat_format import resolve_chat_format
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"
 # chat_template.jinja: where transformers >= 4.50 saves the chat template instead of tokenizer_config.json.
-TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, "tokenizer.model", "special_tokens_map.json",
-                   GENERATION_CONFIG, "chat_template.jinja")
+TOKENIZER_FILES = (
+    TOKENIZER_JSON,
+    TOKENIZER_CONFIG,
+    "tokenizer.model",
+    "special_tokens_map.json",
+    GENERATION_CONFIG,
+    "chat_template.jinja",
+)
 NO_TOKENIZER_HINT = "pass --tokens ids, or add foundation.tokenizer to the config and rebuild"
 
 
@@ -40,7 +45,7 @@ class TokenizerSource:
     folder: Path
     files: dict[str, Path]  # file name -> where it is now
     eos_token_ids: list[int]
-    bos_token_id: Optional[int]
+    bos_token_id: int | None
     chat_template: bool
 
 
@@ -64,14 +69,14 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _token_text(value) -> Optional[str]:
+def _token_text(value) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or an AddedToken mapping."""
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
 
 
-def _config_token_id(tokenizer, config: dict, key: str, path: Path) -> Optional[int]:
+def _config_token_id(tokenizer, config: dict, key: str, path: Path) -> int | None:
     """The id of tokenizer_config.json's ``key`` token (bos_token, eos_token), if it names one."""
     text = _token_text(config.get(key))
     if text is None:
@@ -91,7 +96,7 @@ def _generation_ids(config: dict, key: str, path: Path) -> list[int]:
     return values
 
 
-def tokenizer_folder(fnd: FoundationConfig) -> Optional[Path]:
+def tokenizer_folder(fnd: FoundationConfig) -> Path | None:
     """Where a build takes its tokenizer from: ``foundation.tokenizer``, else a GGUF checkpoint's own
     (gguf_checkpoint.gguf_tokenizer_folder), else the checkpoint folder when it has a tokenizer.json,
     else none (a synthetic foundation has no tokenizer)."""
@@ -106,7 +111,7 @@ def tokenizer_folder(fnd: FoundationConfig) -> Optional[Path]:
     return None
 
 
-def find_tokenizer(fnd: FoundationConfig, vocab_size: int) -> Optional[TokenizerSource]:
+def find_tokenizer(fnd: FoundationConfig, vocab_size: int) -> TokenizerSource | None:
     """The build's tokenizer, checked to fit a model of ``vocab_size`` ids; None if it has none."""
     folder = tokenizer_folder(fnd)
     if folder is None:
@@ -116,8 +121,10 @@ def find_tokenizer(fnd: FoundationConfig, vocab_size: int) -> Optional[Tokenizer
     tokenizer = load_tokenizer(tokenizer_json)
     top = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
     if top >= vocab_size:
-        raise UserError(f"{tokenizer_json}: has token id {top}, but the model's vocabulary is {vocab_size} ids "
-                        f"(0..{vocab_size - 1}): this is not the tokenizer of this model")
+        raise UserError(
+            f"{tokenizer_json}: has token id {top}, but the model's vocabulary is {vocab_size} ids "
+            f"(0..{vocab_size - 1}): this is not the tokenizer of this model"
+        )
     tok_cfg_path, gen_cfg_path = folder / TOKENIZER_CONFIG, folder / GENERATION_CONFIG
     tok_cfg = _read_json(tok_cfg_path) if TOKENIZER_CONFIG in files else {}
     gen_cfg = _read_json(gen_cfg_path) if GENERATION_CONFIG in files else {}
@@ -130,8 +137,9 @@ def find_tokenizer(fnd: FoundationConfig, vocab_size: int) -> Optional[Tokenizer
         bos = next(iter(_generation_ids(gen_cfg, "bos_token_id", gen_cfg_path)), None)
     for token_id in eos + ([bos] if bos is not None else []):
         if not 0 <= token_id < vocab_size:
-            raise UserError(f"{gen_cfg_path}: token id {token_id} is outside the model's vocabulary "
-                            f"(0..{vocab_size - 1})")
+            raise UserError(
+                f"{gen_cfg_path}: token id {token_id} is outside the model's vocabulary (0..{vocab_size - 1})"
+            )
     chat = bool(tok_cfg.get("chat_template")) or "chat_template.jinja" in files
     return TokenizerSource(folder, files, eos, bos, chat)
 
@@ -153,8 +161,13 @@ def stage_files(stage: Path, files: dict[str, Path], link: bool) -> dict[str, di
 
 def manifest_section(source: TokenizerSource, entries: dict[str, dict], fingerprint: str) -> dict:
     """manifest.json's ``tokenizer`` object for a build."""
-    section = {"files": entries, "foundation_fingerprint": fingerprint, "eos_token_ids": source.eos_token_ids,
-               "bos_token_id": source.bos_token_id, "chat_template": source.chat_template}
+    section = {
+        "files": entries,
+        "foundation_fingerprint": fingerprint,
+        "eos_token_ids": source.eos_token_ids,
+        "bos_token_id": source.bos_token_id,
+        "chat_template": source.chat_template,
+    }
     # The template as plain text pieces, for runtimes without Jinja (the C++ server), when it can be.
     chat_format = resolve_chat_format(source.folder) if source.chat_template else None
     if chat_format is not None:
@@ -186,7 +199,7 @@ class BoundTokenizer:
     folder: Path
     tokenizer: object  # tokenizers.Tokenizer
     eos_token_ids: list[int]
-    bos_token_id: Optional[int]
+    bos_token_id: int | None
     chat_template: bool
 
 
@@ -194,7 +207,7 @@ def _short(digest: str) -> str:
     return f"{digest[:12]}…"
 
 
-def _ptd_fingerprint(ptd: Path, required: bool = True) -> Optional[str]:
+def _ptd_fingerprint(ptd: Path, required: bool = True) -> str | None:
     """The foundation fingerprint recorded inside ``ptd``; without a record, None unless ``required``."""
     from ..formats import FormatError, read_ptd
     from ..formats.records import foundation_record
@@ -206,8 +219,10 @@ def _ptd_fingerprint(ptd: Path, required: bool = True) -> Optional[str]:
     if record is None and not required:
         return None
     if record is None:
-        raise UserError(f"{ptd} has no lora-share foundation record, so no tokenizer can be bound to it: "
-                        "rebuild it with lora-share build, or pass --tokens ids")
+        raise UserError(
+            f"{ptd} has no lora-share foundation record, so no tokenizer can be bound to it: "
+            "rebuild it with lora-share build, or pass --tokens ids"
+        )
     return record.fingerprint
 
 
@@ -229,9 +244,11 @@ def eos_ids_beside(ptd) -> list[int]:
     if fingerprint is None:
         return []
     if section.get("foundation_fingerprint") != fingerprint:
-        raise UserError(f"{manifest_path}: its tokenizer section (the EOS ids) is for foundation "
-                        f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
-                        f"{_short(fingerprint)}): copy manifest.json from the same build")
+        raise UserError(
+            f"{manifest_path}: its tokenizer section (the EOS ids) is for foundation "
+            f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
+            f"{_short(fingerprint)}): copy manifest.json from the same build"
+        )
     return [int(i) for i in section.get("eos_token_ids") or []]
 
 
@@ -257,23 +274,36 @@ def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:
     fingerprint = _ptd_fingerprint(ptd)
     listed = (manifest.get("foundation") or {}).get("fingerprint")
     if listed != fingerprint:
-        raise UserError(f"{manifest_path} describes foundation {_short(str(listed))}, not {ptd} (foundation "
-                        f"{_short(fingerprint)}): use the manifest.json and tokenizer files of {ptd.name}'s own build")
+        raise UserError(
+            f"{manifest_path} describes foundation {_short(str(listed))}, not {ptd} (foundation "
+            f"{_short(fingerprint)}): use the manifest.json and tokenizer files of {ptd.name}'s own build"
+        )
     if section.get("foundation_fingerprint") != fingerprint:
-        raise UserError(f"{manifest_path}: its tokenizer section is for foundation "
-                        f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
-                        f"{_short(fingerprint)}): copy the tokenizer files and manifest.json from the same build")
+        raise UserError(
+            f"{manifest_path}: its tokenizer section is for foundation "
+            f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
+            f"{_short(fingerprint)}): copy the tokenizer files and manifest.json from the same build"
+        )
     files = section.get("files") or {}
     if TOKENIZER_JSON not in files or not (folder / TOKENIZER_JSON).is_file():
-        raise UserError(f"{folder / TOKENIZER_JSON}: missing, but {ptd}'s build has it (listed in "
-                        f"{manifest_path}): copy {TOKENIZER_JSON} from the same build")
+        raise UserError(
+            f"{folder / TOKENIZER_JSON}: missing, but {ptd}'s build has it (listed in "
+            f"{manifest_path}): copy {TOKENIZER_JSON} from the same build"
+        )
     for name, entry in files.items():
         path = folder / name
         if not path.is_file():
             continue
         actual = sha256_file(path)
         if actual != entry.get("sha256"):
-            raise UserError(f"{path} (sha256 {_short(actual)}) is not the tokenizer {ptd} was built with "
-                            f"({MANIFEST} lists {_short(str(entry.get('sha256')))}): copy {name} from the same build")
-    return BoundTokenizer(folder, load_tokenizer(folder / TOKENIZER_JSON), list(section.get("eos_token_ids") or []),
-                          section.get("bos_token_id"), bool(section.get("chat_template")))
+            raise UserError(
+                f"{path} (sha256 {_short(actual)}) is not the tokenizer {ptd} was built with "
+                f"({MANIFEST} lists {_short(str(entry.get('sha256')))}): copy {name} from the same build"
+            )
+    return BoundTokenizer(
+        folder,
+        load_tokenizer(folder / TOKENIZER_JSON),
+        list(section.get("eos_token_ids") or []),
+        section.get("bos_token_id"),
+        bool(section.get("chat_template")),
+    )

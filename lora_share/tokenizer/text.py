@@ -8,7 +8,7 @@ transformers' ``AutoTokenizer(prompt)``. Decoding skips special tokens.
 
 from __future__ import annotations
 
-from typing import Callable, Collection, Optional
+from collections.abc import Callable, Collection
 
 from ..errors import UserError
 from .files import TOKENIZER_CONFIG, BoundTokenizer
@@ -32,19 +32,24 @@ def chat_prompt(bound: BoundTokenizer, message: str) -> list[int]:
     adding special tokens, as transformers does, since the template writes them itself.
     """
     if not bound.chat_template:
-        raise UserError(f"{bound.folder / TOKENIZER_CONFIG}: has no chat_template, so --chat cannot format a "
-                        "message: pass the text as the model expects it with --prompt")
+        raise UserError(
+            f"{bound.folder / TOKENIZER_CONFIG}: has no chat_template, so --chat cannot format a "
+            "message: pass the text as the model expects it with --prompt"
+        )
     try:  # only --chat needs transformers: imported here so everything else runs without it
         from transformers import PreTrainedTokenizerFast
     except ImportError:
-        raise UserError("--chat renders the model's chat template with transformers, which is not installed: "
-                        "pip install 'lora-share[chat]', or pass the formatted text with --prompt") from None
+        raise UserError(
+            "--chat renders the model's chat template with transformers, which is not installed: "
+            "pip install 'lora-share[chat]', or pass the formatted text with --prompt"
+        ) from None
     import jinja2
 
     hf = PreTrainedTokenizerFast.from_pretrained(str(bound.folder))
     try:
-        rendered = hf.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                          tokenize=False)
+        rendered = hf.apply_chat_template(
+            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+        )
     except jinja2.TemplateError as e:
         raise UserError(f"{bound.folder / TOKENIZER_CONFIG}: its chat_template failed on the message: {e}") from None
     ids = bound.tokenizer.encode(rendered, add_special_tokens=False).ids
@@ -63,7 +68,7 @@ class TextStream:
     ``stop_ids`` (end of sequence) are not text and are left out.
     """
 
-    def __init__(self, tokenizer, write: Optional[Callable[[str], None]] = None, stop_ids: Collection[int] = ()):
+    def __init__(self, tokenizer, write: Callable[[str], None] | None = None, stop_ids: Collection[int] = ()):
         self.tokenizer, self.write, self.stop_ids = tokenizer, write, frozenset(stop_ids)
         self.ids: list[int] = []
         self.written = ""
@@ -91,5 +96,5 @@ class TextStream:
         # for the decoders of causal LMs); only text that extends what was written goes out.
         if text.startswith(self.written) and len(text) > len(self.written):
             if self.write is not None:
-                self.write(text[len(self.written):])
+                self.write(text[len(self.written) :])
             self.written = text

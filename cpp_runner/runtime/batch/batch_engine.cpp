@@ -67,17 +67,16 @@ struct BatchEngine::Impl {
 
   Status check_row(size_t row, const char* what) const {
     if (row >= rows)
-      return Status::usage(std::string(what) + ": row " + std::to_string(row) +
-                           " is outside the engine's " + std::to_string(rows) + " rows");
+      return Status::usage(std::string(what) + ": row " + std::to_string(row) + " is outside the engine's " +
+                           std::to_string(rows) + " rows");
     if (row_lora[row].empty())
-      return Status::usage(std::string(what) + ": row " + std::to_string(row) +
-                           " has no adapter yet (set_row first)");
+      return Status::usage(std::string(what) + ": row " + std::to_string(row) + " has no adapter yet (set_row first)");
     return Status();
   }
   Status check_slot(size_t slot, const char* what) const {
     if (slot >= slots)
-      return Status::usage(std::string(what) + ": slot " + std::to_string(slot) +
-                           " is outside the engine's " + std::to_string(slots) + " KV slots");
+      return Status::usage(std::string(what) + ": slot " + std::to_string(slot) + " is outside the engine's " +
+                           std::to_string(slots) + " KV slots");
     return Status();
   }
 };
@@ -88,14 +87,16 @@ BatchEngine::~BatchEngine() = default;
 StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& program, size_t slots) {
   const std::string& pte = program.pte();
   if (!program.file_has_batch())
-    return Status::usage(pte + ": built by an older lora-share (no decode_batch method): "
+    return Status::usage(pte +
+                         ": built by an older lora-share (no decode_batch method): "
                          "rebuild it with this version to run several requests at once");
   if (!program.has_batch() || program.kv().data == nullptr)
-    return Status::usage(pte + ": loaded with one KV slot; batching needs several KV slots "
+    return Status::usage(pte +
+                         ": loaded with one KV slot; batching needs several KV slots "
                          "(ls_options.parallel > 1)");
   if (slots < 1 || slots > program.kv_slots())
-    return Status::usage(pte + ": " + std::to_string(slots) + " slots asked for; the program " +
-                         "was opened with " + std::to_string(program.kv_slots()));
+    return Status::usage(pte + ": " + std::to_string(slots) + " slots asked for; the program " + "was opened with " +
+                         std::to_string(program.kv_slots()));
   MethodMeta meta = program.batch_meta();
   const KvLayout& kv = program.kv().layout;
   const std::vector<LoraShape>& shapes = program.lora_shapes();
@@ -103,14 +104,12 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
   std::vector<int64_t> tokens = input_sizes(meta, 0), pool = input_sizes(meta, 3);
   if (meta.num_inputs() != expected || tokens.size() != 2 || pool.size() != 3 ||
       meta.num_outputs() != 1 + static_cast<size_t>(kv.groups))
-    return Status::failure(pte + ": decode_batch takes " + std::to_string(meta.num_inputs()) +
-                           " inputs and returns " + std::to_string(meta.num_outputs()) +
-                           "; the export contract (docs/batching.md) takes " +
-                           std::to_string(expected) + " and returns " +
-                           std::to_string(1 + kv.groups));
+    return Status::failure(pte + ": decode_batch takes " + std::to_string(meta.num_inputs()) + " inputs and returns " +
+                           std::to_string(meta.num_outputs()) + "; the export contract (docs/batching.md) takes " +
+                           std::to_string(expected) + " and returns " + std::to_string(1 + kv.groups));
   if (static_cast<int64_t>(slots) > pool[0])
-    return Status::usage(pte + ": decode_batch takes at most " + std::to_string(pool[0]) +
-                         " KV slots; " + std::to_string(slots) + " asked for");
+    return Status::usage(pte + ": decode_batch takes at most " + std::to_string(pool[0]) + " KV slots; " +
+                         std::to_string(slots) + " asked for");
   auto impl = std::make_unique<Impl>();
   impl->program = &program;
   impl->slots = slots;
@@ -121,11 +120,10 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
     const LoraShape& shape = shapes[s];
     if (a != std::vector<int64_t>{tokens[0], shape.max_rank, shape.in} ||
         b != std::vector<int64_t>{tokens[0], shape.out, shape.max_rank})
-      return Status::failure(pte + ": decode_batch's LoRA inputs of envelope slot " +
-                             std::to_string(s) + " are not A [rows, " +
-                             std::to_string(shape.max_rank) + ", " + std::to_string(shape.in) +
-                             "] and B [rows, " + std::to_string(shape.out) + ", " +
-                             std::to_string(shape.max_rank) + "] (rebuild a program exported "
+      return Status::failure(pte + ": decode_batch's LoRA inputs of envelope slot " + std::to_string(s) +
+                             " are not A [rows, " + std::to_string(shape.max_rank) + ", " + std::to_string(shape.in) +
+                             "] and B [rows, " + std::to_string(shape.out) + ", " + std::to_string(shape.max_rank) +
+                             "] (rebuild a program exported "
                              "before lora-share's exporter revision 13)");
     impl->a_rows.emplace_back(impl->rows * shape.in * shape.max_rank, 0.0f);
     impl->b_rows.emplace_back(impl->rows * shape.max_rank * shape.out, 0.0f);
@@ -155,8 +153,8 @@ bool BatchEngine::ring() const { return impl_->program->kv().layout.ring > 0; }
 Status BatchEngine::set_row(size_t row, const LoraData* lora) {
   Impl& e = *impl_;
   if (row >= e.rows)
-    return Status::usage("set_row: row " + std::to_string(row) + " is outside the engine's " +
-                         std::to_string(e.rows) + " rows");
+    return Status::usage("set_row: row " + std::to_string(row) + " is outside the engine's " + std::to_string(e.rows) +
+                         " rows");
   const std::vector<LoraShape>& shapes = e.program->lora_shapes();
   if (lora != nullptr && lora->slots().size() != shapes.size())
     return Status::usage("set_row: the adapter has " + std::to_string(lora->slots().size()) +
@@ -168,8 +166,8 @@ Status BatchEngine::set_row(size_t row, const LoraData* lora) {
   return Status();
 }
 
-Status BatchEngine::prefill(size_t row, size_t slot, const std::vector<int64_t>& tokens,
-                            int64_t pos, std::vector<float>* logits) {
+Status BatchEngine::prefill(size_t row, size_t slot, const std::vector<int64_t>& tokens, int64_t pos,
+                            std::vector<float>* logits) {
   Impl& e = *impl_;
   Status s = e.check_row(row, "prefill");
   if (!s.ok()) return s;
@@ -177,41 +175,35 @@ Status BatchEngine::prefill(size_t row, size_t slot, const std::vector<int64_t>&
   if (!s.ok()) return s;
   if (static_cast<int64_t>(tokens.size()) > prefill_chunk())
     return Status::usage("prefill: " + std::to_string(tokens.size()) +
-                         " tokens in one chunk; the program takes at most " +
-                         std::to_string(prefill_chunk()));
+                         " tokens in one chunk; the program takes at most " + std::to_string(prefill_chunk()));
   return e.program->step_in(e.program->kv().at_slot(slot), e.row_lora[row], tokens, pos, logits,
-                            e.program->pte() + " (row " + std::to_string(row) + ", slot " +
-                                std::to_string(slot) + ")");
+                            e.program->pte() + " (row " + std::to_string(row) + ", slot " + std::to_string(slot) + ")");
 }
 
 Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>* logits) {
   Impl& e = *impl_;
   size_t n = rows.size();
   if (n == 0 || n > e.rows)
-    return Status::usage("decode: " + std::to_string(n) + " rows; the engine runs 1.." +
-                         std::to_string(e.rows));
+    return Status::usage("decode: " + std::to_string(n) + " rows; the engine runs 1.." + std::to_string(e.rows));
   int64_t vocab = vocab_size(), max_seq = max_seq_len();
   // Batch index b is the row's LoRA buffer row: rows 0..n-1 of them, read in place.
   std::vector<int64_t> tokens(n), pos(n), slots(n);
   std::vector<bool> row_seen(n, false), slot_seen(e.slots, false);
   for (const BatchRow& r : rows) {
     if (r.row >= n || row_seen[r.row])
-      return Status::usage("decode: the rows of a step must be rows 0.." + std::to_string(n - 1) +
-                           ", each once (row " + std::to_string(r.row) + ")");
+      return Status::usage("decode: the rows of a step must be rows 0.." + std::to_string(n - 1) + ", each once (row " +
+                           std::to_string(r.row) + ")");
     Status s = e.check_row(r.row, "decode");
     if (!s.ok()) return s;
     s = e.check_slot(r.slot, "decode");
     if (!s.ok()) return s;
-    if (slot_seen[r.slot])
-      return Status::usage("decode: two rows on KV slot " + std::to_string(r.slot));
+    if (slot_seen[r.slot]) return Status::usage("decode: two rows on KV slot " + std::to_string(r.slot));
     if (r.pos < 0 || r.pos >= max_seq)
-      return Status::usage("decode: row " + std::to_string(r.row) + "'s position " +
-                           std::to_string(r.pos) + " is outside its KV cache of " +
-                           std::to_string(max_seq) + " (max_seq_len)");
+      return Status::usage("decode: row " + std::to_string(r.row) + "'s position " + std::to_string(r.pos) +
+                           " is outside its KV cache of " + std::to_string(max_seq) + " (max_seq_len)");
     if (r.token < 0 || r.token >= vocab)
-      return Status::usage("decode: row " + std::to_string(r.row) + "'s token " +
-                           std::to_string(r.token) + " is outside the vocabulary of " +
-                           std::to_string(vocab));
+      return Status::usage("decode: row " + std::to_string(r.row) + "'s token " + std::to_string(r.token) +
+                           " is outside the vocabulary of " + std::to_string(vocab));
     row_seen[r.row] = slot_seen[r.slot] = true;
     tokens[r.row] = r.token;
     pos[r.row] = r.pos;
@@ -227,8 +219,7 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
   // Every pool whole, in place: slot 0's slab j starts pool j.
   for (int64_t j = 0; j < layout.slabs; ++j)
     tensors.push_back(make_tensor_ptr(
-        {dim(kv.pool_slots), static_cast<SizesType>(layout.rows(j)),
-         static_cast<SizesType>(layout.head_dim)},
+        {dim(kv.pool_slots), static_cast<SizesType>(layout.rows(j)), static_cast<SizesType>(layout.head_dim)},
         kv.at_slot(0).slab(j), layout.dtype));
   const std::vector<LoraShape>& shapes = e.program->lora_shapes();
   for (size_t s = 0; s < shapes.size(); ++s) {
@@ -255,8 +246,8 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
   const EValue& head = (*outputs)[0];
   if (!head.isTensor() || head.toTensor().scalar_type() != ScalarType::Float ||
       static_cast<size_t>(head.toTensor().numel()) != n * static_cast<size_t>(vocab))
-    return Status::failure(what + " did not return float32 logits [" + std::to_string(n) +
-                           ", " + std::to_string(vocab) + "]");
+    return Status::failure(what + " did not return float32 logits [" + std::to_string(n) + ", " +
+                           std::to_string(vocab) + "]");
   const float* all = head.toTensor().const_data_ptr<float>();
   logits->resize(n * static_cast<size_t>(vocab));
   for (size_t i = 0; i < n; ++i)
@@ -269,9 +260,8 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
     const EValue& value = (*outputs)[static_cast<size_t>(g) + 1];
     if (!value.isTensor() || value.toTensor().scalar_type() != layout.dtype ||
         static_cast<size_t>(value.toTensor().numel()) != n * heads * layout.head_dim)
-      return Status::failure(what + ": output " + std::to_string(g + 1) + " is not [" +
-                             std::to_string(n) + ", " + std::to_string(heads) + ", " +
-                             std::to_string(layout.head_dim) + "] " +
+      return Status::failure(what + ": output " + std::to_string(g + 1) + " is not [" + std::to_string(n) + ", " +
+                             std::to_string(heads) + ", " + std::to_string(layout.head_dim) + "] " +
                              (layout.dtype == ScalarType::Half ? "float16" : "float32") +
                              " (the new rows of KV slabs " + std::to_string(g * heads) + "..)");
     const uint8_t* block = static_cast<const uint8_t*>(value.toTensor().const_data_ptr());
@@ -282,8 +272,7 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
         int64_t at = layout.is_ring[slab] ? 1 + pos[b] % layout.ring : pos[b] + 1;
         // The context's last position has no row: no later call reads it.
         if (!layout.is_ring[slab] && at >= max_seq) continue;
-        std::memcpy(slot.slab(slab) + at * row_bytes, block + (b * heads + h) * row_bytes,
-                    row_bytes);
+        std::memcpy(slot.slab(slab) + at * row_bytes, block + (b * heads + h) * row_bytes, row_bytes);
       }
     }
   }

@@ -77,8 +77,7 @@ class BatchEngine {
   // prefill_chunk()); writes their K/V into the slot; logits (vocab_size()
   // floats) of the last token. Equals the one-row path (SharedProgram::step
   // with forward) on the same adapter, tokens and earlier KV.
-  Status prefill(size_t row, size_t slot, const std::vector<int64_t>& tokens, int64_t pos,
-                 std::vector<float>* logits);
+  Status prefill(size_t row, size_t slot, const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits);
 
   // One decode_batch step over `rows` (each row's token at its pos in its
   // slot; their `row` fields exactly 0..rows.size()-1, each once; no two rows

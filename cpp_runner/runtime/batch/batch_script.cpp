@@ -36,8 +36,7 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
       auto adapter = pool.acquire(r.index);
       if (!adapter.ok()) return adapter.status();
       auto* shared = dynamic_cast<SharedAdapter*>(adapter.value());
-      if (shared == nullptr)
-        return Status::usage("batching needs the shared loading (not stock Modules)");
+      if (shared == nullptr) return Status::usage("batching needs the shared loading (not stock Modules)");
       adapters[r.index] = shared;
     }
   SharedProgram* program = nullptr;
@@ -76,25 +75,21 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
       ScriptRequest* r = order[started++];
       size_t row = live.size();
       if (row >= engine.rows())
-        return Status::usage("more live requests than the engine's " +
-                             std::to_string(engine.rows()) + " rows");
+        return Status::usage("more live requests than the engine's " + std::to_string(engine.rows()) + " rows");
       for (const Live& l : live)
-        if (l.request->slot == r->slot)
-          return Status::usage("two live requests on KV slot " + std::to_string(r->slot));
+        if (l.request->slot == r->slot) return Status::usage("two live requests on KV slot " + std::to_string(r->slot));
       const LoraData* lora = adapters[r->index]->lora_data();
       Status s = engine.set_row(row, lora);
       if (!s.ok()) return s;
       std::vector<float> logits;
       int64_t chunk = engine.prefill_chunk();
       for (size_t at = 0; at < r->prompt.size(); at += static_cast<size_t>(chunk)) {
-        std::vector<int64_t> part(r->prompt.begin() + at,
-                                  r->prompt.begin() + std::min(r->prompt.size(), at + chunk));
+        std::vector<int64_t> part(r->prompt.begin() + at, r->prompt.begin() + std::min(r->prompt.size(), at + chunk));
         s = engine.prefill(row, r->slot, part, static_cast<int64_t>(at), &logits);
         if (!s.ok()) return s;
       }
       pick(r, logits.data(), vocab);
-      if (r->max_new_tokens > 1)
-        live.push_back({r, lora, static_cast<int64_t>(r->prompt.size())});
+      if (r->max_new_tokens > 1) live.push_back({r, lora, static_cast<int64_t>(r->prompt.size())});
     }
     if (live.empty()) continue;
     std::vector<BatchRow> rows;
@@ -110,8 +105,7 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
     }
     // Leavers: the last row moves into a leaver's place, so rows stay 0..B-1.
     for (size_t i = live.size(); i-- > 0;) {
-      if (static_cast<int64_t>(live[i].request->tokens.size()) < live[i].request->max_new_tokens)
-        continue;
+      if (static_cast<int64_t>(live[i].request->tokens.size()) < live[i].request->max_new_tokens) continue;
       if (i + 1 != live.size()) {
         live[i] = live.back();
         Status moved = engine.set_row(i, live[i].lora);

@@ -19,9 +19,9 @@ namespace lora_share {
 struct ScriptRequest {
   size_t index = AdapterPool::kBase;  // the adapter (kBase: the foundation alone)
   std::vector<int64_t> prompt;
-  size_t slot = 0;              // its KV slot
-  int64_t max_new_tokens = 1;   // greedy tokens, no stop ids
-  int64_t joins = 0;            // the decode step before which it arrives
+  size_t slot = 0;             // its KV slot
+  int64_t max_new_tokens = 1;  // greedy tokens, no stop ids
+  int64_t joins = 0;           // the decode step before which it arrives
   // Out: its tokens, and the logits each was picked from (tokens x vocab).
   std::vector<int64_t> tokens;
   std::vector<float> logits;

@@ -17,8 +17,8 @@ ls_diag_slots* ls_diag_slots_new(size_t slots, int ring) {
 
 void ls_diag_slots_free(ls_diag_slots* table) { delete table; }
 
-int ls_diag_slots_claim(ls_diag_slots* table, uint64_t adapter, const int64_t* tokens, size_t n,
-                        size_t* slot, size_t* kept) {
+int ls_diag_slots_claim(ls_diag_slots* table, uint64_t adapter, const int64_t* tokens, size_t n, size_t* slot,
+                        size_t* kept) {
   auto claim = table->table.claim(adapter, std::vector<int64_t>(tokens, tokens + n));
   if (!claim) return 1;
   *slot = claim->slot;

@@ -156,8 +156,9 @@ void Scheduler::admit() {
   // Loading a program of another shape re-plans the arena: the engine's
   // program and every row's LoRA are gone, so are their requests.
   if (engine_ && pool_.programs_generation() != engine_generation_) {
-    fail_active(Status::failure("a program of another shape was loaded while this request ran "
-                                "(the runtime re-planned its memory): run it again"));
+    fail_active(
+        Status::failure("a program of another shape was loaded while this request ran "
+                        "(the runtime re-planned its memory): run it again"));
     engine_.reset();
     table_.reset();
   }
@@ -217,14 +218,14 @@ void Scheduler::run_alone(Job& job) {
   table_.reset();
   engine_.reset();
   const BatchRequest& r = job.request;
-  auto g = pool_.generate(r.adapter, r.prompt, r.max_new_tokens, r.sampling, r.stop_ids, r.keep_logits,
-                          [&](int64_t token) {
-                            job.tokens.push_back(token);
-                            std::lock_guard<std::mutex> q(mu_);
-                            job.pending.push_back(token);
-                            job.ready.notify_all();
-                            return !job.cancelled.load();
-                          });
+  auto g =
+      pool_.generate(r.adapter, r.prompt, r.max_new_tokens, r.sampling, r.stop_ids, r.keep_logits, [&](int64_t token) {
+        job.tokens.push_back(token);
+        std::lock_guard<std::mutex> q(mu_);
+        job.pending.push_back(token);
+        job.ready.notify_all();
+        return !job.cancelled.load();
+      });
   if (!g.ok()) return finish(job, g.status());
   job.logits = std::move(g->logits);
   finish(job, Status(), &g.value());

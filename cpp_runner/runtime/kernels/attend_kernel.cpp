@@ -208,8 +208,7 @@ struct OpsPortable {
   }
   // s[r*ss + c] += q[r] . k[c] for r < nr, c < n. kt: scratch for one key row.
   template <class T>
-  static void scores(const float* q, int nr, int hdp, const T* k, int n, int hd, float* kt, float* s,
-                     int ss) {
+  static void scores(const float* q, int nr, int hdp, const T* k, int n, int hd, float* kt, float* s, int ss) {
     for (int c = 0; c < n; ++c) {
       const float* kr;
       if constexpr (std::is_same_v<T, float>) {
@@ -224,8 +223,7 @@ struct OpsPortable {
   }
   // acc[r*hdp + d] += sum_c p[r*ps + c] * v[c][d]. vt: scratch for one value row.
   template <class T>
-  static void pv(const float* p, int nr, int ps, const T* v, int n, int hd, float* acc, int hdp,
-                 float* vt) {
+  static void pv(const float* p, int nr, int ps, const T* v, int n, int hd, float* acc, int hdp, float* vt) {
     for (int c = 0; c < n; ++c) {
       const float* vr;
       if constexpr (std::is_same_v<T, float>) {
@@ -268,9 +266,7 @@ LS_AVX512_INLINE __m512 ld16(const half_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 LS_AVX512_INLINE __m512 ld16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-LS_AVX512_INLINE __m512 ld16(const half_t* p, __mmask16 m) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
+LS_AVX512_INLINE __m512 ld16(const half_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 LS_AVX512_INLINE __mmask16 mask16(int n) {  // the first n lanes, 0 <= n <= 16
   return static_cast<__mmask16>((1u << n) - 1u);
 }
@@ -304,8 +300,7 @@ LS_AVX512_INLINE __m512 reduce16x16(const __m512* a) {
     c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
   for (int i = 0; i < 2; ++i)  // chunk j: lanes 0,2 key 8i+j, lanes 1,3 key 8i+4+j
-    d[i] = _mm512_add_ps(_mm512_unpacklo_ps(c[2 * i], c[2 * i + 1]),
-                         _mm512_unpackhi_ps(c[2 * i], c[2 * i + 1]));
+    d[i] = _mm512_add_ps(_mm512_unpacklo_ps(c[2 * i], c[2 * i + 1]), _mm512_unpackhi_ps(c[2 * i], c[2 * i + 1]));
   // chunk j: lane 0 key j, lane 1 key 8+j, lane 2 key 4+j, lane 3 key 12+j
   const __m512 e = _mm512_add_ps(_mm512_unpacklo_ps(d[0], d[1]), _mm512_unpackhi_ps(d[0], d[1]));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
@@ -313,8 +308,8 @@ LS_AVX512_INLINE __m512 reduce16x16(const __m512* a) {
 }
 
 template <int NR, int NC, bool Masked, class T>
-LS_AVX512_INLINE void pv_tile512(const float* p, int ps, const T* v, int n, int hd, float* acc,
-                                 int hdp, __mmask16 last) {
+LS_AVX512_INLINE void pv_tile512(const float* p, int ps, const T* v, int n, int hd, float* acc, int hdp,
+                                 __mmask16 last) {
   const int64_t ahead = static_cast<int64_t>(prefetch_rows(hd * static_cast<int64_t>(sizeof(T)))) * hd;
   __m512 a[NR][NC];
   for (int r = 0; r < NR; ++r)
@@ -326,8 +321,7 @@ LS_AVX512_INLINE void pv_tile512(const float* p, int ps, const T* v, int n, int 
       for (int b = 0; b < 64 * static_cast<int>(sizeof(T)); b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
     }
     __m512 vv[NC];
-    for (int j = 0; j < NC; ++j)
-      vv[j] = (Masked && j == NC - 1) ? ld16(vr + 16 * j, last) : ld16(vr + 16 * j);
+    for (int j = 0; j < NC; ++j) vv[j] = (Masked && j == NC - 1) ? ld16(vr + 16 * j, last) : ld16(vr + 16 * j);
     for (int r = 0; r < NR; ++r) {
       const __m512 pb = _mm512_set1_ps(p[r * ps + c]);
       for (int j = 0; j < NC; ++j) a[r][j] = _mm512_fmadd_ps(pb, vv[j], a[r][j]);
@@ -346,10 +340,18 @@ LS_AVX512 void pv_rows512(const float* p, int ps, const T* v, int n, int hd, flo
   const int nc = (rest + 15) / 16;
   const __mmask16 last = mask16(rest - 16 * (nc - 1));
   switch (nc) {
-    case 1: pv_tile512<NR, 1, true>(p, ps, v + d, n, hd, acc + d, hdp, last); break;
-    case 2: pv_tile512<NR, 2, true>(p, ps, v + d, n, hd, acc + d, hdp, last); break;
-    case 3: pv_tile512<NR, 3, true>(p, ps, v + d, n, hd, acc + d, hdp, last); break;
-    default: pv_tile512<NR, 4, true>(p, ps, v + d, n, hd, acc + d, hdp, last); break;
+    case 1:
+      pv_tile512<NR, 1, true>(p, ps, v + d, n, hd, acc + d, hdp, last);
+      break;
+    case 2:
+      pv_tile512<NR, 2, true>(p, ps, v + d, n, hd, acc + d, hdp, last);
+      break;
+    case 3:
+      pv_tile512<NR, 3, true>(p, ps, v + d, n, hd, acc + d, hdp, last);
+      break;
+    default:
+      pv_tile512<NR, 4, true>(p, ps, v + d, n, hd, acc + d, hdp, last);
+      break;
   }
 }
 
@@ -455,21 +457,25 @@ struct OpsAvx512 {
       _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
       const __mmask16 m = mask16(n - i);
-      _mm512_mask_storeu_ps(
-          y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+      _mm512_mask_storeu_ps(y + i, m,
+                            _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
     }
   }
   // s[r*ss + c] += q[r] . k[c]. q rows are zero-padded to hdp (a multiple of 16);
   // key rows are used in place (float32, hd == hdp) or converted 16 at a time
   // into kt (16 x hdp, zero-padded), once for all rows.
   template <class T>
-  LS_AVX512 static void scores(const float* q, int nr, int hdp, const T* k, int n, int hd, float* kt,
-                               float* s, int ss) {
+  LS_AVX512 static void scores(const float* q, int nr, int hdp, const T* k, int n, int hd, float* kt, float* s,
+                               int ss) {
     switch (hd) {
-      case 64: return scores512_fixed<64>(q, nr, k, n, kt, s, ss);
-      case 128: return scores512_fixed<128>(q, nr, k, n, kt, s, ss);
-      case 256: return scores512_fixed<256>(q, nr, k, n, kt, s, ss);
-      default: break;
+      case 64:
+        return scores512_fixed<64>(q, nr, k, n, kt, s, ss);
+      case 128:
+        return scores512_fixed<128>(q, nr, k, n, kt, s, ss);
+      case 256:
+        return scores512_fixed<256>(q, nr, k, n, kt, s, ss);
+      default:
+        break;
     }
     constexpr bool kDirect = std::is_same_v<T, float>;
     const bool direct = kDirect && hd == hdp;
@@ -516,15 +522,21 @@ struct OpsAvx512 {
   // accumulators of 64 columns in registers; each value row is loaded (and
   // converted) once per four rows.
   template <class T>
-  LS_AVX512 static void pv(const float* p, int nr, int ps, const T* v, int n, int hd, float* acc, int hdp,
-                           float*) {
+  LS_AVX512 static void pv(const float* p, int nr, int ps, const T* v, int n, int hd, float* acc, int hdp, float*) {
     int r = 0;
     for (; r + 4 <= nr; r += 4) pv_rows512<4>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
     switch (nr - r) {
-      case 3: pv_rows512<3>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp); break;
-      case 2: pv_rows512<2>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp); break;
-      case 1: pv_rows512<1>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp); break;
-      default: break;
+      case 3:
+        pv_rows512<3>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
+        break;
+      case 2:
+        pv_rows512<2>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
+        break;
+      case 1:
+        pv_rows512<1>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
+        break;
+      default:
+        break;
     }
   }
   LS_AVX512 static void store(const float* acc, float f, int hd, float* dst) {
@@ -537,13 +549,13 @@ struct OpsAvx512 {
     const __m512 vf = _mm512_set1_ps(f);
     int d = 0;
     for (; d + 16 <= hd; d += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d),
-                          _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vf),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(dst + d),
+          _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vf), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     if (d < hd)
-      _mm256_mask_storeu_epi16(dst + d, mask16(hd - d),
-                               _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vf),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm256_mask_storeu_epi16(
+          dst + d, mask16(hd - d),
+          _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(acc + d), vf), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 };
 
@@ -726,13 +738,16 @@ struct OpsAvx2 {
     for (; i < n; ++i) y[i] += a * x[i];
   }
   template <class T>
-  LS_AVX2 static void scores(const float* q, int nr, int hdp, const T* k, int n, int hd, float* kt,
-                             float* s, int ss) {
+  LS_AVX2 static void scores(const float* q, int nr, int hdp, const T* k, int n, int hd, float* kt, float* s, int ss) {
     switch (hd) {
-      case 64: return scores256_fixed<64>(q, nr, k, n, kt, s, ss);
-      case 128: return scores256_fixed<128>(q, nr, k, n, kt, s, ss);
-      case 256: return scores256_fixed<256>(q, nr, k, n, kt, s, ss);
-      default: break;
+      case 64:
+        return scores256_fixed<64>(q, nr, k, n, kt, s, ss);
+      case 128:
+        return scores256_fixed<128>(q, nr, k, n, kt, s, ss);
+      case 256:
+        return scores256_fixed<256>(q, nr, k, n, kt, s, ss);
+      default:
+        break;
     }
     constexpr bool kDirect = std::is_same_v<T, float>;
     const bool direct = kDirect && hd == hdp;
@@ -776,15 +791,21 @@ struct OpsAvx2 {
     }
   }
   template <class T>
-  LS_AVX2 static void pv(const float* p, int nr, int ps, const T* v, int n, int hd, float* acc, int hdp,
-                         float*) {
+  LS_AVX2 static void pv(const float* p, int nr, int ps, const T* v, int n, int hd, float* acc, int hdp, float*) {
     int r = 0;
     for (; r + 4 <= nr; r += 4) pv_rows256<4>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
     switch (nr - r) {
-      case 3: pv_rows256<3>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp); break;
-      case 2: pv_rows256<2>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp); break;
-      case 1: pv_rows256<1>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp); break;
-      default: break;
+      case 3:
+        pv_rows256<3>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
+        break;
+      case 2:
+        pv_rows256<2>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
+        break;
+      case 1:
+        pv_rows256<1>(p + r * ps, ps, v, n, hd, acc + r * hdp, hdp);
+        break;
+      default:
+        break;
     }
   }
   LS_AVX2 static void store(const float* acc, float f, int hd, float* dst) {
@@ -797,9 +818,9 @@ struct OpsAvx2 {
     const __m256 vf = _mm256_set1_ps(f);
     int d = 0;
     for (; d + 8 <= hd; d += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + d),
-                       _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(acc + d), vf),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(dst + d),
+          _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(acc + d), vf), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     for (; d < hd; ++d) dst[d] = _cvtss_sh(acc[d] * f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
 };
@@ -842,16 +863,14 @@ thread_local Scratch t_partials;  // the calling thread's per-task partial resul
 
 // One task's partial result: acc [kRowBlock][hdp], then m [kRowBlock], l [kRowBlock].
 inline size_t partial_floats(int64_t hdp) { return static_cast<size_t>(kRowBlock * (hdp + 2)); }
-inline size_t work_floats(int64_t hdp) {
-  return static_cast<size_t>(kRowBlock * hdp + kRowBlock * kChunk + 16 * hdp);
-}
+inline size_t work_floats(int64_t hdp) { return static_cast<size_t>(kRowBlock * hdp + kRowBlock * kChunk + 16 * hdp); }
 
 template <class Ops, class T>
 struct Attend {
   // Rows [r0, r0 + nr) of head h over positions [p0, p1) of the S + T: running
   // max m, sum l and unnormalised accumulator acc (nr x hdp) per row.
-  static void block(const Problem& P, int64_t h, int64_t r0, int nr, int64_t p0, int64_t p1,
-                    float* acc, float* m, float* l, float* work) {
+  static void block(const Problem& P, int64_t h, int64_t r0, int nr, int64_t p0, int64_t p1, float* acc, float* m,
+                    float* l, float* work) {
     const int hd = static_cast<int>(P.hd), hdp = static_cast<int>(P.hdp);
     float* q32 = work;
     float* s = q32 + kRowBlock * hdp;
@@ -1046,8 +1065,7 @@ Impl pick_impl() {
   const bool any = want == nullptr || *want == '\0';
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   if (avx512 && (any || std::strcmp(want, "avx512") == 0)) return impl_of<OpsAvx512>("avx512");
@@ -1107,9 +1125,9 @@ int64_t slab_rows(const char* op, const char* dtype_of, TensorList keys, TensorL
   return S;
 }
 
-void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q,
-                 const void* k_new, const void* v_new, const void* bias, TensorList keys, TensorList values,
-                 void* out, int64_t slab_offset) {
+void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q, const void* k_new,
+                 const void* v_new, const void* bias, TensorList keys, TensorList values, void* out,
+                 int64_t slab_offset) {
   Problem P;
   P.n_kv = n_kv;
   P.R = R;
@@ -1130,8 +1148,8 @@ void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int6
 }
 
 executorch::aten::Tensor& attend_out(executorch::runtime::KernelRuntimeContext& ctx, const Tensor& q,
-                                     const Tensor& k_new, const Tensor& v_new, const Tensor& bias,
-                                     TensorList keys, TensorList values, Tensor& out) {
+                                     const Tensor& k_new, const Tensor& v_new, const Tensor& bias, TensorList keys,
+                                     TensorList values, Tensor& out) {
   using executorch::runtime::Error;
   const ScalarType dtype = q.scalar_type();
   ET_KERNEL_CHECK_MSG(ctx, dtype == ScalarType::Float || dtype == ScalarType::Half, InvalidArgument, out,
@@ -1143,13 +1161,14 @@ executorch::aten::Tensor& attend_out(executorch::runtime::KernelRuntimeContext& 
                       "attend: k_new and v_new must be [n_kv, T, hd]");
   const int64_t T = k_new.size(1);
   ET_KERNEL_CHECK_MSG(ctx,
-                      k_new.size(0) == n_kv && k_new.size(2) == hd && v_new.size(0) == n_kv &&
-                          v_new.size(1) == T && v_new.size(2) == hd,
+                      k_new.size(0) == n_kv && k_new.size(2) == hd && v_new.size(0) == n_kv && v_new.size(1) == T &&
+                          v_new.size(2) == hd,
                       InvalidArgument, out,
                       "attend: k_new and v_new must both be [n_kv=%" PRId64 ", T, hd=%" PRId64 "]", n_kv, hd);
   ET_KERNEL_CHECK_MSG(ctx, static_cast<int64_t>(keys.size()) == n_kv && static_cast<int64_t>(values.size()) == n_kv,
-                      InvalidArgument, out, "attend: keys and values must hold n_kv=%" PRId64 " tensors, got %zu and %zu",
-                      n_kv, keys.size(), values.size());
+                      InvalidArgument, out,
+                      "attend: keys and values must hold n_kv=%" PRId64 " tensors, got %zu and %zu", n_kv, keys.size(),
+                      values.size());
   ET_KERNEL_CHECK_MSG(ctx, hd > 0 && hd <= (1 << 20) && R <= (1 << 24), InvalidArgument, out,
                       "attend: unsupported head size %" PRId64 " or row count %" PRId64, hd, R);
   const int64_t S = slab_rows("attend", "q", keys, values, hd, dtype);

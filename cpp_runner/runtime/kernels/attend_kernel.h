@@ -38,10 +38,9 @@ inline half_t float_to_half(float f) {  // round to nearest even, as XNNPACK's c
 // [n_kv, R, hd], k_new and v_new [n_kv, T, hd], bias [R, S + T], keys[h] and
 // values[h] [S, hd]; with `slab_offset`, the S rows start that many elements
 // into each keys[h] and values[h] (one KV slot of a pool: rope_attend_rows).
-void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q,
-                 const void* k_new, const void* v_new, const void* bias,
-                 executorch::aten::TensorList keys, executorch::aten::TensorList values, void* out,
-                 int64_t slab_offset = 0);
+void attend_rows(bool half, int64_t n_kv, int64_t R, int64_t hd, int64_t S, int64_t T, const void* q, const void* k_new,
+                 const void* v_new, const void* bias, executorch::aten::TensorList keys,
+                 executorch::aten::TensorList values, void* out, int64_t slab_offset = 0);
 
 // The loops attend_rows runs: "avx512", "avx2" or "portable" (picked once, at
 // first use; LORA_SHARE_ATTEND_ISA forces one the CPU can run).

@@ -30,9 +30,9 @@
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -124,13 +124,12 @@ void one_token(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, 
   }
 }
 
-void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const Tensor& cos_q, const Tensor& sin_q, const Tensor& cos_k, const Tensor& sin_k,
-                     const Tensor& bias, TensorList keys, TensorList values, Tensor& out, Tensor& k_out,
-                     Tensor& v_out) {
+void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_q,
+                     const Tensor& sin_q, const Tensor& cos_k, const Tensor& sin_k, const Tensor& bias, TensorList keys,
+                     TensorList values, Tensor& out, Tensor& k_out, Tensor& v_out) {
   ET_KERNEL_CHECK_MSG(ctx,
-                      is_float32(q) && is_float32(k) && is_float32(v) && is_float32(cos_q) &&
-                          is_float32(sin_q) && is_float32(cos_k) && is_float32(sin_k) && is_float32(out),
+                      is_float32(q) && is_float32(k) && is_float32(v) && is_float32(cos_q) && is_float32(sin_q) &&
+                          is_float32(cos_k) && is_float32(sin_k) && is_float32(out),
                       InvalidArgument, , "rope_attend: q, k, v, cos, sin and out must be float32");
   const ScalarType dtype = bias.scalar_type();
   ET_KERNEL_CHECK_MSG(ctx, dtype == ScalarType::Float || dtype == ScalarType::Half, InvalidArgument, ,
@@ -142,15 +141,13 @@ void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k
   const int64_t n_kv = static_cast<int64_t>(keys.size());
   ET_KERNEL_CHECK_MSG(ctx, hd > 0 && hd % 2 == 0 && hd <= (1 << 20), InvalidArgument, ,
                       "rope_attend: head size %" PRId64 " must be even and positive", hd);
-  ET_KERNEL_CHECK_MSG(ctx,
-                      sin_q.numel() == hd && cos_k.numel() == hd && sin_k.numel() == hd,
-                      InvalidArgument, , "rope_attend: cos and sin must each hold hd=%" PRId64 " numbers", hd);
+  ET_KERNEL_CHECK_MSG(ctx, sin_q.numel() == hd && cos_k.numel() == hd && sin_k.numel() == hd, InvalidArgument, ,
+                      "rope_attend: cos and sin must each hold hd=%" PRId64 " numbers", hd);
   ET_KERNEL_CHECK_MSG(ctx, n_kv > 0 && static_cast<int64_t>(values.size()) == n_kv, InvalidArgument, ,
                       "rope_attend: keys and values must hold the same number of heads (>0), got %zu and %zu",
                       keys.size(), values.size());
   ET_KERNEL_CHECK_MSG(ctx, k.numel() == n_kv * hd && v.numel() == n_kv * hd, InvalidArgument, ,
-                      "rope_attend: k and v must hold one token of n_kv=%" PRId64 " heads of hd=%" PRId64,
-                      n_kv, hd);
+                      "rope_attend: k and v must hold one token of n_kv=%" PRId64 " heads of hd=%" PRId64, n_kv, hd);
   ET_KERNEL_CHECK_MSG(ctx, q.numel() % (n_kv * hd) == 0 && q.numel() > 0, InvalidArgument, ,
                       "rope_attend: q must hold one token of a multiple of n_kv=%" PRId64 " heads", n_kv);
   const int64_t n_heads = q.numel() / hd;
@@ -161,12 +158,10 @@ void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k
   ET_KERNEL_CHECK_MSG(ctx,
                       (bias.dim() == 3 && bias.size(0) == 1 && bias.size(1) == rep && bias.size(2) == S + 1) ||
                           (bias.dim() == 2 && bias.size(0) == rep && bias.size(1) == S + 1),
-                      InvalidArgument, , "rope_attend: bias must be [1, rep=%" PRId64 ", S+1=%" PRId64 "]", rep,
-                      S + 1);
+                      InvalidArgument, , "rope_attend: bias must be [1, rep=%" PRId64 ", S+1=%" PRId64 "]", rep, S + 1);
   ET_KERNEL_CHECK_MSG(ctx,
                       is_contiguous(q) && is_contiguous(k) && is_contiguous(v) && is_contiguous(bias) &&
-                          is_contiguous(cos_q) && is_contiguous(sin_q) && is_contiguous(cos_k) &&
-                          is_contiguous(sin_k),
+                          is_contiguous(cos_q) && is_contiguous(sin_q) && is_contiguous(cos_k) && is_contiguous(sin_k),
                       InvalidArgument, , "rope_attend: its inputs must be contiguous");
   const SizesType out_sizes[3] = {1, 1, static_cast<SizesType>(n_heads * hd)};
   const SizesType row_sizes[3] = {static_cast<SizesType>(n_kv), 1, static_cast<SizesType>(hd)};
@@ -188,16 +183,16 @@ void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k
 // returns, which alias them). ExecuTorch's unboxing helper takes one out
 // tensor only.
 void rope_attend_boxed(KernelRuntimeContext& ctx, executorch::runtime::Span<EValue*> stack) {
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 13, InvalidArgument, ,
-                      "rope_attend: expected 13 arguments, got %zu", stack.size());
+  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 13, InvalidArgument, , "rope_attend: expected 13 arguments, got %zu",
+                      stack.size());
   rope_attend_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toTensor(), stack[3]->toTensor(),
                   stack[4]->toTensor(), stack[5]->toTensor(), stack[6]->toTensor(), stack[7]->toTensor(),
-                  stack[8]->toTensorList(), stack[9]->toTensorList(), stack[10]->toTensor(),
-                  stack[11]->toTensor(), stack[12]->toTensor());
+                  stack[8]->toTensorList(), stack[9]->toTensorList(), stack[10]->toTensor(), stack[11]->toTensor(),
+                  stack[12]->toTensor());
 }
 
-const auto registered = executorch::runtime::register_kernel(
-    executorch::runtime::Kernel("lora_share::rope_attend.out", rope_attend_boxed));
+const auto registered =
+    executorch::runtime::register_kernel(executorch::runtime::Kernel("lora_share::rope_attend.out", rope_attend_boxed));
 
 // lora_share::rope_attend_rows.out: the batch method's step (docs/batching.md),
 // rope_attend for each of B rows at its own position over its own KV slot:
@@ -244,8 +239,8 @@ void rope_attend_rows_out(KernelRuntimeContext& ctx, const Tensor& q, const Tens
                           const Tensor& bias, const Tensor& slots, TensorList keys, TensorList values, Tensor& out,
                           Tensor& k_out, Tensor& v_out) {
   ET_KERNEL_CHECK_MSG(ctx,
-                      is_float32(q) && is_float32(k) && is_float32(v) && is_float32(cos_q) &&
-                          is_float32(sin_q) && is_float32(cos_k) && is_float32(sin_k) && is_float32(out),
+                      is_float32(q) && is_float32(k) && is_float32(v) && is_float32(cos_q) && is_float32(sin_q) &&
+                          is_float32(cos_k) && is_float32(sin_k) && is_float32(out),
                       InvalidArgument, , "rope_attend_rows: q, k, v, cos, sin and out must be float32");
   const ScalarType dtype = bias.scalar_type();
   ET_KERNEL_CHECK_MSG(ctx, dtype == ScalarType::Float || dtype == ScalarType::Half, InvalidArgument, ,
@@ -259,10 +254,9 @@ void rope_attend_rows_out(KernelRuntimeContext& ctx, const Tensor& q, const Tens
   const int64_t n_kv = static_cast<int64_t>(keys.size());
   ET_KERNEL_CHECK_MSG(ctx, B > 0 && hd > 0 && hd % 2 == 0 && hd <= (1 << 20), InvalidArgument, ,
                       "rope_attend_rows: %" PRId64 " rows of head size %" PRId64 " (must be even)", B, hd);
-  ET_KERNEL_CHECK_MSG(ctx,
-                      cos_q.numel() == B * hd && sin_q.numel() == B * hd && cos_k.numel() == B * hd &&
-                          sin_k.numel() == B * hd,
-                      InvalidArgument, , "rope_attend_rows: cos and sin must be [B=%" PRId64 ", 1, hd]", B);
+  ET_KERNEL_CHECK_MSG(
+      ctx, cos_q.numel() == B * hd && sin_q.numel() == B * hd && cos_k.numel() == B * hd && sin_k.numel() == B * hd,
+      InvalidArgument, , "rope_attend_rows: cos and sin must be [B=%" PRId64 ", 1, hd]", B);
   ET_KERNEL_CHECK_MSG(ctx, n_kv > 0 && static_cast<int64_t>(values.size()) == n_kv, InvalidArgument, ,
                       "rope_attend_rows: keys and values must hold the same number of heads (>0)");
   ET_KERNEL_CHECK_MSG(ctx, k.numel() == B * n_kv * hd && v.numel() == B * n_kv * hd, InvalidArgument, ,
@@ -279,10 +273,11 @@ void rope_attend_rows_out(KernelRuntimeContext& ctx, const Tensor& q, const Tens
   const int64_t N = pool.size(0), S = pool.size(1);
   for (size_t h = 0; h < keys.size(); ++h) {
     ET_KERNEL_CHECK_MSG(ctx,
-                        keys[h].dim() == 3 && values[h].dim() == 3 && keys[h].size(0) == N &&
-                            values[h].size(0) == N && keys[h].size(1) == S && values[h].size(1) == S,
-                        InvalidArgument, , "rope_attend_rows: keys[%zu] and values[%zu] must be [N=%" PRId64
-                        ", S=%" PRId64 ", hd]", h, h, N, S);
+                        keys[h].dim() == 3 && values[h].dim() == 3 && keys[h].size(0) == N && values[h].size(0) == N &&
+                            keys[h].size(1) == S && values[h].size(1) == S,
+                        InvalidArgument, ,
+                        "rope_attend_rows: keys[%zu] and values[%zu] must be [N=%" PRId64 ", S=%" PRId64 ", hd]", h, h,
+                        N, S);
   }
   ET_KERNEL_CHECK_MSG(ctx, bias.dim() == 2 && bias.size(0) == B && bias.size(1) == S + 1, InvalidArgument, ,
                       "rope_attend_rows: bias must be [B=%" PRId64 ", S+1=%" PRId64 "]", B, S + 1);
@@ -294,12 +289,11 @@ void rope_attend_rows_out(KernelRuntimeContext& ctx, const Tensor& q, const Tens
   const int64_t* slot = slots.const_data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
     ET_KERNEL_CHECK_MSG(ctx, slot[b] >= 0 && slot[b] < N, InvalidArgument, ,
-                        "rope_attend_rows: row %" PRId64 "'s slot %" PRId64 " is not one of the %" PRId64 " slots",
-                        b, slot[b], N);
+                        "rope_attend_rows: row %" PRId64 "'s slot %" PRId64 " is not one of the %" PRId64 " slots", b,
+                        slot[b], N);
   }
   const SizesType out_sizes[3] = {static_cast<SizesType>(B), 1, static_cast<SizesType>(n_heads * hd)};
-  const SizesType row_sizes[3] = {static_cast<SizesType>(B), static_cast<SizesType>(n_kv),
-                                  static_cast<SizesType>(hd)};
+  const SizesType row_sizes[3] = {static_cast<SizesType>(B), static_cast<SizesType>(n_kv), static_cast<SizesType>(hd)};
   ET_KERNEL_CHECK_MSG(ctx,
                       executorch::runtime::resize_tensor(out, {out_sizes, 3}) == Error::Ok &&
                           executorch::runtime::resize_tensor(k_out, {row_sizes, 3}) == Error::Ok &&
@@ -334,12 +328,12 @@ void rope_attend_rows_out(KernelRuntimeContext& ctx, const Tensor& q, const Tens
 }
 
 void rope_attend_rows_boxed(KernelRuntimeContext& ctx, executorch::runtime::Span<EValue*> stack) {
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 14, InvalidArgument, ,
-                      "rope_attend_rows: expected 14 arguments, got %zu", stack.size());
+  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 14, InvalidArgument, , "rope_attend_rows: expected 14 arguments, got %zu",
+                      stack.size());
   rope_attend_rows_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toTensor(), stack[3]->toTensor(),
                        stack[4]->toTensor(), stack[5]->toTensor(), stack[6]->toTensor(), stack[7]->toTensor(),
-                       stack[8]->toTensor(), stack[9]->toTensorList(), stack[10]->toTensorList(),
-                       stack[11]->toTensor(), stack[12]->toTensor(), stack[13]->toTensor());
+                       stack[8]->toTensor(), stack[9]->toTensorList(), stack[10]->toTensorList(), stack[11]->toTensor(),
+                       stack[12]->toTensor(), stack[13]->toTensor());
 }
 
 const auto registered_rows = executorch::runtime::register_kernel(

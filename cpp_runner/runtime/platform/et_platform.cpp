@@ -25,15 +25,13 @@ std::once_flag g_runtime_once;
 char g_crash_message[1024] = "error: the runner crashed\n";
 size_t g_crash_message_len = std::strlen(g_crash_message);
 
-void emit_log(et_timestamp_t, et_pal_log_level_t level, const char* filename,
-              const char*, size_t line, const char* message, size_t length) {
+void emit_log(et_timestamp_t, et_pal_log_level_t level, const char* filename, const char*, size_t line,
+              const char* message, size_t length) {
   std::string text(message, length);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r'))
-    text.pop_back();
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (level == kError || level == kFatal) g_last_error = text;
   if (g_verbose) {
-    std::fprintf(stderr, "[executorch %c %s:%zu] %s\n",
-                 static_cast<char>(level), filename ? filename : "?", line,
+    std::fprintf(stderr, "[executorch %c %s:%zu] %s\n", static_cast<char>(level), filename ? filename : "?", line,
                  text.c_str());
   }
 }
@@ -41,8 +39,8 @@ void emit_log(et_timestamp_t, et_pal_log_level_t level, const char* filename,
 // ExecuTorch calls this on internal fatal errors (ET_CHECK). Exit with the
 // run-error code and a readable line rather than SIGABRT.
 void on_abort() {
-  std::fprintf(stderr, "error: ExecuTorch stopped on an internal check%s%s\n",
-               g_last_error.empty() ? "" : ": ", g_last_error.c_str());
+  std::fprintf(stderr, "error: ExecuTorch stopped on an internal check%s%s\n", g_last_error.empty() ? "" : ": ",
+               g_last_error.c_str());
   std::fflush(stderr);
   _exit(1);
 }

@@ -42,11 +42,9 @@ std::vector<Range> anonymous_ranges() {
     unsigned long start = 0, end = 0, inode = 0;
     char perms[8] = {0};
     int path_at = 0;
-    if (std::sscanf(line, "%lx-%lx %7s %*s %*s %lu %n", &start, &end, perms, &inode, &path_at) < 4)
-      continue;
+    if (std::sscanf(line, "%lx-%lx %7s %*s %*s %lu %n", &start, &end, perms, &inode, &path_at) < 4) continue;
     const char* path = line + path_at;
-    bool anonymous = inode == 0 && (path[0] == '\n' || path[0] == '\0' ||
-                                    std::strncmp(path, "[heap]", 6) == 0);
+    bool anonymous = inode == 0 && (path[0] == '\n' || path[0] == '\0' || std::strncmp(path, "[heap]", 6) == 0);
     if (anonymous && std::strncmp(perms, "rw-p", 4) == 0) out.push_back({start, end});
   }
   std::fclose(maps);
@@ -60,8 +58,7 @@ std::vector<uintptr_t> resident_chunks(const std::vector<Range>& ranges) {
   std::vector<unsigned char> resident(kHugePage / page);
   std::vector<uintptr_t> out;
   for (const Range& r : ranges)
-    for (uintptr_t at = (r.start + kHugePage - 1) & ~(kHugePage - 1); at + kHugePage <= r.end;
-         at += kHugePage) {
+    for (uintptr_t at = (r.start + kHugePage - 1) & ~(kHugePage - 1); at + kHugePage <= r.end; at += kHugePage) {
       if (mincore(reinterpret_cast<void*>(at), kHugePage, resident.data()) != 0) continue;
       bool all = true;
       for (unsigned char v : resident) all = all && (v & 1);

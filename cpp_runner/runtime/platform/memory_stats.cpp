@@ -27,12 +27,18 @@ void read_kb_fields(const char* path, F on_field) {
 MemoryStats read_memory_stats() {
   MemoryStats s;
   read_kb_fields("/proc/self/smaps_rollup", [&](const std::string& k, int64_t kb) {
-    if (k == "Rss") s.rss_kb = kb;
-    else if (k == "Pss") s.pss_kb = kb;
-    else if (k == "Pss_Anon") s.anon_kb = kb;
-    else if (k == "Pss_File") s.file_kb = kb;
-    else if (k == "Pss_Shmem") s.shmem_kb = kb;
-    else if (k == "AnonHugePages") s.huge_kb = kb;
+    if (k == "Rss")
+      s.rss_kb = kb;
+    else if (k == "Pss")
+      s.pss_kb = kb;
+    else if (k == "Pss_Anon")
+      s.anon_kb = kb;
+    else if (k == "Pss_File")
+      s.file_kb = kb;
+    else if (k == "Pss_Shmem")
+      s.shmem_kb = kb;
+    else if (k == "AnonHugePages")
+      s.huge_kb = kb;
   });
   read_kb_fields("/proc/self/status", [&](const std::string& k, int64_t kb) {
     if (k == "VmHWM") s.peak_rss_kb = kb;

@@ -8,13 +8,13 @@
 namespace lora_share {
 
 struct MemoryStats {
-  int64_t rss_kb = -1;      // Rss
-  int64_t pss_kb = -1;      // Pss
-  int64_t anon_kb = -1;     // Pss_Anon: heap, packed weights, KV caches
-  int64_t file_kb = -1;     // Pss_File: mapped .ptd/.pte/libraries
-  int64_t shmem_kb = -1;    // Pss_Shmem
-  int64_t peak_rss_kb = -1; // VmHWM from /proc/self/status
-  int64_t huge_kb = -1;     // AnonHugePages: anonymous memory in 2 MiB pages
+  int64_t rss_kb = -1;       // Rss
+  int64_t pss_kb = -1;       // Pss
+  int64_t anon_kb = -1;      // Pss_Anon: heap, packed weights, KV caches
+  int64_t file_kb = -1;      // Pss_File: mapped .ptd/.pte/libraries
+  int64_t shmem_kb = -1;     // Pss_Shmem
+  int64_t peak_rss_kb = -1;  // VmHWM from /proc/self/status
+  int64_t huge_kb = -1;      // AnonHugePages: anonymous memory in 2 MiB pages
 };
 
 // Reads /proc/self/smaps_rollup and /proc/self/status; fields it cannot read

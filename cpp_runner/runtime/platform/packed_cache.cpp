@@ -68,9 +68,7 @@ std::string cpu_features() {
   return "unknown";
 }
 
-bool read_at(int fd, void* buf, size_t n, off_t at) {
-  return ::pread(fd, buf, n, at) == static_cast<ssize_t>(n);
-}
+bool read_at(int fd, void* buf, size_t n, off_t at) { return ::pread(fd, buf, n, at) == static_cast<ssize_t>(n); }
 
 // "" if `fd` holds a complete file for `key`, else why not.
 std::string check_file(int fd, const std::string& key) {
@@ -81,8 +79,7 @@ std::string check_file(int fd, const std::string& key) {
   uint8_t tail[kFooter + 8];
   if (!read_at(fd, tail, sizeof(tail), static_cast<off_t>(size - sizeof(tail)))) return "unreadable";
   uint32_t key_len = read_le<uint32_t>(tail);
-  if (read_le<uint32_t>(tail + 4) != kMagic || key_len > kMaxKey ||
-      key_len + sizeof(tail) + kFooter > size)
+  if (read_le<uint32_t>(tail + 4) != kMagic || key_len > kMaxKey || key_len + sizeof(tail) + kFooter > size)
     return "truncated, or not written by lora-share";
   const uint64_t block = size - sizeof(tail) - key_len;  // where the key starts
   std::string found(key_len, '\0');
@@ -90,8 +87,7 @@ std::string check_file(int fd, const std::string& key) {
   if (found != key) return "written for another foundation, program, runtime or CPU";
   // The footer XNNPACK wrote, just before the key, is the one it will read.
   uint8_t footer[kFooter];
-  if (!read_at(fd, footer, kFooter, static_cast<off_t>(block - kFooter)) ||
-      std::memcmp(footer, tail + 8, kFooter) != 0)
+  if (!read_at(fd, footer, kFooter, static_cast<off_t>(block - kFooter)) || std::memcmp(footer, tail + 8, kFooter) != 0)
     return "changed after it was written";
   const uint64_t index_start = read_le<uint64_t>(footer);
   const uint32_t entries = read_le<uint32_t>(footer + 8);
@@ -136,9 +132,7 @@ void prune_folder(const std::string& path) {
   ::closedir(dir);
 }
 
-void note(const std::string& text) {
-  std::fprintf(stderr, "lora-share: packed-weights cache: %s\n", text.c_str());
-}
+void note(const std::string& text) { std::fprintf(stderr, "lora-share: packed-weights cache: %s\n", text.c_str()); }
 
 // A new, empty file beside `path` that no other process uses; "" if the
 // folder takes none.
@@ -170,8 +164,8 @@ Status make_folders(const std::string& dir) {
 
 std::string packed_cache_key(const std::string& fingerprint, const std::string& program_sha256) {
   return "lora-share packed weights 1\nfoundation " + fingerprint + "\nprogram " + program_sha256 +
-         "\nexecutorch " LORA_SHARE_EXECUTORCH_VERSION "\nlora-share " LORA_SHARE_VERSION
-         "\ncpu " + hex16(fnv1a(cpu_features())) + "\n";
+         "\nexecutorch " LORA_SHARE_EXECUTORCH_VERSION "\nlora-share " LORA_SHARE_VERSION "\ncpu " +
+         hex16(fnv1a(cpu_features())) + "\n";
 }
 
 PackedFolders packed_cache_folders(const std::string& dir, const std::string& ptd) {
@@ -181,8 +175,7 @@ PackedFolders packed_cache_folders(const std::string& dir, const std::string& pt
     return folders;
   }
   size_t slash = ptd.rfind('/');
-  folders.paths.push_back((slash == std::string::npos ? std::string(".") : ptd.substr(0, slash)) +
-                          "/.packed");
+  folders.paths.push_back((slash == std::string::npos ? std::string(".") : ptd.substr(0, slash)) + "/.packed");
   folders.own = true;
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
@@ -197,16 +190,17 @@ Status check_packed_cache_folder(const std::string& dir) {
   Status s = make_folders(dir);
   if (s.ok()) {
     std::string why, probe = new_temp(dir + "/.probe", &why);
-    if (probe.empty()) s = Status::failure(why);
-    else ::unlink(probe.c_str());
+    if (probe.empty())
+      s = Status::failure(why);
+    else
+      ::unlink(probe.c_str());
   }
   if (s.ok()) return s;
   return Status::usage("--packed-cache " + dir + ": cannot write there (" + s.message() +
                        "): give a folder this process can write, or --no-packed-cache");
 }
 
-std::unique_ptr<PackedCache> PackedCache::locate(const PackedFolders& folders,
-                                                 const std::string& key) {
+std::unique_ptr<PackedCache> PackedCache::locate(const PackedFolders& folders, const std::string& key) {
   std::unique_ptr<PackedCache> cache(new PackedCache());
   cache->key_ = key;
   const std::string name = hex16(fnv1a(key)) + ".bin";
@@ -240,8 +234,7 @@ std::unique_ptr<PackedCache> PackedCache::locate(const PackedFolders& folders,
     }
     tried += (tried.empty() ? "" : ", ") + folder + ": " + why;
   }
-  note("no folder to write it in (" + (tried.empty() ? std::string("none") : tried) +
-       "); packing in memory");
+  note("no folder to write it in (" + (tried.empty() ? std::string("none") : tried) + "); packing in memory");
   cache->path_.clear();
   return cache;
 }
@@ -287,8 +280,7 @@ Status PackedCache::publish() {
   std::memcpy(tail + 4, &kMagic, 4);
   block.append(reinterpret_cast<const char*>(tail), sizeof(tail));
   block.append(reinterpret_cast<const char*>(footer), kFooter);
-  ok = ok && ::pwrite(fd, block.data(), block.size(), st.st_size) ==
-                 static_cast<ssize_t>(block.size());
+  ok = ok && ::pwrite(fd, block.data(), block.size(), st.st_size) == static_cast<ssize_t>(block.size());
   ok = ok && ::fsync(fd) == 0;
   ::close(fd);
   if (!ok) return Status::failure(temp_ + ": XNNPACK wrote no packed weights there");

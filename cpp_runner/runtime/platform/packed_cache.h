@@ -53,9 +53,9 @@ Status check_packed_cache_folder(const std::string& dir);
 class PackedCache {
  public:
   enum class State {
-    kOff,    // no file: XNNPACK packs in memory
-    kWarm,   // a valid file: XNNPACK maps it
-    kCold,   // a temporary file XNNPACK writes; publish() puts it in place
+    kOff,   // no file: XNNPACK packs in memory
+    kWarm,  // a valid file: XNNPACK maps it
+    kCold,  // a temporary file XNNPACK writes; publish() puts it in place
   };
 
   // The file for `key` in `folders`: the first valid one (warm), else a new
@@ -96,7 +96,7 @@ class PackedCache {
   State state_ = State::kOff;
   std::string key_, path_, temp_;
   bool prune_ = false;  // publish() clears path_'s folder of stale files
-  int fd_ = -1;  // path_, read-only, under a shared lock while warm
+  int fd_ = -1;         // path_, read-only, under a shared lock while warm
   bool found_warm_ = false;
 };
 

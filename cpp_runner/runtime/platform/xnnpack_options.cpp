@@ -30,12 +30,10 @@ Status set_threads(int threads) {
   auto* pool = executorch::extension::threadpool::get_threadpool();
   if (threads > 0 && (pool == nullptr || static_cast<int>(pool->get_thread_count()) != threads)) {
     if (in_use)
-      return Status::usage("threads: this process already runs programs on " +
-                           std::to_string(thread_count()) +
+      return Status::usage("threads: this process already runs programs on " + std::to_string(thread_count()) +
                            " thread(s); the count is set before the first runtime opens");
     if (pool == nullptr || !pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads)))
-      return Status::failure("could not set ExecuTorch's threadpool to " + std::to_string(threads) +
-                             " thread(s)");
+      return Status::failure("could not set ExecuTorch's threadpool to " + std::to_string(threads) + " thread(s)");
   }
   in_use = true;
   return Status();
@@ -62,11 +60,11 @@ Status XnnpackSettings::configure(bool weight_cache, bool share_workspace) {
   if (share_workspace) options.set_option("workspace_sharing_mode", kGlobalWorkspace);
   Error err = executorch::runtime::set_option(kBackend, options.view());
   if (err == Error::NotFound)
-    return Status::failure("the XNNPACK backend is not registered: the runner "
-                           "was linked without libexecutorch_backend_xnnpack");
+    return Status::failure(
+        "the XNNPACK backend is not registered: the runner "
+        "was linked without libexecutorch_backend_xnnpack");
   if (err != Error::Ok)
-    return Status::failure(std::string("XNNPACK rejected its options (") +
-                           executorch::runtime::to_string(err) + ")");
+    return Status::failure(std::string("XNNPACK rejected its options (") + executorch::runtime::to_string(err) + ")");
   return Status();
 }
 
@@ -77,12 +75,10 @@ Status XnnpackSettings::use_packed_cache(const std::string& path) {
   }
   if (path.size() >= executorch::runtime::kMaxOptionValueLength)
     return Status::failure(path + ": the packed-weights file's path must be shorter than " +
-                           std::to_string(executorch::runtime::kMaxOptionValueLength) +
-                           " characters");
+                           std::to_string(executorch::runtime::kMaxOptionValueLength) + " characters");
   load_options_.set_option("packed_cache_path", path.c_str());
   Error err = load_options_map_.set_options(kBackend, load_options_.view());
-  if (err != Error::Ok)
-    return Status::failure("could not set XNNPACK's packed_cache_path load option");
+  if (err != Error::Ok) return Status::failure("could not set XNNPACK's packed_cache_path load option");
   has_load_options_ = true;
   return Status();
 }

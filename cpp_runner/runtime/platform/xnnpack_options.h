@@ -26,7 +26,7 @@ namespace lora_share {
 struct XnnpackState {
   bool weight_cache = false;
   int workspace_sharing_mode = -1;  // -1: could not be read
-  int threads = 0;  // ExecuTorch's threadpool (thread_count)
+  int threads = 0;                  // ExecuTorch's threadpool (thread_count)
 };
 
 // Sets how many threads ExecuTorch's threadpool (XNNPACK's and the CPU

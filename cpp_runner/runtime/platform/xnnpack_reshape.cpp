@@ -16,9 +16,9 @@ namespace {
 // wheel does not ship that header. Only the ABI matters here: an opaque
 // runtime pointer and an int-sized status enum.
 using Runtime = struct xnn_runtime*;
-constexpr int kSuccess = 0;       // xnn_status_success
-constexpr int kUninitialized = 1; // xnn_status_uninitialized
-constexpr size_t kMaxDims = 16;   // XNNPACK allows 6 (XNN_MAX_TENSOR_DIMS)
+constexpr int kSuccess = 0;        // xnn_status_success
+constexpr int kUninitialized = 1;  // xnn_status_uninitialized
+constexpr size_t kMaxDims = 16;    // XNNPACK allows 6 (XNN_MAX_TENSOR_DIMS)
 
 using ReshapeExternalFn = int (*)(Runtime, uint32_t, size_t, const size_t*);
 using RuntimeFn = int (*)(Runtime);
@@ -50,8 +50,7 @@ bool same_shape(Runtime runtime, uint32_t id, size_t num_dims, const size_t* dim
   static const auto shape_of = next_definition<ShapeFn>("xnn_get_external_value_shape");
   size_t current_dims = 0;
   size_t current[kMaxDims];
-  if (shape_of == nullptr || num_dims > kMaxDims ||
-      shape_of(runtime, id, &current_dims, current) != kSuccess) {
+  if (shape_of == nullptr || num_dims > kMaxDims || shape_of(runtime, id, &current_dims, current) != kSuccess) {
     return false;
   }
   return current_dims == num_dims && std::memcmp(current, dims, num_dims * sizeof(size_t)) == 0;
@@ -59,9 +58,7 @@ bool same_shape(Runtime runtime, uint32_t id, size_t num_dims, const size_t* dim
 
 }  // namespace
 
-ReshapeCounts reshape_counts() {
-  return ReshapeCounts{g_run.load(), g_skipped.load()};
-}
+ReshapeCounts reshape_counts() { return ReshapeCounts{g_run.load(), g_skipped.load()}; }
 
 }  // namespace lora_share
 
@@ -69,10 +66,9 @@ using lora_share::Runtime;
 
 extern "C" {
 
-__attribute__((visibility("default"))) int xnn_reshape_external_value(
-    Runtime runtime, uint32_t external_id, size_t num_dims, const size_t* dims) {
-  static const auto real =
-      lora_share::next_definition<lora_share::ReshapeExternalFn>("xnn_reshape_external_value");
+__attribute__((visibility("default"))) int xnn_reshape_external_value(Runtime runtime, uint32_t external_id,
+                                                                      size_t num_dims, const size_t* dims) {
+  static const auto real = lora_share::next_definition<lora_share::ReshapeExternalFn>("xnn_reshape_external_value");
   if (real == nullptr) return lora_share::kUninitialized;
   if (!lora_share::same_shape(runtime, external_id, num_dims, dims)) {
     std::lock_guard<std::mutex> lock(lora_share::g_mutex);
