@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import json
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,7 +242,7 @@ class BuildConfig:
 
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     if origin is list:
         return f"a list of {_type_name(typing.get_args(tp)[0])}s"
@@ -262,7 +263,7 @@ class _Loader:
 
     def value(self, tp, data, key: str, meta: dict):
         origin = typing.get_origin(tp)
-        if origin is typing.Union:
+        if origin in (typing.Union, types.UnionType):
             (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
             return None if data is None else self.value(inner, data, key, meta)
         if dataclasses.is_dataclass(tp):
@@ -576,7 +577,7 @@ def config_to_dict(obj) -> Any:
 
 def _schema(tp, meta: dict) -> dict:
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return _schema(inner, meta)
     if dataclasses.is_dataclass(tp):
