@@ -17,3 +17,10 @@ class ConfigErrors(UserError):
         self.problems = problems
         lines = "\n".join(f"  {p}" for p in problems)
         super().__init__(f"{path}: {len(problems)} error(s)\n{lines}")
+
+
+def clip(text, limit: int = 80) -> str:
+    """``text`` for a message: at most about ``limit`` characters, with the length of what was cut
+    (a key name of megabytes from a hostile file must not become megabytes of stderr)."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[: max(limit - 24, 8)]}... ({len(text):,} characters)"
