@@ -18,7 +18,10 @@ struct NpyArray {
 };
 
 // `flag` names the file in errors: one message for a file that is not a
-// .npy of plain numbers, is Fortran-ordered, big-endian or truncated.
+// .npy of plain numbers, is Fortran-ordered, big-endian or truncated, or
+// declares more data than it holds or than memory can. The header is checked
+// before any data is read, and no byte past the data it declares is read: a
+// pipe or device (/dev/zero, a FIFO) included. Never throws or aborts.
 StatusOr<NpyArray> read_npy(const std::string& path, const std::string& flag);
 
 // numpy's dtype string for an ExecuTorch ScalarType code ("" if none).
