@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import clip
 from . import bounded_json
 from .errors import BadHeader, Damaged, FormatError, OffsetOutOfRange, UnsupportedVersion, WrongMagic
-from .zip_members import check_members, read_member
+from .zip_members import check_members, check_starts_at_zero, read_member
 
 ARCHIVE_FORMAT = "pt2"
 ARCHIVE_VERSIONS = ("0",)  # torch.export.pt2_archive.constants.ARCHIVE_VERSION_VALUE in torch 2.13
@@ -151,7 +151,7 @@ def open_archive(path) -> Pt2Archive:
         raise FormatError(what, "no such file (a PT2 archive: torch.export.save)")
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
         raise WrongMagic(
             what, f"not a zip file, or a truncated one ({clip(e)}): a PT2 archive is the zip torch.export.save writes"
         ) from None
@@ -165,6 +165,7 @@ def open_archive(path) -> Pt2Archive:
 def _checked(path: Path, zf: zipfile.ZipFile) -> Pt2Archive:
     what = str(path)
     infos = zf.infolist()
+    check_starts_at_zero(what, infos)
     check_members(what, infos)
     names = [i.filename for i in infos]
     roots = {n.split("/", 1)[0] for n in names}

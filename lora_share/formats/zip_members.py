@@ -2,10 +2,11 @@
 
 A zip can name one member twice (readers disagree on which copy counts: Python's zipfile takes the
 last, torch's miniz reader the first), hold a second zip after bytes that one reader skips and the
-other does not, declare sizes its entries do not hold, or inflate a few KB
-into gigabytes. ``check_members`` refuses all of that from the central directory alone, before any
-member is read; ``read_member`` streams one member into a buffer of its declared size, refusing it
-unread when that is over the caller's bound, and checks the entry holds exactly that many bytes.
+other does not, declare sizes its entries do not hold, or inflate a few KB into gigabytes.
+``check_starts_at_zero`` and ``check_members`` refuse all of that from the central directory alone,
+before any member is read; ``read_member`` streams one member into a buffer of its declared size,
+refusing it unread when that is over the caller's bound, and checks the entry holds exactly that
+many bytes; ``check_nested_zip`` holds a torch.save zip inside a member to the same rules.
 """
 
 from __future__ import annotations
@@ -27,10 +28,21 @@ MAX_INFLATE = 100
 INFLATE_SLACK = 1 << 20  # small members (a config of zeros, a mask) may pack tighter
 
 
+def check_starts_at_zero(what: str, infos: list[zipfile.ZipInfo]) -> None:
+    """Nothing before the first member: zipfile shifts every offset past such bytes, torch's reader
+    does not, so a file can hold one zip for each (programs/reference.py is the second guard)."""
+    first = min((i.header_offset for i in infos), default=0)
+    if first:
+        raise BadHeader(
+            what,
+            f"starts with {first:,} bytes that are not its zip's: zipfile skips them, torch's reader does not, "
+            "so the two would read different members (a file with two zips in it); export it again",
+        )
+
+
 def check_members(what: str, infos: list[zipfile.ZipInfo]) -> None:
-    """No name twice, nothing before the first member (zipfile shifts every offset past such bytes,
-    torch's reader does not), only compressions torch reads, stored entries' two sizes equal, no
-    member inflating past MAX_INFLATE:1. ``what`` names the file in messages."""
+    """No name twice, no encryption, only compressions torch reads, stored entries' two sizes equal,
+    no member inflating past MAX_INFLATE:1. ``what`` names the file in messages."""
     twice = [(n, c) for n, c in Counter(i.filename for i in infos).items() if c > 1]
     if twice:
         name, count = twice[0]
@@ -40,14 +52,9 @@ def check_members(what: str, infos: list[zipfile.ZipInfo]) -> None:
             "on which copy counts (torch.export.load reads the first), so what it holds is ambiguous; "
             "export it again",
         )
-    first = min((i.header_offset for i in infos), default=0)
-    if first:
-        raise BadHeader(
-            what,
-            f"starts with {first:,} bytes that are not its zip's: zipfile skips them, torch's reader does not, "
-            "so the two would read different members (a file with two zips in it); export it again",
-        )
     for i in infos:
+        if i.flag_bits & 0x1:
+            raise BadHeader(what, f"{clip(i.filename)} is encrypted: torch writes plain members; export it again")
         if i.compress_type not in COMPRESSIONS:
             raise BadHeader(
                 what,
@@ -92,7 +99,9 @@ def read_member(what: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: st
                     break
                 got += n
             more = f.read(1) if got == len(buf) else b""
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, ValueError, NotImplementedError) as e:
+        # ValueError: a local header whose name is not the UTF-8 its flag says; NotImplementedError:
+        # encryption or patch data flags
         raise Damaged(
             what,
             f"{clip(shown)}: cannot be read ({clip(e, 120)}): the archive is truncated or damaged; export it again",
@@ -113,8 +122,9 @@ def check_nested_zip(what: str, shown: str, data: bytes) -> None:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as inner:
             infos = inner.infolist()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
         raise Damaged(what, f"{clip(shown)}: not torch.save's zip format ({clip(e)}); export it again") from None
+    check_starts_at_zero(f"{what}: {clip(shown)}", infos)
     check_members(f"{what}: {clip(shown)}", infos)
     packed = [i for i in infos if i.compress_type != zipfile.ZIP_STORED]
     if packed:
