@@ -3,7 +3,8 @@
 Every program's parameters, buffers and constants are hashed (sharing.py); a tensor whose bytes
 occur in two or more programs goes to foundation.ptd once, under its key; each program is lowered
 (lower.py) into its .pte with its other tensors inside. Each program with sample inputs in its
-archive is run (forward.py) and compared with the archive's ExportedProgram; the largest difference
+archive is run (forward.py) and compared with the archive's ExportedProgram as torch.export.load
+reads it (reference.py, which first holds lora-share's own reading to it); the largest difference
 goes into the manifest. Everything is written into a staging folder that replaces the output
 folder only when all of it succeeded (``files.staged_dir``).
 
@@ -35,6 +36,7 @@ from . import KIND
 from .archive import ArchiveProgram, load_program
 from .forward import LoadedProgram
 from .lower import lower
+from .reference import checked_reference
 from .sharing import program_keys, shared_keys, state_tensors, tensor_bytes
 
 ALIGNMENT = 64  # a cache line, as XNNPACK's constants are aligned
@@ -64,15 +66,9 @@ def _load(name: str, pt2: Path, model: str | None, where: str) -> Source:
 
 
 def _reference(src: Source):
-    """The archive ExportedProgram's outputs on its sample inputs (flat), or None without them."""
-    import torch
-
-    if src.program.sample_inputs is None:
-        return None
-    args, kwargs = src.program.sample_args
-    with torch.no_grad():
-        out = src.program.ep.module()(*args, **kwargs)
-    return [t.detach() for t in torch.utils._pytree.tree_leaves(out)]
+    """The outputs on the archive's sample inputs (flat) of its program as torch.export.load reads
+    it, checked equal to lora-share's reading (reference.py); None without sample inputs."""
+    return checked_reference(src.pt2, src.model, src.program, f"{src.pt2} ({src.model}, program {src.name})")
 
 
 def _max_diff(pte: Path, ptd: Path, src: Source, reference) -> float | None:
