@@ -243,6 +243,10 @@ def test_outputs_equal_the_archive_program(programs_build, tmp_path, name):
     assert len(outputs) == len(expected)
     for got, want in zip(outputs, expected):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    # The manifest's figure is this difference: the program against torch.export.load's own reading.
+    diff = max(float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) for g, w in zip(outputs, expected))
+    entry = next(e for e in programs_build.manifest["programs"] if e["name"] == name)
+    assert entry["sample_max_abs_diff"] == pytest.approx(diff, rel=1e-9, abs=1e-12)
 
 
 def test_run_cli_npy_in_npz_out(programs_build, tmp_path):
