@@ -94,7 +94,7 @@ class Payload:
 
     @property
     def where(self) -> str:
-        return f"{self.config}: {clip(repr(self.fqn))}"
+        return f"{clip(self.config)}: {clip(repr(self.fqn))}"
 
 
 @dataclass(frozen=True)

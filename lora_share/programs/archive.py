@@ -54,7 +54,7 @@ def serialized_program(archive: Pt2Archive, model: ArchiveModel):
     from torch._export.serde import schema
     from torch._export.serde.serialize import _dict_to_dataclass
 
-    member = model.program[len(archive.root) :]
+    member = clip(model.program[len(archive.root) :])  # a zip name: up to 64 KiB
     info = archive.zip.getinfo(model.program)
     parsed = read_json(str(archive.path), archive.zip, info, member, MAX_PROGRAM_BYTES)
     try:
@@ -70,7 +70,7 @@ def load_program(archive: Pt2Archive, model: ArchiveModel) -> ArchiveProgram:
     from torch._export.serde.serialize import ExportedProgramDeserializer, SerializeError
 
     what = str(archive.path)
-    member = model.program[len(archive.root) :]
+    member = clip(model.program[len(archive.root) :])  # a zip name: up to 64 KiB
     serialized = serialized_program(archive, model)
     blobs: dict[str, bytearray] = {}
     state_dict, constants = {}, {}
@@ -91,7 +91,7 @@ def load_program(archive: Pt2Archive, model: ArchiveModel) -> ArchiveProgram:
     sample = _sample_inputs(archive, model)
     flat = None
     if sample is not None:
-        where = f"{what}: {model.sample_inputs[len(archive.root) :]}"
+        where = f"{what}: {clip(model.sample_inputs[len(archive.root) :])}"
         flat = check_sample_inputs(ep, sample, where)
         try:
             ep.example_inputs = sample  # torch holds their structure to forward's
@@ -104,7 +104,7 @@ def _sample_inputs(archive: Pt2Archive, model: ArchiveModel) -> tuple | None:
     """(args, kwargs) from the archive's sample inputs, or None when it has none."""
     if model.sample_inputs is None:
         return None
-    member = model.sample_inputs[len(archive.root) :]
+    member = clip(model.sample_inputs[len(archive.root) :])
     data = bytes(archive.read(model.sample_inputs, MAX_SAMPLE_BYTES))
     if not data:
         return None
