@@ -12,6 +12,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "page_assets.h"
 #include "stop_strings.h"
 
 namespace lora_share::server {
@@ -159,9 +160,10 @@ void App::install(httplib::Server& http) {
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string message =
-        res.status == 404 ? "no route " + req.method + " " + req.path +
-                                " (the routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
-                                "POST /v1/adapters, DELETE /v1/adapters/NAME, GET /v1/stats, GET /health)"
+        res.status == 404
+            ? "no route " + req.method + " " + req.path +
+                  " (the routes: GET / (the page), POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
+                  "POST /v1/adapters, DELETE /v1/adapters/NAME, GET /v1/stats, GET /health)"
         : res.status == 413 ? "the request body is larger than the server's --max-body"
                             : "the request failed (HTTP " + std::to_string(res.status) + ")";
     send_error(res, res.status, message);
@@ -176,6 +178,7 @@ void App::install(httplib::Server& http) {
     }
     send_error(res, 500, "the server failed on this request: " + what);
   });
+  install_page(http);
   http.Get("/health",
            [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\": \"ok\"}", kJson); });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
