@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs lint test bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs lint test browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
 
 all: setup runner
 
@@ -27,6 +27,13 @@ system-deps:
 	  echo "installing the tokenizer's and the server's libraries (JSON, PCRE2, utf8proc, OpenSSL, cpp-httplib) from Debian"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    nlohmann-json3-dev libpcre2-dev libutf8proc-dev libssl-dev libcpp-httplib-dev pkg-config; }
+
+# Headless Chromium and its WebDriver from Debian, for the server page's browser tests
+# (tests/test_page.py, through selenium): only `make test` needs them, so `make demo` does not install them.
+browser-deps:
+	@dpkg -s chromium chromium-driver >/dev/null 2>&1 || { \
+	  echo "installing Chromium and chromedriver from Debian (the server page's browser tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
 # The venv: torch pinned to 2.13.0 (the CPU build), executorch 1.5.1, this package editable, the test
 # tools and the benchmark's plotting library (so the plot test runs too).
@@ -90,7 +97,7 @@ lint: setup
 	@echo "clang-format --dry-run -Werror over $(words $(CXX_SOURCES)) C/C++ files"
 	@$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 
-test: setup runner model
+test: setup runner model browser-deps
 	$(PY) -m pytest -q --durations=25 -m "not arm64 and not dist"
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
