@@ -80,12 +80,15 @@ export async function streamChat(body, onText, signal) {
   }
 }
 
-// Tokens per second from sending the request to its last token (the prompt's time included: the
-// browser may hand several streamed pieces over at once, so a rate between two pieces would mislead).
+// Generation speed: the tokens after the first over the time from the first to the last, as
+// llama-server reports it (the wait for the first token, the prompt's and the queue's, is shown apart).
+// When every token came in one read of the stream (a tiny model), over the whole request instead.
 // Null until a token has arrived.
 export function tokensPerSecond(progress) {
-  if (progress.tokens === 0 || progress.lastAt === null || progress.lastAt <= progress.startAt) return null;
-  return progress.tokens / ((progress.lastAt - progress.startAt) / 1000);
+  const { tokens, startAt, firstAt, lastAt } = progress;
+  if (tokens === 0 || lastAt === null) return null;
+  if (tokens >= 2 && lastAt > firstAt) return (tokens - 1) / ((lastAt - firstAt) / 1000);
+  return lastAt > startAt ? tokens / ((lastAt - startAt) / 1000) : null;
 }
 
 export function formatRate(rate) {

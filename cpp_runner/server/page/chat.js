@@ -57,8 +57,11 @@ function renderMix(adapters) {
   renderMixSummary();
 }
 
+// The mix's terms in the adapter list's order, those at 0 left out.
 function mixTerms() {
-  return [...scales].filter(([, scale]) => scale !== 0).map(([name, scale]) => ({ name, scale }));
+  return currentModels()
+    .filter((name) => (scales.get(name) ?? 0) !== 0)
+    .map((name) => ({ name, scale: scales.get(name) }));
 }
 
 function mixLabel(terms) {
@@ -66,7 +69,10 @@ function mixLabel(terms) {
 }
 
 function renderMixSummary() {
-  $("mix-summary").textContent = `Sends model "base" with lora: ${mixLabel(mixTerms())}.`;
+  const terms = mixTerms();
+  $("mix-summary").textContent = terms.length
+    ? `Sends model "base" with lora: ${mixLabel(terms)}.`
+    : 'Every scale is 0: sends model "base" alone.';
 }
 
 // What the request names: {model, lora?} and a label for the answer.

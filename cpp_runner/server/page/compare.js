@@ -72,6 +72,7 @@ async function ask(name, messages, fields, col, signal) {
     );
     col.answer.textContent = result.text;
     describe(col.meta, result);
+    col.node.dataset.tokens = String(result.tokens);
     col.node.dataset.tokensPerSecond = String(tokensPerSecond(result) ?? "");
     col.setState("done", finishLabel(result.finish));
     return result;
@@ -125,7 +126,10 @@ async function compare(event) {
   const names = chosen();
   if (!question.trim() || !fields) return;
   if (names.length === 0) {
+    $("compare-columns").replaceChildren();
+    $("compare-summary").hidden = true;
     $("compare-empty").textContent = "Tick at least one adapter to ask.";
+    $("compare-empty").hidden = false;
     return;
   }
   controller = new AbortController();
