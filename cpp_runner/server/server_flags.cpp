@@ -39,6 +39,23 @@ Status parse_parallel(const std::string& text, int* parallel) {
   return {};
 }
 
+Status parse_connections(const std::string& text, int* connections) {
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 1 || value > 65536) {
+    return Status::usage("--max-connections must be a number from 1 to 65536, got '" + text + "'");
+  }
+  *connections = static_cast<int>(value);
+  return {};
+}
+
+Status set_seconds(const std::string& text, const std::string& flag, std::chrono::milliseconds* out) {
+  auto value = parse_seconds(text, flag);
+  if (!value.ok()) return value.status();
+  *out = value.value();
+  return {};
+}
+
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = {
       {"--dir", "DIR", "a lora-share build's output folder (manifest.json, foundation.ptd, *.pte); required",
@@ -73,6 +90,18 @@ const std::vector<Flag>& flags() {
          o.max_body = bytes.value();
          return Status();
        }},
+      {"--header-timeout", "SECONDS",
+       "a request's head must arrive within this of the connection's start or its last answer; "
+       "idle connections close then (default 10)",
+       [](ServerOptions& o, const std::string& v) { return set_seconds(v, "--header-timeout", &o.header_timeout); }},
+      {"--body-timeout", "SECONDS", "a request's body must arrive within this of its head (default 30)",
+       [](ServerOptions& o, const std::string& v) { return set_seconds(v, "--body-timeout", &o.body_timeout); }},
+      {"--max-connections", "N", "connections open at once; a new one closes the oldest idle or slow one (default 256)",
+       [](ServerOptions& o, const std::string& v) { return parse_connections(v, &o.max_connections); }},
+      {"--drain-timeout", "SECONDS",
+       "on SIGTERM/SIGINT, the time the open requests have to finish; a second signal exits at once "
+       "(default 30)",
+       [](ServerOptions& o, const std::string& v) { return set_seconds(v, "--drain-timeout", &o.drain_timeout); }},
       {"--packed-cache", "DIR",
        "folder of the packed-weights file, written on the first start and mapped on later ones "
        "(default: DIR/.packed beside the deployment, else ~/.cache/lora-share/packed)",
@@ -95,6 +124,16 @@ const std::vector<Flag>& flags() {
 }
 
 }  // namespace
+
+StatusOr<std::chrono::milliseconds> parse_seconds(const std::string& text, const std::string& flag) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(value) || value < 0.001 || value > 86400) {
+    return Status::usage(flag + " must be a number of seconds above 0 and at most 86400 (e.g. 10 or 0.5), got '" +
+                         text + "'");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(value * 1000));
+}
 
 StatusOr<uint64_t> parse_size(const std::string& text, const std::string& flag) {
   static const std::vector<std::pair<std::string, double>> units = {{"GiB", 1024.0 * 1024 * 1024},

@@ -2,6 +2,7 @@
 // every flag's name, default and help, so --help and the parser agree.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -18,11 +19,19 @@ struct ServerOptions {
   int parallel = 4;                // --parallel: requests run at once (ls_options.parallel)
   std::string packed_cache;        // --packed-cache: the packed-weights file's folder ("" = default)
   bool no_packed_cache = false;    // --no-packed-cache
+  // Slow clients and stopping (transport.h, signals.h).
+  std::chrono::milliseconds header_timeout{10000};  // --header-timeout: a request's head, in total
+  std::chrono::milliseconds body_timeout{30000};    // --body-timeout: its body, in total, after the head
+  std::chrono::milliseconds drain_timeout{30000};   // --drain-timeout: the first signal's grace period
+  int max_connections = 256;                        // --max-connections
   bool help = false;
 };
 
 StatusOr<ServerOptions> parse_server_flags(int argc, char** argv);
 std::string server_usage(const char* program);
+
+// "10", "0.5" (seconds, above 0, at most a day) -> a duration; a usage error otherwise.
+StatusOr<std::chrono::milliseconds> parse_seconds(const std::string& text, const std::string& flag);
 
 // "600MiB", "1.5GiB", "800MB", "123456" -> bytes; a usage error otherwise.
 StatusOr<uint64_t> parse_size(const std::string& text, const std::string& flag);

@@ -1,19 +1,15 @@
 // build/lora-share-server: parse flags -> open the deployment -> listen ->
-// serve until SIGINT/SIGTERM.
+// serve until SIGINT/SIGTERM has drained it (signals.h).
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <iostream>
 #include <memory>
-#include <thread>
-
-#include <httplib.h>
-#include <sys/socket.h>
 
 #include "deployment.h"
 #include "http_app.h"
 #include "server_flags.h"
+#include "signals.h"
+#include "transport.h"
 
 namespace ls = lora_share;
 namespace srv = lora_share::server;
@@ -42,16 +38,6 @@ ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
   return runtime;
 }
 
-// Signals are taken by one thread with sigwait, which may then stop the
-// server safely (a signal handler may not).
-sigset_t stop_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,9 +47,9 @@ int main(int argc, char** argv) {
     std::cout << srv::server_usage(argv[0]);
     return 0;
   }
-  // Before any thread starts, so every thread inherits the mask.
-  const sigset_t signals = stop_signals();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before any thread starts, so every thread inherits the signal mask.
+  srv::StopSignals stop_signals;
+  stop_signals.watch(options->drain_timeout);
   std::signal(SIGPIPE, SIG_IGN);  // a client that left is a failed write, not a dead server
 
   auto deployment = srv::open_deployment(options->dir);
@@ -74,46 +60,23 @@ int main(int argc, char** argv) {
   // Adapters added to the folder are served within a second, no restart.
   app.watch_folder(std::chrono::milliseconds(500));
 
-  httplib::Server http;
-  http.set_payload_max_length(options->max_body);
-  // A streamed answer holds its connection's thread to the end, and a request
-  // beyond --parallel holds one while it waits for a slot: threads for both,
-  // and spare ones so /health and /v1/stats answer while every slot is busy.
-  const size_t threads = std::max<size_t>(CPPHTTPLIB_THREAD_POOL_COUNT, 2 * options->parallel + 4);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // httplib's default sets SO_REUSEPORT, with which a second server on the
-  // same port binds too and the kernel splits the traffic between the two.
-  // SO_REUSEADDR alone only lets a restart reuse a port left in TIME_WAIT.
-  int listen_fd = -1;
-  http.set_socket_options([&listen_fd](int fd) {
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd = fd;
-  });
-  app.install(http);
-  errno = 0;
-  const int port = options->port == 0 ? http.bind_to_any_port(options->host)
-                                      : (http.bind_to_port(options->host, options->port) ? options->port : -1);
-  if (port < 0) {
-    if (errno == EADDRINUSE) {
-      return fail(ls::Status::failure("port " + std::to_string(options->port) + " is in use (on " + options->host +
-                                      "), by another server or program: stop it or pick "
-                                      "another --port"));
-    }
-    return fail(ls::Status::failure("cannot listen on " + options->host + ":" + std::to_string(options->port) + " (" +
-                                    std::strerror(errno) +
-                                    "; is it an address of this machine?): "
-                                    "pick another --host or --port"));
-  }
-  // The library listens with a backlog of 5: connections beyond it would be
-  // refused while a request runs. listen() again on the bound socket raises it.
-  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
-  std::thread([&http, signals] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    http.stop();
-  }).detach();
-  std::cerr << "listening on http://" << options->host << ":" << port << " (" << options->dir << ")" << std::endl;
-  http.listen_after_bind();
+  // One thread reads every connection and hands the workers whole requests
+  // only: a slow or idle client holds no thread (transport.h). Threads for
+  // the --parallel requests running, as many waiting for a slot, and spare
+  // ones so /health and /v1/stats answer while every slot is busy.
+  srv::TransportOptions limits;
+  limits.max_body = options->max_body;
+  limits.header_timeout = options->header_timeout;
+  limits.body_timeout = options->body_timeout;
+  limits.max_connections = static_cast<size_t>(options->max_connections);
+  limits.workers = std::max<size_t>(8, 2 * options->parallel + 4);
+  srv::Transport transport(limits);
+  app.install(transport.routes());
+  auto port = transport.listen(options->host, options->port);
+  if (!port.ok()) return fail(port.status());
+  stop_signals.on_first([&transport] { transport.drain(); });
+  std::cerr << "listening on http://" << options->host << ":" << port.value() << " (" << options->dir << ")"
+            << std::endl;
+  transport.serve();
   return 0;
 }
