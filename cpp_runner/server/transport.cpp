@@ -88,7 +88,7 @@ struct Transport::Connection {
   RequestFraming framing;
   Phase phase = Phase::kHead;
   Clock::time_point deadline;  // of the phase
-  Clock::time_point since;     // the phase's start: the oldest goes first when evicting
+  uint64_t since = 0;          // the phase's start, in phases started: the oldest goes first when evicting
   size_t charged = 0;          // this request's body bytes, in charged_
   int served = 0;
   bool watched = false;
@@ -255,7 +255,7 @@ void Transport::accept_all(Clock::time_point now) {
       continue;
     }
     auto c = std::make_unique<Connection>(fd, options_.max_body);
-    c->since = now;
+    c->since = ++phases_started_;
     c->deadline = now + options_.header_timeout;
     watch(*c, true);
     connections_.emplace(fd, std::move(c));
@@ -328,7 +328,7 @@ void Transport::advance(Connection& c, Clock::time_point now) {
   if (c.phase == Connection::Phase::kHead) {
     // The head is in: the body's own time starts.
     c.phase = Connection::Phase::kBody;
-    c.since = now;
+    c.since = ++phases_started_;
     c.deadline = now + options_.body_timeout;
     if (!charge(c, c.framing.declared_body())) {
       return refuse(c, 503,
@@ -368,7 +368,6 @@ void Transport::hand_over(Connection& c) {
   c.framing = RequestFraming(options_.max_body);
   c.phase = Connection::Phase::kWithWorker;
   watch(c, false);
-  ++with_workers_;
   serve_on_worker(c, request, quick);
 }
 
@@ -406,13 +405,12 @@ void Transport::take_back_returned(Clock::time_point now) {
     returned.swap(returned_);
   }
   for (Connection* c : returned) {
-    --with_workers_;
     if (!c->keep_open || draining_) {
       close(c->fd);
       continue;
     }
     c->phase = Connection::Phase::kHead;
-    c->since = now;
+    c->since = ++phases_started_;
     c->deadline = now + options_.header_timeout;
     watch(*c, true);
     if (!c->in.empty()) advance(*c, now);  // a pipelined request, read with the last one
@@ -466,7 +464,7 @@ void Transport::refuse(Connection& c, int status, const std::string& message) {
   if (c.in.capacity() >= MemoryTrimmer::kLargeRequest) trimmer_.request();
   c.in = std::string();
   c.phase = Connection::Phase::kClosing;
-  c.since = now;
+  c.since = ++phases_started_;
   c.deadline = now + kLinger;
 }
 

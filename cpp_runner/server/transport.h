@@ -96,7 +96,8 @@ class Transport {
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: a worker returned a connection, or drain() was called
   std::unordered_map<int, std::unique_ptr<Connection>> connections_;
-  size_t with_workers_ = 0;  // connections whose request is queued or being answered
+  // Counts phase starts, to order connections (several start in one clock tick).
+  uint64_t phases_started_ = 0;  // connections whose request is queued or being answered
   Clock::time_point accept_paused_until_{};
   std::atomic<bool> drain_asked_{false};
   bool draining_ = false;
