@@ -7,259 +7,225 @@
 #include <sstream>
 
 #include "file_stem.h"
+#include "flag_table.h"
 #include "lora_share.h"
 
 namespace lora_share {
 namespace {
 
-struct FlagSpec {
-  const char* name;        // without the leading "--"
-  const char* value_name;  // nullptr for a switch that takes no value
-  const char* default_text;
-  const char* help;
-  Status (*apply)(Options& options, const std::string& value);
-};
-
-std::string trim(const std::string& s) {
-  const char* ws = " \t\r\n";
-  size_t begin = s.find_first_not_of(ws);
-  if (begin == std::string::npos) return "";
-  size_t end = s.find_last_not_of(ws);
-  return s.substr(begin, end - begin + 1);
-}
-
-// Strict integer parse: the whole text must be one base-10 number.
-bool parse_int64(const std::string& text, int64_t* out) {
-  std::string t = trim(text);
-  if (t.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(t.c_str(), &end, 10);
-  if (errno != 0 || end != t.c_str() + t.size()) return false;
-  *out = v;
-  return true;
-}
+using flags::parse_int64;
 
 Status bad_value(const char* flag, const std::string& value, const char* expected) {
   return Status::usage(std::string("--") + flag + " '" + value + "': expected " + expected);
 }
 
 // The table. Order here is the order of --help.
-const FlagSpec kFlags[] = {
-    {"pte", "PATH", "(required)", "adapter program (.pte); repeat to load several adapters at once",
-     [](Options& o, const std::string& v) {
-       o.ptes.push_back(v);
-       return Status();
-     }},
-    {"ptd", "PATH", "(none: self-contained .pte)",
-     "shared foundation data file (.ptd), mapped once for every adapter; "
-     "omit it only for programs with every weight inside",
-     [](Options& o, const std::string& v) {
-       o.ptd = v;
-       return Status();
-     }},
-    {"shared-ptd", "PATH", "(none)",
-     "adapter tensors several adapters share (adapters_shared.ptd, written "
-     "when the build config sets dedup.shared_adapter_tensors: hoist); "
-     "mapped once, like --ptd",
-     [](Options& o, const std::string& v) {
-       o.shared_ptd = v;
-       return Status();
-     }},
-    {"tokens", "IDS", "(this or --prompt, unless --serve)",
-     "prompt token ids, comma-separated, e.g. 1,17,42; generation stops "
-     "after the build's end-of-sequence id (its manifest.json beside --ptd) "
-     "unless --ignore-eos",
-     [](Options& o, const std::string& v) {
-       auto ids = parse_token_list(v, "--tokens");
-       if (!ids.ok()) return ids.status();
-       o.tokens = std::move(ids.value());
-       o.tokens_given = true;
-       return Status();
-     }},
-    {"prompt", "TEXT", "(this or --tokens, unless --serve)",
-     "prompt text, encoded with the build's tokenizer (BOS added where the "
-     "model has one); the reply is printed as text while it is generated "
-     "and stops at the model's end-of-sequence token",
-     [](Options& o, const std::string& v) {
-       if (o.chat) return Status::usage("--chat and --prompt are two ways to give the prompt: pick one");
-       o.prompt = v;
-       o.prompt_given = true;
-       return Status();
-     }},
-    {"chat", "TEXT", "(instead of --prompt)",
-     "like --prompt, with TEXT as one user message in the build's chat "
-     "template (manifest.json tokenizer.chat_format), as lora-share run --chat",
-     [](Options& o, const std::string& v) {
-       if (o.prompt_given) return Status::usage("--chat and --prompt are two ways to give the prompt: pick one");
-       o.prompt = v;
-       o.prompt_given = true;
-       o.chat = true;
-       return Status();
-     }},
-    {"tokenizer", "DIR", "(the --ptd's folder)",
-     "folder with the build's manifest.json and tokenizer.json, checked to "
-     "belong to the --ptd; for --prompt and --serve",
-     [](Options& o, const std::string& v) {
-       o.tokenizer_dir = v;
-       return Status();
-     }},
-    {"max-new-tokens", "N", "16", "number of tokens to generate (>= 1)",
-     [](Options& o, const std::string& v) {
-       int64_t n = 0;
-       if (!parse_int64(v, &n) || n < 1) return bad_value("max-new-tokens", v, "an integer >= 1");
-       o.max_new_tokens = n;
-       return Status();
-     }},
-    {"temperature", "F", "0",
-     "sampling temperature; 0 = greedy (the only mode that matches Python "
-     "token for token)",
-     [](Options& o, const std::string& v) {
-       std::string t = trim(v);
-       char* end = nullptr;
-       errno = 0;
-       double f = t.empty() ? NAN : std::strtod(t.c_str(), &end);
-       if (t.empty() || errno != 0 || end != t.c_str() + t.size() || !std::isfinite(f) || f < 0)
-         return bad_value("temperature", v, "a finite number >= 0");
-       o.temperature = f;
-       return Status();
-     }},
-    {"seed", "N", "0", "random seed for sampling (reset for every request)",
-     [](Options& o, const std::string& v) {
-       int64_t n = 0;
-       if (!parse_int64(v, &n) || n < 0) return bad_value("seed", v, "an integer >= 0");
-       o.seed = static_cast<uint64_t>(n);
-       return Status();
-     }},
-    {"adapter", "NAME", "(first --pte)",
-     "which loaded adapter answers: the .pte file stem, or 'base' for the "
-     "foundation alone (no LoRA; through the program the --pte files carry)",
-     [](Options& o, const std::string& v) {
-       o.adapter = v;
-       return Status();
-     }},
-    {"ignore-eos", nullptr, "off",
-     "generate max-new-tokens tokens even past the build's end-of-sequence "
-     "ids (--tokens, --prompt and --serve)",
-     [](Options& o, const std::string&) {
-       o.ignore_eos = true;
-       return Status();
-     }},
-    {"serve", nullptr, "off",
-     "read requests from stdin, one per line, either 'adapter<TAB>ids' or "
-     "JSON {\"adapter\": ..., \"prompt\": text | \"messages\": [{\"role\", "
-     "\"content\"}] (the build's chat template) | \"tokens\": [ids], "
-     "\"max_new_tokens\", \"temperature\", \"seed\" (optional)}; answer one "
-     "JSON line each (with \"text\" when the build has a tokenizer); "
-     "each stops after an end-of-sequence id unless --ignore-eos; the "
-     "adapter 'base' is the foundation alone; EOF ends. Requests run one at a time and each starts "
-     "at position 0: nothing of an earlier request (KV cache included) is "
-     "kept or read",
-     [](Options& o, const std::string&) {
-       o.serve = true;
-       return Status();
-     }},
-    {"input", "NPY", "(none)",
-     "a program built from PT2 archives: one .npy per forward input, in "
-     "order (repeat the flag); runs the --adapter's program (default: the "
-     "first --pte) once on them",
-     [](Options& o, const std::string& v) {
-       o.inputs.push_back(v);
-       return Status();
-     }},
-    {"output", "PATH", "(none: shapes only)", "with --input: forward's output as .npy (several outputs: .npz)",
-     [](Options& o, const std::string& v) {
-       o.output = v;
-       return Status();
-     }},
-    {"dump-logits", "PATH", "(none)", "write the logits rows as .npy float32 [max_new_tokens, vocab]",
-     [](Options& o, const std::string& v) {
-       o.dump_logits = v;
-       return Status();
-     }},
-    {"json", nullptr, "off", "print one JSON object (tokens, timings, memory) instead of plain ids",
-     [](Options& o, const std::string&) {
-       o.json = true;
-       return Status();
-     }},
-    {"packed-cache", "DIR", "(the --ptd's folder's .packed/, else ~/.cache/lora-share/packed)",
-     "folder of the packed-weights file: XNNPACK's packed weights are written "
-     "there on the first start and mapped on later ones, skipping the repacking "
-     "(a stale or damaged file is noted and written again)",
-     [](Options& o, const std::string& v) {
-       o.packed_cache = v;
-       return Status();
-     }},
-    {"no-packed-cache", nullptr, "off",
-     "pack the weights in memory at every start: no packed-weights file read or written",
-     [](Options& o, const std::string&) {
-       o.no_packed_cache = true;
-       return Status();
-     }},
-    {"no-weight-cache", nullptr, "off",
-     "turn XNNPACK's shared weight cache off (each adapter packs its own "
-     "copy of the foundation; for benchmarks)",
-     [](Options& o, const std::string&) {
-       o.no_weight_cache = true;
-       return Status();
-     }},
-    {"no-huge-pages", nullptr, "off",
-     "leave the packed weights in 4 KiB pages instead of collapsing them into "
-     "2 MiB pages after loading (Linux; for benchmarks)",
-     [](Options& o, const std::string&) {
-       o.no_huge_pages = true;
-       return Status();
-     }},
-    {"stock", nullptr, "off",
-     "load each adapter through executorch::extension::Module(pte, {ptd, "
-     "shared-ptd}) with the weight cache off, as ExecuTorch's examples do "
-     "(for benchmarks)",
-     [](Options& o, const std::string&) {
-       o.stock = true;
-       return Status();
-     }},
-    {"private-arenas", nullptr, "off",
-     "give each adapter program its own planned memory (KV cache and "
-     "activations) instead of one arena for all, sized to the largest "
-     "(for benchmarks)",
-     [](Options& o, const std::string&) {
-       o.private_arenas = true;
-       return Status();
-     }},
-    {"threads", "N", "0",
-     "threads ExecuTorch runs each program's ops on, for the whole process; 0 = "
-     "one per core. On a host whose cores other work keeps busy, 1 decodes "
-     "faster: every op split across threads waits for all of them",
-     [](Options& o, const std::string& v) {
-       int64_t n = 0;
-       if (!parse_int64(v, &n) || n < 0 || n > 1024) return bad_value("threads", v, "an integer from 0 to 1024");
-       o.threads = static_cast<int>(n);
-       return Status();
-     }},
-    {"no-verify", nullptr, "off",
-     "load adapters even if their recorded foundation fingerprint differs "
-     "from the --ptd's (the files are still checked for corruption)",
-     [](Options& o, const std::string&) {
-       o.no_verify = true;
-       return Status();
-     }},
-    {"verbose", nullptr, "off", "pass ExecuTorch's own log lines to stderr",
-     [](Options& o, const std::string&) {
-       o.verbose = true;
-       return Status();
-     }},
-    {"help", nullptr, "", "show this help and exit",
-     [](Options& o, const std::string&) {
-       o.help = true;
-       return Status();
-     }},
-};
-
-const FlagSpec* find_flag(const std::string& name) {
-  for (const FlagSpec& f : kFlags) {
-    if (name == f.name) return &f;
-  }
-  return nullptr;
+std::vector<flags::Flag> table(Options& o) {
+  return {
+      {"pte", "PATH", "(required)", "adapter program (.pte); repeat to load several adapters at once",
+       [&o](const std::string& v) {
+         o.ptes.push_back(v);
+         return Status();
+       }},
+      {"ptd", "PATH", "(none: self-contained .pte)",
+       "shared foundation data file (.ptd), mapped once for every adapter; "
+       "omit it only for programs with every weight inside",
+       [&o](const std::string& v) {
+         o.ptd = v;
+         return Status();
+       }},
+      {"shared-ptd", "PATH", "(none)",
+       "adapter tensors several adapters share (adapters_shared.ptd, written "
+       "when the build config sets dedup.shared_adapter_tensors: hoist); "
+       "mapped once, like --ptd",
+       [&o](const std::string& v) {
+         o.shared_ptd = v;
+         return Status();
+       }},
+      {"tokens", "IDS", "(this or --prompt, unless --serve)",
+       "prompt token ids, comma-separated, e.g. 1,17,42; generation stops "
+       "after the build's end-of-sequence id (its manifest.json beside --ptd) "
+       "unless --ignore-eos",
+       [&o](const std::string& v) {
+         auto ids = parse_token_list(v, "--tokens");
+         if (!ids.ok()) return ids.status();
+         o.tokens = std::move(ids.value());
+         o.tokens_given = true;
+         return Status();
+       }},
+      {"prompt", "TEXT", "(this or --tokens, unless --serve)",
+       "prompt text, encoded with the build's tokenizer (BOS added where the "
+       "model has one); the reply is printed as text while it is generated "
+       "and stops at the model's end-of-sequence token",
+       [&o](const std::string& v) {
+         if (o.chat) return Status::usage("--chat and --prompt are two ways to give the prompt: pick one");
+         o.prompt = v;
+         o.prompt_given = true;
+         return Status();
+       }},
+      {"chat", "TEXT", "(instead of --prompt)",
+       "like --prompt, with TEXT as one user message in the build's chat "
+       "template (manifest.json tokenizer.chat_format), as lora-share run --chat",
+       [&o](const std::string& v) {
+         if (o.prompt_given) return Status::usage("--chat and --prompt are two ways to give the prompt: pick one");
+         o.prompt = v;
+         o.prompt_given = true;
+         o.chat = true;
+         return Status();
+       }},
+      {"tokenizer", "DIR", "(the --ptd's folder)",
+       "folder with the build's manifest.json and tokenizer.json, checked to "
+       "belong to the --ptd; for --prompt and --serve",
+       [&o](const std::string& v) {
+         o.tokenizer_dir = v;
+         return Status();
+       }},
+      {"max-new-tokens", "N", "16", "number of tokens to generate (>= 1)",
+       [&o](const std::string& v) {
+         int64_t n = 0;
+         if (!parse_int64(v, &n) || n < 1) return bad_value("max-new-tokens", v, "an integer >= 1");
+         o.max_new_tokens = n;
+         return Status();
+       }},
+      {"temperature", "F", "0",
+       "sampling temperature; 0 = greedy (the only mode that matches Python "
+       "token for token)",
+       [&o](const std::string& v) {
+         double f = 0;
+         if (!flags::parse_double(v, &f) || f < 0) return bad_value("temperature", v, "a finite number >= 0");
+         o.temperature = f;
+         return Status();
+       }},
+      {"seed", "N", "0", "random seed for sampling (reset for every request)",
+       [&o](const std::string& v) {
+         int64_t n = 0;
+         if (!parse_int64(v, &n) || n < 0) return bad_value("seed", v, "an integer >= 0");
+         o.seed = static_cast<uint64_t>(n);
+         return Status();
+       }},
+      {"adapter", "NAME", "(first --pte)",
+       "which loaded adapter answers: the .pte file stem, or 'base' for the "
+       "foundation alone (no LoRA; through the program the --pte files carry)",
+       [&o](const std::string& v) {
+         o.adapter = v;
+         return Status();
+       }},
+      {"ignore-eos", nullptr, "off",
+       "generate max-new-tokens tokens even past the build's end-of-sequence "
+       "ids (--tokens, --prompt and --serve)",
+       [&o](const std::string&) {
+         o.ignore_eos = true;
+         return Status();
+       }},
+      {"serve", nullptr, "off",
+       "read requests from stdin, one per line, either 'adapter<TAB>ids' or "
+       "JSON {\"adapter\": ..., \"prompt\": text | \"messages\": [{\"role\", "
+       "\"content\"}] (the build's chat template) | \"tokens\": [ids], "
+       "\"max_new_tokens\", \"temperature\", \"seed\" (optional)}; answer one "
+       "JSON line each (with \"text\" when the build has a tokenizer); "
+       "each stops after an end-of-sequence id unless --ignore-eos; the "
+       "adapter 'base' is the foundation alone; EOF ends. Requests run one at a time and each starts "
+       "at position 0: nothing of an earlier request (KV cache included) is "
+       "kept or read",
+       [&o](const std::string&) {
+         o.serve = true;
+         return Status();
+       }},
+      {"input", "NPY", "(none)",
+       "a program built from PT2 archives: one .npy per forward input, in "
+       "order (repeat the flag); runs the --adapter's program (default: the "
+       "first --pte) once on them",
+       [&o](const std::string& v) {
+         o.inputs.push_back(v);
+         return Status();
+       }},
+      {"output", "PATH", "(none: shapes only)", "with --input: forward's output as .npy (several outputs: .npz)",
+       [&o](const std::string& v) {
+         o.output = v;
+         return Status();
+       }},
+      {"dump-logits", "PATH", "(none)", "write the logits rows as .npy float32 [max_new_tokens, vocab]",
+       [&o](const std::string& v) {
+         o.dump_logits = v;
+         return Status();
+       }},
+      {"json", nullptr, "off", "print one JSON object (tokens, timings, memory) instead of plain ids",
+       [&o](const std::string&) {
+         o.json = true;
+         return Status();
+       }},
+      {"packed-cache", "DIR", "(the --ptd's folder's .packed/, else ~/.cache/lora-share/packed)",
+       "folder of the packed-weights file: XNNPACK's packed weights are written "
+       "there on the first start and mapped on later ones, skipping the repacking "
+       "(a stale or damaged file is noted and written again)",
+       [&o](const std::string& v) {
+         o.packed_cache = v;
+         return Status();
+       }},
+      {"no-packed-cache", nullptr, "off",
+       "pack the weights in memory at every start: no packed-weights file read or written",
+       [&o](const std::string&) {
+         o.no_packed_cache = true;
+         return Status();
+       }},
+      {"no-weight-cache", nullptr, "off",
+       "turn XNNPACK's shared weight cache off (each adapter packs its own "
+       "copy of the foundation; for benchmarks)",
+       [&o](const std::string&) {
+         o.no_weight_cache = true;
+         return Status();
+       }},
+      {"no-huge-pages", nullptr, "off",
+       "leave the packed weights in 4 KiB pages instead of collapsing them into "
+       "2 MiB pages after loading (Linux; for benchmarks)",
+       [&o](const std::string&) {
+         o.no_huge_pages = true;
+         return Status();
+       }},
+      {"stock", nullptr, "off",
+       "load each adapter through executorch::extension::Module(pte, {ptd, "
+       "shared-ptd}) with the weight cache off, as ExecuTorch's examples do "
+       "(for benchmarks)",
+       [&o](const std::string&) {
+         o.stock = true;
+         return Status();
+       }},
+      {"private-arenas", nullptr, "off",
+       "give each adapter program its own planned memory (KV cache and "
+       "activations) instead of one arena for all, sized to the largest "
+       "(for benchmarks)",
+       [&o](const std::string&) {
+         o.private_arenas = true;
+         return Status();
+       }},
+      {"threads", "N", "0",
+       "threads ExecuTorch runs each program's ops on, for the whole process; 0 = "
+       "one per core. On a host whose cores other work keeps busy, 1 decodes "
+       "faster: every op split across threads waits for all of them",
+       [&o](const std::string& v) {
+         int64_t n = 0;
+         if (!parse_int64(v, &n) || n < 0 || n > 1024) return bad_value("threads", v, "an integer from 0 to 1024");
+         o.threads = static_cast<int>(n);
+         return Status();
+       }},
+      {"no-verify", nullptr, "off",
+       "load adapters even if their recorded foundation fingerprint differs "
+       "from the --ptd's (the files are still checked for corruption)",
+       [&o](const std::string&) {
+         o.no_verify = true;
+         return Status();
+       }},
+      {"verbose", nullptr, "off", "pass ExecuTorch's own log lines to stderr",
+       [&o](const std::string&) {
+         o.verbose = true;
+         return Status();
+       }},
+      {"help", nullptr, "", "show this help and exit",
+       [&o](const std::string&) {
+         o.help = true;
+         return Status();
+       }},
+  };
 }
 
 // --input: a program's forward on tensors; none of the generation flags apply.
@@ -357,7 +323,7 @@ StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text, const s
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (trim(item).empty()) continue;
+    if (item.find_first_not_of(" \t\r\n") == std::string::npos) continue;
     int64_t id = 0;
     if (!parse_int64(item, &id))
       return Status::usage(what + " '" + text +
@@ -371,30 +337,9 @@ StatusOr<std::vector<int64_t>> parse_token_list(const std::string& text, const s
 
 StatusOr<Options> parse_flags(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0 || arg.size() == 2)
-      return Status::usage("unexpected argument '" + arg + "' (flags start with --; see --help)");
-    std::string name = arg.substr(2), value;
-    bool inline_value = false;
-    size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
-    }
-    const FlagSpec* flag = find_flag(name);
-    if (flag == nullptr) return Status::usage("unknown flag --" + name + " (see --help)");
-    if (flag->value_name == nullptr) {
-      if (inline_value) return Status::usage("--" + name + " takes no value");
-    } else if (!inline_value) {
-      if (i + 1 >= argc) return Status::usage("--" + name + " needs a value (" + flag->value_name + ")");
-      value = argv[++i];
-    }
-    Status s = flag->apply(options, value);
-    if (!s.ok()) return s;
-  }
-  Status s = check_combinations(options);
+  Status s = flags::parse(table(options), argc, argv);
+  if (!s.ok()) return s;
+  s = check_combinations(options);
   if (!s.ok()) return s;
   return options;
 }
@@ -411,15 +356,8 @@ std::string usage_text(const char* program_name) {
          "each starts at position 0 (a prompt longer than the program's "
          "prefill chunk is fed in several calls): nothing of an earlier "
          "request, KV cache included, is kept or read.\n\nflags:\n";
-  for (const FlagSpec& f : kFlags) {
-    std::string left = std::string("  --") + f.name;
-    if (f.value_name) left += std::string(" ") + f.value_name;
-    out << left;
-    out << std::string(left.size() < 26 ? 26 - left.size() : 1, ' ');
-    out << f.help;
-    if (f.default_text[0] != '\0') out << " [default: " << f.default_text << "]";
-    out << "\n";
-  }
+  Options defaults;
+  out << flags::help(table(defaults), 26);
   out << "\nexit codes: 0 ok, 1 load/run error, 2 usage error\n";
   return out.str();
 }

@@ -1,8 +1,10 @@
 #include "text.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "file_check.h"
+#include "manifest.h"
 
 namespace lora_share {
 
@@ -16,7 +18,13 @@ StatusOr<std::optional<tok::BoundTokenizer>> load_text_tokenizer(const Options& 
   auto ptd = check_ptd(options.ptd, "--ptd");
   if (!ptd.ok()) return ptd.status();
   std::string fingerprint = ptd->record.present ? ptd->record.fingerprint : "";
-  return tok::bind_tokenizer(options.ptd, fingerprint, tokenizer_folder(options));
+  std::string folder = tokenizer_folder(options);
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  const std::string path = folder + "/manifest.json";
+  if (!std::ifstream(path)) return std::optional<tok::BoundTokenizer>();
+  auto manifest = parse_manifest(path);
+  if (!manifest.ok()) return manifest.status();
+  return tok::bind_tokenizer(manifest.value(), folder, options.ptd, fingerprint);
 }
 
 StatusOr<std::vector<int64_t>> encode_prompt(const tok::BoundTokenizer& tokenizer, const std::string& text,

@@ -404,9 +404,11 @@ LS_API ls_status ls_apply_chat_template(ls_tokenizer* tokenizer, const ls_chat_m
 typedef int (*ls_text_callback)(const char* text, size_t length, void* user_data);
 
 typedef enum {
-  LS_FINISH_LENGTH = 0,  /* max_new_tokens generated */
-  LS_FINISH_EOS = 1,     /* an end-of-sequence id ended it (OpenAI's "stop") */
-  LS_FINISH_CALLBACK = 2 /* the callback asked to stop */
+  LS_FINISH_LENGTH = 0,   /* max_new_tokens generated */
+  LS_FINISH_EOS = 1,      /* an end-of-sequence id ended it (OpenAI's "stop") */
+  LS_FINISH_CALLBACK = 2, /* the callback asked to stop */
+  LS_FINISH_STOP = 3      /* one of a request's stop strings ended it (REQUESTS;
+                             OpenAI's "stop" too) */
 } ls_finish_reason;
 
 typedef struct {
@@ -426,6 +428,102 @@ LS_API ls_status ls_generate_text(ls_runtime* runtime, const char* name, const c
 LS_API ls_status ls_generate_chat(ls_runtime* runtime, const char* name, const ls_chat_message* messages, size_t n,
                                   const ls_generate_options* options, ls_text_callback on_text, void* user_data,
                                   ls_text_result* result, ls_error* error);
+
+/* The build's end-of-sequence ids generation stops after (the tokenizer
+ * section of its manifest.json; none without one, or when the runtime was
+ * opened not to read them): *ids (valid until ls_close, NULL when n is 0)
+ * and *n. An application that decodes ids itself keeps these out of its text
+ * when it generates past them (ignore_eos). */
+LS_API ls_status ls_runtime_eos_ids(ls_runtime* runtime, const int64_t** ids, size_t* n, ls_error* error);
+
+/* REQUESTS. The one request schema of every door: build/lora-share-server's
+ * POST /v1/completions and /v1/chat/completions, build/runner --serve's JSON
+ * lines and lora_share.Runtime's create_completion / create_chat_completion
+ * send the same OpenAI JSON body through these calls, so every field is taken,
+ * checked and answered the same way whatever the door (docs/server.md lists
+ * the fields, their defaults and ranges):
+ *
+ *   ls_request* r = ls_request_parse(LS_REQUEST_CHAT, body, strlen(body), &err);
+ *   if (r != NULL && ls_request_prepare(rt, r, &err) == LS_OK)   // a bad request ends here
+ *     ls_request_run(rt, r, on_event, user_data, NULL, &err);     // the OpenAI JSON events
+ *   ls_request_free(r);
+ *
+ * PARSE reads the body alone. It is refused while it is read, before any
+ * value is built from it, when it is over LS_REQUEST_MAX_BYTES or nests
+ * arrays and objects deeper than LS_REQUEST_MAX_DEPTH (the body's own object
+ * is level 1), so no body makes the library recurse deeply or hold more than
+ * its bytes' worth. Then every field's type and range is checked. A field that
+ * would change the answer and is not served (n > 1, logprobs, tools,
+ * response_format other than text, logit_bias, prediction, ...) is refused by
+ * name unless it holds its no-op value, as is any field the schema does not
+ * know; fields that change nothing (user, metadata, ...) are accepted and a
+ * null value is the field left out. Every problem is LS_ERR_REQUEST with one
+ * message naming the field, quoting at most a short prefix of its value.
+ * Chat messages: content a string or a list of text parts ({"type": "text",
+ * "text": ...}, joined with newlines); the "developer" role is "system".
+ *
+ * PREPARE does what needs the runtime, so that a server can refuse a request
+ * before it starts a stream: the model (LS_ERR_NOT_FOUND for an adapter the
+ * runtime does not know), the "lora" mix (ls_adapter_mix, held by the request
+ * until ls_request_free: its errors, LS_ERR_REQUEST or LS_ERR_BUDGET, start
+ * with "lora"), the prompt (ids as given, text encoded with the runtime's
+ * tokenizer and its special tokens, or messages rendered with its chat
+ * template: LS_ERR_REQUEST when the build has no tokenizer or template, or a
+ * role is unknown), max_tokens (default: the rest of the context) and the
+ * whole request against the program (ls_check_request's LS_ERR_REQUEST).
+ *
+ * RUN generates and hands on_event each OpenAI event as it comes, UTF-8 JSON
+ * text of `length` bytes (not NUL-terminated, valid during the call):
+ *   stream false: one event, the whole response ("chat.completion" or
+ *     "text_completion", with usage);
+ *   stream true: the chunks ("chat.completion.chunk" / "text_completion"): a
+ *     chat's first carries delta {"role": "assistant", "content": ""}; then
+ *     one per generated token (its text, whole UTF-8 characters, and its id in
+ *     "tokens"), one with the text held back at the end, one with
+ *     finish_reason, and with stream_options.include_usage one with no choices
+ *     and the usage. Server-sent events' framing ("data: ", "[DONE]") is the
+ *     caller's.
+ * Generation ends at max_tokens, after an end-of-sequence id (not text, not
+ * in "tokens", unless ignore_eos) or at a stop string (none of it is ever
+ * handed out, even across tokens). on_event returning nonzero (a client that
+ * left) ends generation at the next token and ls_request_run returns LS_OK
+ * without more events. `result` (may be NULL): the prompt and completion
+ * tokens and how it ended (LS_FINISH_CALLBACK when on_event stopped it).
+ * A request runs once; on_event must not call back into the runtime.
+ * THREADS as ls_generate: with ls_options.parallel > 1, requests from several
+ * threads run in one batch. */
+typedef struct ls_request ls_request;
+
+typedef enum {
+  LS_REQUEST_COMPLETION = 0, /* OpenAI's completions body: "prompt" */
+  LS_REQUEST_CHAT = 1        /* OpenAI's chat completions body: "messages" */
+} ls_request_kind;
+
+#define LS_REQUEST_MAX_BYTES (64u << 20)
+#define LS_REQUEST_MAX_DEPTH 64
+
+typedef int (*ls_event_callback)(const char* json, size_t length, void* user_data);
+
+/* The request in `body` (`length` bytes of JSON), or NULL with `error` set. */
+LS_API ls_request* ls_request_parse(ls_request_kind kind, const char* body, size_t length, ls_error* error);
+/* See PREPARE. A request is prepared once, against one runtime. */
+LS_API ls_status ls_request_prepare(ls_runtime* runtime, ls_request* request, ls_error* error);
+/* See RUN: `request` prepared against `runtime`. */
+LS_API ls_status ls_request_run(ls_runtime* runtime, ls_request* request, ls_event_callback on_event, void* user_data,
+                                ls_text_result* result, ls_error* error);
+/* Releases its mix, if any. NULL is ignored. Not while it runs. */
+LS_API void ls_request_free(ls_request* request);
+/* Its "model" field, valid until ls_request_free. */
+LS_API const char* ls_request_model(const ls_request* request);
+/* Nonzero: its "stream" field is true (the answer comes as chunks). */
+LS_API int ls_request_stream(const ls_request* request);
+/* For a caller that runs a prepared request itself (build/runner --serve's
+ * report of timings): its prompt ids (*prompt, *n: valid until
+ * ls_request_free), the adapter (or mix) name ls_generate_named takes (valid
+ * as long), and `options` filled from its fields. The events, stop strings
+ * and text are then the caller's. LS_ERR_ARGUMENT before prepare. */
+LS_API ls_status ls_request_generation(const ls_request* request, const int64_t** prompt, size_t* n,
+                                       const char** adapter, ls_generate_options* options, ls_error* error);
 
 /* PROGRAMS. A deployment built from PT2 archives (`programs:` in the config):
  * any exported model's forward, tensors in and out. Open its foundation.ptd

@@ -26,24 +26,34 @@ extern "C" {
 #endif
 
 typedef struct {
-  int stock;           /* nonzero: each adapter is an executorch::extension::
-                          Module(pte, ptd) of its own, with its own memory and
-                          the weight cache off, as ExecuTorch's examples load
-                          (runner --stock); no 'base' then */
-  int private_arenas;  /* nonzero: each program its own planned memory
-                          instead of one arena for all (--private-arenas) */
-  int weight_cache;    /* default 1; 0: every program packs its own copy of
-                          the foundation (--no-weight-cache) */
-  int ignore_eos;      /* nonzero: read no EOS ids (the manifest.json beside
-                          the .ptd is not read); --ignore-eos */
-  int runner_messages; /* nonzero: error messages name build/runner's flags
-                          (--pte, --ptd, --no-verify, ...) rather than the
-                          library's parameters */
-  int threads;         /* ExecuTorch's threadpool, process-wide, set before
-                          the first program loads: 0 (default) one thread
-                          per core, else this many (--threads) */
-  int huge_pages;      /* default 1; 0: leave the packed weights in 4 KiB
-                          pages (--no-huge-pages) */
+  int stock;                 /* nonzero: each adapter is an executorch::extension::
+                                Module(pte, ptd) of its own, with its own memory and
+                                the weight cache off, as ExecuTorch's examples load
+                                (runner --stock); no 'base' then */
+  int private_arenas;        /* nonzero: each program its own planned memory
+                                instead of one arena for all (--private-arenas) */
+  int weight_cache;          /* default 1; 0: every program packs its own copy of
+                                the foundation (--no-weight-cache) */
+  int ignore_eos;            /* nonzero: read no EOS ids (the manifest.json beside
+                                the .ptd is not read); --ignore-eos */
+  int runner_messages;       /* nonzero: error messages name build/runner's flags
+                                (--pte, --ptd, --no-verify, ...) rather than the
+                                library's parameters */
+  int threads;               /* ExecuTorch's threadpool, process-wide, set before
+                                the first program loads: 0 (default) one thread
+                                per core, else this many (--threads) */
+  int huge_pages;            /* default 1; 0: leave the packed weights in 4 KiB
+                                pages (--no-huge-pages) */
+  const char* tokenizer_dir; /* the folder of the build's tokenizer and its
+                                manifest.json (EOS ids, tokenizer, chat
+                                template), checked against the foundation as
+                                the .ptd's own folder is; NULL (default): the
+                                .ptd's folder (--tokenizer) */
+  int bind_tokenizer;        /* nonzero: bind the tokenizer (ls_runtime_tokenizer)
+                                at open, before any adapter loads, so files that
+                                do not go together are refused first
+                                (LS_ERR_ARGUMENT); a folder without one is no
+                                error (ls_runtime_tokenizer says so later) */
 } ls_diag_options;
 
 /* sizeof the public struct called `type_name` ("ls_options",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 
 #include "file_stem.h"
 #include "huge_pages.h"
@@ -49,7 +50,17 @@ uint64_t program_cost_bytes(uint64_t program_bytes, int methods) {
   return program_bytes + program_bytes / 5 + static_cast<uint64_t>(methods) * (uint64_t{4} << 20);
 }
 
-Status AdapterPool::open_foundation() {
+std::string AdapterPool::tokenizer_folder() const {
+  std::string folder = options_.tokenizer_dir;
+  if (folder.empty()) {
+    const size_t slash = options_.ptd.find_last_of('/');
+    folder = slash == std::string::npos ? "." : slash == 0 ? "/" : options_.ptd.substr(0, slash);
+  }
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  return folder;
+}
+
+Status AdapterPool::open_foundation(const Manifest* known) {
   // The library runs one method at a time per runtime: one XNNPACK workspace
   // for the process and the weight cache, so every adapter shares one packed
   // foundation. The stock path measures ExecuTorch as shipped: the
@@ -75,13 +86,30 @@ Status AdapterPool::open_foundation() {
     if (!files.ok()) return files.status();
     files_ = std::move(files.value());
   }
-  if (has_ptd && options_.read_eos) {
-    const Record& record = files_.foundation.record;
+  if (has_ptd && (options_.read_eos || options_.check_tokenizer)) {
+    // The tokenizer folder's manifest.json, read once: the EOS ids now, the
+    // tokenizer from it when a text call first asks (text_api.cpp).
+    const std::string folder = tokenizer_folder();
+    const std::string path = (folder == "." ? std::string() : folder + "/") + "manifest.json";
+    if (known != nullptr && options_.tokenizer_dir.empty()) {
+      tokenizer_manifest_ = *known;
+    } else if (std::ifstream(path)) {
+      auto manifest = parse_manifest(path);
+      if (!manifest.ok()) return manifest.status();
+      tokenizer_manifest_ = std::move(manifest.value());
+    }
+    const std::string fingerprint = foundation_fingerprint();
     // A manifest of another build is a usage error (the files given do not
     // go together); the C API reports it as a load error.
-    auto eos = read_eos_ids(options_.ptd, record.present ? record.fingerprint : "");
-    if (!eos.ok()) return eos.status();
-    eos_ids_ = std::move(eos.value());
+    if (tokenizer_manifest_ && tokenizer_manifest_->tokenizer && options_.check_tokenizer) {
+      s = check_tokenizer_foundation(*tokenizer_manifest_, options_.ptd, fingerprint);
+      if (!s.ok()) return s;
+    }
+    if (tokenizer_manifest_ && options_.read_eos) {
+      auto eos = eos_ids_of(*tokenizer_manifest_, options_.ptd, fingerprint);
+      if (!eos.ok()) return eos.status();
+      eos_ids_ = std::move(eos.value());
+    }
   }
   // The stock path's Modules open foundation.ptd themselves; the pool reads
   // only hoisted LoRA tensors there, from adapters_shared.ptd.
@@ -117,7 +145,7 @@ StatusOr<std::unique_ptr<AdapterPool>> AdapterPool::open_dir(const std::string& 
   options.shared_ptd = manifest->shared_file.empty() ? "" : dir + "/" + manifest->shared_file;
   auto pool = std::unique_ptr<AdapterPool>(new AdapterPool());
   pool->options_ = options;
-  Status s = pool->open_foundation();
+  Status s = pool->open_foundation(&manifest.value());
   if (!s.ok()) return s;
   for (const ManifestAdapter& a : manifest->adapters) {
     if (a.name == kBaseName)

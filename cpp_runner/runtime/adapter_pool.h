@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@
 #include "file_check.h"
 #include "foundation.h"
 #include "generate.h"
+#include "manifest.h"
 #include "packed_cache.h"
 #include "planned_arena.h"
 #include "status.h"
@@ -66,6 +68,13 @@ struct PoolOptions {
   bool packed_cache = true;      // packed weights kept in a file between starts (packed_cache.h)
   std::string packed_cache_dir;  // "" = beside the .ptd, else the user's cache folder
   bool read_eos = true;          // false: no EOS ids, manifest.json unread
+  // The folder of the build's tokenizer and its manifest.json: "" = the
+  // .ptd's folder (ls_diag_options.tokenizer_dir, the runner's --tokenizer).
+  std::string tokenizer_dir;
+  // Refuse, at open, a tokenizer folder whose manifest is not the
+  // foundation's (the binding rule: tokenizer/binding.h) before the EOS ids
+  // are read from it (ls_diag_options.bind_tokenizer).
+  bool check_tokenizer = false;
   // KV slots (ls_options.parallel): requests batched at once (issue 47). > 1
   // sizes the arena's KV buffer for that many slots and loads decode_batch
   // (batch/batch_engine.h runs it), so the budget counts every slot; 1: one
@@ -215,8 +224,14 @@ class AdapterPool {
   // KV slots: requests the runtime batches at once (PoolOptions.parallel).
   size_t parallel() const { return options_.parallel; }
 
-  // The build's end-of-sequence ids (manifest.h, read_eos_ids); may be none.
+  // The build's end-of-sequence ids (manifest.h, eos_ids_of); may be none.
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
+
+  // The folder of the build's tokenizer (PoolOptions.tokenizer_dir, or the
+  // .ptd's), and its manifest.json as read at open (null: not read, with
+  // read_eos off, or no file there).
+  std::string tokenizer_folder() const;
+  const Manifest* tokenizer_manifest() const { return tokenizer_manifest_ ? &*tokenizer_manifest_ : nullptr; }
 
   PoolStats stats() const;
 
@@ -271,7 +286,8 @@ class AdapterPool {
   };
 
   AdapterPool() = default;
-  Status open_foundation();
+  // `known`: the deployment's manifest.json when open_dir has read it.
+  Status open_foundation(const Manifest* known = nullptr);
   // After registering a folder's or the runner's adapters: the shared arena
   // sized to the largest program (none with stock or private_arenas), then
   // every adapter checked against the budget.
@@ -327,6 +343,7 @@ class AdapterPool {
   size_t next_mix_ = kFirstMix;
   std::unique_ptr<SharedAdapter> base_;  // over programs_[entries_[0].program], once used
   std::vector<int64_t> eos_ids_;
+  std::optional<Manifest> tokenizer_manifest_;
   uint64_t clock_ = 0;
   uint64_t programs_generation_ = 0;
   PoolStats counters_;

@@ -147,4 +147,9 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
                          const ls_generate_options* options, ls_token_callback on_token, void* user_data,
                          const GenerateExtras& extras, ls_error* error);
 
+// The runtime's tokenizer (ls_runtime_tokenizer) with the runtime's lock
+// held, bound on first ask: LS_OK and *out set, or the error: LS_ERR_NOT_FOUND
+// when the build has none, `usage_code` for files that do not go together.
+ls_status runtime_tokenizer(ls_runtime* rt, ls_tokenizer** out, ls_error* error, ls_status usage_code = LS_ERR_LOAD);
+
 }  // namespace lora_share::capi

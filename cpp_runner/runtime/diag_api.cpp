@@ -28,6 +28,8 @@ void ls_diag_options_init(ls_diag_options* options) {
   options->ignore_eos = 0;
   options->runner_messages = 0;
   options->threads = 0;
+  options->tokenizer_dir = nullptr;
+  options->bind_tokenizer = 0;
 }
 
 size_t ls_diag_sizeof(const char* type_name) {
@@ -65,6 +67,8 @@ ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes
     p.huge_pages = d.huge_pages != 0;
     p.read_eos = d.ignore_eos == 0;
     p.threads = d.threads;
+    p.tokenizer_dir = d.tokenizer_dir ? d.tokenizer_dir : "";
+    p.check_tokenizer = d.bind_tokenizer != 0;
     std::vector<std::string> files;
     for (size_t i = 0; i < n_ptes; ++i) {
       if (ptes[i] == nullptr) return missing(error, "ptes[i]"), nullptr;
@@ -73,6 +77,18 @@ ls_runtime* ls_diag_open(const char* ptd, const char* const* ptes, size_t n_ptes
     bool wording = d.runner_messages != 0;
     ls_runtime* rt = finish_open(AdapterPool::open_files(files, p), LS_ERR_ARGUMENT, wording, error);
     if (rt == nullptr) return nullptr;
+    if (d.bind_tokenizer) {
+      ls_status code = LS_OK;
+      {
+        Guard guard(rt);
+        ls_tokenizer* bound = nullptr;
+        code = runtime_tokenizer(rt, &bound, error, LS_ERR_ARGUMENT);
+      }
+      if (code != LS_OK && code != LS_ERR_NOT_FOUND) {
+        ls_close(rt);
+        return nullptr;
+      }
+    }
     lora_share::Status s = rt->pool->load_all();
     if (!s.ok()) {
       report(error, s, LS_ERR_ARGUMENT, LS_ERR_LOAD, wording);

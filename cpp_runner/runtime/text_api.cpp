@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +36,7 @@ StatusOr<tok::BoundTokenizer> open_folder(const std::string& dir) {
   const std::string ptd = dir + "/" + manifest->foundation_file;
   auto info = lora_share::check_ptd(ptd, "ptd");
   if (!info.ok()) return info.status();
-  auto bound = tok::bind_tokenizer(ptd, info->record.present ? info->record.fingerprint : "", dir);
+  auto bound = tok::bind_tokenizer(manifest.value(), dir, ptd, info->record.present ? info->record.fingerprint : "");
   if (!bound.ok()) return bound.status();
   if (!bound->has_value()) {
     return Status::usage(dir +
@@ -52,29 +54,42 @@ StatusOr<tok::BoundTokenizer> open_tokenizer(const std::string& path) {
   return tok::BoundTokenizer{tok::folder_of(path), std::move(tokenizer.value()), {}, std::nullopt, std::nullopt};
 }
 
-// LS_ERR_NOT_FOUND for a build without a tokenizer, LS_ERR_LOAD otherwise.
-ls_status report_open(ls_error* error, const Status& s) {
+// LS_ERR_NOT_FOUND for a build without a tokenizer, else `usage_code` for
+// files that do not go together, LS_ERR_LOAD for a failure.
+ls_status report_open(ls_error* error, const Status& s, bool runner_messages = false,
+                      ls_status usage_code = LS_ERR_LOAD) {
   const bool none = s.message().find(" has no tokenizer ") != std::string::npos;
-  return report(error, s, none ? LS_ERR_NOT_FOUND : LS_ERR_LOAD, LS_ERR_LOAD);
+  return report(error, s, none ? LS_ERR_NOT_FOUND : usage_code, LS_ERR_LOAD, runner_messages);
 }
 
-// ls_runtime_tokenizer with the runtime's lock held: LS_OK and *out set, or
-// the error.
-ls_status runtime_tokenizer(ls_runtime* rt, ls_tokenizer** out, ls_error* error) {
+}  // namespace
+
+namespace lora_share::capi {
+
+ls_status runtime_tokenizer(ls_runtime* rt, ls_tokenizer** out, ls_error* error, ls_status usage_code) {
   if (!rt->tokenizer) {
     const std::string& ptd = rt->pool->ptd();
     if (ptd.empty()) {
       set_error(error, LS_ERR_NOT_FOUND, "this runtime has no foundation.ptd, so no build tokenizer");
       return LS_ERR_NOT_FOUND;
     }
-    const std::string folder = tok::folder_of(ptd);
-    auto bound = tok::bind_tokenizer(ptd, rt->pool->foundation_fingerprint(), folder);
-    if (!bound.ok()) return report_open(error, bound.status());
+    const std::string folder = rt->pool->tokenizer_folder();
+    // The manifest the runtime read at open; a runtime that read none (its
+    // EOS ids off) reads it now.
+    std::optional<lora_share::Manifest> read;
+    const lora_share::Manifest* manifest = rt->pool->tokenizer_manifest();
+    const std::string path = (folder == "." ? std::string() : folder + "/") + "manifest.json";
+    if (manifest == nullptr && std::ifstream(path)) {
+      auto parsed = lora_share::parse_manifest(path);
+      if (!parsed.ok()) return report_open(error, parsed.status(), rt->runner_messages, usage_code);
+      read = std::move(parsed.value());
+      manifest = &*read;
+    }
+    StatusOr<std::optional<tok::BoundTokenizer>> bound = std::optional<tok::BoundTokenizer>();
+    if (manifest != nullptr) bound = tok::bind_tokenizer(*manifest, folder, ptd, rt->pool->foundation_fingerprint());
+    if (!bound.ok()) return report_open(error, bound.status(), rt->runner_messages, usage_code);
     if (!bound->has_value()) {
-      set_error(error, LS_ERR_NOT_FOUND,
-                folder +
-                    " has no tokenizer (the build's checkpoint had none): give token ids to ls_generate, "
-                    "or add foundation.tokenizer to the config and rebuild");
+      set_error(error, LS_ERR_NOT_FOUND, tok::no_tokenizer_message(folder), rt->runner_messages);
       return LS_ERR_NOT_FOUND;
     }
     rt->tokenizer = std::make_unique<ls_tokenizer>();
@@ -83,6 +98,10 @@ ls_status runtime_tokenizer(ls_runtime* rt, ls_tokenizer** out, ls_error* error)
   *out = rt->tokenizer.get();
   return LS_OK;
 }
+
+}  // namespace lora_share::capi
+
+namespace {
 
 StatusOr<std::vector<tok::ChatTurn>> turns_of(const ls_chat_message* messages, size_t n) {
   if (messages == nullptr && n > 0) return Status::usage("messages is NULL");
@@ -344,6 +363,17 @@ ls_status ls_generate_chat(ls_runtime* runtime, const char* name, const ls_chat_
     set_error(error, LS_ERR_RUN, std::string("ls_generate_chat: ") + e.what());
     return LS_ERR_RUN;
   }
+}
+
+ls_status ls_runtime_eos_ids(ls_runtime* runtime, const int64_t** ids, size_t* n, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (ids == nullptr || n == nullptr) return missing(error, ids == nullptr ? "ids" : "n");
+  // Read once at open and never changed: no lock needed, so a callback may ask.
+  const std::vector<int64_t>& eos = runtime->pool->eos_ids();
+  *ids = eos.empty() ? nullptr : eos.data();
+  *n = eos.size();
+  clear_error(error);
+  return LS_OK;
 }
 
 }  // extern "C"

@@ -15,6 +15,7 @@
 
 #include "file_stem.h"
 #include "http_app.h"
+#include "status.h"
 
 namespace lora_share::server {
 namespace {
@@ -75,7 +76,7 @@ App::Added App::add_adapter(const std::string& pte) {
     return added;
   }
   std::lock_guard<std::mutex> lock(adapters_lock_);
-  deployment_.adapters.push_back(added.name);
+  adapters_.push_back(added.name);
   removed_.erase(added.name);
   return added;
 }
@@ -88,11 +89,11 @@ void App::offer_from_folder(const std::string& name, const std::string& pte) {
     std::cerr << "refused adapter " << name << ": " << ls_status_name(added.code) << ": " << added.message << std::endl;
     return;
   }
-  std::cerr << "serving adapter " << added.name << " (added to " << deployment_.dir << "/manifest.json)" << std::endl;
+  std::cerr << "serving adapter " << added.name << " (added to " << dir_ << "/manifest.json)" << std::endl;
 }
 
 void App::post_adapter(const httplib::Request& req, httplib::Response& res) {
-  auto pte = posted_path(req.body, deployment_.dir);
+  auto pte = posted_path(req.body, dir_);
   if (!pte.ok()) return send_error(res, 400, "POST /v1/adapters: " + pte.status().message());
   std::lock_guard<std::mutex> registry(registry_lock_);
   const Added added = add_adapter(pte.value());
@@ -109,7 +110,7 @@ void App::delete_adapter(const httplib::Request& req, httplib::Response& res) {
   std::lock_guard<std::mutex> registry(registry_lock_);
   {
     std::lock_guard<std::mutex> lock(adapters_lock_);
-    auto& served = deployment_.adapters;
+    auto& served = adapters_;
     auto it = std::find(served.begin(), served.end(), name);
     if (it == served.end())
       return send_error(res, 404, "no adapter called '" + name + "' is served: GET /v1/models lists them");

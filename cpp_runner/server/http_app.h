@@ -1,10 +1,13 @@
 // The HTTP surface: OpenAI-style completions and chat completions over one
-// lora-share runtime, /v1/models from the deployment's manifest, /health and
+// lora-share runtime, /v1/models (the runtime's adapters), /health and
 // /v1/stats; adapters added and removed while serving (POST /v1/adapters,
-// DELETE /v1/adapters/NAME and the folder watch: adapter_routes.cpp). Each
-// connection's thread calls the library, which runs up to ls_options.parallel
-// requests at once in one batch (more wait for a slot);
-// no request, however malformed or abandoned, stops the server.
+// DELETE /v1/adapters/NAME and the folder watch: adapter_routes.cpp). A
+// completion's body is the library's to read, check and answer (lora_share.h,
+// REQUESTS: the schema every door shares); this layer maps its statuses to
+// HTTP and its events to server-sent events. Each connection's thread calls
+// the library, which runs up to ls_options.parallel requests at once in one
+// batch (more wait for a slot); no request, however malformed or abandoned,
+// stops the server.
 #pragma once
 
 #include <atomic>
@@ -13,9 +16,9 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "adapter_watch.h"
-#include "deployment.h"
 #include "lora_share.h"
 
 namespace httplib {
@@ -28,13 +31,15 @@ namespace lora_share::server {
 
 constexpr char kJson[] = "application/json";
 
-// An error response in OpenAI's shape: a 4xx is the client's (invalid_request_error), a 5xx ours.
-void send_error(httplib::Response& res, int status, const std::string& message);
+// An error response in OpenAI's shape, {"error": {"message", "type", "param",
+// "code"}}: a 4xx is the client's (invalid_request_error), a 5xx ours.
+// `param`: the field at fault ("" = none: null).
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "");
 
 class App {
  public:
-  // Takes ownership of `runtime`.
-  App(ls_runtime* runtime, Deployment deployment);
+  // Takes ownership of `runtime`, opened on the deployment folder `dir`.
+  App(ls_runtime* runtime, std::string dir);
   ~App();
   App(const App&) = delete;
   App& operator=(const App&) = delete;
@@ -49,6 +54,8 @@ class App {
  private:
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
   void stats(httplib::Response& res);
+  // GET /v1/models/ID: one adapter, or base; 404 for any other id.
+  void model(const httplib::Request& req, httplib::Response& res);
   // POST /v1/adapters, DELETE /v1/adapters/NAME (adapter_routes.cpp).
   void post_adapter(const httplib::Request& req, httplib::Response& res);
   void delete_adapter(const httplib::Request& req, httplib::Response& res);
@@ -68,12 +75,13 @@ class App {
   // removed with DELETE, and says on stderr what became of it.
   void offer_from_folder(const std::string& name, const std::string& pte);
 
-  // The adapters served (deployment_.adapters) under adapters_lock_: the
-  // folder watch adds to them while requests read them.
+  // An adapter served now, or "base" (adapters_ under adapters_lock_: the
+  // folder watch adds to them while requests read them).
   bool serves(const std::string& name) const;
 
   ls_runtime* runtime_;
-  Deployment deployment_;
+  const std::string dir_;
+  std::vector<std::string> adapters_;  // served: the runtime's at start, in its order, then as added
   mutable std::mutex adapters_lock_;
   // One registration or removal at a time (POST, DELETE, the watch), so that a
   // name is never both being added and being removed.

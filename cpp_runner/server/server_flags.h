@@ -1,5 +1,6 @@
-// build/lora-share-server's command line: one table (server_flags.cpp) holds
-// every flag's name, default and help, so --help and the parser agree.
+// build/lora-share-server's command line: one table (server_flags.cpp, read
+// by flags/flag_table.h as the runner's is) holds every flag's name, default
+// and help, so --help and the parser agree.
 #pragma once
 
 #include <chrono>
@@ -29,11 +30,5 @@ struct ServerOptions {
 
 StatusOr<ServerOptions> parse_server_flags(int argc, char** argv);
 std::string server_usage(const char* program);
-
-// "10", "0.5" (seconds, above 0, at most a day) -> a duration; a usage error otherwise.
-StatusOr<std::chrono::milliseconds> parse_seconds(const std::string& text, const std::string& flag);
-
-// "600MiB", "1.5GiB", "800MB", "123456" -> bytes; a usage error otherwise.
-StatusOr<uint64_t> parse_size(const std::string& text, const std::string& flag);
 
 }  // namespace lora_share::server

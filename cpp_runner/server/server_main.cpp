@@ -2,10 +2,10 @@
 // serve until SIGINT/SIGTERM has drained it (signals.h).
 #include <algorithm>
 #include <csignal>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
-#include "deployment.h"
 #include "http_app.h"
 #include "server_flags.h"
 #include "signals.h"
@@ -21,8 +21,13 @@ int fail(const ls::Status& status) {
   return static_cast<int>(status.code());
 }
 
-// The runtime for the deployment folder, under the budget.
+// The runtime for the deployment folder, under the budget, its tokenizer
+// bound now: a tokenizer that is not the foundation's is refused at start,
+// not at the first text request.
 ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
+  if (!std::ifstream(options.dir + "/manifest.json"))
+    return ls::Status::usage(options.dir +
+                             "/manifest.json: no such file: --dir must be the output folder of `lora-share build`");
   ls_options opts;
   ls_options_init(&opts);
   opts.budget_bytes = options.memory_budget;
@@ -34,6 +39,13 @@ ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
   if (runtime == nullptr) {
     return err.code == LS_ERR_ARGUMENT || err.code == LS_ERR_BUDGET ? ls::Status::usage(err.message)
                                                                     : ls::Status::failure(err.message);
+  }
+  // A build without a tokenizer serves token ids (LS_ERR_NOT_FOUND); files
+  // that do not go with the foundation are the folder's fault.
+  if (ls_runtime_tokenizer(runtime, &err) == nullptr && err.code != LS_ERR_NOT_FOUND) {
+    const ls::Status refused = ls::Status::usage(err.message);
+    ls_close(runtime);
+    return refused;
   }
   return runtime;
 }
@@ -52,11 +64,9 @@ int main(int argc, char** argv) {
   stop_signals.watch(options->drain_timeout);
   std::signal(SIGPIPE, SIG_IGN);  // a client that left is a failed write, not a dead server
 
-  auto deployment = srv::open_deployment(options->dir);
-  if (!deployment.ok()) return fail(deployment.status());
   auto runtime = open_runtime(*options);
   if (!runtime.ok()) return fail(runtime.status());
-  srv::App app(runtime.value(), std::move(deployment.value()));
+  srv::App app(runtime.value(), options->dir);
   // Adapters added to the folder are served within a second, no restart.
   app.watch_folder(std::chrono::milliseconds(500));
 

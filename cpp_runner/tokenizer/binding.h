@@ -4,7 +4,8 @@
 // (foundation.fingerprint), its tokenizer section must be for that
 // foundation, and every listed file present must have the listed sha256.
 // Any mismatch is refused naming both files, as a usage error (the wrong
-// files were given), with the wording of the Python side.
+// files were given), with the wording of the Python side. The manifest comes
+// parsed (formats/manifest.h, the one reader of the file).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "chat_format.h"
+#include "manifest.h"
 #include "status.h"
 #include "tokenizer.h"
 
@@ -29,11 +31,12 @@ struct BoundTokenizer {
 // The folder a --ptd's tokenizer is looked for in by default: the .ptd's own.
 std::string folder_of(const std::string& path);
 
-// `ptd_fingerprint`: the fingerprint recorded inside `ptd` ("" if it has no
-// lora-share record). nullopt: the folder has no tokenizer (no manifest.json
-// or no tokenizer section); see no_tokenizer_message.
-StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const std::string& ptd, const std::string& ptd_fingerprint,
-                                                       const std::string& folder);
+// The tokenizer in `folder`, whose manifest.json is `manifest` (parsed),
+// bound to `ptd`; `ptd_fingerprint`: the fingerprint recorded inside `ptd`
+// ("" if it has no lora-share record). nullopt: the manifest has no
+// tokenizer section; see no_tokenizer_message.
+StatusOr<std::optional<BoundTokenizer>> bind_tokenizer(const Manifest& manifest, const std::string& folder,
+                                                       const std::string& ptd, const std::string& ptd_fingerprint);
 
 // "<folder> has no tokenizer (the build's checkpoint had none): pass --tokens ids, ..."
 std::string no_tokenizer_message(const std::string& folder);

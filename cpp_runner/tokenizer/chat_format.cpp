@@ -15,31 +15,6 @@ std::string trim(const std::string& text) {
 
 }  // namespace
 
-StatusOr<ChatFormat> read_chat_format(const nlohmann::json& j, const std::string& where) {
-  ChatFormat format;
-  if (!j.is_object() || !j.contains("prefix") || !j["prefix"].is_string() || !j.contains("generation_prompt") ||
-      !j["generation_prompt"].is_string() || !j.contains("roles") || !j["roles"].is_object()) {
-    return Status::usage(where + " needs string prefix and generation_prompt and a roles object: rebuild");
-  }
-  format.prefix = j["prefix"].get<std::string>();
-  format.generation_prompt = j["generation_prompt"].get<std::string>();
-  if (j.contains("trim_content") && !j["trim_content"].is_boolean()) {
-    return Status::usage(where + ".trim_content must be true or false: rebuild");
-  }
-  format.trim_content = j.value("trim_content", false);
-  if (j.contains("default_system")) {
-    if (!j["default_system"].is_string()) return Status::usage(where + ".default_system must be a string: rebuild");
-    format.default_system = j["default_system"].get<std::string>();
-  }
-  for (const auto& [role, pieces] : j["roles"].items()) {
-    if (!pieces.is_array() || pieces.size() != 2 || !pieces[0].is_string() || !pieces[1].is_string()) {
-      return Status::usage(where + ".roles." + role + " must be [before, after] strings: rebuild");
-    }
-    format.roles.push_back({role, {pieces[0].get<std::string>(), pieces[1].get<std::string>()}});
-  }
-  return format;
-}
-
 StatusOr<std::string> render_chat(const ChatFormat& format, const std::vector<ChatTurn>& messages) {
   std::string text = format.prefix;
   if (format.default_system && (messages.empty() || messages.front().role != "system")) {

@@ -4,37 +4,22 @@
 // the library's ls_apply_chat_template all render.
 #pragma once
 
-#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "manifest.h"
 #include "status.h"
 
 namespace lora_share::tok {
 
-// prompt = prefix + for each message roles[role].first + content +
-// roles[role].second, + generation_prompt; each content stripped of
-// surrounding whitespace first when trim_content (Llama 3's template trims).
-struct ChatFormat {
-  std::string prefix;
-  bool trim_content = false;
-  std::vector<std::pair<std::string, std::pair<std::string, std::string>>> roles;
-  std::string generation_prompt;
-  // The system message the template writes when a conversation starts with
-  // none (SmolLM2's, Qwen 2's): put first, untrimmed, in that case.
-  std::optional<std::string> default_system;
-};
+// The build's chat template in text pieces, as manifest.json's reader
+// (formats/manifest.h) hands it over.
+using ChatFormat = ChatPieces;
 
 struct ChatTurn {
   std::string role;
   std::string content;
 };
-
-// Reads a manifest's tokenizer.chat_format object; `where` names it in errors.
-StatusOr<ChatFormat> read_chat_format(const nlohmann::json& j, const std::string& where);
 
 // The prompt text of `messages` (it holds the template's special tokens, BOS
 // included: encode it without adding any, as transformers'

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace lora_share::server {
+namespace lora_share::requests {
 
 std::string StopStrings::push(const std::string& piece) {
   if (stopped_) return "";
@@ -37,4 +37,4 @@ std::string StopStrings::finish() {
   return out;
 }
 
-}  // namespace lora_share::server
+}  // namespace lora_share::requests

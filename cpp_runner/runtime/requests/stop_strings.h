@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace lora_share::server {
+namespace lora_share::requests {
 
 class StopStrings {
  public:
@@ -28,4 +28,4 @@ class StopStrings {
   bool stopped_ = false;
 };
 
-}  // namespace lora_share::server
+}  // namespace lora_share::requests

@@ -1,0 +1,51 @@
+// The OpenAI answer shapes of a request (lora_share.h, REQUESTS): the whole
+// response, the chunks of a streamed one and its last usage chunk, as JSON
+// text. Pure functions, the same for every door.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "request_schema.h"
+
+namespace lora_share::requests {
+
+// What identifies one answer: its id ("chatcmpl-..." / "cmpl-..."), its
+// creation time and the model it names.
+struct AnswerId {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  Kind kind = Kind::kCompletion;
+};
+
+// A new id for a request of `kind`: unique in the process, unpredictable
+// across processes.
+AnswerId new_answer_id(Kind kind, const std::string& model);
+
+// One finished answer: what generation produced.
+struct Answer {
+  std::string text;             // decoded text ("" without a tokenizer)
+  std::vector<int64_t> tokens;  // generated ids (an EOS that stopped it excluded; kept with ignore_eos)
+  std::string finish_reason;    // "stop" (EOS or a stop string) or "length"
+  int64_t prompt_tokens = 0;
+};
+
+// The response object of a non-streamed request.
+std::string response_json(const AnswerId& id, const Answer& answer);
+
+// A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
+std::string role_chunk_json(const AnswerId& id);
+
+// One chunk of a streamed request: a piece of text and the ids it came
+// from, or (finish_reason set) the last chunk.
+std::string chunk_json(const AnswerId& id, const std::string& text, const std::vector<int64_t>& tokens,
+                       const std::optional<std::string>& finish_reason);
+
+// The chunk OpenAI sends last when stream_options.include_usage is set: no
+// choices, the request's usage.
+std::string usage_chunk_json(const AnswerId& id, const Answer& answer);
+
+}  // namespace lora_share::requests

@@ -1,0 +1,341 @@
+#include "request_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "bounded_json.h"
+
+namespace lora_share::requests {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Which endpoints take a field.
+enum Endpoints : unsigned { kCompletions = 1, kChats = 2, kBoth = 3 };
+
+unsigned endpoint_bit(Kind kind) { return kind == Kind::kChat ? kChats : kCompletions; }
+
+// A number as a person writes it (0, 1, 0.01), for messages.
+std::string number_text(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+// ---- value readers: each checks a type and a range, naming `key` ----------
+
+Status read_int(const json& v, const std::string& key, int64_t lo, int64_t hi, int64_t* out) {
+  if (!v.is_number_integer()) return Status::usage(key + " must be an integer, got " + preview(v));
+  // Unsigned values above int64's range would wrap: take them as too large.
+  const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi);
+  const int64_t value = too_big ? hi : v.get<int64_t>();
+  if (too_big || value < lo || value > hi)
+    return Status::usage(key + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " +
+                         preview(v));
+  *out = value;
+  return {};
+}
+
+Status read_number(const json& v, const std::string& key, double lo, double hi, double* out) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo || v.get<double>() > hi)
+    return Status::usage(key + " must be a number between " + number_text(lo) + " and " + number_text(hi) + ", got " +
+                         preview(v));
+  *out = v.get<double>();
+  return {};
+}
+
+Status read_bool(const json& v, const std::string& key, bool* out) {
+  if (!v.is_boolean()) return Status::usage(key + " must be true or false, got " + preview(v));
+  *out = v.get<bool>();
+  return {};
+}
+
+// ---- the fields with more than one value -----------------------------------
+
+Status read_model(const json& v, Request& r) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty())
+    return Status::usage("model must be the name of an adapter ('base': the foundation alone), got " + preview(v));
+  r.model = v.get<std::string>();
+  return {};
+}
+
+Status read_prompt(const json& v, Request& r) {
+  // A one-element batch of prompts is one prompt; larger batches are not served.
+  const json* p = &v;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+    return {};
+  }
+  if (!p->is_array() || p->empty())
+    return Status::usage("prompt must be a string or a non-empty array of token ids, got " + preview(v));
+  for (const json& id : *p) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0)
+      return Status::usage(
+          "prompt must be a string or an array of token ids (integers >= 0); several prompts in one "
+          "request are not served, got " +
+          preview(v));
+    r.prompt_ids.push_back(id.get<int64_t>());
+  }
+  r.prompt_is_ids = true;
+  return {};
+}
+
+// A message's content: a string, or a list of text parts ({"type": "text",
+// "text": ...}) joined with newlines, as vLLM joins them.
+Status read_content(const json& v, const std::string& where, std::string* out) {
+  if (v.is_string()) {
+    *out = v.get<std::string>();
+    return {};
+  }
+  if (!v.is_array() || v.empty())
+    return Status::usage(where + " must be a string or a non-empty list of {\"type\": \"text\", \"text\": ...}, got " +
+                         preview(v));
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& part = v[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    const json* type = part.is_object() && part.contains("type") ? &part["type"] : nullptr;
+    if (type == nullptr || !type->is_string())
+      return Status::usage(at + " must be {\"type\": \"text\", \"text\": ...}, got " + preview(part));
+    if (*type != "text") return Status::usage(at + ": parts of type " + preview(*type) + " are not served (text only)");
+    for (const auto& [key, value] : part.items())
+      if (key != "type" && key != "text")
+        return Status::usage(at + " has the key '" + key + "': a text part is {\"type\": \"text\", \"text\": ...}");
+    if (!part.contains("text") || !part["text"].is_string())
+      return Status::usage(at + ".text must be a string, got " + preview(part.value("text", json())));
+    text += (i == 0 ? "" : "\n") + part["text"].get<std::string>();
+  }
+  *out = std::move(text);
+  return {};
+}
+
+// Keys a message may hold beside role and content: `name` changes nothing
+// here; the tool-calling ones are not served (refused unless null or empty).
+Status check_message_keys(const json& m, const std::string& where) {
+  for (const auto& [key, value] : m.items()) {
+    if (key == "role" || key == "content" || key == "name" || value.is_null()) continue;
+    const bool tools = key == "tool_calls" || key == "tool_call_id" || key == "function_call";
+    if (tools && value.is_array() && value.empty()) continue;
+    return Status::usage(
+        where + " has the key '" + key + "'" +
+        (tools ? ": tools (function calling) are not served" : ": a message is {\"role\", \"content\"}"));
+  }
+  return {};
+}
+
+Status read_messages(const json& v, Request& r) {
+  if (!v.is_array() || v.empty())
+    return Status::usage("messages must be a non-empty array of {\"role\", \"content\"}, got " + preview(v));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& m = v[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return Status::usage(where + " needs a string \"role\", got " + preview(m));
+    Status s = check_message_keys(m, where);
+    if (!s.ok()) return s;
+    Message message;
+    // OpenAI's newer name for the system role, which chat templates do not know.
+    message.role = m["role"] == "developer" ? "system" : m["role"].get<std::string>();
+    if (!m.contains("content")) return Status::usage(where + ".content is missing");
+    s = read_content(m["content"], where + ".content", &message.content);
+    if (!s.ok()) return s;
+    r.messages.push_back(std::move(message));
+  }
+  return {};
+}
+
+// "lora": a non-empty array of {"name": adapter, "scale": finite number},
+// which mixes adapters on the foundation alone (model "base", checked once
+// every field is read). The range of a scale is the mix's to check
+// (ls_adapter_mix).
+Status read_lora(const json& v, Request& r) {
+  if (!v.is_array() || v.empty())
+    return Status::usage("lora must be a non-empty array of {\"name\": adapter, \"scale\": number}, got " + preview(v));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& term = v[i];
+    const std::string where = "lora[" + std::to_string(i) + "]";
+    if (!term.is_object())
+      return Status::usage(where + " must be {\"name\": adapter, \"scale\": number}, got " + preview(term));
+    for (const auto& [key, value] : term.items())
+      if (key != "name" && key != "scale")
+        return Status::usage(
+            where + " has the key '" + key +
+            "': give {\"name\": adapter, \"scale\": number} (adapters by name, as GET /v1/models lists them)");
+    auto name = term.find("name");
+    if (name == term.end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+      return Status::usage(where + ".name must be an adapter's name (GET /v1/models lists them)");
+    auto scale = term.find("scale");
+    if (scale == term.end() || !scale->is_number() || !std::isfinite(scale->get<double>()))
+      return Status::usage(where + ".scale must be a finite number, got " +
+                           (scale == term.end() ? std::string("nothing") : preview(*scale)));
+    r.lora.push_back({name->get<std::string>(), scale->get<double>()});
+  }
+  return {};
+}
+
+// `stop`: a string or an array of up to 4, none empty.
+Status read_stop(const json& v, Request& r) {
+  const json list = v.is_string() ? json::array({v}) : v;
+  bool ok = list.is_array() && list.size() <= 4;
+  for (size_t i = 0; ok && i < list.size(); ++i)
+    ok = list[i].is_string() && !list[i].get_ref<const std::string&>().empty();
+  if (!ok) return Status::usage("stop must be a non-empty string or an array of up to 4, got " + preview(v));
+  for (const json& s : list) r.stop.push_back(s.get<std::string>());
+  return {};
+}
+
+Status read_stream_options(const json& v, Request& r) {
+  if (!v.is_object()) return Status::usage("stream_options must be an object, got " + preview(v));
+  for (const auto& [key, value] : v.items()) {
+    if (key != "include_usage")
+      return Status::usage("stream_options has the key '" + key + "': the one served is include_usage");
+    if (!value.is_null()) {
+      Status s = read_bool(value, "stream_options.include_usage", &r.include_usage);
+      if (!s.ok()) return s;
+    }
+  }
+  return {};
+}
+
+Status read_max_tokens(const json& v, const std::string& key, Request& r) {
+  int64_t n = 0;
+  Status s = read_int(v, key, 1, kInt32Max, &n);
+  if (s.ok()) r.max_tokens = n;
+  return s;
+}
+
+// ---- the table -------------------------------------------------------------
+
+// One field of the body. `read` checks its value (never null: a null value
+// is the field left out) and stores it in the Request; a field without
+// `read` is not served: refused, with `why`, unless `noop` says its value
+// changes nothing.
+struct Field {
+  const char* name;
+  unsigned endpoints;
+  Status (*read)(const json& value, Request& request);
+  bool (*noop)(const json& value) = nullptr;
+  const char* why = nullptr;
+};
+
+bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
+bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0; }
+bool is_empty(const json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); }
+bool is_never(const json&) { return false; }
+bool is_none(const json& v) { return v == "none"; }
+bool is_text_format(const json& v) {
+  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
+}
+bool is_text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; }
+Status accept(const json&, Request&) { return {}; }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      {"model", kBoth, read_model},
+      {"prompt", kCompletions, read_prompt},
+      {"messages", kChats, read_messages},
+      {"lora", kBoth, read_lora},
+      {"max_tokens", kBoth, [](const json& v, Request& r) { return read_max_tokens(v, "max_tokens", r); }},
+      // The newer chat name for max_tokens.
+      {"max_completion_tokens", kChats,
+       [](const json& v, Request& r) { return read_max_tokens(v, "max_completion_tokens", r); }},
+      {"temperature", kBoth,
+       [](const json& v, Request& r) { return read_number(v, "temperature", 0, 2, &r.temperature); }},
+      {"seed", kBoth,
+       [](const json& v, Request& r) {
+         int64_t seed = 0;
+         Status s = read_int(v, "seed", 0, std::numeric_limits<int64_t>::max(), &seed);
+         r.seed = static_cast<uint64_t>(seed);
+         return s;
+       }},
+      {"top_k", kBoth, [](const json& v, Request& r) { return read_int(v, "top_k", 0, kInt32Max, &r.top_k); }},
+      {"top_p", kBoth, [](const json& v, Request& r) { return read_number(v, "top_p", 0, 1, &r.top_p); }},
+      {"min_p", kBoth, [](const json& v, Request& r) { return read_number(v, "min_p", 0, 1, &r.min_p); }},
+      {"presence_penalty", kBoth,
+       [](const json& v, Request& r) { return read_number(v, "presence_penalty", -2, 2, &r.presence_penalty); }},
+      {"frequency_penalty", kBoth,
+       [](const json& v, Request& r) { return read_number(v, "frequency_penalty", -2, 2, &r.frequency_penalty); }},
+      {"repeat_penalty", kBoth,
+       [](const json& v, Request& r) { return read_number(v, "repeat_penalty", 0.01, 100, &r.repeat_penalty); }},
+      // vLLM's and transformers' name for llama-server's repeat_penalty.
+      {"repetition_penalty", kBoth,
+       [](const json& v, Request& r) { return read_number(v, "repetition_penalty", 0.01, 100, &r.repeat_penalty); }},
+      {"stop", kBoth, read_stop},
+      {"stream", kBoth, [](const json& v, Request& r) { return read_bool(v, "stream", &r.stream); }},
+      {"stream_options", kBoth, read_stream_options},
+      {"ignore_eos", kBoth, [](const json& v, Request& r) { return read_bool(v, "ignore_eos", &r.ignore_eos); }},
+      {"cache_prompt", kBoth, [](const json& v, Request& r) { return read_bool(v, "cache_prompt", &r.cache_prompt); }},
+      // Accepted, and change nothing here.
+      {"user", kBoth, accept},
+      {"metadata", kBoth, accept},
+      {"store", kBoth, accept},
+      {"service_tier", kBoth, accept},
+      {"parallel_tool_calls", kBoth, accept},
+      // Not served: they would change the answer.
+      {"n", kBoth, nullptr, is_one, "n must be 1: one answer per request is served"},
+      {"best_of", kCompletions, nullptr, is_one, "best_of must be 1: one answer per request is served"},
+      {"logprobs", kBoth, nullptr, [](const json& v) { return is_false(v) || is_zero(v); }, "logprobs are not served"},
+      {"top_logprobs", kBoth, nullptr, is_zero, "top_logprobs are not served"},
+      {"echo", kCompletions, nullptr, is_false, "echo is not served"},
+      {"suffix", kCompletions, nullptr, is_empty, "suffix (insertion) is not served"},
+      {"logit_bias", kBoth, nullptr, is_empty, "logit_bias is not served"},
+      {"tools", kChats, nullptr, is_empty, "tools (function calling) are not served"},
+      {"tool_choice", kChats, nullptr, is_none, "tools (function calling) are not served"},
+      {"functions", kChats, nullptr, is_empty, "functions (function calling) are not served"},
+      {"function_call", kChats, nullptr, is_none, "functions (function calling) are not served"},
+      {"response_format", kBoth, nullptr, is_text_format,
+       "response_format other than {\"type\": \"text\"} is not served"},
+      {"modalities", kChats, nullptr, is_text_modality, "modalities other than [\"text\"] are not served"},
+      {"audio", kChats, nullptr, is_never, "audio output is not served"},
+      {"prediction", kBoth, nullptr, is_never, "predicted outputs are not served"},
+  };
+  return table;
+}
+
+const Field* find_field(const std::string& key) {
+  for (const Field& f : fields())
+    if (key == f.name) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+const char* endpoint(Kind kind) { return kind == Kind::kChat ? "/v1/chat/completions" : "/v1/completions"; }
+
+StatusOr<Request> read_request(const json& body, Kind kind) {
+  if (!body.is_object()) return Status::usage("the request body must be a JSON object, got " + preview(body));
+  Request request;
+  request.kind = kind;
+  for (const auto& [key, value] : body.items()) {
+    const Field* field = find_field(key);
+    if (field == nullptr || !(field->endpoints & endpoint_bit(kind)))
+      return Status::usage("unknown field '" + key + "' for " + endpoint(kind) +
+                           ": this server does not read it, so it would change nothing; leave it out");
+    if (value.is_null()) continue;
+    if (field->read == nullptr) {
+      if (field->noop(value)) continue;
+      return Status::usage(std::string(field->why) + " (got " + key + ": " + preview(value) + "): leave it out");
+    }
+    Status s = field->read(value, request);
+    if (!s.ok()) return s;
+  }
+  if (request.model.empty()) return Status::usage("model is missing: name one of the adapters GET /v1/models lists");
+  if (kind == Kind::kChat && request.messages.empty())
+    return Status::usage("messages is missing: give a non-empty array of {\"role\", \"content\"}");
+  auto prompt = body.find("prompt");
+  if (kind == Kind::kCompletion && (prompt == body.end() || prompt->is_null()))
+    return Status::usage("prompt is missing: give a string or an array of token ids");
+  if (!request.lora.empty() && request.model != "base")
+    return Status::usage(
+        "with lora, model must be 'base' (the mix of lora's adapters runs on the foundation alone), got '" +
+        request.model + "'");
+  return request;
+}
+
+}  // namespace lora_share::requests
