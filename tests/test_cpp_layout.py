@@ -1,12 +1,14 @@
 """The C++ tree's boundaries: build/runner (cli/) and build/lora-share-server (server/) are
 clients of the library's public C API (include/lora_share.h, include/lora_share_diag.h) and
-never of its private runtime/ headers.
+never of its private runtime/ headers; they take text only through that API (issue 57: one
+text path), so neither includes a tokenizer header nor links the tokenizer library.
 
-Checked three ways, each able to fail on its own: the clients' sources include no runtime/
-header and no ExecuTorch header; the build gives the runner and the server no include path
-to runtime/ (a probe that includes a runtime header with their compile flags does not
-compile, while one with the headers they may use does); liblora_share.so exports its C API
-and no C++ symbol of its own.
+Checked several ways, each able to fail on its own: the clients' sources include no runtime/
+header, no tokenizer/ header and no ExecuTorch header; the build gives the runner and the server
+no include path to runtime/ or tokenizer/ (a probe that includes such a header with their compile
+flags does not compile, while one with the headers they may use does) and no tokenizer library on
+their link lines; liblora_share.so exports its C API and no C++ symbol of its own; manifest.json is
+read by formats/manifest.cpp alone.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ def client_sources():
         yield from sorted(p for p in folder.iterdir() if p.suffix in (".h", ".cpp"))
 
 
-def test_clients_include_no_runtime_header():
+def test_clients_include_no_runtime_or_tokenizer_header():
     runtime = {p.name for p in (CPP / "runtime").rglob("*") if p.is_file()}
+    tokenizer = {p.name for p in (CPP / "tokenizer").rglob("*.h")}
     include_dir = {p.name for p in (CPP / "include").iterdir()}
     assert include_dir == PUBLIC_HEADERS, include_dir
     sources = list(client_sources())
@@ -42,9 +45,23 @@ def test_clients_include_no_runtime_header():
             resolved = (source.parent / name).resolve()
             if kind == '"' and (Path(name).name in runtime or CPP / "runtime" in resolved.parents):
                 offences.append(f"{source.relative_to(REPO)}: {name}")
+            if kind == '"' and (Path(name).name in tokenizer or CPP / "tokenizer" in resolved.parents):
+                offences.append(f"{source.relative_to(REPO)}: {name} (a tokenizer header)")
             if name.startswith("executorch/"):
                 offences.append(f"{source.relative_to(REPO)}: <{name}>")
     assert not offences, "clients must use include/lora_share.h (and lora_share_diag.h) only: " + ", ".join(offences)
+
+
+def test_manifest_json_has_one_cpp_reader():
+    """formats/manifest.cpp alone reads manifest.json: of the sources that parse JSON from a file, the
+    other one is the tokenizer's (tokenizer.json), and it never names manifest.json."""
+    file_parsers = sorted(
+        source.relative_to(CPP).as_posix()
+        for source in CPP.rglob("*.cpp")
+        if "json::parse(" in source.read_text() and "ifstream" in source.read_text()
+    )
+    assert file_parsers == ["formats/manifest.cpp", "tokenizer/tokenizer.cpp"], file_parsers
+    assert "manifest" not in (CPP / "tokenizer" / "tokenizer.cpp").read_text()
 
 
 def test_no_source_at_cpp_runner_root():
@@ -67,7 +84,9 @@ def test_build_gives_clients_no_runtime_include_path(runner_bin, target, tmp_pat
         else (build / "server" / "CMakeFiles" / "lora-share-server.dir")
     )
     flags = compile_flags(target_dir)
-    assert not any("cpp_runner/runtime" in f for f in flags), flags
+    assert not any("cpp_runner/runtime" in f or "cpp_runner/tokenizer" in f for f in flags), flags
+    link = (target_dir / "link.txt").read_text()
+    assert "lora_share_tokenizer" not in link and "tokenizer" not in Path(link.split()[-1]).name, link
 
     def compiles(code: str) -> subprocess.CompletedProcess:
         probe = tmp_path / "probe.cpp"
@@ -76,10 +95,10 @@ def test_build_gives_clients_no_runtime_include_path(runner_bin, target, tmp_pat
 
     allowed = compiles(
         '#include "lora_share.h"\n#include "lora_share_diag.h"\n#include "file_check.h"\n'
-        '#include "binding.h"\n#include "status.h"\nint main() { return LS_OK; }\n'
+        '#include "flag_table.h"\n#include "status.h"\nint main() { return LS_OK; }\n'
     )
     assert allowed.returncode == 0, allowed.stderr
-    for private in ("adapter_pool.h", "adapter_on_foundation.h", "generate.h"):
+    for private in ("adapter_pool.h", "adapter_on_foundation.h", "generate.h", "binding.h", "tokenizer.h"):
         refused = compiles(f'#include "{private}"\nint main() {{ return 0; }}\n')
         assert refused.returncode != 0 and private in refused.stderr, refused.stderr
 

@@ -146,10 +146,10 @@ def test_serve_json_lines(runner_bin, text_build, reference, text_hf):
     assert [set(b) for b in bad] == [{"error"}] * len(bad)
     messages = [b["error"] for b in bad]
     assert messages[0].startswith("not a JSON object")
-    assert "unknown adapter 'nope'" in messages[1]
+    assert "\"adapter\": no adapter called 'nope' (known: chat" in messages[1]
     assert 'exactly one of "prompt"' in messages[2] and 'exactly one of "prompt"' in messages[3]
     assert 'unknown key "max_tokens"' in messages[4]
-    assert '"max_new_tokens": expected an integer >= 1' in messages[5]
+    assert '"max_new_tokens" must be between 1 and 2147483647, got 0' in messages[5]
     assert '"prompt": expected a string' in messages[6]
     assert "99999" in messages[7]
     assert '"adapter"' in messages[8]

@@ -2,7 +2,7 @@
 // shared foundation (.ptd) in one process and generates tokens (and text,
 // with the build's tokenizer).
 //
-//   parse flags -> bind the tokenizer -> load (foundation once, then every
+//   parse flags -> load (foundation once, the build's tokenizer, then every
 //   adapter) -> run -> report
 //
 // Every failure ends in one "error: ..." line on stderr: exit 2 for usage
@@ -34,16 +34,16 @@ void write_stdout(const std::string& piece) {
   std::fflush(stdout);  // a reader sees the text as it is generated
 }
 
-// The prompt ids: --tokens as given, or --prompt encoded with the tokenizer.
-StatusOr<std::vector<int64_t>> prompt_ids(const Options& options, const std::optional<tok::BoundTokenizer>& tokenizer) {
+// The prompt ids: --tokens as given, or --prompt / --chat encoded with the
+// build's tokenizer.
+StatusOr<std::vector<int64_t>> prompt_ids(const Options& options, const std::optional<RunnerText>& text) {
   if (!options.prompt_given) return options.tokens;
-  if (!options.chat) return encode_prompt(*tokenizer, options.prompt, "--prompt");
-  return encode_chat(*tokenizer, {{"user", options.prompt}}, "--chat");
+  if (!options.chat) return encode_prompt(*text, options.prompt, "--prompt");
+  return encode_chat(*text, options.prompt, "--chat");
 }
 
 // A single request from the command line.
-Status run_once(const RunnerRuntime& runtime, const Options& options,
-                const std::optional<tok::BoundTokenizer>& tokenizer) {
+Status run_once(const RunnerRuntime& runtime, const Options& options, const std::optional<RunnerText>& tokenizer) {
   std::string name = options.adapter.empty() ? runtime.adapters.front().name : options.adapter;
   const AdapterView* adapter = runtime.find(name);
   if (adapter == nullptr && name == LS_BASE_NAME)
@@ -52,17 +52,11 @@ Status run_once(const RunnerRuntime& runtime, const Options& options,
         "carry, which --stock does not load: drop --stock");
   if (adapter == nullptr)
     return Status::usage("--adapter '" + name + "': no such adapter (loaded: " + runtime.names() + ")");
-  const tok::BoundTokenizer* bound = tokenizer ? &*tokenizer : nullptr;
   auto prompt = prompt_ids(options, tokenizer);
   if (!prompt.ok()) return prompt.status();
   // The library checks the request (ids, context) before it generates.
-  GenerateRequest request{prompt.value(),
-                          options.max_new_tokens,
-                          options.temperature,
-                          options.seed,
-                          stop_ids_for(options, bound),
-                          /*keep_logits=*/!options.dump_logits.empty(),
-                          options.prompt_given ? "--prompt" : "--tokens"};
+  GenerateRequest request{prompt.value(), flag_options(options),
+                          /*keep_logits=*/!options.dump_logits.empty(), options.prompt_given ? "--prompt" : "--tokens"};
 
   std::optional<std::string> text;
   StatusOr<Reply> g = Status::failure("not generated");
@@ -110,17 +104,6 @@ Status run_once(const RunnerRuntime& runtime, const Options& options,
   return Status();
 }
 
-// The build's tokenizer, bound before anything heavy is loaded: for --prompt
-// (required) and --serve (optional: JSON requests with a prompt need it).
-StatusOr<std::optional<tok::BoundTokenizer>> bind_for(const Options& options) {
-  if (!options.prompt_given && !options.serve) return std::optional<tok::BoundTokenizer>();
-  auto tokenizer = load_text_tokenizer(options);
-  if (!tokenizer.ok()) return tokenizer.status();
-  bool required = options.prompt_given || !options.tokenizer_dir.empty();
-  if (required && !tokenizer.value()) return Status::usage(tok::no_tokenizer_message(tokenizer_folder(options)));
-  return tokenizer;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,14 +120,19 @@ int main(int argc, char** argv) {
     return std::fflush(stdout) == 0 ? 0 : fail(Status::failure("could not write to stdout"));
   }
 
-  auto tokenizer = bind_for(options.value());
-  if (!tokenizer.ok()) return fail(tokenizer.status());
+  // The runtime binds the build's tokenizer when it opens, before any
+  // adapter loads, for --prompt (required) and --serve (optional: text
+  // requests need it, ids do not; a --tokenizer folder must have one).
   auto runtime = RunnerRuntime::load(options.value());
   if (!runtime.ok()) return fail(runtime.status());
-
-  const tok::BoundTokenizer* bound = tokenizer.value() ? &*tokenizer.value() : nullptr;
-  Status s = options->serve ? serve(*runtime.value(), options.value(), bound, std::cin, std::cout)
-                            : run_once(*runtime.value(), options.value(), tokenizer.value());
+  std::optional<RunnerText> tokenizer;
+  if (options->prompt_given || options->serve) {
+    auto text = runner_text(*runtime.value(), options->prompt_given || !options->tokenizer_dir.empty());
+    if (!text.ok()) return fail(text.status());
+    tokenizer = std::move(text.value());
+  }
+  Status s = options->serve ? serve(*runtime.value(), options.value(), tokenizer, std::cin, std::cout)
+                            : run_once(*runtime.value(), options.value(), tokenizer);
   if (!s.ok()) return fail(s);
   return std::fflush(stdout) == 0 ? 0 : fail(Status::failure("could not write to stdout"));
 }

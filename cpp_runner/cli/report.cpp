@@ -4,50 +4,39 @@
 
 #include <algorithm>
 
-#include "json_writer.h"
+#include <nlohmann/json.hpp>
 
 namespace lora_share {
 namespace {
+
+using json = nlohmann::ordered_json;  // keys in the order written
 
 int64_t file_bytes(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
-void write_memory(JsonWriter& j, const ls_diag_memory& m) {
-  j.begin_object()
-      .key("rss_kb")
-      .value(m.rss_kb)
-      .key("pss_kb")
-      .value(m.pss_kb)
-      .key("anon_kb")
-      .value(m.anon_kb)
-      .key("file_kb")
-      .value(m.file_kb)
-      .key("shmem_kb")
-      .value(m.shmem_kb)
-      .key("peak_rss_kb")
-      .value(m.peak_rss_kb)
-      .key("huge_kb")
-      .value(m.huge_kb)
-      .end_object();
+json memory_json(const ls_diag_memory& m) {
+  return {{"rss_kb", m.rss_kb},     {"pss_kb", m.pss_kb},           {"anon_kb", m.anon_kb}, {"file_kb", m.file_kb},
+          {"shmem_kb", m.shmem_kb}, {"peak_rss_kb", m.peak_rss_kb}, {"huge_kb", m.huge_kb}};
 }
 
-void write_generation(JsonWriter& j, const AdapterView& adapter, const std::vector<int64_t>& prompt, const Reply& g,
-                      const std::optional<std::string>& text) {
-  j.key("adapter").value(adapter.name).key("tokens").value(g.tokens);
-  if (text) j.key("text").value(*text);
-  j.key("prompt_tokens")
-      .value(static_cast<int64_t>(prompt.size()))
-      .key("prefill_ms")
-      .value(g.prefill_ms)
-      .key("decode_ms")
-      .value(g.decode_ms)
-      .key("prefill_tokens_per_s")
-      .value(g.prefill_tokens_per_s)
-      .key("decode_tokens_per_s")
-      .value(g.decode_tokens_per_s);
+json optional_number(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+json generation_json(const AdapterView& adapter, const std::vector<int64_t>& prompt, const Reply& g,
+                     const std::optional<std::string>& text) {
+  json j = {{"adapter", adapter.name}, {"tokens", g.tokens}};
+  if (text) j["text"] = *text;
+  j["prompt_tokens"] = prompt.size();
+  j["prefill_ms"] = g.prefill_ms;
+  j["decode_ms"] = g.decode_ms;
+  j["prefill_tokens_per_s"] = optional_number(g.prefill_tokens_per_s);
+  j["decode_tokens_per_s"] = optional_number(g.decode_tokens_per_s);
+  return j;
 }
+
+// Invalid UTF-8 cannot come from the tokenizer's decode; replace, never throw.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 double mib(int64_t kb) { return kb / 1024.0; }
 
@@ -65,85 +54,38 @@ std::string rate(const std::optional<double>& per_s) {
 std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter, const std::vector<int64_t>& prompt,
                      const Reply& g, const ls_diag_memory& end, const std::optional<std::string>& text) {
   const ls_diag_loading& loading = runtime.loading;
-  JsonWriter j;
-  j.begin_object();
-  write_generation(j, adapter, prompt, g, text);
-  j.key("load_ms").value(runtime.load_ms);
-  j.key("vocab_size").value(adapter.vocab_size);
-  j.key("max_seq_len").value(adapter.max_seq_len);
-  j.key("prefill_chunk").value(adapter.prefill_chunk);
-  j.key("loading")
-      .begin_object()
-      .key("mode")
-      .value(loading.mode)
-      .key("weight_cache")
-      .value(loading.weight_cache != 0)
-      .key("workspace_sharing_mode")
-      .value(loading.workspace_sharing_mode)
-      .key("packed_cache_warm")
-      .value(loading.packed_cache_warm != 0)
-      .key("packed_cache")
-      .value(loading.packed_cache)
-      .key("arena")
-      .value(loading.arena)
-      .key("planned_bytes")
-      .value(static_cast<int64_t>(loading.planned_bytes))
-      .key("threads")
-      .value(static_cast<int64_t>(loading.threads))
-      .end_object();
+  json j = generation_json(adapter, prompt, g, text);
+  j["load_ms"] = runtime.load_ms;
+  j["vocab_size"] = adapter.vocab_size;
+  j["max_seq_len"] = adapter.max_seq_len;
+  j["prefill_chunk"] = adapter.prefill_chunk;
+  j["loading"] = {{"mode", loading.mode},
+                  {"weight_cache", loading.weight_cache != 0},
+                  {"workspace_sharing_mode", loading.workspace_sharing_mode},
+                  {"packed_cache_warm", loading.packed_cache_warm != 0},
+                  {"packed_cache", loading.packed_cache},
+                  {"arena", loading.arena},
+                  {"planned_bytes", loading.planned_bytes},
+                  {"threads", loading.threads}};
   ls_diag_reshapes reshapes;
   ls_diag_xnnpack_reshapes(&reshapes);
-  j.key("xnnpack_reshapes")
-      .begin_object()
-      .key("run")
-      .value(static_cast<int64_t>(reshapes.run))
-      .key("skipped")
-      .value(static_cast<int64_t>(reshapes.skipped))
-      .end_object();
-  j.key("ptd").value(runtime.ptd);
-  j.key("shared_ptd");
-  if (runtime.shared_ptd.empty())
-    j.null();
-  else
-    j.value(runtime.shared_ptd);
-  j.key("adapters").begin_array();
-  for (const AdapterView& a : runtime.adapters) {
-    j.begin_object()
-        .key("name")
-        .value(a.name)
-        .key("pte")
-        .value(a.pte)
-        .key("pte_bytes")
-        .value(file_bytes(a.pte))
-        .key("load_ms")
-        .value(a.load_ms)
-        .end_object();
-  }
-  j.end_array();
-  j.key("memory").begin_object();
-  j.key("after_load");
-  write_memory(j, runtime.after_load);
-  j.key("end");
-  write_memory(j, end);
-  j.end_object();
-  j.end_object();
-  return j.str();
+  j["xnnpack_reshapes"] = {{"run", reshapes.run}, {"skipped", reshapes.skipped}};
+  j["ptd"] = runtime.ptd;
+  j["shared_ptd"] = runtime.shared_ptd.empty() ? json(nullptr) : json(runtime.shared_ptd);
+  json adapters = json::array();
+  for (const AdapterView& a : runtime.adapters)
+    adapters.push_back({{"name", a.name}, {"pte", a.pte}, {"pte_bytes", file_bytes(a.pte)}, {"load_ms", a.load_ms}});
+  j["adapters"] = adapters;
+  j["memory"] = {{"after_load", memory_json(runtime.after_load)}, {"end", memory_json(end)}};
+  return dump(j);
 }
 
 std::string serve_answer_json(const AdapterView& adapter, const std::vector<int64_t>& prompt, const Reply& g,
                               const std::optional<std::string>& text) {
-  JsonWriter j;
-  j.begin_object();
-  write_generation(j, adapter, prompt, g, text);
-  j.end_object();
-  return j.str();
+  return dump(generation_json(adapter, prompt, g, text));
 }
 
-std::string error_json(const std::string& message) {
-  JsonWriter j;
-  j.begin_object().key("error").value(message).end_object();
-  return j.str();
-}
+std::string error_json(const std::string& message) { return dump(json{{"error", message}}); }
 
 void print_summary(std::FILE* out, const RunnerRuntime& runtime, const AdapterView& adapter,
                    const std::vector<int64_t>& prompt, const Reply& g, const ls_diag_memory& end) {

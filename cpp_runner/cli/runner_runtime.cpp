@@ -52,7 +52,12 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
   diag.private_arenas = options.private_arenas;
   diag.weight_cache = !options.no_weight_cache;
   diag.huge_pages = !options.no_huge_pages;
-  diag.ignore_eos = options.ignore_eos;
+  // Text needs the EOS ids even past which it generates (they are never
+  // text); with ids alone, --ignore-eos reads no manifest.json at all.
+  const bool text = options.prompt_given || options.serve;
+  diag.ignore_eos = options.ignore_eos && !text;
+  diag.tokenizer_dir = options.tokenizer_dir.empty() ? nullptr : options.tokenizer_dir.c_str();
+  diag.bind_tokenizer = text ? 1 : 0;
   diag.runner_messages = 1;
   diag.threads = options.threads;
   std::vector<const char*> ptes;
@@ -87,6 +92,16 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
 
 RunnerRuntime::~RunnerRuntime() { ls_close(runtime_); }
 
+ls_generate_options flag_options(const Options& options) {
+  ls_generate_options g;
+  ls_generate_options_init(&g);
+  g.max_new_tokens = options.max_new_tokens;
+  g.temperature = options.temperature;
+  g.seed = options.seed;
+  g.ignore_eos = options.ignore_eos ? 1 : 0;
+  return g;
+}
+
 const AdapterView* RunnerRuntime::find(const std::string& name) const {
   if (name == LS_BASE_NAME) return base ? &*base : nullptr;
   for (const AdapterView& a : adapters)
@@ -102,24 +117,17 @@ std::string RunnerRuntime::names() const {
 
 StatusOr<Reply> RunnerRuntime::generate(const AdapterView& adapter, const GenerateRequest& request,
                                         const std::function<void(int64_t)>& on_token) const {
-  ls_generate_options options;
-  ls_generate_options_init(&options);
-  options.max_new_tokens = request.max_new_tokens;
-  options.temperature = request.temperature;
-  options.seed = request.seed;
+  const ls_generate_options& options = request.options;
   Reply reply;
   reply.vocab = adapter.vocab_size;
   ls_diag_generate_options diag;
   ls_diag_generate_options_init(&diag);
   if (request.keep_logits) {
-    reply.logits.resize(static_cast<size_t>(request.max_new_tokens) * adapter.vocab_size);
+    reply.logits.resize(static_cast<size_t>(options.max_new_tokens) * adapter.vocab_size);
     diag.logits = reply.logits.data();
   }
-  if (request.stop_ids) {
-    diag.stop_ids = request.stop_ids->data();
-    diag.n_stop_ids = request.stop_ids->size();
-    diag.stop_ids_given = 1;
-  }
+  // ignore_eos: no id stops it (the build's EOS ids otherwise).
+  if (options.ignore_eos) diag.stop_ids_given = 1;
   diag.prompt_label = request.prompt_label.c_str();
   Collector collector{&reply, &on_token};
   ls_diag_generation figures;

@@ -33,14 +33,14 @@ struct AdapterView {
 
 struct GenerateRequest {
   std::vector<int64_t> prompt;
-  int64_t max_new_tokens = 16;
-  double temperature = 0;
-  uint64_t seed = 0;
-  // The ids generation stops after; nullopt: the build's EOS ids.
-  std::optional<std::vector<int64_t>> stop_ids;
+  ls_generate_options options;  // max_new_tokens, sampling; ignore_eos: stop at no id
   bool keep_logits = false;
   std::string prompt_label = "--tokens";  // names the prompt in request errors
 };
+
+// The options of the command line's flags (--max-new-tokens, --temperature,
+// --seed, --ignore-eos), for a request from the command line.
+ls_generate_options flag_options(const Options& options);
 
 struct Reply {
   std::vector<int64_t> tokens;
@@ -72,6 +72,7 @@ class RunnerRuntime {
   std::vector<AdapterView> adapters;  // in --pte order
   std::optional<AdapterView> base;    // none with --stock
   ls_diag_loading loading{};
+  ls_runtime* handle() const { return runtime_; }
   double load_ms = 0;
   ls_diag_memory after_load{};
 

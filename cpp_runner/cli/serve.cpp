@@ -1,188 +1,182 @@
 #include "serve.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "report.h"
-#include "text.h"
 
 namespace lora_share {
 namespace {
 
 using json = nlohmann::json;
 
-// One request, whichever format it came in.
-struct Request {
-  const AdapterView* adapter = nullptr;
-  std::vector<int64_t> prompt;
-  bool is_text = false;  // the prompt came as text
-  int64_t max_new_tokens = 0;
-  double temperature = 0;
-  uint64_t seed = 0;
-};
+using RequestPtr = std::unique_ptr<ls_request, void (*)(ls_request*)>;
 
-StatusOr<const AdapterView*> find_adapter(const RunnerRuntime& runtime, const std::string& name) {
-  const AdapterView* adapter = runtime.find(name);
-  if (adapter == nullptr)
-    return Status::usage(name == LS_BASE_NAME
-                             ? "adapter 'base' runs the foundation through the program the --pte files "
-                               "carry, which --stock does not load: drop --stock"
-                             : "unknown adapter '" + name + "' (loaded: " + runtime.names() +
-                                   "; 'base' is the foundation alone)");
-  return adapter;
+// The line's JSON, nested no deeper than the library reads (a deeper line is
+// refused while it is read, never built or walked).
+StatusOr<json> parse_line(const std::string& line) {
+  bool too_deep = false;
+  json j = json::parse(
+      line,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        if (depth >= LS_REQUEST_MAX_DEPTH) too_deep = true;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep)
+    return Status::usage("the line nests arrays and objects more than " + std::to_string(LS_REQUEST_MAX_DEPTH) +
+                         " levels deep");
+  if (j.is_discarded() || !j.is_object())
+    return Status::usage("not a JSON object: " + line.substr(0, 80) + (line.size() > 80 ? "\xE2\x80\xA6" : ""));
+  return j;
 }
 
-StatusOr<Request> parse_tab_line(const RunnerRuntime& runtime, const Options& options, const std::string& line) {
-  size_t tab = line.find('\t');
-  if (tab == std::string::npos)
-    return Status::usage("expected 'adapter<TAB>token ids' (e.g. 'a\\t1,17,42') or a JSON object");
-  Request r{nullptr, {}, false, options.max_new_tokens, options.temperature, options.seed};
-  auto adapter = find_adapter(runtime, line.substr(0, tab));
-  if (!adapter.ok()) return adapter.status();
-  r.adapter = adapter.value();
-  auto prompt = parse_token_list(line.substr(tab + 1), "token ids");
-  if (!prompt.ok()) return prompt.status();
-  r.prompt = std::move(prompt.value());
-  return r;
-}
-
-// The optional numeric fields, each checked like its flag.
-Status read_settings(const json& j, Request& r) {
-  if (j.contains("max_new_tokens")) {
-    const json& v = j.at("max_new_tokens");
-    if (!v.is_number_integer() || v.get<int64_t>() < 1)
-      return Status::usage("\"max_new_tokens\": expected an integer >= 1");
-    r.max_new_tokens = v.get<int64_t>();
-  }
-  if (j.contains("temperature")) {
-    const json& v = j.at("temperature");
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
-      return Status::usage("\"temperature\": expected a finite number >= 0");
-    r.temperature = v.get<double>();
-  }
-  if (j.contains("seed")) {
-    const json& v = j.at("seed");
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) return Status::usage("\"seed\": expected an integer >= 0");
-    r.seed = v.get<uint64_t>();
-  }
-  return Status();
-}
-
-StatusOr<std::vector<int64_t>> read_tokens(const json& v) {
-  if (!v.is_array() || v.empty()) return Status::usage("\"tokens\": expected a non-empty list of token ids");
-  std::vector<int64_t> ids;
-  for (const json& id : v) {
-    if (!id.is_number_integer()) return Status::usage("\"tokens\": expected integer token ids");
-    ids.push_back(id.get<int64_t>());
-  }
-  return ids;
-}
-
-StatusOr<Request> parse_json_line(const RunnerRuntime& runtime, const Options& options,
-                                  const tok::BoundTokenizer* tokenizer, const std::string& line) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::usage("not a JSON object: " + line);
-  for (const auto& [key, value] : j.items()) {
-    (void)value;
-    if (key != "adapter" && key != "prompt" && key != "tokens" && key != "messages" && key != "max_new_tokens" &&
-        key != "temperature" && key != "seed")
-      return Status::usage("unknown key \"" + key +
-                           "\" (known: adapter, prompt, tokens, messages, max_new_tokens, "
-                           "temperature, seed)");
-  }
+// The runner's line as the OpenAI body it means: its keys are fields of the
+// one schema under other names, its defaults the flags'.
+StatusOr<json> runner_body(const RunnerRuntime& runtime, const Options& options, const json& j, bool* chat) {
+  static const char* kKeys[] = {"adapter", "prompt", "tokens", "messages", "max_new_tokens", "temperature", "seed"};
+  for (const auto& item : j.items())
+    if (std::find(std::begin(kKeys), std::end(kKeys), item.key()) == std::end(kKeys))
+      return Status::usage("unknown key \"" + item.key() +
+                           "\" (known: adapter, prompt, tokens, messages, max_new_tokens, temperature, seed; "
+                           "or send an OpenAI body with \"model\")");
   if (!j.contains("adapter") || !j.at("adapter").is_string())
     return Status::usage("\"adapter\": give the adapter's name (loaded: " + runtime.names() + ")");
-  Request r{nullptr, {}, false, options.max_new_tokens, options.temperature, options.seed};
-  auto adapter = find_adapter(runtime, j.at("adapter").get<std::string>());
-  if (!adapter.ok()) return adapter.status();
-  r.adapter = adapter.value();
-  Status s = read_settings(j, r);
-  if (!s.ok()) return s;
   if (j.contains("prompt") + j.contains("tokens") + j.contains("messages") != 1)
     return Status::usage(
         "give exactly one of \"prompt\" (text), \"tokens\" (a list of ids) or \"messages\" "
         "(a list of {\"role\", \"content\"}, in the build's chat template)");
-  if (j.contains("messages")) {
-    if (tokenizer == nullptr) return Status::usage(tok::no_tokenizer_message(tokenizer_folder(options)));
-    const json& m = j.at("messages");
-    std::vector<tok::ChatTurn> turns;
-    for (const json& turn : m.is_array() ? m : json::array()) {
-      if (!turn.is_object() || !turn.contains("role") || !turn["role"].is_string() || !turn.contains("content") ||
-          !turn["content"].is_string())
-        return Status::usage("\"messages\": each needs a string \"role\" and \"content\"");
-      turns.push_back({turn["role"].get<std::string>(), turn["content"].get<std::string>()});
-    }
-    if (turns.empty()) return Status::usage("\"messages\": expected a non-empty list of {\"role\", \"content\"}");
-    auto ids = encode_chat(*tokenizer, turns, "\"messages\"");
-    if (!ids.ok()) return ids.status();
-    r.prompt = std::move(ids.value());
-    r.is_text = true;
-    return r;
-  }
-  if (j.contains("tokens")) {
-    auto ids = read_tokens(j.at("tokens"));
-    if (!ids.ok()) return ids.status();
-    r.prompt = std::move(ids.value());
-    return r;
-  }
-  if (!j.at("prompt").is_string()) return Status::usage("\"prompt\": expected a string");
-  if (tokenizer == nullptr) return Status::usage(tok::no_tokenizer_message(tokenizer_folder(options)));
-  auto ids = encode_prompt(*tokenizer, j.at("prompt").get<std::string>(), "\"prompt\"");
-  if (!ids.ok()) return ids.status();
-  r.prompt = std::move(ids.value());
-  r.is_text = true;
-  return r;
+  if (j.contains("prompt") && !j.at("prompt").is_string()) return Status::usage("\"prompt\": expected a string");
+  if (j.contains("tokens") && (!j.at("tokens").is_array() || j.at("tokens").empty()))
+    return Status::usage("\"tokens\": expected a non-empty list of token ids");
+  json body = {{"model", j.at("adapter")},
+               {"max_tokens", j.value("max_new_tokens", json(options.max_new_tokens))},
+               {"temperature", j.value("temperature", json(options.temperature))},
+               {"seed", j.value("seed", json(options.seed))},
+               {"ignore_eos", options.ignore_eos}};
+  *chat = j.contains("messages");
+  if (*chat)
+    body["messages"] = j.at("messages");
+  else
+    body["prompt"] = j.contains("prompt") ? j.at("prompt") : j.at("tokens");
+  return body;
 }
 
-// Answers one request line; returns the JSON line to print.
-std::string answer(const RunnerRuntime& runtime, const Options& options, const tok::BoundTokenizer* tokenizer,
-                   const std::string& line) {
-  size_t first = line.find_first_not_of(" \t");
-  bool is_json = first != std::string::npos && line[first] == '{';
-  auto request = is_json ? parse_json_line(runtime, options, tokenizer, line) : parse_tab_line(runtime, options, line);
-  if (!request.ok()) return error_json(request.status().message());
-  Request& r = request.value();
-  // The seed is reset per request so an answer does not depend on what was
+// The schema's words for a runner line: its fields under the line's names.
+std::string runner_words(std::string message) {
+  static const std::pair<const char*, const char*> kNames[] = {{"max_tokens", "\"max_new_tokens\""},
+                                                               {"model", "\"adapter\""}};
+  for (const auto& [field, key] : kNames)
+    if (message.rfind(field, 0) == 0) return key + message.substr(std::string(field).size());
+  return message;
+}
+
+// Parses and prepares `body` (`chat`: a chat completion).
+StatusOr<RequestPtr> prepared(const RunnerRuntime& runtime, const std::string& body, bool chat) {
+  ls_error error;
+  RequestPtr request(ls_request_parse(chat ? LS_REQUEST_CHAT : LS_REQUEST_COMPLETION, body.data(), body.size(), &error),
+                     ls_request_free);
+  if (!request || ls_request_prepare(runtime.handle(), request.get(), &error) != LS_OK)
+    return Status::usage(error.message);
+  return request;
+}
+
+// A runner line (TAB or JSON), run by the runner itself so that its answer
+// carries the timings; `text` when the line is JSON and the build has a tokenizer.
+std::string runner_answer(const RunnerRuntime& runtime, const std::optional<RunnerText>& text, const json& body,
+                          bool chat, bool is_json) {
+  auto request = prepared(runtime, body.dump(), chat);
+  if (!request.ok()) return error_json(runner_words(request.status().message()));
+  const int64_t* ids = nullptr;
+  size_t n = 0;
+  const char* name = nullptr;
+  ls_generate_options options;
+  ls_error error;
+  if (ls_request_generation(request->get(), &ids, &n, &name, &options, &error) != LS_OK)
+    return error_json(error.message);
+  const AdapterView* adapter = runtime.find(name);
+  if (adapter == nullptr)
+    return error_json(
+        "adapter 'base' runs the foundation through the program the --pte files carry, which --stock does not "
+        "load: drop --stock");
+  // The seed is the request's, so an answer does not depend on what was
   // asked before it: the same request gets the same answer as a fresh run.
-  // The library checks the request before it generates.
-  GenerateRequest g_request{r.prompt,
-                            r.max_new_tokens,
-                            r.temperature,
-                            r.seed,
-                            stop_ids_for(options, tokenizer),
-                            /*keep_logits=*/false,
-                            r.is_text ? "prompt" : "token ids"};
-  if (r.is_text) {
-    auto t = generate_text(runtime, *r.adapter, *tokenizer, g_request, nullptr);
+  GenerateRequest g{std::vector<int64_t>(ids, ids + n), options, /*keep_logits=*/false, "prompt"};
+  if (is_json && text) {
+    auto t = generate_text(runtime, *adapter, *text, g, nullptr);
     if (!t.ok()) return error_json(t.status().message());
-    return serve_answer_json(*r.adapter, r.prompt, t->generation, t->text);
+    return serve_answer_json(*adapter, g.prompt, t->generation, t->text);
   }
-  auto g = runtime.generate(*r.adapter, g_request, nullptr);
-  if (!g.ok()) return error_json(g.status().message());
-  // Ids in, ids out (stopping at EOS, as with --tokens); the text too when the
-  // build has a tokenizer and the request was JSON (the TAB answers stay as they were).
-  std::optional<std::string> text;
-  if (is_json && tokenizer != nullptr) text = tokenizer->tokenizer.decode(g->tokens, /*skip_special_tokens=*/true);
-  return serve_answer_json(*r.adapter, r.prompt, g.value(), text);
+  auto reply = runtime.generate(*adapter, g, nullptr);
+  if (!reply.ok()) return error_json(reply.status().message());
+  return serve_answer_json(*adapter, g.prompt, reply.value());
+}
+
+int collect_line(const char* event, size_t length, void* lines) {
+  static_cast<std::vector<std::string>*>(lines)->emplace_back(event, length);
+  return 0;
+}
+
+// An OpenAI body, answered as the server answers it: one line per event.
+std::vector<std::string> openai_answer(const RunnerRuntime& runtime, const std::string& line, bool chat) {
+  auto request = prepared(runtime, line, chat);
+  if (!request.ok()) return {error_json(request.status().message())};
+  std::vector<std::string> lines;
+  ls_error error;
+  if (ls_request_run(runtime.handle(), request->get(), collect_line, &lines, nullptr, &error) != LS_OK)
+    return {error_json(error.message)};
+  return lines;
+}
+
+// Answers one request line; returns the JSON lines to print.
+std::vector<std::string> answer(const RunnerRuntime& runtime, const Options& options,
+                                const std::optional<RunnerText>& text, const std::string& line) {
+  const size_t first = line.find_first_not_of(" \t");
+  if (first == std::string::npos || line[first] != '{') {
+    const size_t tab = line.find('\t');
+    if (tab == std::string::npos)
+      return {error_json("expected 'adapter<TAB>token ids' (e.g. 'a\\t1,17,42') or a JSON object")};
+    auto ids = parse_token_list(line.substr(tab + 1), "token ids");
+    if (!ids.ok()) return {error_json(ids.status().message())};
+    const json body = {
+        {"model", line.substr(0, tab)},       {"prompt", ids.value()}, {"max_tokens", options.max_new_tokens},
+        {"temperature", options.temperature}, {"seed", options.seed},  {"ignore_eos", options.ignore_eos}};
+    return {runner_answer(runtime, text, body, /*chat=*/false, /*is_json=*/false)};
+  }
+  auto j = parse_line(line);
+  if (!j.ok()) return {error_json(j.status().message())};
+  if (j->contains("model") && !j->contains("adapter")) return openai_answer(runtime, line, j->contains("messages"));
+  bool chat = false;
+  auto body = runner_body(runtime, options, j.value(), &chat);
+  if (!body.ok()) return {error_json(body.status().message())};
+  if (!text && (j->contains("prompt") || j->contains("messages"))) {
+    ls_error error;  // the runtime says why the build has no tokenizer
+    ls_runtime_tokenizer(runtime.handle(), &error);
+    return {error_json(error.message)};
+  }
+  return {runner_answer(runtime, text, body.value(), chat, /*is_json=*/true)};
 }
 
 }  // namespace
 
-Status serve(const RunnerRuntime& runtime, const Options& options, const tok::BoundTokenizer* tokenizer,
+Status serve(const RunnerRuntime& runtime, const Options& options, const std::optional<RunnerText>& text,
              std::istream& in, std::ostream& out) {
   // On stderr, so answers stay one JSON line each on stdout: tells a client
   // (and the benchmark, which reads memory right after) that loading is over.
   std::fprintf(stderr, "ready: %zu adapter(s) loaded in %.1f ms (%s arena): %s%s\n", runtime.adapters.size(),
-               runtime.load_ms, runtime.loading.arena, runtime.names().c_str(), tokenizer ? "; tokenizer bound" : "");
+               runtime.load_ms, runtime.loading.arena, runtime.names().c_str(), text ? "; tokenizer bound" : "");
   std::fflush(stderr);
   std::string line;
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Flushed per line: the client waits for each answer before asking again.
-    out << answer(runtime, options, tokenizer, line) << std::endl;
+    for (const std::string& answer_line : answer(runtime, options, text, line)) out << answer_line << std::endl;
     if (!out) return Status::failure("could not write the answer (stdout closed)");
   }
   return Status();

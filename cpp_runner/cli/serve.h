@@ -1,25 +1,34 @@
-// --serve: one request per input line, one JSON line per request on output.
-// A line is either "adapter<TAB>comma-separated ids" or a JSON object
-//   {"adapter": "a", "prompt": "text" | "tokens": [ids],
-//    "max_new_tokens": 32, "temperature": 0, "seed": 0}   (the last three
-// optional, defaulting to the flags). Answers carry "tokens", and "text" when
-// the build has a tokenizer; every generation stops after an EOS id of the
-// build unless --ignore-eos. The adapter "base" is the foundation alone. A bad
-// request gets {"error": ...} and serving goes on; end of input ends it.
+// --serve: one request per input line, its answer as JSON lines on output.
+// A line is one of:
+//   "adapter<TAB>comma-separated ids";
+//   the runner's JSON object {"adapter": "a", "prompt": "text" | "tokens":
+//     [ids] | "messages": [...], "max_new_tokens": 32, "temperature": 0,
+//     "seed": 0} (the last three optional, defaulting to the flags), answered
+//     with one object: "tokens" (ending with the EOS id that stopped it),
+//     "text" when the build has a tokenizer, the prompt's length and timings;
+//   an OpenAI body ({"model": ..., "prompt": ...} or {"model": ...,
+//     "messages": [...]}, every field the server takes), answered with the
+//     server's JSON: the response, or with "stream": true one chunk a line.
+// All three go through the library's one request schema (lora_share.h,
+// REQUESTS): the runner's keys are its fields under other names. Generation
+// stops after an EOS id of the build unless --ignore-eos (or the body's
+// ignore_eos); the adapter "base" is the foundation alone. A bad request gets
+// {"error": ...} and serving goes on; end of input ends it.
 #pragma once
 
 #include <istream>
+#include <optional>
 #include <ostream>
 
-#include "binding.h"
 #include "flags.h"
 #include "runner_runtime.h"
 #include "status.h"
+#include "text.h"
 
 namespace lora_share {
 
-// `tokenizer`: the build's, or null when it has none.
-Status serve(const RunnerRuntime& runtime, const Options& options, const tok::BoundTokenizer* tokenizer,
+// `text`: the build's tokenizer, or none when it has none.
+Status serve(const RunnerRuntime& runtime, const Options& options, const std::optional<RunnerText>& text,
              std::istream& in, std::ostream& out);
 
 }  // namespace lora_share
