@@ -209,7 +209,7 @@ def test_server_and_runtime_answer_a_mixed_chat_alike(server, mix_build):
             c["choices"][0]["delta"].get("content", "")
             for c in rt.create_chat_completion(messages, max_tokens=8, lora=lora, stream=True)
         )
-        with pytest.raises(ValueError, match="leave adapter 'base'"):
+        with pytest.raises(NativeError, match="with lora, model must be 'base'"):
             rt.generate("x", adapter="terse", lora=lora)
     text = body["choices"][0]["message"]["content"]
     assert ours["choices"][0]["message"]["content"] == text == streamed

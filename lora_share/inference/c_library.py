@@ -130,10 +130,13 @@ class _TextResult(ctypes.Structure):
     ]
 
 
-FINISH_REASONS = ["length", "stop", "callback"]  # ls_finish_reason, as OpenAI names the first two
+# ls_finish_reason, as OpenAI names them ("eos" and a stop string are both OpenAI's "stop")
+FINISH_REASONS = ["length", "stop", "callback", "stop"]
+REQUEST_KINDS = {"completion": 0, "chat": 1}  # ls_request_kind
 
 TOKEN_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_void_p)
 TEXT_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t, ctypes.c_void_p)
+EVENT_CALLBACK = TEXT_CALLBACK  # ls_event_callback: the same shape, JSON text
 _P = ctypes.c_void_p
 _ERR = ctypes.POINTER(_Error)
 
@@ -194,6 +197,16 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
             ],
         ),
         "ls_stats": (ctypes.c_int, [_P, ctypes.POINTER(_Stats), _ERR]),
+        "ls_runtime_eos_ids": (
+            ctypes.c_int,
+            [_P, ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)), ctypes.POINTER(ctypes.c_size_t), _ERR],
+        ),
+        "ls_request_parse": (_P, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _ERR]),
+        "ls_request_prepare": (ctypes.c_int, [_P, _P, _ERR]),
+        "ls_request_run": (ctypes.c_int, [_P, _P, EVENT_CALLBACK, ctypes.c_void_p, ctypes.POINTER(_TextResult), _ERR]),
+        "ls_request_free": (None, [_P]),
+        "ls_request_model": (ctypes.c_char_p, [_P]),
+        "ls_request_stream": (ctypes.c_int, [_P]),
         "ls_tokenizer_open": (_P, [ctypes.c_char_p, _ERR]),
         "ls_tokenizer_close": (None, [_P]),
         "ls_runtime_tokenizer": (_P, [_P, _ERR]),
@@ -416,6 +429,56 @@ class Adapter:
             _raise(self.runtime.lib, err)
 
 
+class Request:
+    """An ls_request: an OpenAI body read by the library's one request schema (lora_share.h, REQUESTS),
+    prepared against the runtime that made it (``Runtime.request``). Free it (or use ``with``)."""
+
+    def __init__(self, runtime: Runtime, handle: int):
+        self.runtime, self.handle = runtime, handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def free(self) -> None:
+        if self.handle:
+            self.runtime.lib.ls_request_free(self.handle)
+            self.handle = None
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.runtime.lib.ls_request_stream(self.handle))
+
+    def prepare(self) -> None:
+        """ls_request_prepare: the model, the mix, the prompt and the context checked; raises on a bad request."""
+        err = _Error()
+        if self.runtime.lib.ls_request_prepare(self.runtime.handle, self.handle, ctypes.byref(err)) != 0:
+            _raise(self.runtime.lib, err)
+
+    def run(self, on_event, stop=None) -> dict:
+        """ls_request_run: ``on_event(json_text)`` gets each OpenAI event; ``stop()`` returning True ends
+        generation at the next token. Returns the ls_text_result as a dict."""
+
+        def on_json(data, length, _user):
+            on_event(ctypes.string_at(data, length).decode())
+            return 1 if stop is not None and stop() else 0
+
+        callback = EVENT_CALLBACK(on_json)
+        result, err = _TextResult(), _Error()
+        lib = self.runtime.lib
+        if lib.ls_request_run(
+            self.runtime.handle, self.handle, callback, None, ctypes.byref(result), ctypes.byref(err)
+        ):
+            _raise(lib, err)
+        return {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "finish_reason": FINISH_REASONS[result.finish_reason],
+        }
+
+
 class Runtime:
     """An open ls_runtime. Use ``open``/``open_dir``; close it (or use ``with``)."""
 
@@ -578,6 +641,21 @@ class Runtime:
             "completion_tokens": result.completion_tokens,
             "finish_reason": FINISH_REASONS[result.finish_reason],
         }
+
+    def request(self, kind: str, body: str) -> Request:
+        """ls_request_parse: ``body`` (an OpenAI JSON body) of ``kind`` "completion" or "chat"."""
+        data, err = body.encode(), _Error()
+        h = self.lib.ls_request_parse(REQUEST_KINDS[kind], data, len(data), ctypes.byref(err))
+        if not h:
+            _raise(self.lib, err)
+        return Request(self, h)
+
+    def eos_ids(self) -> list[int]:
+        """ls_runtime_eos_ids: the build's end-of-sequence ids."""
+        ids, n, err = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_size_t(0), _Error()
+        if self.lib.ls_runtime_eos_ids(self.handle, ctypes.byref(ids), ctypes.byref(n), ctypes.byref(err)) != 0:
+            _raise(self.lib, err)
+        return [ids[i] for i in range(n.value)]
 
     def stats(self) -> dict:
         """ls_stats as a dict of its fields (``batch_size_counts`` a list: [b - 1] counts steps of b rows)."""

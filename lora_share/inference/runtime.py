@@ -2,27 +2,28 @@
 
     from lora_share import Runtime
     rt = Runtime("out/smollm2")
-    rt.adapters                                    # ["brief", "json", ...]
-    rt.create_chat_completion([{"role": "user", "content": "Why is the sky blue?"}], adapter="brief")
-    for chunk in rt.generate("Once upon a time", adapter="json", max_tokens=32, stream=True):
+    rt.adapters                                    # ["brief", "bullets", "json", "shout"]
+    rt.create_chat_completion([{"role": "user", "content": "Why is the sky blue?"}], model="brief", stop=["."])
+    for chunk in rt.create_completion("Once upon a time", model="json", max_tokens=32, stream=True):
         print(chunk["choices"][0]["text"], end="")
-    rt.generate("Once upon a time", lora=[{"name": "brief", "scale": 0.5}, {"name": "json", "scale": 1.1}])
+    rt.create_completion("Once upon a time", lora=[{"name": "brief", "scale": 0.5}, {"name": "json", "scale": 1.1}])
 
-Every call goes to liblora_share (lora_share.h: ls_open_dir, ls_generate_text, ls_generate_chat, ls_stats),
-so the answers are the server's and build/runner's; the build's tokenizer and chat template are read by the
-library too. Results are OpenAI-shaped dicts as llama-cpp-python returns them. Nothing here needs torch:
-installed from the wheel (``make wheel``), the library and the runtime libraries it loads come inside the
-package. A failing call raises ``NativeError`` carrying the library's status and message.
+``create_completion`` and ``create_chat_completion`` send their arguments as the OpenAI JSON body
+build/lora-share-server takes, through the same library calls (lora_share.h, REQUESTS: ls_request_parse,
+ls_request_prepare, ls_request_run): every field the server takes is taken here, checked by the same
+parser (a bad one raises ``NativeError`` with status ``LS_ERR_REQUEST`` and the server's message), and the
+answer's choices and usage are the server's. ``adapter=`` is the older name of ``model=``. The build's
+tokenizer and chat template are read by the library too. Nothing here needs torch: installed from the
+wheel (``make wheel``), the library and the runtime libraries it loads come inside the package.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
+import math
 import os
 import queue
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 
 from . import c_library
@@ -85,6 +86,25 @@ class Runtime:
     def detokenize(self, ids: list[int], skip_special: bool = True) -> str:
         return self._rt.tokenizer().decode(ids, skip_special)
 
+    def create_completion(
+        self, prompt: str | list[int], model: str | None = None, adapter: str | None = None, **fields
+    ) -> dict | Iterator[dict]:
+        """A completion of ``prompt`` (text, encoded with the tokenizer's special tokens, or token ids):
+        POST /v1/completions's body ``{"model", "prompt", **fields}`` (docs/server.md lists the fields:
+        max_tokens, temperature, seed, top_p, stop, stream, lora, ...). A ``text_completion`` dict, or
+        with ``stream=True`` an iterator of chunks. ``model`` (or ``adapter``): the adapter, "base" (the
+        default) the foundation alone; no ``max_tokens``: up to the end of the context."""
+        return self._request("completion", {"model": _model(model, adapter), "prompt": prompt, **fields})
+
+    def create_chat_completion(
+        self, messages: list[dict], model: str | None = None, adapter: str | None = None, **fields
+    ) -> dict | Iterator[dict]:
+        """A chat completion of ``[{"role", "content"}, ...]`` in the build's chat template:
+        POST /v1/chat/completions's body ``{"model", "messages", **fields}``. A ``chat.completion`` dict,
+        or with ``stream=True`` an iterator of ``chat.completion.chunk`` dicts, the first carrying
+        ``delta.role``. ``model`` (or ``adapter``): as for ``create_completion``."""
+        return self._request("chat", {"model": _model(model, adapter), "messages": messages, **fields})
+
     def generate(
         self,
         prompt: str,
@@ -95,168 +115,107 @@ class Runtime:
         stream: bool = False,
         lora: list[dict] | None = None,
     ) -> dict | Iterator[dict]:
-        """A text completion (the prompt encoded with the tokenizer's special tokens), as
-        llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or with ``stream`` an
-        iterator of chunks. ``max_tokens`` None: up to the end of the context. ``lora``: a mix of
-        adapters instead of one, ``[{"name": adapter, "scale": number}, ...]`` (ls_adapter_mix: as peft's
-        ``add_weighted_adapter(combination_type="cat")``), with ``adapter`` left "base"."""
-        return self._complete(prompt, adapter, max_tokens, temperature, seed, stream, chat=False, lora=lora)
-
-    def create_chat_completion(
-        self,
-        messages: list[dict],
-        adapter: str = BASE,
-        max_tokens: int | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
-        stream: bool = False,
-        lora: list[dict] | None = None,
-    ) -> dict | Iterator[dict]:
-        """A chat completion of ``[{"role", "content"}, ...]`` in the build's chat template, as
-        llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or with ``stream`` an
-        iterator of ``chat.completion.chunk`` dicts. ``max_tokens`` None: up to the end of the context.
-        ``lora``: a mix of adapters, as for ``generate``."""
-        return self._complete(messages, adapter, max_tokens, temperature, seed, stream, chat=True, lora=lora)
+        """``create_completion`` with llama-cpp-python's defaults (16 new tokens); ``max_tokens`` None:
+        up to the end of the context. ``lora``: a mix of adapters, ``[{"name": adapter, "scale": number},
+        ...]``, with ``adapter`` left "base"."""
+        fields = {"temperature": temperature, "seed": seed, "stream": stream, "lora": lora}
+        if max_tokens is not None:
+            fields["max_tokens"] = max_tokens
+        return self.create_completion(prompt, model=adapter, **fields)
 
     # --- one request -------------------------------------------------------------------------------
 
-    def _max_new(self, prompt, adapter: str, max_tokens: int | None) -> int:
-        """max_tokens, or what the context leaves after the prompt (as the server does without one)."""
-        if max_tokens is not None:
-            return max_tokens
-        lib, err, n = self._rt.lib, c_library._Error(), c_library.ctypes.c_int64(0)
-        if (
-            lib.ls_context_length(
-                self._rt.handle, adapter.encode(), c_library.ctypes.byref(n), c_library.ctypes.byref(err)
-            )
-            != 0
-        ):
-            c_library._raise(lib, err)
-        tokenizer = self._rt.tokenizer()
-        if isinstance(prompt, str):
-            used = len(tokenizer.encode(prompt, True))
-        else:
-            used = len(tokenizer.encode(tokenizer.apply_chat_template(prompt), False))
-        return max(n.value - used + 1, 1)
-
-    def _complete(
-        self, prompt, adapter: str, max_tokens, temperature, seed, stream: bool, chat: bool, lora: list[dict] | None
-    ):
-        shape = _Shape(chat, adapter)
-        if lora is not None and adapter != BASE:
-            raise ValueError(
-                f"lora mixes adapters on the foundation alone: leave adapter '{BASE}', got adapter={adapter!r}"
-            )
-        # Checked now, so that a bad request raises here rather than at the first chunk of a stream.
-        with self._running(adapter, lora) as name:
-            max_new = self._max_new(prompt, name, max_tokens)
-            if not stream:
-                text, result = self._rt.generate_text(name, prompt, max_new, temperature=temperature, seed=seed)
-                return shape.whole(text, result)
-        return self._stream(prompt, adapter, lora, max_new, temperature, seed, shape)
-
-    @contextlib.contextmanager
-    def _running(self, adapter: str, lora: list[dict] | None) -> Iterator[str]:
-        """The name the library runs: ``adapter``, or the mix of ``lora`` (ls_adapter_mix), held meanwhile."""
-        if lora is None:
-            yield adapter
-            return
-        mix = self._rt.mix(lora)
+    def _request(self, kind: str, body: dict) -> dict | Iterator[dict]:
+        request = self._rt.request(kind, _body_json(body))
+        # Prepared now, so that a bad request raises here rather than at the first chunk of a stream.
         try:
-            yield mix.name
-        finally:
-            mix.release()
-
-    def _stream(self, prompt, adapter, lora, max_new, temperature, seed, shape: _Shape) -> Iterator[dict]:
-        with self._running(adapter, lora) as name:
-            yield from self._stream_named(prompt, name, max_new, temperature, seed, shape)
-
-    def _stream_named(self, prompt, adapter, max_new, temperature, seed, shape: _Shape) -> Iterator[dict]:
-        """Generation runs on a thread (the library calls back with each piece); the caller's loop takes
-        the pieces from a queue. Leaving the loop early stops generation at the next piece."""
-        pieces: queue.Queue = queue.Queue()
-        abandoned = threading.Event()
-        done = object()
-
-        def on_text(piece: str) -> None:
-            pieces.put(piece)
-
-        def work() -> None:
-            try:
-                _, result = self._rt.generate_text(
-                    adapter, prompt, max_new, temperature=temperature, seed=seed, on_text=on_text, stop=abandoned.is_set
-                )
-                pieces.put((done, result))
-            except NativeError as e:
-                pieces.put((done, e))
-
-        thread = threading.Thread(target=work, daemon=True)
-        thread.start()
-        try:
-            if shape.chat:
-                yield shape.chunk({"role": "assistant", "content": ""}, None)
-            while True:
-                item = pieces.get()
-                if isinstance(item, tuple) and item[0] is done:
-                    if isinstance(item[1], NativeError):
-                        raise item[1]
-                    yield shape.last(item[1])
-                    return
-                yield shape.chunk({"content": item} if shape.chat else item, None)
-        finally:
-            abandoned.set()
-            thread.join()
+            request.prepare()
+            if request.stream:
+                return _stream(request)  # which frees it once iterated to its end or closed
+            events: list[str] = []
+            request.run(events.append)
+        except BaseException:
+            request.free()
+            raise
+        request.free()
+        return json.loads(events[0])
 
 
-class _Shape:
-    """The OpenAI dicts of one request, as llama-cpp-python shapes them."""
-
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def _envelope(self, kind: str, choice: dict) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
-
-    @staticmethod
-    def _usage(result: dict) -> dict:
-        return {
-            "prompt_tokens": result["prompt_tokens"],
-            "completion_tokens": result["completion_tokens"],
-            "total_tokens": result["prompt_tokens"] + result["completion_tokens"],
-        }
-
-    @staticmethod
-    def _finish(result: dict) -> str:
-        return "stop" if result["finish_reason"] == "stop" else "length"
-
-    def whole(self, text: str, result: dict) -> dict:
-        if self.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": self._finish(result),
-            }
-            out = self._envelope("chat.completion", choice)
-        else:
-            out = self._envelope(
-                "text_completion", {"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish(result)}
-            )
-        out["usage"] = self._usage(result)
-        return out
-
-    def chunk(self, delta, finish_reason: str | None) -> dict:
-        if self.chat:
-            return self._envelope(
-                "chat.completion.chunk", {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            )
-        return self._envelope(
-            "text_completion", {"text": delta, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+def _model(model: str | None, adapter: str | None) -> str:
+    if model is not None and adapter is not None and model != adapter:
+        raise TypeError(
+            f"give the adapter once: model={model!r} and adapter={adapter!r} (adapter is model's older name)"
         )
+    return model if model is not None else adapter if adapter is not None else BASE
 
-    def last(self, result: dict) -> dict:
-        out = self.chunk({} if self.chat else "", self._finish(result))
-        out["usage"] = self._usage(result)
-        return out
+
+def _body_json(body: dict) -> str:
+    """The body as JSON text. JSON has no NaN or Infinity, so such a number is sent as its name (the
+    library's parser then says which field wants a finite number); a value JSON cannot write at all is a
+    TypeError naming its field."""
+    try:
+        return json.dumps(body, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(body), allow_nan=False)
+    except TypeError as e:
+        field = next((k for k, v in body.items() if not _encodes(v)), "?")
+        raise TypeError(f"{field}: {e}") from None
+    except RecursionError:
+        raise NativeError(
+            "LS_ERR_REQUEST",
+            f"the request body nests arrays and objects more than {_MAX_DEPTH} levels deep: no field takes that",
+        ) from None
+
+
+_MAX_DEPTH = 64  # LS_REQUEST_MAX_DEPTH
+
+
+def _encodes(value) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+def _finite(value, depth: int = 0):
+    """``value`` with every non-finite float replaced by its name ("nan", "inf", "-inf")."""
+    if depth > _MAX_DEPTH:
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, depth + 1) for v in value]
+    return value
+
+
+def _stream(request: c_library.Request) -> Iterator[dict]:
+    """Generation runs on a thread (the library calls back with each event); the caller's loop takes them
+    from a queue. Leaving the loop early stops generation at the next token."""
+    events: queue.Queue = queue.Queue()
+    abandoned = threading.Event()
+    done = object()
+
+    def work() -> None:
+        try:
+            request.run(events.put, stop=abandoned.is_set)
+            events.put((done, None))
+        except NativeError as e:
+            events.put((done, e))
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = events.get()
+            if isinstance(item, tuple) and item[0] is done:
+                if item[1] is not None:
+                    raise item[1]
+                return
+            yield json.loads(item)
+    finally:
+        abandoned.set()
+        thread.join()
+        request.free()
