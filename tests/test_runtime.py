@@ -1,7 +1,8 @@
 """lora_share.Runtime: a deployment served in-process by the C library, OpenAI-shaped answers.
 
-The reference is build/lora-share-server on the same folder: the chat answer, its finish reason and its
-usage must be equal, whole or streamed. A wheel (make wheel) installed into a fresh venv outside the
+The reference is build/lora-share-server on the same folder: the same request (every field the server
+takes: sampling, stop, stream, text parts, the developer role) gives the same choices and usage, whole or
+streamed, and the same refusal. A wheel (make wheel) installed into a fresh venv outside the
 checkout, with no torch and no other package, answers the same (slow: it builds and installs the wheel).
 """
 
@@ -71,6 +72,73 @@ def test_adapters_stats_and_errors(runtime):
         runtime.create_chat_completion([{"role": "wizard", "content": "x"}], adapter=TEXT_ADAPTER, max_tokens=2)
     with pytest.raises(NativeError, match="LS_ERR_LOAD.*manifest.json"):
         Runtime(REPO / "no-such-folder")
+
+
+REQUESTS = [
+    ("chat", {"messages": CHAT, "max_tokens": NEW}),
+    (
+        "chat",
+        {"messages": CHAT, "max_tokens": 12, "temperature": 1.2, "top_p": 0.9, "seed": 7, "presence_penalty": 0.3},
+    ),
+    ("completion", {"prompt": "The quick brown fox", "max_tokens": 12, "stop": [" the", "zz"], "top_k": 5}),
+    ("completion", {"prompt": [0, 17, 42, 99], "max_tokens": 6, "ignore_eos": True, "repeat_penalty": 1.3}),
+    (
+        "chat",
+        {
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+            ],
+            "max_tokens": 8,
+            "stream_options": {"include_usage": True},
+        },
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def server(runner_bin, text_build):
+    from test_server import Server
+
+    s = Server(runner_bin.parent / "lora-share-server", text_build.build.out_dir)
+    yield s
+    s.stop()
+
+
+def _path(kind: str) -> str:
+    return "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+
+
+def _call(runtime, kind: str, body: dict):
+    if kind == "chat":
+        return runtime.create_chat_completion(model=TEXT_ADAPTER, **body)
+    return runtime.create_completion(model=TEXT_ADAPTER, **body)
+
+
+@pytest.mark.parametrize("kind, body", REQUESTS, ids=range(len(REQUESTS)))
+def test_the_same_request_gets_the_servers_answer(runtime, server, kind, body):
+    status, want = server.request("POST", _path(kind), {"model": TEXT_ADAPTER, **body})
+    assert status == 200, want
+    got = _call(runtime, kind, body)
+    assert got["choices"] == want["choices"] and got["usage"] == want["usage"]
+    assert (got["object"], got["model"]) == (want["object"], want["model"])
+    streamed = list(_call(runtime, kind, {**body, "stream": True}))
+    events = server.stream(_path(kind), {"model": TEXT_ADAPTER, **body})
+    assert [c["choices"] for c in streamed] == [e["choices"] for e in events]
+    assert [c.get("usage") for c in streamed] == [e.get("usage") for e in events]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"temperature": 5}, {"top_p": 2}, {"n": 3}, {"stop": ["a"] * 5}, {"mirostat": 2}, {"logprobs": True}],
+    ids=lambda f: next(iter(f)),
+)
+def test_a_bad_field_is_refused_as_the_server_refuses_it(runtime, server, fields):
+    status, want = server.request("POST", "/v1/chat/completions", {"model": TEXT_ADAPTER, "messages": CHAT, **fields})
+    assert status == 400
+    with pytest.raises(NativeError) as failure:
+        runtime.create_chat_completion(CHAT, model=TEXT_ADAPTER, **fields)
+    assert failure.value.status == "LS_ERR_REQUEST" and failure.value.message == want["error"]["message"]
 
 
 SCRIPT = """

@@ -583,3 +583,46 @@ def test_penalties_equal_transformers(server, text_hf, tokenizer):
         assert got[2] == expected, ours
     plain = _text(server, {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True})
     assert plain[2] != expected  # the penalties changed the answer: the comparison above checks them
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    "field", ["max_tokens", "lora", "stream", "stop", "temperature", "n", "stream_options", "messages", "model"]
+)
+def test_a_body_nested_100000_deep_gets_a_400_and_the_server_answers_on(server, good_tokens, field):
+    """Issue 58: a field's value nested 100,000 levels deep killed the server (its error path dumped the
+    value recursively). The library reads a body with a depth bound before building it: a 400."""
+    deep = "[" * DEEP + "1" + "]" * DEEP
+    path = "/v1/chat/completions" if field == "messages" else "/v1/completions"
+    body = '{"model": "' + SECOND + '", "prompt": "x", "' + field + '": ' + deep + "}"
+    if field == "messages":
+        body = '{"model": "' + SECOND + '", "messages": [{"role": "user", "content": ' + deep + "}]}"
+    got, answer = server.request("POST", path, raw=body.encode())
+    assert got == 400, answer
+    assert "nests arrays and objects more than 64 levels deep" in answer["error"]["message"]
+    _good(server, good_tokens)
+    assert server.proc.poll() is None
+
+
+def test_a_deep_body_of_objects_and_a_long_value_are_refused_shortly(server, good_tokens):
+    deep = '{"a": ' * DEEP + "1" + "}" * DEEP
+    got, answer = server.request(
+        "POST", "/v1/completions", raw=('{"model": "base", "metadata": ' + deep + "}").encode()
+    )
+    assert got == 400 and "more than 64 levels deep" in answer["error"]["message"]
+    got, answer = server.request("POST", "/v1/completions", {"model": SECOND, "prompt": "x", "seed": "9" * 500_000})
+    assert got == 400 and answer["error"]["message"].startswith('seed must be an integer, got "999')
+    assert len(answer["error"]["message"]) < 120
+    _good(server, good_tokens)
+
+
+def test_one_model_by_id(server):
+    for name in (TEXT_ADAPTER, SECOND, "base"):
+        status, body = server.request("GET", f"/v1/models/{name}")
+        assert status == 200 and body == {"id": name, "object": "model", "created": 0, "owned_by": "lora-share"}
+    status, body = server.request("GET", "/v1/models/nope")
+    assert status == 404
+    assert body["error"]["param"] == "model" and body["error"]["type"] == "invalid_request_error"
+    assert "The model 'nope' does not exist" in body["error"]["message"]

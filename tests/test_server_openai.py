@@ -81,3 +81,32 @@ def test_errors_are_the_clients_exceptions(client):
     # Fields that change nothing are accepted.
     r = client.chat.completions.create(model=SECOND, messages=MESSAGES, max_tokens=4, user="u", stream_options=None)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_model_is_retrieved_by_id(client):
+    assert client.models.retrieve(TEXT_ADAPTER).id == TEXT_ADAPTER
+    assert client.models.retrieve("base").id == "base"
+    with pytest.raises(openai.NotFoundError, match="The model 'nope' does not exist"):
+        client.models.retrieve("nope")
+
+
+def test_text_parts_and_the_developer_role(client):
+    """Content as a list of text parts is the parts joined with newlines; the developer role is the
+    system role: the answers equal those of the plain messages."""
+    plain = [{"role": "system", "content": "Be brief.\nVery."}, {"role": "user", "content": "Hello there"}]
+    parts = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Very."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hello there"}]},
+    ]
+    want = client.chat.completions.create(model=SECOND, messages=plain, max_tokens=8)
+    got = client.chat.completions.create(model=SECOND, messages=parts, max_tokens=8)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage == want.usage
+    other = client.chat.completions.create(model=SECOND, messages=plain[1:], max_tokens=8)
+    assert other.usage.prompt_tokens != want.usage.prompt_tokens  # the system message is in the prompt
+
+
+def test_the_first_streamed_chunk_says_the_role(client):
+    chunks = list(client.chat.completions.create(model=SECOND, messages=MESSAGES, max_tokens=4, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    assert all(c.choices[0].delta.role is None for c in chunks[1:])
