@@ -277,22 +277,23 @@ const std::vector<Field>& fields() {
       {"store", kBoth, accept},
       {"service_tier", kBoth, accept},
       {"parallel_tool_calls", kBoth, accept},
-      // Not served: they would change the answer.
+      // Not served: they would change the answer. Taken by both endpoints, as
+      // clients send them to either (refused by name rather than as unknown).
       {"n", kBoth, nullptr, is_one, "n must be 1: one answer per request is served"},
-      {"best_of", kCompletions, nullptr, is_one, "best_of must be 1: one answer per request is served"},
+      {"best_of", kBoth, nullptr, is_one, "best_of must be 1: one answer per request is served"},
       {"logprobs", kBoth, nullptr, [](const json& v) { return is_false(v) || is_zero(v); }, "logprobs are not served"},
       {"top_logprobs", kBoth, nullptr, is_zero, "top_logprobs are not served"},
-      {"echo", kCompletions, nullptr, is_false, "echo is not served"},
-      {"suffix", kCompletions, nullptr, is_empty, "suffix (insertion) is not served"},
+      {"echo", kBoth, nullptr, is_false, "echo is not served"},
+      {"suffix", kBoth, nullptr, is_empty, "suffix (insertion) is not served"},
       {"logit_bias", kBoth, nullptr, is_empty, "logit_bias is not served"},
-      {"tools", kChats, nullptr, is_empty, "tools (function calling) are not served"},
-      {"tool_choice", kChats, nullptr, is_none, "tools (function calling) are not served"},
-      {"functions", kChats, nullptr, is_empty, "functions (function calling) are not served"},
-      {"function_call", kChats, nullptr, is_none, "functions (function calling) are not served"},
+      {"tools", kBoth, nullptr, is_empty, "tools (function calling) are not served"},
+      {"tool_choice", kBoth, nullptr, is_none, "tools (function calling) are not served"},
+      {"functions", kBoth, nullptr, is_empty, "functions (function calling) are not served"},
+      {"function_call", kBoth, nullptr, is_none, "functions (function calling) are not served"},
       {"response_format", kBoth, nullptr, is_text_format,
        "response_format other than {\"type\": \"text\"} is not served"},
-      {"modalities", kChats, nullptr, is_text_modality, "modalities other than [\"text\"] are not served"},
-      {"audio", kChats, nullptr, is_never, "audio output is not served"},
+      {"modalities", kBoth, nullptr, is_text_modality, "modalities other than [\"text\"] are not served"},
+      {"audio", kBoth, nullptr, is_never, "audio output is not served"},
       {"prediction", kBoth, nullptr, is_never, "predicted outputs are not served"},
   };
   return table;
