@@ -281,3 +281,36 @@ def test_serve_messages_answer_as_chat(runner_bin, text_build):
     got, bad = json_lines(r.stdout)
     assert got["tokens"] == json.loads(want.stdout)["tokens"], got
     assert "role 'wizard'" in bad["error"]
+
+
+def test_serve_openai_lines_answer_as_the_server(runner_bin, text_build):
+    """A --serve line with "model" is the server's body, read by the same schema: the answer's choices
+    and usage equal lora_share.Runtime's (the server's calls, in-process), whole or one chunk a line;
+    a refused field says what the server says."""
+    from lora_share import NativeError, Runtime
+
+    chat = {"model": TEXT_ADAPTER, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "top_k": 3}
+    completion = {"model": TEXT_ADAPTER, "prompt": PROMPT, "max_tokens": 5, "stop": ["zz"], "seed": 2}
+    bad = {"model": TEXT_ADAPTER, "prompt": "x", "temperature": 5}
+    lines = [chat, {**chat, "stream": True}, completion, bad]
+    r = runner(
+        runner_bin,
+        *base_args(text_build.build.out_dir, "--serve"),
+        stdin="".join(json.dumps(line) + "\n" for line in lines),
+    )
+    assert r.returncode == 0, r.stderr
+    whole, *rest = json_lines(r.stdout)
+    chunks, (done, refused) = rest[:-2], rest[-2:]
+    with Runtime(text_build.build.out_dir, library=runner_bin.parent / "liblora_share.so") as rt:
+        want = rt.create_chat_completion(**chat)
+        want_chunks = list(rt.create_chat_completion(**chat, stream=True))
+        want_done = rt.create_completion(**completion)
+        with pytest.raises(NativeError) as failure:
+            rt.create_completion(**bad)
+    assert whole["object"] == "chat.completion"
+    assert (whole["choices"], whole["usage"]) == (want["choices"], want["usage"])
+    assert [c["choices"] for c in chunks] == [c["choices"] for c in want_chunks]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert (done["choices"], done["usage"]) == (want_done["choices"], want_done["usage"])
+    assert refused == {"error": failure.value.message}
+    assert failure.value.message == "temperature must be a number between 0 and 2, got 5"
