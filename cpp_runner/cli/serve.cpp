@@ -57,9 +57,9 @@ StatusOr<json> runner_body(const RunnerRuntime& runtime, const Options& options,
     return Status::usage("\"tokens\": expected a non-empty list of token ids");
   json body = {{"model", j.at("adapter")},
                {"max_tokens", j.value("max_new_tokens", json(options.max_new_tokens))},
-               {"temperature", j.value("temperature", json(options.temperature))},
                {"seed", j.value("seed", json(options.seed))},
                {"ignore_eos", options.ignore_eos}};
+  if (j.contains("temperature")) body["temperature"] = j.at("temperature");
   *chat = j.contains("messages");
   if (*chat)
     body["messages"] = j.at("messages");
@@ -89,8 +89,8 @@ StatusOr<RequestPtr> prepared(const RunnerRuntime& runtime, const std::string& b
 
 // A runner line (TAB or JSON), run by the runner itself so that its answer
 // carries the timings; `text` when the line is JSON and the build has a tokenizer.
-std::string runner_answer(const RunnerRuntime& runtime, const std::optional<RunnerText>& text, const json& body,
-                          bool chat, bool is_json) {
+std::string runner_answer(const RunnerRuntime& runtime, const Options& flags, const std::optional<RunnerText>& text,
+                          const json& body, bool chat, bool is_json) {
   auto request = prepared(runtime, body.dump(), chat);
   if (!request.ok()) return error_json(runner_words(request.status().message()));
   const int64_t* ids = nullptr;
@@ -100,6 +100,9 @@ std::string runner_answer(const RunnerRuntime& runtime, const std::optional<Runn
   ls_error error;
   if (ls_request_generation(request->get(), &ids, &n, &name, &options, &error) != LS_OK)
     return error_json(error.message);
+  // --temperature is the runner's own knob (any value >= 0: benchmarks
+  // sample hot); a line's own temperature is the schema's field (0 to 2).
+  if (!body.contains("temperature")) options.temperature = flags.temperature;
   const AdapterView* adapter = runtime.find(name);
   if (adapter == nullptr)
     return error_json(
@@ -144,10 +147,12 @@ std::vector<std::string> answer(const RunnerRuntime& runtime, const Options& opt
       return {error_json("expected 'adapter<TAB>token ids' (e.g. 'a\\t1,17,42') or a JSON object")};
     auto ids = parse_token_list(line.substr(tab + 1), "token ids");
     if (!ids.ok()) return {error_json(ids.status().message())};
-    const json body = {
-        {"model", line.substr(0, tab)},       {"prompt", ids.value()}, {"max_tokens", options.max_new_tokens},
-        {"temperature", options.temperature}, {"seed", options.seed},  {"ignore_eos", options.ignore_eos}};
-    return {runner_answer(runtime, text, body, /*chat=*/false, /*is_json=*/false)};
+    const json body = {{"model", line.substr(0, tab)},
+                       {"prompt", ids.value()},
+                       {"max_tokens", options.max_new_tokens},
+                       {"seed", options.seed},
+                       {"ignore_eos", options.ignore_eos}};
+    return {runner_answer(runtime, options, text, body, /*chat=*/false, /*is_json=*/false)};
   }
   auto j = parse_line(line);
   if (!j.ok()) return {error_json(j.status().message())};
@@ -160,7 +165,7 @@ std::vector<std::string> answer(const RunnerRuntime& runtime, const Options& opt
     ls_runtime_tokenizer(runtime.handle(), &error);
     return {error_json(error.message)};
   }
-  return {runner_answer(runtime, text, body.value(), chat, /*is_json=*/true)};
+  return {runner_answer(runtime, options, text, body.value(), chat, /*is_json=*/true)};
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 //   "adapter<TAB>comma-separated ids";
 //   the runner's JSON object {"adapter": "a", "prompt": "text" | "tokens":
 //     [ids] | "messages": [...], "max_new_tokens": 32, "temperature": 0,
-//     "seed": 0} (the last three optional, defaulting to the flags), answered
+//     "seed": 0} (the last three optional, defaulting to the flags; a line's
+//     temperature is the schema's, 0 to 2, --temperature any), answered
 //     with one object: "tokens" (ending with the EOS id that stopped it),
 //     "text" when the build has a tokenizer, the prompt's length and timings;
 //   an OpenAI body ({"model": ..., "prompt": ...} or {"model": ...,

@@ -20,7 +20,7 @@ std::string library_wording(std::string text) {
       {"--shared-ptd", "shared_ptd"},
       {"--ptd ", "ptd "},
       {"--pte ", "adapter "},
-      {"pass --tokens ids", "give token ids (ls_generate)"},
+      {"pass --tokens ids", "give the prompt as token ids"},
   };
   for (const auto& [from, to] : kRenames) {
     const std::string f(from), t(to);

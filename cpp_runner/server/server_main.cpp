@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "http_app.h"
+#include "manifest.h"
 #include "server_flags.h"
 #include "signals.h"
 #include "transport.h"
@@ -25,9 +26,14 @@ int fail(const ls::Status& status) {
 // bound now: a tokenizer that is not the foundation's is refused at start,
 // not at the first text request.
 ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
-  if (!std::ifstream(options.dir + "/manifest.json"))
-    return ls::Status::usage(options.dir +
-                             "/manifest.json: no such file: --dir must be the output folder of `lora-share build`");
+  const std::string manifest = options.dir + "/manifest.json";
+  if (!std::ifstream(manifest))
+    return ls::Status::usage(manifest + ": no such file: --dir must be the output folder of `lora-share build`");
+  // A manifest of another format or version is the folder given wrongly
+  // (exit 2, as every reader of the file: schema/FORMAT.md); the library
+  // reports it as a load error among the others.
+  auto readable = ls::parse_manifest(manifest);
+  if (!readable.ok()) return readable.status();
   ls_options opts;
   ls_options_init(&opts);
   opts.budget_bytes = options.memory_budget;

@@ -103,8 +103,7 @@ ls_status prompt_ids(ls_runtime* runtime, ls_request* request, ls_error* error) 
   const std::string no_tokenizer = request->tokenizer == nullptr ? std::string(e.message) : "";
   if (needs_text && request->tokenizer == nullptr)
     return fail(error, LS_ERR_REQUEST,
-                std::string(r.kind == Kind::kChat ? "messages" : "prompt") + " is text, and " + no_tokenizer +
-                    (r.kind == Kind::kChat ? "" : " (a prompt of token ids needs none)"));
+                std::string(r.kind == Kind::kChat ? "messages are" : "prompt is") + " text, and " + no_tokenizer);
   if (!r.stop.empty() && request->tokenizer == nullptr)
     return fail(error, LS_ERR_REQUEST, "stop needs the text of the answer, and " + no_tokenizer + ": leave stop out");
   if (r.kind == Kind::kChat) return chat_prompt(request->tokenizer, r, &request->ids, error);
