@@ -171,3 +171,17 @@ def test_wheel_in_a_fresh_venv_answers_as_the_server(wheel_python, text_build, s
     assert not out["torch"] and out["adapters"] == [TEXT_ADAPTER] and out["error"] == "LS_ERR_LOAD"
     assert out["answer"]["choices"][0]["message"] == server_answer["choices"][0]["message"]
     assert out["answer"]["usage"] == server_answer["usage"]
+
+
+def test_closing_the_runtime_frees_a_stream_never_read(runner_bin, text_build):
+    """A streamed request holds its mix until its iterator ends; a runtime closed before that frees it
+    first (freeing it after ls_close would release a mix the runtime has already freed)."""
+    rt = Runtime(text_build.build.out_dir, library=runner_bin.parent / "liblora_share.so")
+    lora = [{"name": TEXT_ADAPTER, "scale": 0.5}]
+    unread = rt.create_completion("The quick brown fox", lora=lora, max_tokens=4, stream=True)
+    assert rt.stats()["adapters_resident"] <= 1
+    rt.close()
+    del unread  # its request was freed by close: nothing left to release
+    with Runtime(text_build.build.out_dir, library=runner_bin.parent / "liblora_share.so") as again:
+        whole = again.create_completion("The quick brown fox", lora=lora, max_tokens=4)
+        assert whole["model"] == "base" and whole["usage"]["completion_tokens"] <= 4

@@ -511,7 +511,8 @@ LS_API ls_status ls_request_prepare(ls_runtime* runtime, ls_request* request, ls
 /* See RUN: `request` prepared against `runtime`. */
 LS_API ls_status ls_request_run(ls_runtime* runtime, ls_request* request, ls_event_callback on_event, void* user_data,
                                 ls_text_result* result, ls_error* error);
-/* Releases its mix, if any. NULL is ignored. Not while it runs. */
+/* Releases its mix, if any. NULL is ignored. Not while it runs, and before
+ * ls_close of the runtime it was prepared against (its mix is the runtime's). */
 LS_API void ls_request_free(ls_request* request);
 /* Its "model" field, valid until ls_request_free. */
 LS_API const char* ls_request_model(const ls_request* request);

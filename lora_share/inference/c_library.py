@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -435,6 +436,7 @@ class Request:
 
     def __init__(self, runtime: Runtime, handle: int):
         self.runtime, self.handle = runtime, handle
+        self.running = False
 
     def __enter__(self):
         return self
@@ -443,9 +445,10 @@ class Request:
         self.free()
 
     def free(self) -> None:
-        if self.handle:
+        """ls_request_free (its mix released); the runtime's close frees what is left."""
+        if self.handle and self.runtime.handle:
             self.runtime.lib.ls_request_free(self.handle)
-            self.handle = None
+        self.handle = None
 
     @property
     def stream(self) -> bool:
@@ -468,9 +471,14 @@ class Request:
         callback = EVENT_CALLBACK(on_json)
         result, err = _TextResult(), _Error()
         lib = self.runtime.lib
-        if lib.ls_request_run(
-            self.runtime.handle, self.handle, callback, None, ctypes.byref(result), ctypes.byref(err)
-        ):
+        self.running = True
+        try:
+            status = lib.ls_request_run(
+                self.runtime.handle, self.handle, callback, None, ctypes.byref(result), ctypes.byref(err)
+            )
+        finally:
+            self.running = False
+        if status != 0:
             _raise(lib, err)
         return {
             "prompt_tokens": result.prompt_tokens,
@@ -484,6 +492,7 @@ class Runtime:
 
     def __init__(self, lib: ctypes.CDLL, handle: int):
         self.lib, self.handle = lib, handle
+        self._requests: weakref.WeakSet[Request] = weakref.WeakSet()  # freed before the runtime closes
 
     def __enter__(self):
         return self
@@ -493,6 +502,9 @@ class Runtime:
 
     def close(self) -> None:
         if self.handle:
+            for request in list(self._requests):  # a stream never iterated still holds one
+                if not request.running:
+                    request.free()
             self.lib.ls_close(self.handle)
             self.handle = None
 
@@ -648,7 +660,9 @@ class Runtime:
         h = self.lib.ls_request_parse(REQUEST_KINDS[kind], data, len(data), ctypes.byref(err))
         if not h:
             _raise(self.lib, err)
-        return Request(self, h)
+        request = Request(self, h)
+        self._requests.add(request)
+        return request
 
     def eos_ids(self) -> list[int]:
         """ls_runtime_eos_ids: the build's end-of-sequence ids."""
