@@ -25,6 +25,8 @@ class Bpe {
 
   std::optional<int64_t> token_to_id(const std::string& token) const;
   const std::string* id_to_token(int64_t id) const;
+  // Every id of the vocab and its token, as the file writes it.
+  const std::unordered_map<int64_t, std::string>& tokens_by_id() const { return vocab_r_; }
 
  private:
   struct Merge {

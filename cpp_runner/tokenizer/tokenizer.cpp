@@ -28,7 +28,59 @@ Status check_unsupported_options(const json& j, const std::string& path) {
   return Status();
 }
 
+// How the decoder turns tokens into bytes, as Hugging Face's converters write
+// it: a ByteLevel or ByteFallback step, alone or in a Sequence.
+Vocabulary::Kind vocab_kind(const json& decoder) {
+  if (!decoder.is_object()) return Vocabulary::Kind::kRaw;
+  json steps = decoder.value("type", std::string()) == "Sequence" ? decoder.value("decoders", json::array())
+                                                                  : json::array({decoder});
+  for (const json& step : steps) {
+    if (!step.is_object()) continue;
+    std::string type = step.value("type", std::string());
+    if (type == "ByteLevel") return Vocabulary::Kind::kByteLevel;
+    if (type == "ByteFallback") return Vocabulary::Kind::kByteFallback;
+  }
+  return Vocabulary::Kind::kRaw;
+}
+
+// Whether encoding puts "▁" (a space) before the text: a Prepend("▁")
+// normalizer, or a Metaspace pre-tokenizer that prepends.
+bool prefix_space(const json& j) {
+  const json normalizer = j.value("normalizer", json());
+  if (normalizer.is_object()) {
+    json steps = normalizer.value("type", std::string()) == "Sequence" ? normalizer.value("normalizers", json::array())
+                                                                       : json::array({normalizer});
+    for (const json& step : steps)
+      if (step.is_object() && step.value("type", std::string()) == "Prepend" &&
+          step.value("prepend", std::string()) == "\xE2\x96\x81")
+        return true;
+  }
+  const json pre = j.value("pre_tokenizer", json());
+  if (!pre.is_object() || pre.value("type", std::string()) != "Metaspace") return false;
+  std::string scheme = pre.value("prepend_scheme", std::string());
+  return scheme == "always" || scheme == "first";
+}
+
 }  // namespace
+
+Vocabulary Tokenizer::vocabulary() const {
+  Vocabulary v;
+  v.kind = vocab_kind_;
+  v.prefix_space = prefix_space_;
+  int64_t last = -1;
+  for (const auto& [id, token] : model_->tokens_by_id()) last = std::max(last, id);
+  for (const auto& [id, content] : added_by_id_) last = std::max(last, id);
+  v.tokens.assign(static_cast<size_t>(last + 1), std::string());
+  v.special.assign(static_cast<size_t>(last + 1), false);
+  for (const auto& [id, token] : model_->tokens_by_id())
+    if (id >= 0) v.tokens[static_cast<size_t>(id)] = token;
+  for (const auto& [id, content] : added_by_id_) {
+    if (id < 0) continue;
+    v.tokens[static_cast<size_t>(id)] = content;
+    v.special[static_cast<size_t>(id)] = special_contents_.count(content) > 0;
+  }
+  return v;
+}
 
 Status Tokenizer::load_added_tokens(const json& list, const Where& where) {
   raw_matcher_ = std::make_unique<AddedTokenMatcher>();
@@ -117,6 +169,8 @@ StatusOr<Tokenizer> Tokenizer::load(const std::string& path) {
     if (!s.ok()) return s;
     s = t.load_post_processor(j.value("post_processor", json()), file.at("post_processor"));
     if (!s.ok()) return s;
+    t.vocab_kind_ = vocab_kind(j.value("decoder", json()));
+    t.prefix_space_ = prefix_space(j);
     return t;
   } catch (const json::exception& e) {
     return Status::failure(path + ": not a valid tokenizer.json (" + e.what() + ")");

@@ -18,9 +18,24 @@
 
 namespace lora_share::tok {
 
+// The vocabulary as a grammar engine reads it (runtime/constraint/vocabulary.h):
+// each id's token as the file writes it, how the decoder turns such tokens into
+// bytes, and whether the pre-tokenizer puts a space before the text.
+struct Vocabulary {
+  enum class Kind { kRaw, kByteFallback, kByteLevel };
+  // By id, up to the largest id the file gives: the model's token, or an
+  // added token's content; "" for an id it gives none.
+  std::vector<std::string> tokens;
+  std::vector<bool> special;  // by id: a special added token (never text)
+  Kind kind = Kind::kRaw;     // ByteLevel or ByteFallback in the decoder (the first found), else raw
+  bool prefix_space = false;  // Metaspace with prepend_scheme always/first, or a Prepend("▁") normalizer
+};
+
 class Tokenizer {
  public:
   static StatusOr<Tokenizer> load(const std::string& path);
+
+  Vocabulary vocabulary() const;
 
   // Fails only on text that is not valid UTF-8.
   StatusOr<std::vector<int64_t>> encode(const std::string& text, bool add_special_tokens) const;
@@ -44,6 +59,8 @@ class Tokenizer {
   std::unordered_set<std::string> special_contents_;
   std::unique_ptr<AddedTokenMatcher> raw_matcher_, normalized_matcher_;
   std::vector<TemplateItem> template_;  // empty: no TemplateProcessing
+  Vocabulary::Kind vocab_kind_ = Vocabulary::Kind::kRaw;
+  bool prefix_space_ = false;
 };
 
 // Turns ids into text as they arrive: push() returns the text the new id
