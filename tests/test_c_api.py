@@ -18,6 +18,7 @@ from budget_build import budget_build
 from conftest import REPO, TINY_FOUNDATION
 
 from lora_share.inference import c_library as native
+from lora_share.inference.c_options import TokenInfo
 
 PROMPT = [1, 17, 42]
 LONG_PROMPT = list(range(1, 13))  # longer than the tiny build's prefill chunk (8): fed in two calls
@@ -190,12 +191,16 @@ def test_struct_layouts_match_the_library(library, tiny_build):
         ("ls_generate_options", native._GenerateOptions),
         ("ls_runtime_stats", native._Stats),
         ("ls_error", native._Error),
+        ("ls_token_info", TokenInfo),
     ]:
         assert lib.ls_diag_sizeof(name.encode()) == ctypes.sizeof(mirror), name
     assert lib.ls_diag_sizeof(b"ls_nothing") == 0
     opts = native._Options()
     native.load_library(library).ls_options_init(ctypes.byref(opts))
     assert opts.parallel == 1
+    gen = native._GenerateOptions()
+    native.load_library(library).ls_generate_options_init(ctypes.byref(gen))
+    assert (gen.cache_prompt, gen.n, gen.top_logprobs) == (1, 1, 0)
     with native.open_dir(tiny_build.out_dir, library=library) as rt:
         s = rt.stats()
     assert s["parallel"] == 1 and len(s["batch_size_counts"]) == native.MAX_PARALLEL

@@ -130,7 +130,8 @@ typedef enum {
                            built for another foundation */
   LS_ERR_REQUEST = 4,   /* the request does not fit the program: token ids
                            outside the vocabulary, max_new_tokens < 1, prompt
-                           + new tokens longer than the context */
+                           + new tokens longer than the context, a constraint
+                           that is invalid or unsupported */
   LS_ERR_RUN = 5,       /* the program failed while running */
   LS_ERR_BUDGET = 6,    /* the memory budget cannot hold what is asked */
   LS_ERR_BUSY = 7       /* called from inside this runtime's own callback */
@@ -167,6 +168,61 @@ typedef struct {
                                 that cannot be written is refused at open) */
 } ls_options;
 
+/* STRUCTURED OUTPUT (docs/structured-output.md). ls_generate_options.
+ * constraint restricts the answer to a language: each generated token is
+ * one the constraint allows after the tokens before it (a mask over the
+ * vocabulary, per request, so a batch mixes constrained rows, free rows and
+ * adapters freely). The end-of-sequence id is allowed exactly where the
+ * language can end, and is all that is allowed once it must; a constrained
+ * answer that reaches max_new_tokens first is cut there (as any answer).
+ * The grammars are xgrammar's (built into the library), compiled for the
+ * build's tokenizer (a build without one, or without EOS ids, refuses every
+ * constraint) and kept in a cache keyed by kind and text: a schema compiles
+ * once, then every request that gives it starts at once (ls_runtime_stats
+ * counts both). Each constrained row's mask is filled on a worker thread
+ * while the step that computes the row's logits runs.
+ * Refused (LS_ERR_REQUEST, naming the kind and what is wrong): text that is
+ * not valid JSON or not a schema, a schema keyword the engine would not
+ * enforce (not, if/then/else, uniqueItems, contains, dependent..., multipleOf
+ * on numbers, a $ref outside the schema or to nothing, ...), a grammar or
+ * regex that does not parse, an empty list of choices or an empty choice. */
+typedef enum {
+  LS_CONSTRAINT_NONE = 0,        /* free text (default) */
+  LS_CONSTRAINT_JSON_SCHEMA = 1, /* constraint_text: a JSON Schema (draft
+                                    2020-12's keywords); the answer is compact
+                                    JSON that validates against it; properties
+                                    and items it does not name are not
+                                    generated */
+  LS_CONSTRAINT_JSON_OBJECT = 2, /* any JSON object (OpenAI's json_object);
+                                    constraint_text NULL */
+  LS_CONSTRAINT_GRAMMAR = 3,     /* constraint_text: an EBNF grammar in
+                                    llama.cpp's GBNF notation, root rule
+                                    "root" */
+  LS_CONSTRAINT_REGEX = 4,       /* constraint_text: a regular expression the
+                                    whole answer matches */
+  LS_CONSTRAINT_CHOICES = 5      /* choices: the answer is one of them,
+                                    exactly */
+} ls_constraint_kind;
+
+/* One generated token and what the request asked to know of it, for
+ * ls_generate_options.on_token_info. Valid during the call only. */
+typedef struct {
+  int64_t token;
+  int32_t choice;            /* which of the request's n answers: 0..n-1 */
+  float logprob;             /* with logprobs: the token's log-probability,
+                                log_softmax of the model's raw logits (before
+                                temperature, penalties, logit_bias and the
+                                constraint's mask); NAN without */
+  int32_t n_top;             /* top_logprobs, or fewer with a smaller vocab */
+  const int64_t* top_ids;    /* the n_top likeliest ids under those same raw
+                                logits, likeliest first (equal: lower id) */
+  const float* top_logprobs; /* their log-probabilities */
+} ls_token_info;
+
+/* Called with each generated token of each choice, before on_token. Return
+ * 0 to go on, nonzero to stop that choice. */
+typedef int (*ls_token_info_callback)(const ls_token_info* info, void* user_data);
+
 typedef struct {
   int64_t max_new_tokens; /* default 16; at least 1 */
   double temperature;     /* default 0: greedy (argmax) */
@@ -174,7 +230,8 @@ typedef struct {
   int ignore_eos;         /* 0 (default): stop after the build's end-of-
                              sequence id (it is the last token on_token
                              sees), as transformers' generate does; nonzero:
-                             generate max_new_tokens whatever comes. The EOS
+                             generate max_new_tokens whatever comes (refused
+                             with a constraint, which ends at EOS). The EOS
                              ids are the tokenizer section's of the
                              manifest.json beside the foundation.ptd; a build
                              without a tokenizer has none. */
@@ -197,6 +254,36 @@ typedef struct {
                                last-bit differences (llama.cpp's cache_prompt
                                has the same caveat). 0 makes an answer
                                independent of what ran before it. */
+  /* STRUCTURED OUTPUT (above). */
+  int constraint;              /* ls_constraint_kind; default NONE */
+  const char* constraint_text; /* UTF-8, NUL-terminated: the schema, grammar or
+                                  regex; NULL for NONE, JSON_OBJECT, CHOICES */
+  const char* const* choices;  /* CHOICES: n_choices UTF-8 strings */
+  size_t n_choices;
+  /* OpenAI's logit_bias: n_logit_bias ids (within the vocabulary), each
+   * logit plus its value in [-100, 100] before the constraint's mask and
+   * sampling; -100 bans the id. Default none. */
+  const int64_t* logit_bias_ids;
+  const double* logit_bias_values;
+  size_t n_logit_bias;
+  /* Log-probabilities (OpenAI's logprobs, top_logprobs), handed to
+   * on_token_info: log_softmax of the model's raw logits at each step. */
+  int logprobs;     /* nonzero: each token's logprob; default 0 */
+  int top_logprobs; /* 0..20 likeliest ids with theirs (needs logprobs);
+                       default 0 */
+  /* n answers to one prompt (OpenAI's n), default 1, at most
+   * LS_MAX_PARALLEL: the prompt is fed once and each choice continues from
+   * its KV with its own sampler (choice i seeded seed + i) and its own
+   * constraint state. With parallel > 1 the choices are rows of one batch
+   * (n rows must be free at once; n above the batch's rows is LS_ERR_REQUEST);
+   * with parallel = 1 they run one after the other (a program with sliding-
+   * window layers feeds the prompt again for each: its ring rows are
+   * overwritten). n > 1 needs on_token_info (on_token cannot tell the choices
+   * apart: it must be NULL) and is refused by the text calls. */
+  int n;
+  ls_token_info_callback on_token_info; /* NULL (default), or called with each
+                                           token of each choice */
+  void* token_info_user_data;
 } ls_generate_options;
 
 /* Called with each generated token id, in order. Return 0 to go on, nonzero
@@ -227,11 +314,26 @@ typedef struct {
   uint64_t batch_steps;                        /* decode steps run */
   uint64_t batch_size_counts[LS_MAX_PARALLEL]; /* [b - 1]: steps of b rows */
   uint64_t slot_bytes;                         /* one slot's KV bytes (every layer's K and V) */
+  uint64_t prompt_tokens_fed;                  /* prompt tokens run through the model: a prefix
+                                                  hit's kept tokens are not, and n choices feed
+                                                  their prompt once */
+  /* STRUCTURED OUTPUT: what constraints cost. */
+  uint64_t constraint_compiles;   /* constraints compiled (cache misses) */
+  double constraint_compile_ms;   /* their total time */
+  uint64_t constraint_cache_hits; /* requests whose constraint was compiled */
+  double constraint_cache_hit_ms; /* their lookups' total time */
+  uint64_t masked_tokens;         /* tokens picked under a mask */
+  double mask_ms;                 /* total time filling those masks (on the
+                                     mask worker, beside the model's step) */
+  double mask_wait_ms;            /* total time picks waited for their mask
+                                     after the step: what masks added to
+                                     decoding */
 } ls_runtime_stats;
 
 /* Defaults: no shared file, verify on, no budget, one slot. */
 LS_API void ls_options_init(ls_options* options);
-/* Defaults: 16 new tokens, greedy, seed 0, stop at EOS, no filter or penalty. */
+/* Defaults: 16 new tokens, greedy, seed 0, stop at EOS, no filter or
+ * penalty, no constraint, bias or logprobs, one choice, no token info. */
 LS_API void ls_generate_options_init(ls_generate_options* options);
 /* "LS_OK", "LS_ERR_LOAD", ...; "unknown" for any other value. */
 LS_API const char* ls_status_name(ls_status code);
@@ -335,6 +437,15 @@ LS_API ls_status ls_generate_named(ls_runtime* runtime, const char* name, const 
  * asks this before it answers, so a bad request gets an error, not a stream. */
 LS_API ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t* prompt, size_t n,
                                   int64_t max_new_tokens, ls_error* error);
+
+/* Whether ls_generate_named would accept `options` for the adapter called
+ * `name` ("base" too), without generating: every option's range
+ * (LS_ERR_ARGUMENT, as ls_generate), logit_bias ids outside the vocabulary
+ * and the constraint (LS_ERR_REQUEST, with ls_generate's message). The
+ * constraint is compiled into the runtime's cache, so the request that
+ * follows starts at once. A server asks this before it answers. */
+LS_API ls_status ls_check_options(ls_runtime* runtime, const char* name, const ls_generate_options* options,
+                                  ls_error* error);
 
 /* The context (max_seq_len) of the program adapter `name` runs ("base"
  * too), into *max_seq_len: a prompt of n ids leaves room for

@@ -57,7 +57,7 @@ typedef struct {
 } ls_diag_options;
 
 /* sizeof the public struct called `type_name` ("ls_options",
- * "ls_generate_options", "ls_runtime_stats", "ls_error"), 0 for another
+ * "ls_generate_options", "ls_token_info", "ls_runtime_stats", "ls_error"), 0 for another
  * name: lets a binding in another language check its layouts. */
 LS_API size_t ls_diag_sizeof(const char* type_name);
 

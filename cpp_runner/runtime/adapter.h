@@ -39,6 +39,9 @@ class Adapter {
   // chunks of this size.
   int64_t prefill_chunk() const { return prefill_chunk_; }
   double load_ms() const { return load_ms_; }
+  // Whether its KV cache has ring slabs (sliding windows): decoding may then
+  // overwrite the prompt's rows.
+  bool ring_cache() const { return ring_cache_; }
 
   // Feeds `tokens` (at most prefill_chunk of them) at positions pos.., keeps
   // their K/V rows in the cache for later positions, and returns the logits
@@ -50,6 +53,7 @@ class Adapter {
   std::string name_, pte_path_;
   int64_t vocab_size_ = 0, max_seq_len_ = 0, prefill_chunk_ = 0;
   double load_ms_ = 0;
+  bool ring_cache_ = false;
 };
 
 // Loads `pte` the way ExecuTorch's examples do: a Module that opens `ptd`

@@ -231,6 +231,7 @@ SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program, std
   vocab_size_ = program->vocab_size();
   max_seq_len_ = program->max_seq_len();
   prefill_chunk_ = program->prefill_chunk();
+  ring_cache_ = program->kv().layout.ring > 0;
   load_ms_ = load_ms;
   lora_ = lora_input_tensors(data_.get(), program->lora_shapes(), program->zeros());
 }

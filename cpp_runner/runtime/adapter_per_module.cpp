@@ -120,6 +120,7 @@ Status StockAdapter::allocate_kv_cache() {
   auto layout = read_kv_layout(meta.get(), max_seq_len_, ring, lora_.size(), pte_path_);
   if (!layout.ok()) return layout.status();
   kv_.layout = layout.value();
+  ring_cache_ = ring > 0;
   kv_storage_.assign(kv_.layout.bytes(), 0);
   kv_.data = kv_storage_.data();
   return Status();

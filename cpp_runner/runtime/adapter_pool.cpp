@@ -573,7 +573,7 @@ StatusOr<Adapter*> AdapterPool::acquire_base() {
 }
 
 StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                                           const Sampling& sampling, const std::vector<int64_t>& stop_ids,
+                                           const Picking& picking, const std::vector<int64_t>& stop_ids,
                                            bool keep_logits, const TokenCallback& on_token,
                                            const std::string& prompt_label) {
   // Checked before loading: a bad request must not evict anything.
@@ -588,7 +588,9 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
   } unpin_at_end{this, index};
   auto adapter = acquire(index);
   if (!adapter.ok()) return adapter.status();
-  return lora_share::generate(*adapter.value(), prompt, max_new_tokens, sampling, keep_logits, on_token, stop_ids);
+  auto g = lora_share::generate(*adapter.value(), prompt, max_new_tokens, picking, keep_logits, on_token, stop_ids);
+  if (g.ok()) counters_.prompt_fed += g->prompt_fed;
+  return g;
 }
 
 StatusOr<AdapterPool::Limits> AdapterPool::limits(size_t index) const {

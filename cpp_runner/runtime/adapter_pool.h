@@ -106,6 +106,7 @@ struct PoolStats {
   uint64_t budget_bytes = 0, foundation_bytes = 0, program_bytes = 0, arena_bytes = 0;
   uint64_t resident_adapter_bytes = 0, largest_adapter_bytes = 0;
   uint64_t slot_bytes = 0;  // one KV slot's bytes (the arena's KV buffer holds `parallel`)
+  uint64_t prompt_fed = 0;  // prompt tokens generate() ran through the model
 };
 
 // The accounted resident cost of an adapter whose own LoRA tensors are
@@ -207,7 +208,7 @@ class AdapterPool {
   // `stop_ids` (eos_ids(), or none, or the caller's). Usage errors are the
   // request's; failures are loading's or running's.
   StatusOr<Generation> generate(size_t index, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                                const Sampling& sampling, const std::vector<int64_t>& stop_ids, bool keep_logits,
+                                const Picking& picking, const std::vector<int64_t>& stop_ids, bool keep_logits,
                                 const TokenCallback& on_token, const std::string& prompt_label = "prompt");
 
   // Adapter `index` (kBase: the foundation alone).

@@ -188,7 +188,7 @@ namespace {
 // pinned under the lock (as AdapterPool::generate does), then run with the
 // lock released, so that the scheduler and the other callers go on.
 StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int64_t> prompt, int64_t max_new_tokens,
-                                  const Sampling& sampling, const std::vector<int64_t>& stop_ids, bool cache_prompt,
+                                  const Picking& picking, const std::vector<int64_t>& stop_ids, bool cache_prompt,
                                   const GenerateExtras& extras, const TokenCallback& callback) {
   Status s = rt->pool->check(index, prompt, max_new_tokens, extras.prompt_label);
   if (!s.ok()) return s;
@@ -198,7 +198,7 @@ StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int6
   request.adapter = index;
   request.prompt = std::move(prompt);
   request.max_new_tokens = max_new_tokens;
-  request.sampling = sampling;
+  request.picking = picking;
   request.stop_ids = stop_ids;
   request.keep_logits = extras.keep_logits;
   request.cache_prompt = cache_prompt;
@@ -209,6 +209,30 @@ StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int6
     rt->pool->unpin(index);
   }
   return g;
+}
+
+// The caller's callbacks as one: on_token_info (with the token's choice,
+// logprob and top ids) and then on_token; either returning nonzero stops
+// the token's choice.
+TokenCallback caller_callback(const ls_generate_options& o, ls_token_callback on_token, void* user_data) {
+  if (on_token == nullptr && o.on_token_info == nullptr) return nullptr;
+  return [&o, on_token, user_data](const TokenInfo& t) {
+    bool go = true;
+    if (o.on_token_info != nullptr) {
+      std::vector<int64_t> ids;
+      std::vector<float> logprobs;
+      for (const auto& [id, logprob] : t.top) ids.push_back(id), logprobs.push_back(logprob);
+      ls_token_info info{t.token,
+                         static_cast<int32_t>(t.choice),
+                         t.logprob ? *t.logprob : std::nanf(""),
+                         static_cast<int32_t>(ids.size()),
+                         ids.data(),
+                         logprobs.data()};
+      go = o.on_token_info(&info, o.token_info_user_data) == 0;
+    }
+    if (on_token != nullptr) go = on_token(t.token, user_data) == 0 && go;
+    return go;
+  };
 }
 
 }  // namespace
@@ -224,37 +248,24 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   ls_generate_options defaults;
   ls_generate_options_init(&defaults);
   const ls_generate_options& o = options ? *options : defaults;
-  const char* bad = !(o.temperature >= 0)             ? "temperature must be 0 (greedy) or more"
-                    : o.top_k < 0                     ? "top_k must be 0 (off) or more"
-                    : !(o.top_p >= 0 && o.top_p <= 1) ? "top_p must be in [0, 1]"
-                    : !(o.min_p >= 0 && o.min_p <= 1) ? "min_p must be in [0, 1]"
-                    : !(o.repeat_penalty > 0 && std::isfinite(o.repeat_penalty)) ? "repeat_penalty must be above 0"
-                    : !(std::fabs(o.presence_penalty) <= 2)                      ? "presence_penalty must be in [-2, 2]"
-                    : !(std::fabs(o.frequency_penalty) <= 2) ? "frequency_penalty must be in [-2, 2]"
-                                                             : nullptr;
-  if (bad != nullptr) {
-    set_error(error, LS_ERR_ARGUMENT, bad);
+  if (o.n > 1 && on_token != nullptr) {
+    set_error(error, LS_ERR_ARGUMENT,
+              "n > 1 with on_token: on_token cannot tell the choices apart; give on_token_info (each token "
+              "with its choice) and a NULL on_token");
     return LS_ERR_ARGUMENT;
   }
-  lora_share::Sampling sampling;
-  sampling.temperature = o.temperature;
-  sampling.seed = o.seed;
-  sampling.top_k = o.top_k;
-  sampling.top_p = o.top_p;
-  sampling.min_p = o.min_p;
-  sampling.repeat_penalty = o.repeat_penalty;
-  sampling.presence_penalty = o.presence_penalty;
-  sampling.frequency_penalty = o.frequency_penalty;
-  TokenCallback callback;
-  if (on_token) callback = [on_token, user_data](int64_t token) { return on_token(token, user_data) == 0; };
   static const std::vector<int64_t> kNone;
   const std::vector<int64_t>& stop_ids = extras.stop_ids     ? *extras.stop_ids
                                          : o.ignore_eos != 0 ? kNone
                                                              : rt->pool->eos_ids();
+  Picking picking;
+  ls_status status = read_picking(rt, index, o, stop_ids, &picking, error);
+  if (status != LS_OK) return status;
+  TokenCallback callback = caller_callback(o, on_token, user_data);
   std::vector<int64_t> ids(prompt, prompt + n);
-  auto g = rt->scheduler ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, sampling, stop_ids,
+  auto g = rt->scheduler ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, picking, stop_ids,
                                         o.cache_prompt != 0, extras, callback)
-                         : rt->pool->generate(index, ids, o.max_new_tokens, sampling, stop_ids, extras.keep_logits,
+                         : rt->pool->generate(index, ids, o.max_new_tokens, picking, stop_ids, extras.keep_logits,
                                               callback, extras.prompt_label);
   if (!g.ok()) {
     // Usage errors come from the request's check; failures from loading or running.

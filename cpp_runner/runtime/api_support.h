@@ -15,8 +15,10 @@
 
 #include "adapter_pool.h"
 #include "binding.h"
+#include "compiler.h"
 #include "lora_share.h"
 #include "program_forward.h"
+#include "row_constraint.h"
 #include "scheduler.h"
 
 struct ls_adapter {
@@ -54,6 +56,11 @@ struct ls_runtime {
   // Messages name build/runner's flags (ls_diag_options.runner_messages).
   bool runner_messages = false;
   std::unique_ptr<ls_tokenizer> tokenizer;  // bound on first ask (ls_runtime_tokenizer)
+  // Structured output, made with the first constraint (request_options.cpp): the
+  // build's vocabulary compiled once with its grammars' cache, and the thread that
+  // fills masks. Before `scheduler`, whose requests use them.
+  std::unique_ptr<lora_share::constraint::Compiler> constraints;
+  std::unique_ptr<lora_share::constraint::MaskWorker> mask_worker;
   // parallel > 1: batches every ls_generate (THREADS). Last, so that it goes
   // first: its thread uses the pool and the lock.
   std::unique_ptr<lora_share::Scheduler> scheduler;
@@ -132,6 +139,17 @@ ls_status check_options(const ls_options* options, ls_error* error);
 // LS_ERR_BUDGET, another usage error `usage_code`, a failure LS_ERR_LOAD.
 ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code, bool runner_messages,
                         ls_error* error);
+
+// The message of `error`, or of this thread's last error when it is NULL.
+const char* error_text(const ls_error* error);
+
+// `o`'s fields as adapter `index`'s requests pick tokens (request_options.cpp),
+// ending at `stop_ids`: every field checked (LS_ERR_ARGUMENT for a value out of
+// its range, LS_ERR_REQUEST for logit_bias ids outside the vocabulary and a
+// constraint that is invalid or unsupported) and the constraint compiled. Call
+// with the runtime's lock held: it is released while a constraint compiles.
+ls_status read_picking(ls_runtime* rt, size_t index, const ls_generate_options& o, const std::vector<int64_t>& stop_ids,
+                       Picking* picking, ls_error* error);
 
 // What ls_diag_generate adds to a request; the defaults are ls_generate's.
 struct GenerateExtras {

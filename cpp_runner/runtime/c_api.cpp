@@ -45,6 +45,18 @@ void ls_generate_options_init(ls_generate_options* options) {
   options->presence_penalty = 0.0;
   options->frequency_penalty = 0.0;
   options->cache_prompt = 1;
+  options->constraint = LS_CONSTRAINT_NONE;
+  options->constraint_text = nullptr;
+  options->choices = nullptr;
+  options->n_choices = 0;
+  options->logit_bias_ids = nullptr;
+  options->logit_bias_values = nullptr;
+  options->n_logit_bias = 0;
+  options->logprobs = 0;
+  options->top_logprobs = 0;
+  options->n = 1;
+  options->on_token_info = nullptr;
+  options->token_info_user_data = nullptr;
 }
 
 const char* ls_status_name(ls_status code) {
@@ -334,6 +346,30 @@ ls_status ls_check_request(ls_runtime* runtime, const char* name, const int64_t*
   return LS_OK;
 }
 
+ls_status ls_check_options(ls_runtime* runtime, const char* name, const ls_generate_options* options, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (name == nullptr) return missing(error, "name");
+  if (options == nullptr) return missing(error, "options");
+  bool base = std::strcmp(name, lora_share::kBaseName) == 0;
+  ls_adapter* adapter = base ? nullptr : ls_adapter_by_name(runtime, name, error);
+  if (!base && adapter == nullptr) return error ? error->code : LS_ERR_NOT_FOUND;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    static const std::vector<int64_t> kNone;
+    const std::vector<int64_t>& stop_ids = options->ignore_eos != 0 ? kNone : runtime->pool->eos_ids();
+    lora_share::Picking picking;
+    ls_status status =
+        read_picking(runtime, base ? AdapterPool::kBase : adapter->index, *options, stop_ids, &picking, error);
+    if (status != LS_OK) return status;
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_check_options: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
+}
+
 ls_status ls_context_length(ls_runtime* runtime, const char* name, int64_t* max_seq_len, ls_error* error) {
   if (runtime == nullptr) return missing(error, "runtime");
   if (name == nullptr) return missing(error, "name");
@@ -387,6 +423,17 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   std::copy(b.batch_size_counts.begin(), b.batch_size_counts.end(), stats->batch_size_counts);
   // The pool's figure before the scheduler has run (and with one slot): the same slot.
   stats->slot_bytes = b.slot_bytes != 0 ? b.slot_bytes : s.slot_bytes;
+  stats->prompt_tokens_fed = s.prompt_fed + b.prompt_fed;
+  lora_share::constraint::Stats none;
+  const lora_share::constraint::Stats& c = runtime->constraints ? runtime->constraints->stats() : none;
+  auto ms = [](const std::atomic<uint64_t>& ns) { return static_cast<double>(ns.load()) / 1e6; };
+  stats->constraint_compiles = c.compiles;
+  stats->constraint_compile_ms = ms(c.compile_ns);
+  stats->constraint_cache_hits = c.cache_hits;
+  stats->constraint_cache_hit_ms = ms(c.hit_ns);
+  stats->masked_tokens = c.masked_tokens;
+  stats->mask_ms = ms(c.mask_ns);
+  stats->mask_wait_ms = ms(c.mask_wait_ns);
   clear_error(error);
   return LS_OK;
 }

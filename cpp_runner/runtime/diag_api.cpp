@@ -37,6 +37,7 @@ size_t ls_diag_sizeof(const char* type_name) {
   const std::string name(type_name);
   if (name == "ls_options") return sizeof(ls_options);
   if (name == "ls_generate_options") return sizeof(ls_generate_options);
+  if (name == "ls_token_info") return sizeof(ls_token_info);
   if (name == "ls_runtime_stats") return sizeof(ls_runtime_stats);
   if (name == "ls_error") return sizeof(ls_error);
   return 0;

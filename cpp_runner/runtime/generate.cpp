@@ -41,28 +41,46 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 }
 
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                              const Sampling& sampling, bool keep_logits, const TokenCallback& on_token,
+                              const Picking& picking, bool keep_logits, const TokenCallback& on_token,
                               const std::vector<int64_t>& stop_ids) {
   using clock = std::chrono::steady_clock;
-  Sampler sampler(sampling, prompt);
   Generation g;
   g.vocab = adapter.vocab_size();
-  std::vector<float> logits;
+  std::vector<float> first, logits;
 
   auto t0 = clock::now();
-  Status s = prefill(adapter, prompt, &logits);
+  // The first choice's mask is filled while the prompt runs.
+  TokenPicker picker(picking, prompt, stop_ids, 0);
+  picker.prepare();
+  Status s = prefill(adapter, prompt, &first);
   if (!s.ok()) return s;
+  g.prompt_fed = prompt.size();
   auto t1 = clock::now();
-  int64_t pos = static_cast<int64_t>(prompt.size());
-  for (int64_t i = 0; i < max_new_tokens; ++i) {
-    if (keep_logits) g.logits.insert(g.logits.end(), logits.begin(), logits.end());
-    g.tokens.push_back(sampler.pick(logits));
-    if (on_token && !on_token(g.tokens.back())) break;
-    if (std::find(stop_ids.begin(), stop_ids.end(), g.tokens.back()) != stop_ids.end()) break;
-    if (i + 1 < max_new_tokens) {
-      s = adapter.step({g.tokens.back()}, pos, &logits);
-      if (!s.ok()) return s;
-      ++pos;
+  for (size_t choice = 0; choice < std::max<size_t>(picking.choices, 1); ++choice) {
+    if (choice > 0) {
+      picker = TokenPicker(picking, prompt, stop_ids, choice);
+      picker.prepare();
+      if (adapter.ring_cache()) {
+        s = prefill(adapter, prompt, &first);
+        if (!s.ok()) return s;
+        g.prompt_fed += prompt.size();
+      }
+    }
+    logits = first;
+    int64_t pos = static_cast<int64_t>(prompt.size());
+    for (int64_t i = 0; i < max_new_tokens; ++i) {
+      if (keep_logits) g.logits.insert(g.logits.end(), logits.begin(), logits.end());
+      auto token = picker.pick(logits);
+      if (!token.ok()) return token.status();
+      g.tokens.push_back(token->token);
+      if (on_token && !on_token(token.value())) break;
+      if (std::find(stop_ids.begin(), stop_ids.end(), token->token) != stop_ids.end()) break;
+      if (i + 1 < max_new_tokens) {
+        picker.prepare();  // the next mask, beside the step
+        s = adapter.step({token->token}, pos, &logits);
+        if (!s.ok()) return s;
+        ++pos;
+      }
     }
   }
   auto t2 = clock::now();
@@ -73,7 +91,7 @@ StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prom
   g.prefill_ms = prefill_s * 1e3;
   g.decode_ms = decode_s * 1e3;
   if (prefill_s > 0) g.prefill_tokens_per_s = prompt.size() / prefill_s;
-  int64_t decode_steps = static_cast<int64_t>(g.tokens.size()) - 1;
+  int64_t decode_steps = static_cast<int64_t>(g.tokens.size()) - static_cast<int64_t>(picking.choices);
   if (decode_steps > 0 && decode_s > 0) g.decode_tokens_per_s = decode_steps / decode_s;
   return g;
 }

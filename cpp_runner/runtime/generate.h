@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "adapter.h"
-#include "sampler.h"
 #include "status.h"
+#include "token_picker.h"
 
 namespace lora_share {
 
@@ -23,6 +23,7 @@ struct Generation {
   std::vector<float> logits;  // rows x vocab, row-major; empty unless kept
   int64_t rows = 0;
   int64_t vocab = 0;
+  uint64_t prompt_fed = 0;  // prompt tokens run through the model (n choices share them)
   double prefill_ms = 0, decode_ms = 0;
   std::optional<double> prefill_tokens_per_s, decode_tokens_per_s;
 };
@@ -33,7 +34,7 @@ struct Generation {
 Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t vocab_size,
                      int64_t max_seq_len, const std::string& tokens_label = "--tokens");
 
-// Prefill then decode, each token picked as `sampling` says (sampler.h):
+// Prefill then decode, each token picked as `picking` says (token_picker.h):
 // temperature 0 is greedy (argmax, first index on ties, as numpy); above 0 it
 // samples with a generator seeded by `seed`. The C++ and numpy random streams
 // differ, so sampled ids match Python only in distribution.
@@ -41,9 +42,15 @@ Status check_request(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
 // false stops generation there (the tokens so far are the result).
 // A token in `stop_ids` (the build's EOS ids) ends generation after it, as
 // transformers' generate does: it is the last token (and on_token sees it).
-using TokenCallback = std::function<bool(int64_t token)>;
+// With picking.choices = n > 1 the choices run one after the other from the
+// one prefill: the prompt's KV rows are never written by decoding (position p
+// is row p + 1), so each choice starts at the prompt's end; a program with
+// ring slabs (sliding windows) may overwrite them, so there each later choice
+// feeds the prompt again. `on_token` returning false ends that choice only;
+// Generation::tokens are every choice's, in order.
+using TokenCallback = std::function<bool(const TokenInfo& token)>;
 StatusOr<Generation> generate(Adapter& adapter, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                              const Sampling& sampling, bool keep_logits, const TokenCallback& on_token = nullptr,
+                              const Picking& picking, bool keep_logits, const TokenCallback& on_token = nullptr,
                               const std::vector<int64_t>& stop_ids = {});
 
 }  // namespace lora_share

@@ -170,6 +170,13 @@ struct TextRun {
 ls_status generate_from_text(ls_runtime* rt, const char* name, const std::string& text, bool add_special,
                              const ls_generate_options* options, ls_text_callback on_text, void* user_data,
                              ls_text_result* result, ls_error* error) {
+  if (options != nullptr && options->n > 1) {
+    set_error(error, LS_ERR_ARGUMENT,
+              "n is " + std::to_string(options->n) +
+                  ": ls_generate_text and ls_generate_chat hand out one answer; for n choices use ls_generate "
+                  "with on_token_info");
+    return LS_ERR_ARGUMENT;
+  }
   ls_tokenizer* t = nullptr;
   ls_status status = runtime_tokenizer(rt, &t, error);
   if (status != LS_OK) return status;

@@ -16,6 +16,8 @@ import os
 import weakref
 from pathlib import Path
 
+from .c_options import REQUEST_FIELDS, ChoiceCollector, set_request_options
+
 REPO = Path(__file__).resolve().parents[2]
 # Inside an installed wheel (make wheel): the library and the runtime libraries it loads.
 PACKAGED_LIBRARY = Path(__file__).resolve().parents[1] / "_native" / "liblora_share.so.0"
@@ -72,6 +74,7 @@ class _GenerateOptions(ctypes.Structure):
         ("presence_penalty", ctypes.c_double),
         ("frequency_penalty", ctypes.c_double),
         ("cache_prompt", ctypes.c_int),
+        *REQUEST_FIELDS,
     ]
 
 
@@ -112,6 +115,14 @@ class _Stats(ctypes.Structure):
         ("batch_steps", ctypes.c_uint64),
         ("batch_size_counts", ctypes.c_uint64 * MAX_PARALLEL),
         ("slot_bytes", ctypes.c_uint64),
+        ("prompt_tokens_fed", ctypes.c_uint64),
+        ("constraint_compiles", ctypes.c_uint64),
+        ("constraint_compile_ms", ctypes.c_double),
+        ("constraint_cache_hits", ctypes.c_uint64),
+        ("constraint_cache_hit_ms", ctypes.c_double),
+        ("masked_tokens", ctypes.c_uint64),
+        ("mask_ms", ctypes.c_double),
+        ("mask_wait_ms", ctypes.c_double),
     ]
 
 
@@ -208,6 +219,7 @@ def load_library(path: str | os.PathLike | None = None) -> ctypes.CDLL:
         "ls_request_free": (None, [_P]),
         "ls_request_model": (ctypes.c_char_p, [_P]),
         "ls_request_stream": (ctypes.c_int, [_P]),
+        "ls_check_options": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(_GenerateOptions), _ERR]),
         "ls_tokenizer_open": (_P, [ctypes.c_char_p, _ERR]),
         "ls_tokenizer_close": (None, [_P]),
         "ls_runtime_tokenizer": (_P, [_P, _ERR]),
@@ -584,6 +596,52 @@ class Runtime:
         if status != 0:
             _raise(self.lib, err)
         return out
+
+    def generate_choices(
+        self,
+        adapter: str,
+        prompt: list[int],
+        max_new_tokens: int = 16,
+        temperature: float = 0.0,
+        seed: int = 0,
+        **request,
+    ) -> list[dict]:
+        """ls_generate_named with the request options of lora_share.h's STRUCTURED OUTPUT (``request``:
+        ``constraint``, ``logit_bias``, ``logprobs``, ``top_logprobs``, ``n``; c_options.set_request_options
+        says how each is given) and ``cache_prompt``; each token comes through on_token_info. Returns one
+        dict per choice: ``tokens``, ``logprobs``, ``top_logprobs`` (c_options.ChoiceCollector)."""
+        opts = _generate_options(self.lib, max_new_tokens, temperature, seed, False)
+        opts.cache_prompt = int(request.pop("cache_prompt", True))
+        keep = set_request_options(opts, **request)
+        collector = ChoiceCollector(opts.n)
+        opts.on_token_info = collector.callback
+        ids = (ctypes.c_int64 * len(prompt))(*prompt)
+        err = _Error()
+        status = self.lib.ls_generate_named(
+            self.handle,
+            adapter.encode(),
+            ids,
+            len(prompt),
+            ctypes.byref(opts),
+            TOKEN_CALLBACK(),
+            None,
+            ctypes.byref(err),
+        )
+        del keep
+        if status != 0:
+            _raise(self.lib, err)
+        return collector.choices
+
+    def check_options(self, adapter: str, ignore_eos: bool = False, **request) -> None:
+        """ls_check_options: raises what ls_generate_named would for these options (the constraint compiled
+        into the runtime's cache)."""
+        opts = _generate_options(self.lib, 16, 0.0, 0, ignore_eos)
+        keep = set_request_options(opts, **request)
+        err = _Error()
+        status = self.lib.ls_check_options(self.handle, adapter.encode(), ctypes.byref(opts), ctypes.byref(err))
+        del keep
+        if status != 0:
+            _raise(self.lib, err)
 
     def tokenizer(self) -> Tokenizer:
         """ls_runtime_tokenizer: the build's, owned by the runtime."""

@@ -180,6 +180,25 @@ Status BatchEngine::prefill(size_t row, size_t slot, const std::vector<int64_t>&
                             e.program->pte() + " (row " + std::to_string(row) + ", slot " + std::to_string(slot) + ")");
 }
 
+Status BatchEngine::copy_slot(size_t from, size_t to, int64_t positions) {
+  Impl& e = *impl_;
+  Status s = e.check_slot(from, "copy_slot");
+  if (!s.ok()) return s;
+  s = e.check_slot(to, "copy_slot");
+  if (!s.ok()) return s;
+  if (from == to) return Status();
+  const KvCache& kv = e.program->kv();
+  const KvLayout& layout = kv.layout;
+  KvCache source = kv.at_slot(from), target = kv.at_slot(to);
+  size_t row_bytes = static_cast<size_t>(layout.head_dim) * layout.value_bytes();
+  for (int64_t j = 0; j < layout.slabs; ++j) {
+    // Position p is row p + 1 (row 0 the sink); a ring's rows hold its last W positions in turn.
+    int64_t rows = layout.is_ring[j] ? layout.rows(j) : std::min(positions + 1, layout.rows(j));
+    std::memcpy(target.slab(j), source.slab(j), static_cast<size_t>(rows) * row_bytes);
+  }
+  return Status();
+}
+
 Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>* logits) {
   Impl& e = *impl_;
   size_t n = rows.size();

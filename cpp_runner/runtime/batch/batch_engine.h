@@ -86,6 +86,11 @@ class BatchEngine {
   // of `rows`.
   Status decode(const std::vector<BatchRow>& rows, std::vector<float>* logits);
 
+  // Slot `to` takes slot `from`'s KV of positions 0..positions-1 (a ring
+  // slab: all of it): a request's n choices each continue one prefill of
+  // their prompt in a slot of their own.
+  Status copy_slot(size_t from, size_t to, int64_t positions);
+
   int64_t vocab_size() const;
   int64_t max_seq_len() const;
   int64_t prefill_chunk() const;

@@ -9,10 +9,24 @@ namespace lora_share {
 
 using Clock = std::chrono::steady_clock;
 
+// One run() call: its choices' tokens on their way to the caller, under mu_.
+struct Scheduler::Caller {
+  std::deque<TokenInfo> pending;
+  size_t open = 0;  // choices still running
+  Status status;    // the first failure of a choice
+  Generation result;
+  std::condition_variable ready;
+};
+
+// One choice of a request: one row of the batch.
 struct Scheduler::Job {
-  Job(BatchRequest r) : request(std::move(r)), sampler(request.sampling, request.prompt) {}
-  BatchRequest request;
-  Sampler sampler;
+  Job(const BatchRequest& r, size_t c, Caller& owner)
+      : request(r), choice(c), caller(owner), picker(r.picking, r.prompt, r.stop_ids, c) {}
+  const BatchRequest& request;  // the caller's, shared by its choices
+  const size_t choice;
+  Caller& caller;
+  Job* leader = nullptr;  // choice > 0: forks choice 0's slot once its prompt is fed
+  TokenPicker picker;
   std::atomic<bool> cancelled{false};  // the caller's callback asked to stop
 
   // The scheduler thread's.
@@ -27,13 +41,6 @@ struct Scheduler::Job {
   Clock::time_point admitted, first_token, last_token;
 
   bool decoding() const { return fed == request.prompt.size() && !ended; }
-
-  // Shared with the caller, under the scheduler's mu_.
-  std::deque<int64_t> pending;
-  bool done = false;
-  Status status;
-  Generation result;
-  std::condition_variable ready;
 };
 
 Scheduler::Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots)
@@ -54,33 +61,40 @@ Scheduler::~Scheduler() {
 }
 
 StatusOr<Generation> Scheduler::run(BatchRequest request, const TokenCallback& on_token) {
-  Job job(std::move(request));
+  Caller caller;
+  const size_t n = std::max<size_t>(request.picking.choices, 1);
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (size_t c = 0; c < n; ++c) {
+    jobs.push_back(std::make_unique<Job>(request, c, caller));
+    if (c > 0) jobs[c]->leader = jobs[0].get();
+  }
   std::unique_lock<std::mutex> q(mu_);
   if (stop_) return Status::failure("the runtime is closing");
-  incoming_.push_back(&job);
+  caller.open = n;
+  for (auto& job : jobs) incoming_.push_back(job.get());  // together: admitted as one group
   wake_.notify_all();
-  bool stopped = false;
+  std::vector<bool> stopped(n, false);
   std::vector<int64_t> delivered;
   for (;;) {
-    job.ready.wait(q, [&] { return job.done || !job.pending.empty(); });
-    std::deque<int64_t> tokens;
-    tokens.swap(job.pending);
-    bool done = job.done;
+    caller.ready.wait(q, [&] { return caller.open == 0 || !caller.pending.empty(); });
+    std::deque<TokenInfo> tokens;
+    tokens.swap(caller.pending);
+    bool done = caller.open == 0;
     q.unlock();
-    for (int64_t t : tokens) {
-      if (stopped) break;  // what came after the caller hung up is not its answer
-      delivered.push_back(t);
+    for (const TokenInfo& t : tokens) {
+      if (stopped[t.choice]) continue;  // what came after the caller hung up is not its answer
+      delivered.push_back(t.token);
       if (on_token && !on_token(t)) {
-        stopped = true;
-        job.cancelled.store(true);
+        stopped[t.choice] = true;
+        jobs[t.choice]->cancelled.store(true);
       }
     }
     q.lock();
-    if (done && job.pending.empty()) break;
+    if (done && caller.pending.empty()) break;
   }
-  if (!job.status.ok()) return job.status;
-  Generation g = std::move(job.result);
-  if (stopped && g.rows > static_cast<int64_t>(delivered.size())) {
+  if (!caller.status.ok()) return caller.status;
+  Generation g = std::move(caller.result);
+  if (n == 1 && stopped[0] && g.rows > static_cast<int64_t>(delivered.size())) {
     g.rows = static_cast<int64_t>(delivered.size());
     g.logits.resize(static_cast<size_t>(g.rows * g.vocab));
   }
@@ -92,6 +106,7 @@ SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.slots = slots_;
   s.batch_steps = batch_steps_;
+  s.prompt_fed = prompt_fed_;
   s.batch_size_counts = batch_size_counts_;
   if (table_) {
     s.slots_in_use = table_->in_use();
@@ -123,9 +138,10 @@ void Scheduler::loop() {
   waiting_.insert(waiting_.end(), incoming_.begin(), incoming_.end());
   incoming_.clear();
   for (Job* job : waiting_) {
-    job->status = Status::failure("the runtime was closed before this request ran");
-    job->done = true;
-    job->ready.notify_all();
+    Caller& c = job->caller;
+    if (c.status.ok()) c.status = Status::failure("the runtime was closed before this request ran");
+    --c.open;
+    c.ready.notify_all();
   }
   waiting_.clear();
 }
@@ -136,6 +152,7 @@ void Scheduler::step() {
   leave_finished();
   admit();
   prefill_chunks();
+  end_orphans();
   decode_all();
   leave_finished();
 }
@@ -163,72 +180,95 @@ void Scheduler::admit() {
     table_.reset();
   }
   while (!waiting_.empty()) {
-    Job& job = *waiting_.front();
-    auto program = pool_.program_of(job.request.adapter);
+    // A request's choices wait together, its leader (choice 0) first, and are admitted together.
+    Job& lead = *waiting_.front();
+    const size_t n = std::max<size_t>(lead.request.picking.choices, 1);
+    auto program = pool_.program_of(lead.request.adapter);
     // Another program than the batch's: after this batch (loading it may
     // re-plan the memory the batch runs in).
     bool other = program.ok() && (!engine_ || program.value() != engine_program_);
     if (other && !active_.empty()) return;
-    if (program.ok() && !other && active_.size() >= engine_->rows()) return;
-    waiting_.pop_front();
-    auto adapter = program.ok() ? pool_.acquire(job.request.adapter) : StatusOr<Adapter*>(program.status());
+    if (program.ok() && !other && active_.size() + n > engine_->rows() && n <= engine_->rows()) return;
+    std::vector<Job*> group(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
+    waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
+    auto fail = [&](const Status& status) {
+      for (Job* job : group) finish(*job, status);
+    };
+    auto adapter = program.ok() ? pool_.acquire(lead.request.adapter) : StatusOr<Adapter*>(program.status());
     if (!adapter.ok()) {
-      finish(job, adapter.status());
+      fail(adapter.status());
       continue;
     }
     auto* shared = dynamic_cast<SharedAdapter*>(adapter.value());
     if (shared == nullptr) {
-      finish(job, Status::usage("parallel > 1 batches adapters over one shared program: stock "
-                                "loading (a Module per adapter) cannot"));
+      fail(
+          Status::usage("parallel > 1 batches adapters over one shared program: stock "
+                        "loading (a Module per adapter) cannot"));
       continue;
     }
     if (other && !shared->program()->file_has_batch()) {
-      run_alone(job);  // a build before decode_batch: one request at a time, as with parallel 1
+      run_alone(group);  // a build before decode_batch: one request at a time, as with parallel 1
       continue;
     }
     if (other) {
       Status s = set_engine(*shared->program(), program.value());
       if (!s.ok()) {
-        finish(job, s);
+        fail(s);
         continue;
       }
     }
-    auto claim = table_->claim(job.request.adapter, job.request.prompt, job.request.cache_prompt);
-    if (!claim) {  // rows <= slots: a free row has a free slot
-      finish(job, Status::failure("no free KV slot for a free row"));
+    if (n > engine_->rows()) {
+      fail(Status::usage("n is " + std::to_string(n) + ": the batch runs at most " + std::to_string(engine_->rows()) +
+                         " rows at once (ls_options.parallel), one per choice"));
       continue;
     }
-    job.lora = shared->lora_data();
-    job.slot = claim->slot;
-    job.fed = claim->kept;
-    job.row = active_.size();
-    job.admitted = Clock::now();
-    Status s = engine_->set_row(job.row, job.lora);
-    if (!s.ok()) {
-      table_->release(job.slot);
-      finish(job, s);
-      continue;
+    for (Job* next : group) {
+      Job& job = *next;
+      // Choice 0 may continue a slot holding its prompt's start; the others take any free slot,
+      // which the fork fills.
+      auto claim = table_->claim(job.request.adapter, job.request.prompt, job.request.cache_prompt && !job.leader);
+      if (!claim) {  // rows <= slots: a free row has a free slot
+        finish(job, Status::failure("no free KV slot for a free row"));
+        continue;
+      }
+      job.lora = shared->lora_data();
+      job.slot = claim->slot;
+      job.fed = claim->kept;
+      job.row = active_.size();
+      job.admitted = Clock::now();
+      Status s = engine_->set_row(job.row, job.lora);
+      if (!s.ok()) {
+        table_->release(job.slot);
+        finish(job, s);
+        continue;
+      }
+      job.placed = true;
+      job.picker.prepare();  // its first mask, filled while the prompt runs
+      active_.push_back(&job);
     }
-    job.placed = true;
-    active_.push_back(&job);
   }
 }
 
-void Scheduler::run_alone(Job& job) {
+void Scheduler::run_alone(const std::vector<Job*>& group) {
   table_.reset();
   engine_.reset();
-  const BatchRequest& r = job.request;
-  auto g =
-      pool_.generate(r.adapter, r.prompt, r.max_new_tokens, r.sampling, r.stop_ids, r.keep_logits, [&](int64_t token) {
-        job.tokens.push_back(token);
-        std::lock_guard<std::mutex> q(mu_);
-        job.pending.push_back(token);
-        job.ready.notify_all();
-        return !job.cancelled.load();
-      });
-  if (!g.ok()) return finish(job, g.status());
-  job.logits = std::move(g->logits);
-  finish(job, Status(), &g.value());
+  const BatchRequest& r = group.front()->request;
+  auto g = pool_.generate(r.adapter, r.prompt, r.max_new_tokens, r.picking, r.stop_ids, r.keep_logits,
+                          [&](const TokenInfo& token) {
+                            Job& job = *group[token.choice];
+                            job.tokens.push_back(token.token);
+                            std::lock_guard<std::mutex> q(mu_);
+                            job.caller.pending.push_back(token);
+                            job.caller.ready.notify_all();
+                            return !job.cancelled.load();
+                          });
+  if (!g.ok()) {
+    for (Job* job : group) finish(*job, g.status());
+    return;
+  }
+  prompt_fed_ += g->prompt_fed;
+  group.front()->logits = std::move(g->logits);
+  for (Job* job : group) finish(*job, Status(), &g.value());
 }
 
 void Scheduler::pack() {
@@ -252,7 +292,7 @@ void Scheduler::prefill_chunks() {
   for (Job* next : active_) {
     Job& job = *next;
     const std::vector<int64_t>& prompt = job.request.prompt;
-    if (job.ended || job.fed >= prompt.size()) continue;
+    if (job.ended || job.leader || job.fed >= prompt.size()) continue;
     // The chunk this request is fed alone too (never cut to fit the budget): its KV, and so its
     // answer, do not depend on who else is prefilling.
     size_t n = std::min(prompt.size() - job.fed, chunk);
@@ -267,12 +307,40 @@ void Scheduler::prefill_chunks() {
     }
     table_->fed(job.slot, part.data(), part.size());
     job.fed += n;
+    prompt_fed_ += n;
     budget -= n;
     if (job.fed == prompt.size()) {
       job.first_token = Clock::now();
+      // The other choices first: deliver picks from `logits` in place.
+      for (Job* sibling : active_)
+        if (sibling->leader == &job && !sibling->ended) fork(*sibling, job, logits);
       deliver(job, logits);
     }
     if (budget == 0) break;
+  }
+}
+
+void Scheduler::fork(Job& sibling, const Job& leader, const std::vector<float>& logits) {
+  const std::vector<int64_t>& prompt = leader.request.prompt;
+  Status s = engine_->copy_slot(leader.slot, sibling.slot, static_cast<int64_t>(prompt.size()));
+  if (!s.ok()) {
+    sibling.ended = true;
+    sibling.failure = s;
+    return;
+  }
+  table_->fed(sibling.slot, prompt.data(), prompt.size());
+  sibling.fed = prompt.size();
+  sibling.first_token = Clock::now();
+  std::vector<float> own = logits;
+  deliver(sibling, own);
+}
+
+void Scheduler::end_orphans() {
+  for (Job* job : active_) {
+    if (!job->leader || job->ended || job->fed == job->request.prompt.size() || !job->leader->ended) continue;
+    job->ended = true;
+    job->failure =
+        job->leader->failure.ok() ? Status::failure("the request's prompt did not finish") : job->leader->failure;
   }
 }
 
@@ -304,16 +372,23 @@ void Scheduler::decode_all() {
 
 void Scheduler::deliver(Job& job, std::vector<float>& logits) {
   if (job.request.keep_logits) job.logits.insert(job.logits.end(), logits.begin(), logits.end());
-  int64_t token = job.sampler.pick(logits);
-  job.tokens.push_back(token);
+  auto token = job.picker.pick(logits);
+  if (!token.ok()) {
+    job.ended = true;
+    job.failure = token.status();
+    return;
+  }
+  job.tokens.push_back(token->token);
   job.last_token = Clock::now();
   const auto& stop = job.request.stop_ids;
   if (static_cast<int64_t>(job.tokens.size()) >= job.request.max_new_tokens ||
-      std::find(stop.begin(), stop.end(), token) != stop.end())
+      std::find(stop.begin(), stop.end(), token->token) != stop.end())
     job.ended = true;
+  else
+    job.picker.prepare();  // the next mask, filled while the next step runs
   std::lock_guard<std::mutex> q(mu_);
-  job.pending.push_back(token);
-  job.ready.notify_all();
+  job.caller.pending.push_back(std::move(token.value()));
+  job.caller.ready.notify_all();
 }
 
 void Scheduler::leave_finished() {
@@ -342,6 +417,8 @@ void Scheduler::fail_active(const Status& status) {
 
 void Scheduler::finish(Job& job, const Status& status, const Generation* alone) {
   using seconds = std::chrono::duration<double>;
+  job.ended = true;  // its other choices, waiting for its prompt, see it (end_orphans)
+  if (!status.ok()) job.failure = status;
   Generation g;
   g.vocab = engine_ ? engine_->vocab_size() : alone ? alone->vocab : 0;
   g.rows = job.request.keep_logits ? static_cast<int64_t>(job.tokens.size()) : 0;
@@ -361,10 +438,11 @@ void Scheduler::finish(Job& job, const Status& status, const Generation* alone) 
     if (job.tokens.size() > 1 && decode_s > 0) g.decode_tokens_per_s = (job.tokens.size() - 1) / decode_s;
   }
   std::lock_guard<std::mutex> q(mu_);
-  job.status = status;
-  job.result = std::move(g);
-  job.done = true;
-  job.ready.notify_all();
+  Caller& caller = job.caller;
+  if (!status.ok() && caller.status.ok()) caller.status = status;
+  if (job.choice == 0) caller.result = std::move(g);
+  --caller.open;
+  caller.ready.notify_all();
 }
 
 }  // namespace lora_share

@@ -16,8 +16,15 @@
 //      chunk's tokens in all (so a long prompt delays the others by one
 //      chunk a step, and short prompts arriving together start together);
 //   4. one decode step over every request that is generating, each row's
-//      token picked by its own Sampler and handed to its caller;
+//      token picked by its own TokenPicker (token_picker.h: logprobs, bias,
+//      its constraint's mask, its sampler) and handed to its caller; a
+//      constrained row's next mask is queued on the mask worker at once, so
+//      it is filled while the next step runs;
 //   5. finished requests leave; their slot keeps its tokens and KV.
+// A request with n choices (Picking::choices) is n rows admitted together:
+// choice 0 feeds the prompt, then each other choice's slot takes a copy of
+// its KV (BatchEngine::copy_slot) and its first token is picked from the same
+// logits, each choice with its own picker (seed + i).
 // Rows that decode are kept packed at rows 0..D-1 (BatchEngine's contract);
 // a request whose row index changes gets set_row again.
 //
@@ -40,9 +47,9 @@
 #include "adapter_pool.h"
 #include "batch_engine.h"
 #include "generate.h"
-#include "sampler.h"
 #include "slot_table.h"
 #include "status.h"
+#include "token_picker.h"
 
 namespace lora_share {
 
@@ -51,7 +58,7 @@ struct BatchRequest {
   size_t adapter = AdapterPool::kBase;  // pool index, or kBase
   std::vector<int64_t> prompt;
   int64_t max_new_tokens = 16;
-  Sampling sampling;
+  Picking picking;
   std::vector<int64_t> stop_ids;  // ends it after one of them
   bool keep_logits = false;
   // false: the prompt is fed from position 0 even when a slot holds its
@@ -63,6 +70,7 @@ struct BatchRequest {
 struct SchedulerStats {
   size_t slots = 0, slots_in_use = 0, slot_bytes = 0;
   uint64_t prefix_hits = 0, prefix_tokens = 0, batch_steps = 0;
+  uint64_t prompt_fed = 0;                  // prompt tokens run through the model
   std::vector<uint64_t> batch_size_counts;  // [b - 1]: decode steps of b rows
 };
 
@@ -78,9 +86,9 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Runs `request` in the batch, calling `on_token` (may be null) on this
-  // thread with each token; false stops it (its row leaves at the next
-  // step). Blocks until it ends. The caller checked the request, pinned its
-  // adapter, and holds no lock of the runtime.
+  // thread with each token of each choice; false stops that choice (its row
+  // leaves at the next step). Blocks until every choice ends. The caller
+  // checked the request, pinned its adapter, and holds no lock of the runtime.
   StatusOr<Generation> run(BatchRequest request, const TokenCallback& on_token);
 
   // Call with the pool's lock held.
@@ -88,6 +96,7 @@ class Scheduler {
 
  private:
   struct Job;
+  struct Caller;
   void loop();
   void step();
   void admit();
@@ -96,19 +105,26 @@ class Scheduler {
   // together start in one step, a long one delays the others by one chunk.
   void prefill_chunks();
   void decode_all();
+  // Choice `sibling` starts from its leader's prompt: the leader's slot's KV
+  // copied into its own, its first token picked from the prompt's `logits`.
+  void fork(Job& sibling, const Job& leader, const std::vector<float>& logits);
+  // Choices whose leader ended before its prompt did end with it.
+  void end_orphans();
   // Puts decoding rows first, each at its index (set_row when it moved).
   void pack();
   void leave_finished();
   void fail_active(const Status& status);
-  // Hands `token` (picked from `logits`) to its caller; marks the job done
-  // when it stops it (max_new_tokens, a stop id).
+  // Picks the job's next token from `logits` and hands it to its caller;
+  // marks the job done when it stops it (max_new_tokens, a stop id), else
+  // queues its next mask.
   void deliver(Job& job, std::vector<float>& logits);
   // The job's caller learns that it ended with `status`; the scheduler drops
   // it. `alone`: the timings of a request run_alone ran.
   void finish(Job& job, const Status& status, const Generation* alone = nullptr);
-  // A request on a program built before decode_batch: the one-row path
-  // (AdapterPool::generate), alone, its tokens handed to its caller as they come.
-  void run_alone(Job& job);
+  // A request on a program built before decode_batch (`group`: its choices):
+  // the one-row path (AdapterPool::generate), alone, its tokens handed to its
+  // caller as they come.
+  void run_alone(const std::vector<Job*>& group);
   // The engine over `program` (the pool's program `index`), slots empty.
   Status set_engine(SharedProgram& program, size_t index);
 
@@ -124,7 +140,7 @@ class Scheduler {
   uint64_t engine_generation_ = 0;
   std::deque<Job*> waiting_;
   std::vector<Job*> active_;  // index = engine row
-  uint64_t batch_steps_ = 0;
+  uint64_t batch_steps_ = 0, prompt_fed_ = 0;
   std::vector<uint64_t> batch_size_counts_;
 
   // Shared with the callers, under mu_.
