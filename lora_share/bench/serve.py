@@ -28,9 +28,11 @@ timed. Measured, for each precision, repeated with the two servers alternating:
 - an 8-turn chat (each turn's prompt the history so far plus a new message, EOS honoured): the first
   token's time at each turn;
 - the server's PSS (/proc/PID/smaps_rollup) at ``--parallel N`` and at ``--parallel 1``, two servers
-  alive at once after the same requests, against 3 x one slot's KV bytes (``/v1/stats``).
+  alive at once after the same requests, against 3 x one slot's KV bytes (``/v1/stats``);
+- structured output's cost (issue 59, ``lora_share.bench.constraints`` in process over the same build):
+  schema compile first and cached, mask time per token, per-row decode speed with 2 of 4 rows constrained.
 
-The checks are issue 47's "Done when" lines, printed as PASS/FAIL; the exit status is 1 if any fails.
+The checks are issue 47's and issue 59's "Done when" lines, printed as PASS/FAIL; the exit status is 1 if any fails.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import yaml
 
 from ..errors import UserError
 from ..manifest import read_manifest
-from . import http_streams, peers, processes
+from . import constraints, http_streams, peers, processes
 from .memory import BenchError
 
 QUESTIONS = [
@@ -358,6 +360,9 @@ def checks(precision: str, result: dict, llama: bool) -> list[dict]:
     def check(what: str, value, target: str, ok: bool) -> None:
         out.append({"precision": precision, "check": what, "value": value, "target": target, "pass": bool(ok)})
 
+    for what, value, target, ok in constraints.checks(result["constraints"]) if "constraints" in result else ():
+        check(what, value, target, ok)
+
     speedup = agg[FOUR] / agg[ALONE] if agg[ALONE] else 0.0
     check(
         "4 clients on 4 adapters: aggregate decode / 1 client alone",
@@ -489,8 +494,11 @@ def report(result: dict) -> str:
                 f"prefix hits {st.get('prefix_hits')} ({st.get('prefix_tokens')} tokens), "
                 f"requests {st.get('requests')}."
             )
+        if "constraints" in row:
+            lines += ["", "Structured output (issue 59, lora_share.bench.constraints, in-process C API):"]
+            lines += constraints.lines(row["constraints"])
         lines.append("")
-    lines += ["## Checks (issue 47)", ""]
+    lines += ["## Checks (issues 47 and 59)", ""]
     lines += [
         f"- {'PASS' if c['pass'] else 'FAIL'} [{c['precision']}] {c['check']}: {c['value']} (target {c['target']})"
         for c in result["checks"]
@@ -560,6 +568,8 @@ def run_serve(
         row["memory"] = measure_memory(
             server_bin, b["dir"], settings["parallel"], b["adapters"], prompts, settings["max_tokens"], work
         )
+        log(f"structured output {precision} ...")
+        row["constraints"] = constraints.measure(b["dir"], settings["max_tokens"], settings["repeats"])
         result["precisions"][precision] = row
         result["checks"] += checks(precision, row, llama)
         save(result)
