@@ -17,7 +17,8 @@ using nlohmann::json;
 std::string text_of(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json usage(const Answer& answer) {
-  const auto completion = static_cast<int64_t>(answer.tokens.size());
+  int64_t completion = 0;
+  for (const Choice& c : answer.choices) completion += static_cast<int64_t>(c.tokens.size());
   return {{"prompt_tokens", answer.prompt_tokens},
           {"completion_tokens", completion},
           {"total_tokens", answer.prompt_tokens + completion}};
@@ -29,6 +30,45 @@ json envelope(const AnswerId& id, bool chunk) {
           {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
           {"created", id.created},
           {"model", id.model}};
+}
+
+// A token's bytes as OpenAI's "bytes": their values, 0-255.
+json byte_values(const std::string& bytes) {
+  json out = json::array();
+  for (unsigned char b : bytes) out.push_back(b);
+  return out;
+}
+
+// Chat's logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}.
+json chat_logprobs(const std::vector<TokenLogprob>& tokens) {
+  json content = json::array();
+  for (const TokenLogprob& t : tokens) {
+    json top = json::array();
+    for (const auto& [bytes, logprob] : t.top)
+      top.push_back({{"token", bytes}, {"logprob", logprob}, {"bytes", byte_values(bytes)}});
+    content.push_back(
+        {{"token", t.bytes}, {"logprob", t.logprob}, {"bytes", byte_values(t.bytes)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// Completions' legacy logprobs: parallel lists, top_logprobs as {token: logprob}.
+json legacy_logprobs(const std::vector<TokenLogprob>& tokens, size_t offset) {
+  json text = json::array(), logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : tokens) {
+    text.push_back(t.bytes);
+    logprobs.push_back(t.logprob);
+    json likeliest = json::object();
+    for (const auto& [bytes, logprob] : t.top) likeliest[bytes] = logprob;
+    top.push_back(likeliest);
+    offsets.push_back(offset);
+    offset += t.bytes.size();
+  }
+  return {{"tokens", text}, {"token_logprobs", logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+json logprobs_json(Kind kind, const std::vector<TokenLogprob>& tokens, size_t offset) {
+  return kind == Kind::kChat ? chat_logprobs(tokens) : legacy_logprobs(tokens, offset);
 }
 
 }  // namespace
@@ -44,21 +84,28 @@ AnswerId new_answer_id(Kind kind, const std::string& model) {
 }
 
 std::string response_json(const AnswerId& id, const Answer& answer) {
-  json choice = {
-      {"index", 0}, {"finish_reason", answer.finish_reason}, {"tokens", answer.tokens}, {"logprobs", nullptr}};
-  if (id.kind == Kind::kChat)
-    choice["message"] = {{"role", "assistant"}, {"content", answer.text}};
-  else
-    choice["text"] = answer.text;
+  json choices = json::array();
+  for (size_t i = 0; i < answer.choices.size(); ++i) {
+    const Choice& c = answer.choices[i];
+    json choice = {{"index", i},
+                   {"finish_reason", c.finish_reason},
+                   {"tokens", c.tokens},
+                   {"logprobs", answer.logprobs ? logprobs_json(id.kind, c.logprobs, 0) : json(nullptr)}};
+    if (id.kind == Kind::kChat)
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else
+      choice["text"] = c.text;
+    choices.push_back(choice);
+  }
   json out = envelope(id, /*chunk=*/false);
-  out["choices"] = json::array({choice});
+  out["choices"] = choices;
   out["usage"] = usage(answer);
   return text_of(out);
 }
 
-std::string role_chunk_json(const AnswerId& id) {
+std::string role_chunk_json(const AnswerId& id, size_t index) {
   json out = envelope(id, /*chunk=*/true);
-  out["choices"] = json::array({{{"index", 0},
+  out["choices"] = json::array({{{"index", index},
                                  {"delta", {{"role", "assistant"}, {"content", ""}}},
                                  {"tokens", json::array()},
                                  {"logprobs", nullptr},
@@ -66,11 +113,11 @@ std::string role_chunk_json(const AnswerId& id) {
   return text_of(out);
 }
 
-std::string chunk_json(const AnswerId& id, const std::string& text, const std::vector<int64_t>& tokens,
-                       const std::optional<std::string>& finish_reason) {
-  json choice = {{"index", 0},
+std::string chunk_json(const AnswerId& id, size_t index, const std::string& text, const std::vector<int64_t>& tokens,
+                       const std::vector<TokenLogprob>& logprobs, const std::optional<std::string>& finish_reason) {
+  json choice = {{"index", index},
                  {"tokens", tokens},
-                 {"logprobs", nullptr},
+                 {"logprobs", logprobs.empty() ? json(nullptr) : logprobs_json(id.kind, logprobs, 0)},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}};
   if (id.kind == Kind::kChat)
     choice["delta"] = finish_reason ? json::object() : json{{"content", text}};

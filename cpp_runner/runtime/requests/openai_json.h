@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "request_schema.h"
@@ -25,24 +26,40 @@ struct AnswerId {
 // across processes.
 AnswerId new_answer_id(Kind kind, const std::string& model);
 
-// One finished answer: what generation produced.
+// One token's log-probability and its likeliest alternatives (logprobs):
+// bytes as the tokenizer decodes each token alone.
+struct TokenLogprob {
+  std::string bytes;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // likeliest first
+};
+
+// One choice of a finished answer: what generation produced.
+struct Choice {
+  std::string text;                    // decoded text ("" without a tokenizer)
+  std::vector<int64_t> tokens;         // generated ids (an EOS that stopped it excluded; kept with ignore_eos)
+  std::string finish_reason;           // "stop" (EOS or a stop string) or "length"
+  std::vector<TokenLogprob> logprobs;  // with logprobs: one per token
+};
+
+// A finished answer: its choices (n), each with its index.
 struct Answer {
-  std::string text;             // decoded text ("" without a tokenizer)
-  std::vector<int64_t> tokens;  // generated ids (an EOS that stopped it excluded; kept with ignore_eos)
-  std::string finish_reason;    // "stop" (EOS or a stop string) or "length"
+  std::vector<Choice> choices;
   int64_t prompt_tokens = 0;
+  bool logprobs = false;  // the request asked for them: "logprobs" is filled, not null
 };
 
 // The response object of a non-streamed request.
 std::string response_json(const AnswerId& id, const Answer& answer);
 
-// A chat stream's first chunk: delta {"role": "assistant", "content": ""}.
-std::string role_chunk_json(const AnswerId& id);
+// A chat stream's first chunk of choice `index`: delta {"role": "assistant", "content": ""}.
+std::string role_chunk_json(const AnswerId& id, size_t index);
 
-// One chunk of a streamed request: a piece of text and the ids it came
-// from, or (finish_reason set) the last chunk.
-std::string chunk_json(const AnswerId& id, const std::string& text, const std::vector<int64_t>& tokens,
-                       const std::optional<std::string>& finish_reason);
+// One chunk of a streamed request's choice `index`: a piece of text, the ids
+// it came from and their logprobs (when asked), or (finish_reason set) the
+// choice's last chunk.
+std::string chunk_json(const AnswerId& id, size_t index, const std::string& text, const std::vector<int64_t>& tokens,
+                       const std::vector<TokenLogprob>& logprobs, const std::optional<std::string>& finish_reason);
 
 // The chunk OpenAI sends last when stream_options.include_usage is set: no
 // choices, the request's usage.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 
 #include "api_support.h"
 #include "openai_json.h"
@@ -117,62 +118,113 @@ ls_status prompt_ids(ls_runtime* runtime, ls_request* request, ls_error* error) 
   return LS_OK;
 }
 
-// One generation: ids in, text out through the stop strings, events out.
-struct Run {
-  const Request* request;
-  AnswerId id;
-  Answer answer;
-  ls_detokenizer* decoder = nullptr;
-  std::vector<int64_t> eos;
-  StopStrings stops;
-  ls_event_callback on_event;
-  void* user_data;
-  bool client_gone = false;
-  ls_finish_reason finish = LS_FINISH_LENGTH;
+// A token's bytes as the tokenizer decodes it alone (logprobs' "token" and
+// "bytes"), looked up once per id a request meets.
+class TokenBytes {
+ public:
+  explicit TokenBytes(ls_tokenizer* tokenizer) : tokenizer_(tokenizer) {}
 
-  bool emit(const std::string& event) {
-    if (!client_gone && on_event != nullptr && on_event(event.data(), event.size(), user_data) != 0) client_gone = true;
-    return !client_gone;
+  const std::string& of(int64_t id) {
+    auto found = cache_.find(id);
+    if (found != cache_.end()) return found->second;
+    std::string bytes;
+    ls_error e;
+    ls_detokenizer* d = tokenizer_ != nullptr ? ls_detokenizer_new(tokenizer_, /*skip_special=*/0, &e) : nullptr;
+    const char* text = nullptr;
+    size_t length = 0;
+    if (d != nullptr && ls_detokenize(d, &id, 1, /*flush=*/1, &text, &length, &e) == LS_OK) bytes.assign(text, length);
+    ls_detokenizer_free(d);
+    return cache_.emplace(id, std::move(bytes)).first->second;
   }
+
+ private:
+  ls_tokenizer* tokenizer_;
+  std::unordered_map<int64_t, std::string> cache_;
+};
+
+// One choice of a generation: its text through the stop strings.
+struct ChoiceRun {
+  std::unique_ptr<ls_detokenizer, void (*)(ls_detokenizer*)> decoder{nullptr, ls_detokenizer_free};
+  StopStrings stops{std::vector<std::string>()};
+  bool done = false;  // ended by EOS, a stop string or the client
+  ls_finish_reason finish = LS_FINISH_LENGTH;
 
   std::string decode(const int64_t* ids, size_t n, bool flush) {
     if (decoder == nullptr) return "";
     const char* text = nullptr;
     size_t length = 0;
     ls_error e;
-    if (ls_detokenize(decoder, ids, n, flush ? 1 : 0, &text, &length, &e) != LS_OK) return "";
+    if (ls_detokenize(decoder.get(), ids, n, flush ? 1 : 0, &text, &length, &e) != LS_OK) return "";
     return std::string(text, length);
   }
+};
 
-  void stopped_by(ls_finish_reason why) {
-    finish = why;
-    answer.finish_reason = "stop";
+// One generation: ids in, each choice's text out through its stop strings,
+// events out.
+struct Run {
+  const Request* request;
+  AnswerId id;
+  Answer answer;
+  std::vector<ChoiceRun> choices;
+  std::vector<int64_t> eos;
+  TokenBytes token_bytes;
+  ls_event_callback on_event;
+  void* user_data;
+  bool client_gone = false;
+
+  bool emit(const std::string& event) {
+    if (!client_gone && on_event != nullptr && on_event(event.data(), event.size(), user_data) != 0) client_gone = true;
+    return !client_gone;
   }
 
-  static int on_token(int64_t token, void* self) {
+  void stopped_by(size_t c, ls_finish_reason why) {
+    choices[c].finish = why;
+    choices[c].done = true;
+    answer.choices[c].finish_reason = "stop";
+  }
+
+  TokenLogprob logprob_of(const ls_token_info& info) {
+    TokenLogprob entry{token_bytes.of(info.token), info.logprob, {}};
+    for (int32_t i = 0; i < info.n_top; ++i)
+      entry.top.push_back({token_bytes.of(info.top_ids[i]), info.top_logprobs[i]});
+    return entry;
+  }
+
+  // Each token of each choice (ls_token_info): nonzero stops that choice.
+  static int on_token(const ls_token_info* info, void* self) {
     auto* run = static_cast<Run*>(self);
+    const auto c = static_cast<size_t>(info->choice);
+    if (run->client_gone) return 1;
+    if (c >= run->choices.size() || run->choices[c].done) return 1;
+    ChoiceRun& state = run->choices[c];
+    Choice& out = run->answer.choices[c];
+    const int64_t token = info->token;
     if (!run->request->ignore_eos && std::find(run->eos.begin(), run->eos.end(), token) != run->eos.end()) {
-      run->stopped_by(LS_FINISH_EOS);
+      run->stopped_by(c, LS_FINISH_EOS);
       return 1;
     }
-    run->answer.tokens.push_back(token);
-    const std::string piece = run->stops.push(run->decode(&token, 1, false));
-    run->answer.text += piece;
-    if (run->request->stream && !run->emit(chunk_json(run->id, piece, {token}, std::nullopt))) return 1;
-    if (run->stops.stopped()) {
-      run->stopped_by(LS_FINISH_STOP);
+    out.tokens.push_back(token);
+    std::vector<TokenLogprob> logprobs;
+    if (run->request->logprobs) logprobs.push_back(run->logprob_of(*info));
+    if (run->request->logprobs) out.logprobs.push_back(logprobs.back());
+    const std::string piece = state.stops.push(state.decode(&token, 1, false));
+    out.text += piece;
+    if (run->request->stream && !run->emit(chunk_json(run->id, c, piece, {token}, logprobs, std::nullopt))) return 1;
+    if (state.stops.stopped()) {
+      run->stopped_by(c, LS_FINISH_STOP);
       return 1;
     }
     return 0;
   }
 
-  // The text still held back (an incomplete UTF-8 tail, the start of a stop
-  // string that never came), once generation ends.
-  std::string finish_text() {
-    std::string tail = stops.push(decode(nullptr, 0, true));
-    if (stops.stopped() && finish != LS_FINISH_STOP) stopped_by(LS_FINISH_STOP);
-    tail += stops.finish();
-    answer.text += tail;
+  // The text choice `c` still holds back (an incomplete UTF-8 tail, the start
+  // of a stop string that never came), once generation ends.
+  std::string finish_text(size_t c) {
+    ChoiceRun& state = choices[c];
+    std::string tail = state.stops.push(state.decode(nullptr, 0, true));
+    if (state.stops.stopped() && state.finish != LS_FINISH_STOP) stopped_by(c, LS_FINISH_STOP);
+    tail += state.stops.finish();
+    answer.choices[c].text += tail;
     return tail;
   }
 };
@@ -193,7 +245,41 @@ ls_generate_options generate_options(const Request& request, int64_t max_new_tok
   g.frequency_penalty = request.frequency_penalty;
   g.ignore_eos = request.ignore_eos ? 1 : 0;
   g.cache_prompt = request.cache_prompt ? 1 : 0;
+  g.constraint = request.constraint.kind;
+  g.constraint_text =
+      request.constraint.kind == LS_CONSTRAINT_JSON_SCHEMA || request.constraint.kind == LS_CONSTRAINT_GRAMMAR
+          ? request.constraint.text.c_str()
+          : nullptr;
+  g.logit_bias_ids = request.logit_bias_ids.data();
+  g.logit_bias_values = request.logit_bias_values.data();
+  g.n_logit_bias = request.logit_bias_ids.size();
+  g.logprobs = request.logprobs ? 1 : 0;
+  g.top_logprobs = request.top_logprobs;
+  g.n = request.n;
   return g;
+}
+
+// The fields that shape the answer, against the runtime (ls_check_options):
+// logit_bias ids within the vocabulary, n within the batch, the constraint
+// compiled (so the request then starts at once). A constraint's error names
+// the field that gave it.
+ls_status check_options(ls_runtime* runtime, ls_request* request, ls_error* error) {
+  const Request& r = request->request;
+  ls_generate_options options = generate_options(r, request->max_new_tokens);
+  ls_error e;
+  const int constraint = options.constraint;
+  options.constraint = LS_CONSTRAINT_NONE;
+  options.constraint_text = nullptr;
+  ls_status s = ls_check_options(runtime, request->adapter.c_str(), &options, &e);
+  if (s != LS_OK) return fail(error, LS_ERR_REQUEST, e.message);
+  if (constraint == LS_CONSTRAINT_NONE) return LS_OK;
+  if (r.ignore_eos)
+    return fail(error, LS_ERR_REQUEST,
+                "ignore_eos with " + r.constraint.field + ": a constrained answer ends with its end-of-sequence id");
+  options = generate_options(r, request->max_new_tokens);
+  s = ls_check_options(runtime, request->adapter.c_str(), &options, &e);
+  if (s != LS_OK) return fail(error, LS_ERR_REQUEST, r.constraint.field + ": " + e.message);
+  return LS_OK;
 }
 
 ls_status prepare(ls_runtime* runtime, ls_request* request, ls_error* error) {
@@ -214,6 +300,7 @@ ls_status prepare(ls_runtime* runtime, ls_request* request, ls_error* error) {
   }
   s = ls_check_request(runtime, request->adapter.c_str(), request->ids.data(), request->ids.size(),
                        request->max_new_tokens, error);
+  if (s == LS_OK) s = check_options(runtime, request, error);
   if (s != LS_OK) return s;
   request->prepared = true;
   capi::clear_error(error);
@@ -224,43 +311,51 @@ ls_status run(ls_request* request, ls_event_callback on_event, void* user_data, 
               ls_error* error) {
   const Request& r = request->request;
   ls_runtime* runtime = request->runtime;
-  Run state{&r, new_answer_id(r.kind, r.model), Answer(), nullptr, {}, StopStrings(r.stop), on_event, user_data};
-  state.answer.finish_reason = "length";
+  Run state{&r, new_answer_id(r.kind, r.model), Answer(), {}, {}, TokenBytes(request->tokenizer), on_event, user_data};
   state.answer.prompt_tokens = static_cast<int64_t>(request->ids.size());
+  state.answer.logprobs = r.logprobs;
+  state.answer.choices.resize(static_cast<size_t>(r.n));
+  state.choices.resize(static_cast<size_t>(r.n));
   const int64_t* eos = nullptr;
   size_t n_eos = 0;
   ls_status s = ls_runtime_eos_ids(runtime, &eos, &n_eos, error);
   if (s != LS_OK) return s;
   state.eos.assign(eos, eos + n_eos);
-  if (request->tokenizer != nullptr) {
-    state.decoder = ls_detokenizer_new(request->tokenizer, /*skip_special=*/1, error);
-    if (state.decoder == nullptr) return error ? error->code : LS_ERR_RUN;
+  for (size_t c = 0; c < state.choices.size(); ++c) {
+    state.answer.choices[c].finish_reason = "length";
+    state.choices[c].stops = StopStrings(r.stop);
+    if (request->tokenizer == nullptr) continue;
+    state.choices[c].decoder.reset(ls_detokenizer_new(request->tokenizer, /*skip_special=*/1, error));
+    if (state.choices[c].decoder == nullptr) return error ? error->code : LS_ERR_RUN;
   }
-  std::unique_ptr<ls_detokenizer, void (*)(ls_detokenizer*)> decoder(state.decoder, ls_detokenizer_free);
-  if (r.stream && r.kind == Kind::kChat) state.emit(role_chunk_json(state.id));
-  const ls_generate_options options = generate_options(r, request->max_new_tokens);
+  if (r.stream && r.kind == Kind::kChat)
+    for (size_t c = 0; c < state.choices.size(); ++c) state.emit(role_chunk_json(state.id, c));
+  ls_generate_options options = generate_options(r, request->max_new_tokens);
+  options.on_token_info = &Run::on_token;
+  options.token_info_user_data = &state;
   if (!state.client_gone) {
     s = ls_generate_named(runtime, request->adapter.c_str(), request->ids.data(), request->ids.size(), &options,
-                          &Run::on_token, &state, error);
+                          nullptr, nullptr, error);
     if (s != LS_OK) return s;
   }
-  if (state.client_gone) {
-    state.finish = LS_FINISH_CALLBACK;
-  } else {
-    const std::string tail = state.finish_text();
+  if (!state.client_gone) {
+    std::vector<std::string> tails;
+    for (size_t c = 0; c < state.choices.size(); ++c) tails.push_back(state.finish_text(c));
     if (!r.stream) {
       state.emit(response_json(state.id, state.answer));
     } else {
-      if (!tail.empty()) state.emit(chunk_json(state.id, tail, {}, std::nullopt));
-      state.emit(chunk_json(state.id, "", {}, state.answer.finish_reason));
+      for (size_t c = 0; c < state.choices.size(); ++c) {
+        if (!tails[c].empty()) state.emit(chunk_json(state.id, c, tails[c], {}, {}, std::nullopt));
+        state.emit(chunk_json(state.id, c, "", {}, {}, state.answer.choices[c].finish_reason));
+      }
       if (r.include_usage) state.emit(usage_chunk_json(state.id, state.answer));
     }
-    if (state.client_gone) state.finish = LS_FINISH_CALLBACK;
   }
   if (result != nullptr) {
+    // The first choice's, as one answer's (ls_text_result holds one).
     result->prompt_tokens = request->ids.size();
-    result->completion_tokens = state.answer.tokens.size();
-    result->finish_reason = state.finish;
+    result->completion_tokens = state.answer.choices[0].tokens.size();
+    result->finish_reason = state.client_gone ? LS_FINISH_CALLBACK : state.choices[0].finish;
   }
   capi::clear_error(error);
   return LS_OK;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bounded_json.h"
+#include "lora_share.h"
 
 namespace lora_share::requests {
 namespace {
@@ -209,6 +210,112 @@ Status read_max_tokens(const json& v, const std::string& key, Request& r) {
   return s;
 }
 
+// ---- what shapes the answer: constraints, logprobs, logit_bias, n ---------
+
+// One constraint per request: two fields that each ask for one are refused.
+Status set_constraint(Request& r, const std::string& field, int kind, std::string text) {
+  if (r.constraint.kind != LS_CONSTRAINT_NONE)
+    return Status::usage(field + " and " + r.constraint.field + " each constrain the answer: give one of them");
+  r.constraint = {kind, std::move(text), field};
+  return {};
+}
+
+// A JSON schema: an object (or true/false). What it says is checked when the
+// request is prepared (the runtime compiles it), naming `field`.
+Status read_schema(const json& v, const std::string& field, Request& r) {
+  if (!v.is_object() && !v.is_boolean())
+    return Status::usage(field + " must be a JSON schema (an object), got " + preview(v));
+  return set_constraint(r, field, LS_CONSTRAINT_JSON_SCHEMA, v.dump());
+}
+
+// Keys of `v` outside `known`: the first, or "".
+std::string unknown_key(const json& v, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : v.items())
+    if (std::none_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) return key;
+  return "";
+}
+
+// OpenAI's response_format: {"type": "text"}, {"type": "json_object"} (with
+// llama-server's "schema" beside it: that schema), or {"type": "json_schema",
+// "json_schema": {"name", "description", "schema", "strict"}}. strict or not,
+// the answer is held to the schema.
+Status read_response_format(const json& v, Request& r) {
+  static const std::string kShapes =
+      "{\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": "
+      "{\"name\", \"schema\", \"strict\"}}";
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+    return Status::usage("response_format must be " + kShapes + ", got " + preview(v));
+  const std::string type = v["type"].get<std::string>();
+  if (type != "text" && type != "json_object" && type != "json_schema")
+    return Status::usage("response_format.type must be text, json_object or json_schema, got " + preview(v["type"]));
+  const std::string extra = type == "text"          ? unknown_key(v, {"type"})
+                            : type == "json_object" ? unknown_key(v, {"type", "schema"})
+                                                    : unknown_key(v, {"type", "json_schema"});
+  if (!extra.empty())
+    return Status::usage("response_format has the key '" + extra + "' beside type " + type + ": it is " + kShapes);
+  if (type == "text") return {};
+  if (type == "json_object") {
+    if (v.contains("schema") && !v["schema"].is_null()) return read_schema(v["schema"], "response_format.schema", r);
+    return set_constraint(r, "response_format", LS_CONSTRAINT_JSON_OBJECT, "");
+  }
+  const json* spec = v.contains("json_schema") ? &v["json_schema"] : nullptr;
+  if (spec == nullptr || !spec->is_object())
+    return Status::usage("response_format.json_schema must be {\"name\", \"schema\", \"strict\"}, got " +
+                         (spec == nullptr ? std::string("nothing") : preview(*spec)));
+  const std::string key = unknown_key(*spec, {"name", "description", "schema", "strict"});
+  if (!key.empty())
+    return Status::usage("response_format.json_schema has the key '" + key +
+                         "': it is {\"name\", \"description\", \"schema\", \"strict\"}");
+  for (const char* text : {"name", "description"})
+    if (spec->contains(text) && !(*spec)[text].is_null() && !(*spec)[text].is_string())
+      return Status::usage(std::string("response_format.json_schema.") + text + " must be a string, got " +
+                           preview((*spec)[text]));
+  if (spec->contains("strict") && !(*spec)["strict"].is_null() && !(*spec)["strict"].is_boolean())
+    return Status::usage("response_format.json_schema.strict must be true or false, got " + preview((*spec)["strict"]));
+  if (!spec->contains("schema") || (*spec)["schema"].is_null())
+    return Status::usage("response_format.json_schema.schema is missing: give the JSON schema the answer follows");
+  return read_schema((*spec)["schema"], "response_format.json_schema.schema", r);
+}
+
+// llama-server's grammar: GBNF text, its root rule "root".
+Status read_grammar(const json& v, Request& r) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty())
+    return Status::usage("grammar must be a GBNF grammar (text, root rule 'root'), got " + preview(v));
+  return set_constraint(r, "grammar", LS_CONSTRAINT_GRAMMAR, v.get<std::string>());
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}; ids within the vocabulary
+// are checked when the request is prepared.
+Status read_logit_bias(const json& v, Request& r) {
+  if (!v.is_object())
+    return Status::usage("logit_bias must be an object of token ids (as strings) to numbers from -100 to 100, got " +
+                         preview(v));
+  for (const auto& [key, value] : v.items()) {
+    const bool digits = !key.empty() && key.size() <= 18 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits)
+      return Status::usage("logit_bias has the key '" + key.substr(0, 40) + "': keys are token ids (\"50256\")");
+    double bias = 0;
+    Status s = read_number(value, "logit_bias[\"" + key + "\"]", -100, 100, &bias);
+    if (!s.ok()) return s;
+    r.logit_bias_ids.push_back(std::stoll(key));
+    r.logit_bias_values.push_back(bias);
+  }
+  return {};
+}
+
+// logprobs: chat's true/false; completions' integer 0..5 (the legacy field:
+// that many likeliest tokens too).
+Status read_logprobs(const json& v, Request& r) {
+  if (r.kind == Kind::kChat || v.is_boolean()) return read_bool(v, "logprobs", &r.logprobs);
+  int64_t top = 0;
+  Status s = read_int(v, "logprobs", 0, 5, &top);
+  if (!s.ok()) return s;
+  r.logprobs = true;
+  r.top_logprobs = static_cast<int>(top);
+  return {};
+}
+
 // ---- the table -------------------------------------------------------------
 
 // One field of the body. `read` checks its value (never null: a null value
@@ -225,13 +332,9 @@ struct Field {
 
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
-bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0; }
 bool is_empty(const json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); }
 bool is_never(const json&) { return false; }
 bool is_none(const json& v) { return v == "none"; }
-bool is_text_format(const json& v) {
-  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
-}
 bool is_text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; }
 Status accept(const json&, Request&) { return {}; }
 
@@ -271,6 +374,27 @@ const std::vector<Field>& fields() {
       {"stream_options", kBoth, read_stream_options},
       {"ignore_eos", kBoth, [](const json& v, Request& r) { return read_bool(v, "ignore_eos", &r.ignore_eos); }},
       {"cache_prompt", kBoth, [](const json& v, Request& r) { return read_bool(v, "cache_prompt", &r.cache_prompt); }},
+      // Structured output (docs/structured-output.md): one constraint a request.
+      {"response_format", kBoth, read_response_format},
+      // llama-server's extensions: a GBNF grammar, a JSON schema.
+      {"grammar", kBoth, read_grammar},
+      {"json_schema", kBoth, [](const json& v, Request& r) { return read_schema(v, "json_schema", r); }},
+      {"logprobs", kBoth, read_logprobs},
+      {"top_logprobs", kChats,
+       [](const json& v, Request& r) {
+         int64_t top = 0;
+         Status s = read_int(v, "top_logprobs", 0, 20, &top);
+         r.top_logprobs = static_cast<int>(top);
+         return s;
+       }},
+      {"logit_bias", kBoth, read_logit_bias},
+      {"n", kBoth,
+       [](const json& v, Request& r) {
+         int64_t n = 1;
+         Status s = read_int(v, "n", 1, LS_MAX_PARALLEL, &n);
+         r.n = static_cast<int>(n);
+         return s;
+       }},
       // Accepted, and change nothing here.
       {"user", kBoth, accept},
       {"metadata", kBoth, accept},
@@ -279,19 +403,13 @@ const std::vector<Field>& fields() {
       {"parallel_tool_calls", kBoth, accept},
       // Not served: they would change the answer. Taken by both endpoints, as
       // clients send them to either (refused by name rather than as unknown).
-      {"n", kBoth, nullptr, is_one, "n must be 1: one answer per request is served"},
       {"best_of", kBoth, nullptr, is_one, "best_of must be 1: one answer per request is served"},
-      {"logprobs", kBoth, nullptr, [](const json& v) { return is_false(v) || is_zero(v); }, "logprobs are not served"},
-      {"top_logprobs", kBoth, nullptr, is_zero, "top_logprobs are not served"},
       {"echo", kBoth, nullptr, is_false, "echo is not served"},
       {"suffix", kBoth, nullptr, is_empty, "suffix (insertion) is not served"},
-      {"logit_bias", kBoth, nullptr, is_empty, "logit_bias is not served"},
       {"tools", kBoth, nullptr, is_empty, "tools (function calling) are not served"},
       {"tool_choice", kBoth, nullptr, is_none, "tools (function calling) are not served"},
       {"functions", kBoth, nullptr, is_empty, "functions (function calling) are not served"},
       {"function_call", kBoth, nullptr, is_none, "functions (function calling) are not served"},
-      {"response_format", kBoth, nullptr, is_text_format,
-       "response_format other than {\"type\": \"text\"} is not served"},
       {"modalities", kBoth, nullptr, is_text_modality, "modalities other than [\"text\"] are not served"},
       {"audio", kBoth, nullptr, is_never, "audio output is not served"},
       {"prediction", kBoth, nullptr, is_never, "predicted outputs are not served"},
@@ -332,6 +450,7 @@ StatusOr<Request> read_request(const json& body, Kind kind) {
   auto prompt = body.find("prompt");
   if (kind == Kind::kCompletion && (prompt == body.end() || prompt->is_null()))
     return Status::usage("prompt is missing: give a string or an array of token ids");
+  if (request.top_logprobs > 0 && !request.logprobs) return Status::usage("top_logprobs needs logprobs: true");
   if (!request.lora.empty() && request.model != "base")
     return Status::usage(
         "with lora, model must be 'base' (the mix of lora's adapters runs on the foundation alone), got '" +

@@ -32,6 +32,14 @@ struct LoraTerm {
   double scale = 1;
 };
 
+// What constrains the answer (lora_share.h, STRUCTURED OUTPUT), and the
+// field that asked for it, which its errors name.
+struct Constraint {
+  int kind = 0;       // ls_constraint_kind; 0: free text
+  std::string text;   // a schema's JSON text or a grammar; "" for json_object
+  std::string field;  // "response_format.json_schema.schema", "grammar", ...
+};
+
 struct Request {
   Kind kind = Kind::kCompletion;
   std::string model;  // the adapter's name; "base": the foundation alone
@@ -54,6 +62,15 @@ struct Request {
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;     // as vLLM's: generate max_tokens past any EOS id
   bool cache_prompt = true;    // as llama-server's: continue from a KV slot holding the prompt's start
+  // response_format, or llama-server's grammar / json_schema: one at most.
+  Constraint constraint;
+  // logprobs: each token's log-probability; top_logprobs: that many likeliest
+  // (chat: top_logprobs; completions: logprobs' integer, OpenAI's legacy shape).
+  bool logprobs = false;
+  int top_logprobs = 0;
+  std::vector<int64_t> logit_bias_ids;  // logit_bias, in the order given
+  std::vector<double> logit_bias_values;
+  int n = 1;  // choices, sharing one prefill of the prompt
 };
 
 // Reads and checks a parsed body (bounded_json.h) of `kind`. Every problem is
