@@ -130,7 +130,7 @@ def test_the_same_request_gets_the_servers_answer(runtime, server, kind, body):
 
 @pytest.mark.parametrize(
     "fields",
-    [{"temperature": 5}, {"top_p": 2}, {"n": 3}, {"stop": ["a"] * 5}, {"mirostat": 2}, {"logprobs": True}],
+    [{"temperature": 5}, {"top_p": 2}, {"n": 33}, {"stop": ["a"] * 5}, {"mirostat": 2}, {"logprobs": "yes"}],
     ids=lambda f: next(iter(f)),
 )
 def test_a_bad_field_is_refused_as_the_server_refuses_it(runtime, server, fields):

@@ -72,8 +72,8 @@ def test_stop_sampling_and_streaming(client):
 def test_errors_are_the_clients_exceptions(client):
     with pytest.raises(openai.NotFoundError, match="no adapter called 'nope'"):
         client.chat.completions.create(model="nope", messages=MESSAGES)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model=SECOND, messages=MESSAGES, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be between 1 and 32"):
+        client.chat.completions.create(model=SECOND, messages=MESSAGES, n=33)
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(
             model=SECOND, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]
