@@ -253,8 +253,9 @@ def test_add_to_a_gemma3_build(families, tmp_path):
 
 
 def test_gemma3_ring_cache(families):
-    """The sliding layers' slabs are rings of window + 1 rows in the exported program and the Python
-    runtime; the full-attention layer's cover the context (the sink row, then every position but the
+    """The sliding layers' slabs are rings in the exported program and the Python runtime, of the window and
+    a row's most drafts (so that drafts written ahead never overwrite a position the window reads) after
+    the sink row; the full-attention layer's cover the context (the sink row, then every position but the
     last, which no call reads)."""
     from lora_share.inference.python_runtime import LoadedAdapter
 
@@ -262,9 +263,12 @@ def test_gemma3_ring_cache(families):
     args = fb.build.manifest["foundation"]["args"]
     assert list(args["sliding_layers"]) == [0, 2] and args["sliding_window"] == 4 and args["max_seq_len"] == 32
     adapter = LoadedAdapter(fb.build.ptes["a"], fb.build.ptd)
-    assert adapter.ring == 4
+    from lora_share.model.decoder import MAX_DRAFTS
+
+    ring = 4 + MAX_DRAFTS  # the window and a row's most drafts
+    assert adapter.ring == ring
     rows = [slab.shape[0] for slab in adapter.cache.slabs]  # one KV head: layer 0 K, V, layer 1 K, V, ...
-    assert rows == [5, 5, 32, 32, 5, 5]
+    assert rows == [ring + 1, ring + 1, 32, 32, ring + 1, ring + 1]
 
 
 def _eager_greedy_logits(inputs: Path, args_edit=None, chunk: int | None = None) -> tuple[np.ndarray, Reference]:

@@ -93,11 +93,15 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_
   if (!shapes.ok()) return shapes.status();
   lora_shapes_ = std::move(shapes.value());
   zeros_.assign(zero_floats_needed(lora_shapes_), 0.0f);
-  int64_t ring = 0;  // get_sliding_window only in programs whose sliding layers keep a ring
-  if (program_->method_meta("get_sliding_window").ok()) {
-    auto window = run_constant_method("get_sliding_window");
-    if (!window.ok()) return window.status();
-    ring = window.value();
+  // The positions a ring holds (forward_io.h): only programs whose sliding layers keep rings have
+  // get_ring_size, or (exporter revision 13 and earlier, no spare slots) get_sliding_window alone.
+  int64_t ring = 0;
+  for (const char* method : {"get_ring_size", "get_sliding_window"}) {
+    if (!program_->method_meta(method).ok()) continue;
+    auto size = run_constant_method(method);
+    if (!size.ok()) return size.status();
+    ring = size.value();
+    break;
   }
   auto layout = read_kv_layout(forward.get(), max_seq_len_, ring, 2 * lora_slots, pte);
   if (!layout.ok()) return layout.status();

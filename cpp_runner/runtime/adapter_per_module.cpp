@@ -110,12 +110,16 @@ StatusOr<int64_t> StockAdapter::run_constant_method(const char* method_name) {
 Status StockAdapter::allocate_kv_cache() {
   auto meta = module_->method_meta("forward");
   if (!meta.ok()) return Status::failure(pte_path_ + ": the program has no method 'forward'");
-  int64_t ring = 0;  // get_sliding_window only in programs whose sliding layers keep a ring
+  // The positions a ring holds (forward_io.h): get_ring_size, or (exporter revision 13 and earlier)
+  // get_sliding_window; only programs whose sliding layers keep rings have them.
+  int64_t ring = 0;
   auto methods = module_->method_names();
-  if (methods.ok() && methods->count("get_sliding_window")) {
-    auto window = run_constant_method("get_sliding_window");
-    if (!window.ok()) return window.status();
-    ring = window.value();
+  for (const char* method : {"get_ring_size", "get_sliding_window"}) {
+    if (!methods.ok() || !methods->count(method)) continue;
+    auto size = run_constant_method(method);
+    if (!size.ok()) return size.status();
+    ring = size.value();
+    break;
   }
   auto layout = read_kv_layout(meta.get(), max_seq_len_, ring, lora_.size(), pte_path_);
   if (!layout.ok()) return layout.status();

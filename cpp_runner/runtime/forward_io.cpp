@@ -197,8 +197,9 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
     return Status::failure(pte + ": get_max_seq_len() returned " + std::to_string(max_seq_len) +
                            "; it must be at least 1");
   if (ring < 0 || (ring > 0 && ring + 1 >= max_seq_len))
-    return Status::failure(pte + ": get_sliding_window() returned " + std::to_string(ring) +
-                           "; a ring is shorter than max_seq_len - 1 (" + std::to_string(max_seq_len - 1) + ")");
+    return Status::failure(pte + ": its ring size (get_ring_size(), or get_sliding_window()) is " +
+                           std::to_string(ring) + "; a ring is shorter than max_seq_len - 1 (" +
+                           std::to_string(max_seq_len - 1) + ")");
   KvLayout layout;
   layout.slabs = static_cast<int64_t>(inputs - 2);
   layout.head_dim = first->sizes()[1];
@@ -211,7 +212,7 @@ StatusOr<KvLayout> read_kv_layout(const MethodMeta& forward, int64_t max_seq_len
     if (!info.ok() || !is_slab(info.get()) || info->sizes()[1] != layout.head_dim ||
         info->scalar_type() != layout.dtype)
       return not_a_slab(pte, i);
-    // A ring's input is W + 1 rows; every other slab's at most max_seq_len.
+    // A ring's input is M + 1 rows; every other slab's at most max_seq_len.
     layout.is_ring.push_back(ring > 0 && info->sizes()[0] == ring + 1);
     size_t rows = static_cast<size_t>(layout.rows(static_cast<int64_t>(i) - 2));
     layout.offsets.push_back(layout.offsets.back() + rows * static_cast<size_t>(layout.head_dim));

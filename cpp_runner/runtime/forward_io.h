@@ -38,15 +38,18 @@ namespace lora_share {
 // context's last position, which no later call reads. Row 0 of every slab
 // is a sink row that stays zero: the program masks it, and it exists only so
 // that a slab input is never empty (it is all there is at position 0).
-// A program with get_sliding_window (W, `ring`; Gemma 3's sliding layers)
-// takes those layers' slabs as rings of W + 1 rows, passed whole on every
-// call: position p lives at row 1 + p % W, and the program masks the rows
-// outside each query's window from the position.
+// A program with get_ring_size (M, `ring`; Gemma 3's sliding layers; before
+// exporter revision 14, get_sliding_window, M = the window) takes those
+// layers' slabs as rings of M + 1 rows, passed whole on every call: position
+// p lives at row 1 + p % M, and the program masks the rows outside each
+// query's window from the position. M is the window plus the most drafts a
+// row of decode_batch verifies (batch/batch_engine.h), so that drafts written
+// ahead never overwrite a position the window still reads.
 struct KvLayout {
   int64_t slabs = 0, head_dim = 0, max_seq_len = 0;
   executorch::aten::ScalarType dtype = executorch::aten::ScalarType::Float;
   int64_t groups = 0;                // new-rows outputs: one per layer and K or V
-  int64_t ring = 0;                  // W, or 0: no ring slabs
+  int64_t ring = 0;                  // M, or 0: no ring slabs
   std::vector<bool> is_ring;         // per slab
   std::vector<size_t> offsets;       // per slab, its first value; then the end
   int64_t slabs_per_group() const;   // the KV heads
@@ -67,8 +70,8 @@ constexpr int64_t kKvRowBlock = 32;
 int64_t kv_view_rows(int64_t pos, int64_t rows);
 
 // forward's KV layout, read from its method meta (N = inputs - 2 -
-// `lora_inputs`, hd = input 2's second dimension, the element type input 2's; with `ring` W > 0, the
-// slab inputs of W + 1 rows are rings); refuses a program whose inputs and
+// `lora_inputs`, hd = input 2's second dimension, the element type input 2's; with `ring` M > 0, the
+// slab inputs of M + 1 rows are rings); refuses a program whose inputs and
 // outputs do not follow the contract above, and names the fix for one built
 // before it.
 StatusOr<KvLayout> read_kv_layout(const executorch::runtime::MethodMeta& forward, int64_t max_seq_len, int64_t ring,

@@ -19,7 +19,18 @@ from pathlib import Path
 
 import torch
 
-from ..model.decoder import KVCache, KVPools, LlamaLoRA, ModelArgs, forward_inputs, ring_window, rows_inputs, slab_rows
+from ..model.decoder import (
+    MAX_DRAFTS,
+    KVCache,
+    KVPools,
+    LlamaLoRA,
+    ModelArgs,
+    forward_inputs,
+    ring_size,
+    ring_window,
+    rows_inputs,
+    slab_rows,
+)
 from ..model.envelope import Envelope
 from ..model.quantize import is_quantized
 from .memory import compact_dependencies, sharing_weights
@@ -37,28 +48,34 @@ def example_inputs(args: ModelArgs, envelope: Envelope, tokens: int = 3) -> tupl
     )
 
 
-# The batch method's most rows and KV slots (dynamic sizes; a runtime's --parallel stays within them).
-# Its activations are planned for the most rows (SmolLM2-135M's logits alone: 3 MiB at 16 rows), so
-# rows are capped lower than slots, which are inputs and cost no planned memory.
+# The batch method's most rows, tokens per row (a row's last token and up to MAX_DRAFTS drafts) and KV
+# slots (dynamic sizes; a runtime's --parallel stays within them). Its activations are planned for the
+# most rows x tokens (SmolLM2-135M's logits alone: 28 MiB at 16 x 9), so rows are capped lower than
+# slots, which are inputs and cost no planned memory.
 MAX_BATCH_ROWS = 16
+MAX_ROW_TOKENS = MAX_DRAFTS + 1
 MAX_SLOTS = 64
 
 
 def example_rows_inputs(args: ModelArgs, envelope: Envelope) -> tuple[torch.Tensor, ...]:
-    """decode_batch's example inputs: two rows (so the rows are not taken to be one) at different
-    positions in two of three slots, rank-2 LoRA rows as ``example_inputs``."""
+    """decode_batch's example inputs: two rows of three tokens (so that neither size is taken to be one,
+    nor the two one size) at different positions in two of three slots, rank-2 LoRA rows as
+    ``example_inputs``."""
     lora = [t.unsqueeze(0).expand(2, -1, -1).contiguous() for t in envelope.example_inputs(args)]
-    return rows_inputs([1, 2], [3, 5], [2, 0], KVPools(args, 3), lora)
+    return rows_inputs([[1, 2, 3], [4, 5, 6]], [3, 5], [2, 0], KVPools(args, 3), lora)
 
 
 def constant_methods(args: ModelArgs) -> dict[str, int]:
     """The program's constant methods: what a runtime needs besides forward's inputs. A program whose
-    sliding layers keep a ring (model.ring_window) also has ``get_sliding_window``, W: its ring slabs
-    are the inputs of W + 1 rows, and a runtime writes position p at row 1 + p % W of them. Without
-    it (every other program, unchanged), every slab covers the context."""
+    sliding layers keep a ring (model.ring_size) also has ``get_ring_size``, M: its ring slabs are the
+    inputs of M + 1 rows, and a runtime writes position p at row 1 + p % M of them; and
+    ``get_sliding_window``, W (what the rings cover; a program exported before the rings' spare slots,
+    EXPORTER_REVISION 13 and earlier, has only this, and M = W). Without them (every other program),
+    every slab covers the context."""
     methods = {"get_max_seq_len": args.max_seq_len, "get_vocab_size": args.vocab_size, "get_prefill_chunk": args.chunk}
-    if ring_window(args):
+    if ring_size(args):
         methods["get_sliding_window"] = ring_window(args)
+        methods["get_ring_size"] = ring_size(args)
     return methods
 
 
@@ -168,8 +185,8 @@ def export_program(
     a stand-alone .pte with every foundation weight inside and no .ptd (the benchmark's baseline).
     ``lean=False`` lowers exactly as ExecuTorch ships, skipping no re-tracing (export/speed.py) and
     with the partitioner's own dependency sets (export/memory.py): the reference the lean lowering's
-    bytes are tested against. ``batch`` adds the ``decode_batch`` method (docs/batching.md): one token
-    for each of 1..MAX_BATCH_ROWS rows, each its own position, KV slot and LoRA, same weights.
+    bytes are tested against. ``batch`` adds the ``decode_batch`` method (docs/batching.md): 1..MAX_ROW_TOKENS
+    tokens for each of 1..MAX_BATCH_ROWS rows, each its own position, KV slot and LoRA, same weights.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -255,18 +272,19 @@ def export_program(
 
 
 def _export_rows(model: LlamaLoRA, envelope: Envelope):
-    """The decode_batch method traced: the rows and the slots are dynamic sizes, and each LoRA slot's rank;
-    a pool's rows are fixed (the whole context, or a ring)."""
+    """The decode_batch method traced: the rows, their tokens and the slots are dynamic sizes, and each LoRA
+    slot's rank; a pool's rows are fixed (the whole context, or a ring)."""
     from torch.export import Dim
 
     rows, slots = Dim("rows", min=1, max=MAX_BATCH_ROWS), Dim("slots", min=1, max=MAX_SLOTS)
+    tokens = Dim("row_tokens", min=1, max=MAX_ROW_TOKENS)
     pools = [{0: slots} for _ in slab_rows(model.args)]
     with model.batching():
         return torch.export.export(
             model,
             example_rows_inputs(model.args, envelope),
             strict=False,
-            dynamic_shapes=({0: rows}, {0: rows}, ({0: rows}, *pools, *envelope.rows_dynamic_shapes(rows))),
+            dynamic_shapes=({0: rows, 1: tokens}, {0: rows}, ({0: rows}, *pools, *envelope.rows_dynamic_shapes(rows))),
         )
 
 

@@ -21,4 +21,8 @@ FOUNDATION_TAG = "foundation"  # -> foundation.ptd
 # 13: decode_batch's LoRA inputs untransposed, A [B, r, in] and B [B, out, r], the first operand of
 #     their products: XNNPACK packs a product's second operand at every call, and packing the rows'
 #     At/Bt was most of a step's LoRA cost; the rows' activations are packed instead (one column).
-EXPORTER_REVISION = 13
+# 14: decode_batch's rows carry 1..MAX_DRAFTS + 1 tokens each (a row's last token and drafts to verify,
+#     tokens [B, T]), and its attention (lora_share::rope_write_attend_rows) writes every entry's keys and
+#     values into its KV slot before any entry attends; Gemma 3's rings keep MAX_DRAFTS spare slots
+#     (get_ring_size), so that drafts written ahead never overwrite a position the window still reads.
+EXPORTER_REVISION = 14

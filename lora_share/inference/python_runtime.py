@@ -93,11 +93,11 @@ class LoadedAdapter:
                         "not cache_positions): rebuild it with this version"
                     )
                 self.prefill_chunk = int(program.load_method("get_prefill_chunk").execute([])[0])
-                self.ring = (
-                    int(program.load_method("get_sliding_window").execute([])[0])
-                    if "get_sliding_window" in program.method_names
-                    else 0
+                # The positions a ring holds: get_ring_size, or (exporter revision 13 and earlier) the window.
+                ring_method = next(
+                    (m for m in ("get_ring_size", "get_sliding_window") if m in program.method_names), None
                 )
+                self.ring = int(program.load_method(ring_method).execute([])[0]) if ring_method else 0
                 meta = program.metadata("forward")
                 failure = None
             except RuntimeError as e:

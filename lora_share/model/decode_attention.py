@@ -150,72 +150,94 @@ def rope_attend(q, k, v, rope_q, rope_k, bias, keys, values):
     return torch.ops.lora_share.rope_attend(q, k, v, *rope_q, *rope_k, bias, list(keys), list(values))
 
 
-# rope_attend_rows: the batch method's attention (docs/batching.md): B rows, each one token at its own
-# position reading its own KV slot of the slot pools.
+# rope_write_attend_rows: the batch method's attention (docs/batching.md). B rows, each of T entries: one
+# sequence's tokens at consecutive positions (its last token, and drafts after it to be verified), in its own KV
+# slot of the slot pools. Every entry's keys and values are written into its slot before any entry attends, so an
+# entry sees the ones before it in its row exactly as one-token decode sees them in the cache.
 _ROWS_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cos_q, Tensor sin_q, Tensor cos_k, Tensor sin_k, Tensor bias, "
-    "Tensor slots, Tensor[] keys, Tensor[] values)"
+    "Tensor slots, Tensor dst, Tensor[] keys, Tensor[] values)"
 )
-_lib.define(f"rope_attend_rows{_ROWS_SCHEMA} -> (Tensor, Tensor, Tensor)")
+_lib.define(f"rope_write_attend_rows{_ROWS_SCHEMA} -> (Tensor, Tensor, Tensor)")
 _lib.define(
-    f"rope_attend_rows.out{_ROWS_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
+    f"rope_write_attend_rows.out{_ROWS_SCHEMA[:-1]}, *, Tensor(a!) out, Tensor(b!) k_out, Tensor(c!) v_out) "
     "-> (Tensor(a!), Tensor(b!), Tensor(c!))"
 )
 
 
-def rope_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values):
-    """``rope_attend_rows`` in PyTorch: ``rope_attend`` of each row b alone, over slot ``slots[b]`` of
-    every pool, with row b's mask shared by its query heads. Shapes: q ``[B, 1, n_heads * hd]``, k, v
-    ``[B, 1, n_kv * hd]``, cos/sin ``[B, 1, hd]`` (float32); bias ``[B, S + 1]`` and pools ``keys[h]``,
-    ``values[h]`` ``[N, S, hd]`` of the cache's dtype; slots ``[B]`` int64. Returns out ``[B, 1, n_heads * hd]``
-    and this step's keys and values ``[B, n_kv, hd]``."""
+def rope_write_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, dst, keys, values):
+    """``rope_write_attend_rows`` in PyTorch. Shapes: q ``[B, T, n_heads * hd]``, k, v ``[B, T, n_kv * hd]``,
+    cos/sin ``[B, T, hd]`` (float32); bias ``[B, T, S + 1]`` (entry (b, t)'s mask, shared by its query heads)
+    and pools ``keys[h]``, ``values[h]`` ``[N, S, hd]`` of the cache's dtype; slots ``[B]`` and dst ``[B, T]``
+    int64. First every entry's keys and values (as ``rope_attend`` computes them) go into row ``dst[b, t]`` of
+    slot ``slots[b]`` of every pool (none where dst is outside 1..S-1: the sink row, or past the slab); then
+    each entry is ``rope_attend`` over its slot. The pools are written in place, as the C++ kernel writes the
+    runtime's. Returns out ``[B, T, n_heads * hd]`` and the entries' keys and values ``[B * T, n_kv, hd]``."""
     hd, n_kv = cos_q.shape[-1], len(keys)
+    b_rows, t_rows, rows = q.shape[0], q.shape[1], keys[0].shape[1]
     rep = q.shape[-1] // hd // n_kv
-    outs, ks, vs = [], [], []
-    for b, slot in enumerate(slots.tolist()):
-        row_bias = bias[b].expand(rep, bias.shape[1]).unsqueeze(0)
-        o, k_b, v_b = rope_attend_reference(
-            q[b : b + 1],
-            k[b : b + 1],
-            v[b : b + 1],
-            cos_q[b : b + 1],
-            sin_q[b : b + 1],
-            cos_k[b : b + 1],
-            sin_k[b : b + 1],
+    kv = bias.dtype
+    flat = [x.reshape(b_rows * t_rows, 1, 1, x.shape[-1]) for x in (q, k, v, cos_q, sin_q, cos_k, sin_k)]
+    q1, k1, v1, cq, sq, ck, sk = flat
+    new_k = torch.stack(
+        [rotate(k1[e].reshape(n_kv, hd), ck[e].reshape(1, hd), sk[e].reshape(1, hd)) for e in range(len(k1))]
+    )
+    new_k, new_v = new_k.to(kv), v1.reshape(-1, n_kv, hd).to(kv)
+    for e, (slot, row) in enumerate(zip(slots.repeat_interleave(t_rows).tolist(), dst.reshape(-1).tolist())):
+        if 0 < row < rows:
+            for h in range(n_kv):
+                keys[h][slot, row] = new_k[e, h]
+                values[h][slot, row] = new_v[e, h]
+    outs = []
+    for e, slot in enumerate(slots.repeat_interleave(t_rows).tolist()):
+        row_bias = bias.reshape(-1, bias.shape[-1])[e].expand(rep, bias.shape[-1]).unsqueeze(0)
+        out, _, _ = rope_attend_reference(
+            q1[e],
+            k1[e],
+            v1[e],
+            cq[e],
+            sq[e],
+            ck[e],
+            sk[e],
             row_bias,
             [p[slot] for p in keys],
             [p[slot] for p in values],
         )
-        outs.append(o)
-        ks.append(k_b.view(n_kv, hd))
-        vs.append(v_b.view(n_kv, hd))
-    return torch.cat(outs), torch.stack(ks), torch.stack(vs)
+        outs.append(out)
+    return torch.cat(outs).reshape(q.shape), new_k, new_v
 
 
-def _rope_attend_rows_out(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values, *, out, k_out, v_out):
-    results = rope_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values)
-    for dst, src in zip((out, k_out, v_out), results):
-        dst.resize_(src.shape).copy_(src)
+def _rope_write_attend_rows_out(
+    q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, dst, keys, values, *, out, k_out, v_out
+):
+    results = rope_write_attend_rows_reference(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, dst, keys, values)
+    for target, src in zip((out, k_out, v_out), results):
+        target.resize_(src.shape).copy_(src)
     return out, k_out, v_out
 
 
-def _rope_attend_rows_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values):
+def _rope_write_attend_rows_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, dst, keys, values):
     hd, n_kv = cos_q.shape[-1], len(keys)
-    rows = q.new_empty((q.shape[0], n_kv, hd), dtype=bias.dtype)
+    rows = q.new_empty((q.shape[0] * q.shape[1], n_kv, hd), dtype=bias.dtype)
     return torch.empty_like(q), rows, torch.empty_like(rows)
 
 
-def _rope_attend_rows_out_meta(q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, keys, values, *, out, k_out, v_out):
+def _rope_write_attend_rows_out_meta(
+    q, k, v, cos_q, sin_q, cos_k, sin_k, bias, slots, dst, keys, values, *, out, k_out, v_out
+):
     return out, k_out, v_out
 
 
-_lib.impl("rope_attend_rows", rope_attend_rows_reference, "CompositeExplicitAutograd")
-_lib.impl("rope_attend_rows.out", _rope_attend_rows_out, "CompositeExplicitAutograd")
-_lib.impl("rope_attend_rows", _rope_attend_rows_meta, "Meta")
-_lib.impl("rope_attend_rows.out", _rope_attend_rows_out_meta, "Meta")
+_lib.impl("rope_write_attend_rows", rope_write_attend_rows_reference, "CompositeExplicitAutograd")
+_lib.impl("rope_write_attend_rows.out", _rope_write_attend_rows_out, "CompositeExplicitAutograd")
+_lib.impl("rope_write_attend_rows", _rope_write_attend_rows_meta, "Meta")
+_lib.impl("rope_write_attend_rows.out", _rope_write_attend_rows_out_meta, "Meta")
 
 
-def rope_attend_rows(q, k, v, rope_q, rope_k, bias, slots, keys, values):
-    """``lora_share::rope_attend_rows``: one decode step of B rows (``rope_attend_rows_reference``);
-    ``rope_q``, ``rope_k`` are (cos, sin) pairs. Returns (output, keys, values)."""
-    return torch.ops.lora_share.rope_attend_rows(q, k, v, *rope_q, *rope_k, bias, slots, list(keys), list(values))
+def rope_write_attend_rows(q, k, v, rope_q, rope_k, bias, slots, dst, keys, values):
+    """``lora_share::rope_write_attend_rows``: one decode step of B rows of T entries each
+    (``rope_write_attend_rows_reference``); ``rope_q``, ``rope_k`` are (cos, sin) pairs. Returns (output,
+    keys, values)."""
+    return torch.ops.lora_share.rope_write_attend_rows(
+        q, k, v, *rope_q, *rope_k, bias, slots, dst, list(keys), list(values)
+    )

@@ -17,14 +17,14 @@ in that order (layer 0's keys of heads 0, 1, .., then its values, then layer 1's
 ``[max_seq_len, head_dim]``. Row 0 of a slab is a sink that stays zero and is masked (it
 keeps an input from being empty at position 0); position p lives at row p + 1, except the last
 position's (no later call reads it, so it is not kept). A sliding layer
-(Gemma 3) whose window W is shorter than the context keeps a ring instead (``ring_window``):
-``[W + 1, head_dim]``, position p at row 1 + p % W, passed whole on every call; the program
-masks each slot by the position it holds, which it computes from P.
+(Gemma 3) whose window W is shorter than the context keeps a ring instead (``ring_window``): M = W +
+MAX_DRAFTS slots after the sink (``ring_size``), ``[M + 1, head_dim]``, position p at row 1 + p % M, passed
+whole on every call; the program masks each slot by the position it holds, which it computes from P.
 
 ``forward(tokens [1, T] int64, pos [1] int64, *slabs) -> (logits [1, vocab], *new_rows)`` feeds T
 tokens at positions P .. P+T-1 (P = ``pos``) and returns the logits at the last one. Slab input j is
 slab j's first S rows, ``[S, head_dim]``, for any S with P + 1 <= S <= its rows (a ring: all its
-``W + 1``): the program masks rows P + 1 and later, so they may hold anything finite. The export
+``M + 1``): the program masks rows P + 1 and later, so they may hold anything finite. The export
 leaves inputs out of planned memory, so the runtime hands the program its cache in place, without a
 copy. The runtimes pass S = P + 1 rounded up to a multiple of ``KV_ROW_BLOCK`` (``kv_view_rows``):
 XNNPACK re-plans a delegate's memory whenever an input grows, so a length that grew at every token
@@ -32,7 +32,7 @@ cost every decoded token that re-plan (4-5% of an 8da4w token at SmolLM2-135M's 
 pads its KV view the same way.
 ``new_rows`` has one ``[n_kv_heads, T, head_dim]`` tensor per (layer, key or value): this call's
 keys or values for that group's slabs, head by head, which the caller writes at rows P + 1 .. P + T
-(of a ring: at 1 + p % W, in order). ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
+(of a ring: at 1 + p % M, in order). ``1 <= T <= prefill_chunk`` and ``P + T <= max_seq_len``; longer
 prompts are fed in chunks. ``forward_inputs`` and ``KVCache.write`` implement the caller's side.
 
 ``decode``, the program's second method, is forward for T = 1 (same inputs, outputs and weights) with
@@ -43,9 +43,10 @@ forward's products take the past as XNNPACK weights and pack them again on every
 runtime decodes with it; prompts, and the Python runtime, take forward (``LlamaLoRA.decoding`` traces
 it).
 
-``decode_batch`` (``LlamaLoRA.batching``; exported on request, docs/batching.md) decodes one token for each
-of B rows, each at its own position, in its own slot of the KV pools (``KVPools``: N caches, laid out per
-slab), with its own LoRA rows; the foundation's products run once over the B rows.
+``decode_batch`` (``LlamaLoRA.batching``; exported on request, docs/batching.md) decodes B rows, each at its own
+position, in its own slot of the KV pools (``KVPools``: N caches, laid out per slab), with its own LoRA rows;
+each row carries T entries (T the same for every row of a call, 1 to MAX_DRAFTS + 1): its last token and the
+drafts after it, which one call verifies; the foundation's products run once over the B x T entries.
 
 LoRA weights are inputs too, so one program serves every adapter of its envelope (model/envelope.py):
 after the slabs come two inputs per envelope slot (layer, linear), in the envelope's order,
@@ -63,12 +64,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from .args import KV_DTYPE_NAMES, ModelArgs
-from .decode_attention import rope_attend, rope_attend_rows
+from .decode_attention import rope_attend, rope_write_attend_rows
 from .quantize import is_quantized
 
 # The runtimes pass each slab's rows in blocks of this many (module docstring, ``kv_view_rows``); the
 # C++ runtime's kKvRowBlock is the same.
 KV_ROW_BLOCK = 32
+
+# The most drafts a row of the batch method verifies after its last token (speculative decoding,
+# docs/batching.md): each row of ``decode_batch`` carries up to MAX_DRAFTS + 1 entries. A ring keeps
+# MAX_DRAFTS slots more than its window (``ring_size``), so that the drafts written ahead of a row never
+# overwrite a position that an entry of the step, or the next step after a rejection, still reads.
+MAX_DRAFTS = 8
 
 _GELU_BETA = math.sqrt(2.0 / math.pi)
 
@@ -290,9 +297,10 @@ class Attention(nn.Module):
         o_proj by one ``lora_share::rope_attend`` call (model/decode_attention.py). Returns the output and
         this call's keys and values, ``[n_kv, T, head_dim]`` each.
 
-        With ``slots`` (the batch method's ``[B]``): ``x`` is ``[B, 1, dim]``, one token per row, ``keys``
-        and ``values`` the slot pools ``[N, S, head_dim]``, ``bias`` ``[B, S + 1]`` and the rotations
-        ``[B, 1, head_dim]``; one ``lora_share::rope_attend_rows`` call; keys and values ``[B, n_kv, head_dim]``."""
+        With ``slots`` (the batch method's: the rows' slots ``[B]`` and the slab row of each entry's keys and
+        values ``[B, T]``): ``x`` is ``[B, T, dim]``, T entries per row, ``keys`` and ``values`` the slot pools
+        ``[N, S, head_dim]``, ``bias`` ``[B, T, S + 1]`` and the rotations ``[B, T, head_dim]``; one
+        ``lora_share::rope_write_attend_rows`` call; keys and values ``[B * T, n_kv, head_dim]``."""
         if slots is not None:
             return self._forward_rows(x, rope_q, rope_k, bias, keys, values, lora, slots)
         _, t, _ = x.shape
@@ -328,12 +336,12 @@ class Attention(nn.Module):
         return self._output(out, t, lora), k, v
 
     def _forward_rows(self, x, rope_q, rope_k, bias, keys, values, lora, slots):
-        b, hd = x.shape[0], self.hd
+        (b, t, _), hd = x.shape, self.hd
         q, k, v = self._project(x, lora)
         if self.qk_norm:
-            q = self.q_norm(q.view(b, 1, self.n_heads, hd)).view(b, 1, self.n_heads * hd)
-            k = self.k_norm(k.view(b, 1, self.n_kv, hd)).view(b, 1, self.n_kv * hd)
-        out, k, v = rope_attend_rows(q, k, v, rope_q, rope_k, bias, slots, keys, values)
+            q = self.q_norm(q.view(b, t, self.n_heads, hd)).view(b, t, self.n_heads * hd)
+            k = self.k_norm(k.view(b, t, self.n_kv, hd)).view(b, t, self.n_kv * hd)
+        out, k, v = rope_write_attend_rows(q, k, v, rope_q, rope_k, bias, *slots, keys, values)
         return self.o_proj(out, lora.get("o_proj")), k, v
 
     def _output(self, out: torch.Tensor, t: int, lora) -> torch.Tensor:
@@ -419,23 +427,32 @@ def n_slabs(args: ModelArgs) -> int:
 
 
 def ring_window(args: ModelArgs) -> int:
-    """The window W whose ring the sliding layers' slabs are, or 0 when every slab covers the context.
+    """The window W of the sliding layers whose slabs are rings (``ring_size``), or 0 when every slab
+    covers the context."""
+    return args.sliding_window if ring_size(args) else 0
+
+
+def ring_size(args: ModelArgs) -> int:
+    """The positions M a sliding layer's ring holds, or 0 when every slab covers the context.
 
     A sliding layer never reads a position W or more before the one it computes, so its slabs are a
-    ring of W slots after the sink (``[W + 1, head_dim]``), position p at row 1 + p % W, instead of
-    ``[max_seq_len, head_dim]``. Only when W + 1 is shorter than the context (so a ring's W + 1 rows
-    tell it from the other slabs, whose inputs have at most max_seq_len rows), and when some layer
-    attends over the whole context: the program counts its key slots from that layer's slabs."""
+    ring of M slots after the sink (``[M + 1, head_dim]``), position p at row 1 + p % M, instead of
+    ``[max_seq_len, head_dim]``. M = W + MAX_DRAFTS: the batch method writes a row's drafts (up to
+    MAX_DRAFTS positions past its last token) before it attends, and a draft at p + d overwrites the
+    position p + d - M, which no entry at p or later reads (it is W or more before p). Only when M + 1
+    is shorter than the context (so a ring's M + 1 rows tell it from the other slabs, whose inputs have
+    at most max_seq_len rows), and when some layer attends over the whole context: the program counts
+    its key slots from that layer's slabs."""
     w = args.sliding_window
-    if not args.sliding_layers or w is None or w + 1 >= args.max_seq_len or len(args.sliding_layers) == args.n_layers:
+    if not args.sliding_layers or w is None or len(args.sliding_layers) == args.n_layers:
         return 0
-    return w
+    return 0 if w + MAX_DRAFTS + 1 >= args.max_seq_len else w + MAX_DRAFTS
 
 
 def slab_rows(args: ModelArgs) -> list[int]:
     """Rows of each KV slab, in slab order: ``max_seq_len`` (the sink, then every position but the
-    last, which no call reads), or ``W + 1`` for a sliding layer's ring."""
-    ring, per_layer = ring_window(args), 2 * args.n_kv_heads
+    last, which no call reads), or ``M + 1`` for a sliding layer's ring (``ring_size``)."""
+    ring, per_layer = ring_size(args), 2 * args.n_kv_heads
     return [
         ring + 1 if ring and j // per_layer in args.sliding_layers else args.max_seq_len for j in range(n_slabs(args))
     ]
@@ -443,8 +460,8 @@ def slab_rows(args: ModelArgs) -> list[int]:
 
 def capped_rows(rows: list[int], ring: int, positions: int | None) -> list[int]:
     """Slab rows for a caller that feeds at most ``positions`` positions (None: all of ``rows``): the
-    slabs over the whole context shortened to ``positions + 1`` rows, rings kept whole. A short slab
-    never has a ring's W + 1 rows, which is how a ring is told apart."""
+    slabs over the whole context shortened to ``positions + 1`` rows, rings (of ``ring`` positions: M)
+    kept whole. A short slab never has a ring's M + 1 rows, which is how a ring is told apart."""
     if positions is None:
         return list(rows)
     cap = positions + 1 + (1 if ring and positions + 1 == ring + 1 else 0)
@@ -453,7 +470,8 @@ def capped_rows(rows: list[int], ring: int, positions: int | None) -> list[int]:
 
 class KVCache:
     """The caller's KV cache (module docstring): one slab per (layer, key or value, key/value head),
-    ``[max_seq_len, head_dim]``, or a ring of ``[W + 1, head_dim]`` for a sliding layer (``ring_window``)."""
+    ``[max_seq_len, head_dim]``, or a ring of ``[M + 1, head_dim]`` for a sliding layer (``ring``: M,
+    ``ring_size``)."""
 
     def __init__(self, rows: list[int], head_dim: int, ring: int = 0, dtype: torch.dtype = torch.float32):
         self.slabs = [torch.zeros(n, head_dim, dtype=dtype) for n in rows]
@@ -463,7 +481,7 @@ class KVCache:
     def for_model(cls, args: ModelArgs, positions: int | None = None) -> KVCache:
         """The cache ``args``' program reads; with ``positions``, only big enough for that many
         (``capped_rows``)."""
-        ring = ring_window(args)
+        ring = ring_size(args)
         return cls(capped_rows(slab_rows(args), ring, positions), args.hd, ring, args.kv_torch_dtype)
 
     def prefixes(self, pos: int, block: int = KV_ROW_BLOCK) -> list[torch.Tensor]:
@@ -476,7 +494,7 @@ class KVCache:
 
     def write(self, pos: int, new_rows) -> None:
         """Store forward's new rows (one ``[n_kv_heads, T, head_dim]`` per layer and key or value, the
-        slabs in order) at positions ``pos`` .. ``pos + T - 1``: row p + 1, or 1 + p % W of a ring."""
+        slabs in order) at positions ``pos`` .. ``pos + T - 1``: row p + 1, or 1 + p % M of a ring."""
         heads = len(self.slabs) // len(new_rows)
         for g, rows in enumerate(new_rows):
             rows = torch.as_tensor(rows)
@@ -507,7 +525,7 @@ class KVPools:
     contiguous ``KVCache`` slab, so forward takes a slot's slabs in place (``slot``)."""
 
     def __init__(self, args: ModelArgs, slots: int):
-        self.ring = ring_window(args)
+        self.ring, self.max_seq_len = ring_size(args), args.max_seq_len
         self.pools = [torch.zeros(slots, rows, args.hd, dtype=args.kv_torch_dtype) for rows in slab_rows(args)]
 
     def slot(self, n: int) -> KVCache:
@@ -515,10 +533,16 @@ class KVPools:
         return KVCache.of_slabs([pool[n] for pool in self.pools], self.ring)
 
     def write_rows(self, slots, pos, new_rows) -> None:
-        """Store the batch method's new rows (one ``[B, n_kv, head_dim]`` per layer and key or value):
-        row b's at position ``pos[b]`` of slot ``slots[b]``."""
+        """Store the batch method's new rows (one ``[B * T, n_kv, head_dim]`` per layer and key or value):
+        row b's T entries at positions ``pos[b]``, ``pos[b] + 1``, .. of slot ``slots[b]``, but for entries
+        past the context (a step's padding), which the method writes nowhere either. The C++ kernel has
+        written them already; ExecuTorch's Python runtime may have handed it copies of the pools."""
+        rows = [torch.as_tensor(r) for r in new_rows]
+        steps = rows[0].shape[0] // len(slots)
         for b, (slot, p) in enumerate(zip(slots, pos)):
-            self.slot(slot).write(p, [torch.as_tensor(rows)[b].unsqueeze(1) for rows in new_rows])
+            kept = min(steps, self.max_seq_len - p)
+            mine = [r[b * steps : b * steps + kept].transpose(0, 1) for r in rows]  # [n_kv, kept, head_dim]
+            self.slot(slot).write(p, mine)
 
 
 def kv_view_rows(pos: int, rows: int, block: int = KV_ROW_BLOCK) -> int:
@@ -541,13 +565,15 @@ def forward_inputs(tokens, pos: int, cache: KVCache, lora=(), block: int = KV_RO
 
 
 def rows_inputs(tokens, pos, slots, pools: KVPools, lora=()) -> tuple[torch.Tensor, ...]:
-    """The batch method's inputs: row b feeds token ``tokens[b]`` at position ``pos[b]`` from KV slot
-    ``slots[b]``; ``lora`` the rows' LoRA inputs (``envelope.Envelope.rows_inputs``)."""
+    """The batch method's inputs: row b feeds ``tokens[b]`` (a token, or a list of T tokens, the same T for
+    every row) at positions ``pos[b]``, ``pos[b] + 1``, .. from KV slot ``slots[b]``; ``lora`` the rows'
+    LoRA inputs (``envelope.Envelope.rows_inputs``)."""
 
     def ints(values):
         return torch.tensor(list(values), dtype=torch.int64)
 
-    return (ints(tokens).view(-1, 1), ints(pos), ints(slots), *pools.pools, *lora)
+    entries = [list(t) if isinstance(t, (list, tuple)) else [t] for t in tokens]
+    return (torch.tensor(entries, dtype=torch.int64), ints(pos), ints(slots), *pools.pools, *lora)
 
 
 class LlamaLoRA(nn.Module):
@@ -567,7 +593,7 @@ class LlamaLoRA(nn.Module):
             emb = torch.cat((freqs, freqs), dim=-1)
             self.register_buffer(f"{name}_cos", emb.cos(), persistent=False)
             self.register_buffer(f"{name}_sin", emb.sin(), persistent=False)
-        self.ring = ring_window(args)
+        self.ring = ring_size(args)
         # The slots' count is read from the first slab of a layer over the whole context.
         first_full = next(i for i in range(args.n_layers) if not self.ring or i not in args.sliding_layers)
         self.full_slab = 2 * args.n_kv_heads * first_full
@@ -629,11 +655,11 @@ class LlamaLoRA(nn.Module):
             rope[True] = self._rope("rope_local", positions, scale)
             window = args.sliding_window
             if self.ring:
-                # Ring slot s (1..W) holds the latest position before this call that is s - 1 modulo W,
+                # Ring slot s (1..M) holds the latest position before this call that is s - 1 modulo M,
                 # or none yet (negative); the sink none. The remainder's operand is kept non-negative:
                 # ExecuTorch's int64 remainder takes C's sign, not Python's.
-                s = torch.arange(1, window + 1)
-                ring = (pos - 1) - torch.remainder((pos + window) - s, window)
+                s = torch.arange(1, self.ring + 1)
+                ring = (pos - 1) - torch.remainder((pos + self.ring) - s, self.ring)
                 key = torch.cat([torch.full((1,), -1), ring, positions]).unsqueeze(0)
             bias[True] = self._bias((key > query) | (key < 0) | (key <= query - window))
         h = self._embed(tokens)
@@ -649,47 +675,64 @@ class LlamaLoRA(nn.Module):
         return (self.lm_head(h), *new_rows)
 
     def _forward_rows(self, tokens, pos, slots, *inputs) -> tuple[torch.Tensor, ...]:
-        """The batch method (``batching``): ``tokens`` ``[B, 1]``, ``pos`` and ``slots`` ``[B]``, the slot
-        pools (``KVPools``), the rows' LoRA inputs; logits ``[B, vocab]`` and each layer's keys and values
-        ``[B, n_kv, head_dim]``. Each row is masked as forward masks one token at its position."""
+        """The batch method (``batching``): ``tokens`` ``[B, T]`` (row b's entries at positions ``pos[b]``,
+        ``pos[b] + 1``, ..), ``pos`` and ``slots`` ``[B]``, the slot pools (``KVPools``), the rows' LoRA
+        inputs; logits ``[B * T, vocab]`` (entry (b, t) at b * T + t) and each layer's keys and values
+        ``[B * T, n_kv, head_dim]``. Each entry is masked as forward masks one token at its position. An
+        entry past the context (a row padded to the step's T near its end) is computed at the last
+        position and writes nothing: its logits mean nothing."""
         args = self.args
         pools, lora = inputs[: n_slabs(args)], inputs[n_slabs(args) :]
         per_layer = self._lora_by_layer(lora)
         scale = args.attn_scale if args.attn_scale is not None else 1.0 / math.sqrt(args.hd)
-        query = pos.unsqueeze(1)  # [B, 1]
-        rope = {False: self._rope("rope", pos, scale)}
-        # Key slots as forward's (its comment), per row: [B, S + 1], the last this step's own key.
+        positions = pos.unsqueeze(1) + torch.arange(tokens.shape[1])  # [B, T]
+        inside = positions < args.max_seq_len
+        query = positions.clamp(max=args.max_seq_len - 1).unsqueeze(2)  # [B, T, 1]
+        rope = {False: self._rope_rows("rope", query.squeeze(2), scale)}
+        # Key slots as forward's (its comment), per entry: [B, T, S + 1], the last the entry's own key. The
+        # slab row each entry's keys and values go to (-1: none) is the kernel's to write before any attends.
         cached = torch.arange(pools[self.full_slab].shape[1]) - 1
-        key = torch.cat([torch.where(cached < query, cached, -1), query], dim=1)
+        key = torch.cat([torch.where(cached < query, cached, -1), query], dim=2)
         bias = {False: self._row_bias((key > query) | (key < 0))}
+        dst = {False: torch.where(inside, positions + 1, -1)}
         if args.sliding_layers:
-            rope[True] = self._rope("rope_local", pos, scale)
+            rope[True] = self._rope_rows("rope_local", query.squeeze(2), scale)
             window = args.sliding_window
             if self.ring:
-                s = torch.arange(1, window + 1)
-                ring = (query - 1) - torch.remainder((query + window) - s, window)
-                key = torch.cat([torch.full_like(query, -1), ring, query], dim=1)
+                s = torch.arange(1, self.ring + 1)
+                ring = (query - 1) - torch.remainder((query + self.ring) - s, self.ring)
+                key = torch.cat([torch.full_like(query, -1), ring, query], dim=2)
+                dst[True] = torch.where(inside, 1 + torch.remainder(positions, self.ring), -1)
+            else:
+                dst[True] = dst[False]
             bias[True] = self._row_bias((key > query) | (key < 0) | (key <= query - window))
         h = self._embed(tokens)
         n_kv, new_rows = args.n_kv_heads, []
         for i, layer in enumerate(self.model.layers):
             mine = pools[2 * n_kv * i : 2 * n_kv * (i + 1)]
             local = i in args.sliding_layers
-            h, k, v = layer(h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i], slots=slots)
+            h, k, v = layer(
+                h, *rope[local], bias[local], mine[:n_kv], mine[n_kv:], per_layer[i], slots=(slots, dst[local])
+            )
             new_rows += [k, v]
         return (self.lm_head(self.model.norm(h.view(-1, args.dim))), *new_rows)
 
+    def _rope_rows(self, name: str, positions: torch.Tensor, scale: float):
+        """``_rope`` for the batch method's entries ``positions`` ``[B, T]``: (cos, sin) pairs ``[B, T, hd]``."""
+        cos, sin = getattr(self, f"{name}_cos")[positions], getattr(self, f"{name}_sin")[positions]
+        return (cos * scale, sin * scale), (cos, sin)
+
     def _row_bias(self, hidden: torch.Tensor) -> torch.Tensor:
-        """-inf where a row may not see a key slot (``hidden`` ``[B, S + 1]``: True there), 0 elsewhere;
-        shared by the row's query heads."""
+        """-inf where an entry may not see a key slot (``hidden`` ``[B, T, S + 1]``: True there), 0
+        elsewhere; shared by the entry's query heads."""
         return torch.zeros_like(hidden, dtype=self.args.kv_torch_dtype).masked_fill(hidden, float("-inf"))
 
     @contextlib.contextmanager
     def batching(self):
-        """Within: ``forward`` is the program's ``decode_batch`` method (docs/batching.md): B rows of one
-        token each, ``forward(tokens [B, 1], pos [B], slots [B], *pools, *lora)`` (``rows_inputs``), each
-        row at its own position, in its own KV slot, with its own LoRA (``A [B, r, in]``, ``B [B, out, r]``
-        per envelope slot). The foundation's products run once over the rows; same parameters as forward."""
+        """Within: ``forward`` is the program's ``decode_batch`` method (docs/batching.md): B rows of T tokens
+        each, ``forward(tokens [B, T], pos [B], slots [B], *pools, *lora)`` (``rows_inputs``), each row at its
+        own positions, in its own KV slot, with its own LoRA (``A [B, r, in]``, ``B [B, out, r]`` per envelope
+        slot). The foundation's products run once over the entries; same parameters as forward."""
         self.batch_rows = True
         try:
             yield self

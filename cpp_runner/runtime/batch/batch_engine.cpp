@@ -29,6 +29,10 @@ std::vector<int64_t> input_sizes(const MethodMeta& meta, size_t i) {
 struct BatchEngine::Impl {
   SharedProgram* program = nullptr;
   size_t slots = 0, rows = 0;
+  // decode_batch's most tokens per row: 1 on a program exported before drafts
+  // (exporter revision 13 and earlier), whose K/V the engine writes after a
+  // step; later programs write them themselves, before any token attends.
+  size_t row_tokens = 1;
   // Per envelope slot: A [rows, r, in] and B [rows, out, r] for a step's
   // rank r (at most max_rank; room for max_rank).
   std::vector<std::vector<float>> a_rows, b_rows;
@@ -79,6 +83,35 @@ struct BatchEngine::Impl {
                            std::to_string(slots) + " KV slots");
     return Status();
   }
+
+  // A step's row: batch row `row` feeding `tokens` tokens from `pos` on slot `slot`. `row_seen`, `slot_seen`:
+  // the step's rows so far (n of them).
+  Status check_step_row(const char* what, size_t row, size_t slot, int64_t pos, size_t tokens, size_t n,
+                        std::vector<bool>* row_seen, std::vector<bool>* slot_seen) const {
+    if (row >= n || (*row_seen)[row])
+      return Status::usage(std::string(what) + ": the rows of a step must be rows 0.." + std::to_string(n - 1) +
+                           ", each once (row " + std::to_string(row) + ")");
+    Status s = check_row(row, what);
+    if (!s.ok()) return s;
+    s = check_slot(slot, what);
+    if (!s.ok()) return s;
+    if ((*slot_seen)[slot]) return Status::usage(std::string(what) + ": two rows on KV slot " + std::to_string(slot));
+    int64_t max_seq = program->max_seq_len();
+    if (pos < 0 || pos + static_cast<int64_t>(tokens) > max_seq)
+      return Status::usage(std::string(what) + ": row " + std::to_string(row) + "'s position" +
+                           (tokens > 1 ? "s " + std::to_string(pos) + ".." + std::to_string(pos + tokens - 1)
+                                       : " " + std::to_string(pos)) +
+                           (tokens > 1 ? " run" : " is") + " outside its KV cache of " + std::to_string(max_seq) +
+                           " (max_seq_len)");
+    (*row_seen)[row] = (*slot_seen)[slot] = true;
+    return Status();
+  }
+  Status check_token(const char* what, size_t row, int64_t token) const {
+    if (token < 0 || token >= program->vocab_size())
+      return Status::usage(std::string(what) + ": row " + std::to_string(row) + "'s token " + std::to_string(token) +
+                           " is outside the vocabulary of " + std::to_string(program->vocab_size()));
+    return Status();
+  }
 };
 
 BatchEngine::BatchEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -114,6 +147,7 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
   impl->program = &program;
   impl->slots = slots;
   impl->rows = std::min<size_t>(slots, static_cast<size_t>(std::max<int64_t>(tokens[0], 1)));
+  impl->row_tokens = static_cast<size_t>(std::max<int64_t>(tokens[1], 1));
   for (size_t s = 0; s < shapes.size(); ++s) {
     std::vector<int64_t> a = input_sizes(meta, 3 + kv.slabs + 2 * s);
     std::vector<int64_t> b = input_sizes(meta, 4 + kv.slabs + 2 * s);
@@ -149,6 +183,7 @@ int64_t BatchEngine::vocab_size() const { return impl_->program->vocab_size(); }
 int64_t BatchEngine::max_seq_len() const { return impl_->program->max_seq_len(); }
 int64_t BatchEngine::prefill_chunk() const { return impl_->program->prefill_chunk(); }
 bool BatchEngine::ring() const { return impl_->program->kv().layout.ring > 0; }
+size_t BatchEngine::max_row_tokens() const { return impl_->row_tokens; }
 
 Status BatchEngine::set_row(size_t row, const LoraData* lora) {
   Impl& e = *impl_;
@@ -204,37 +239,84 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
   size_t n = rows.size();
   if (n == 0 || n > e.rows)
     return Status::usage("decode: " + std::to_string(n) + " rows; the engine runs 1.." + std::to_string(e.rows));
-  int64_t vocab = vocab_size(), max_seq = max_seq_len();
   // Batch index b is the row's LoRA buffer row: rows 0..n-1 of them, read in place.
   std::vector<int64_t> tokens(n), pos(n), slots(n);
   std::vector<bool> row_seen(n, false), slot_seen(e.slots, false);
   for (const BatchRow& r : rows) {
-    if (r.row >= n || row_seen[r.row])
-      return Status::usage("decode: the rows of a step must be rows 0.." + std::to_string(n - 1) + ", each once (row " +
-                           std::to_string(r.row) + ")");
-    Status s = e.check_row(r.row, "decode");
+    Status s = e.check_step_row("decode", r.row, r.slot, r.pos, 1, n, &row_seen, &slot_seen);
     if (!s.ok()) return s;
-    s = e.check_slot(r.slot, "decode");
+    s = e.check_token("decode", r.row, r.token);
     if (!s.ok()) return s;
-    if (slot_seen[r.slot]) return Status::usage("decode: two rows on KV slot " + std::to_string(r.slot));
-    if (r.pos < 0 || r.pos >= max_seq)
-      return Status::usage("decode: row " + std::to_string(r.row) + "'s position " + std::to_string(r.pos) +
-                           " is outside its KV cache of " + std::to_string(max_seq) + " (max_seq_len)");
-    if (r.token < 0 || r.token >= vocab)
-      return Status::usage("decode: row " + std::to_string(r.row) + "'s token " + std::to_string(r.token) +
-                           " is outside the vocabulary of " + std::to_string(vocab));
-    row_seen[r.row] = slot_seen[r.slot] = true;
     tokens[r.row] = r.token;
     pos[r.row] = r.pos;
     slots[r.row] = static_cast<int64_t>(r.slot);
   }
+  std::vector<float> all;
+  Status s = run(n, 1, tokens, pos, slots, &all);
+  if (!s.ok()) return s;
+  size_t vocab = static_cast<size_t>(vocab_size());
+  logits->resize(n * vocab);
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(logits->data() + i * vocab, all.data() + rows[i].row * vocab, vocab * sizeof(float));
+  return Status();
+}
 
+Status BatchEngine::verify(const std::vector<DraftRow>& rows, std::vector<float>* logits) {
+  Impl& e = *impl_;
+  size_t n = rows.size();
+  if (e.row_tokens < 2)
+    return Status::usage(e.program->pte() +
+                         ": built by an older lora-share (its decode_batch takes one token per row): rebuild it "
+                         "with this version to verify drafts");
+  if (n == 0 || n > e.rows)
+    return Status::usage("verify: " + std::to_string(n) + " rows; the engine runs 1.." + std::to_string(e.rows));
+  size_t steps = 1;
+  for (const DraftRow& r : rows) steps = std::max(steps, r.tokens.size());
+  std::vector<int64_t> tokens(n * steps), pos(n), slots(n);
+  std::vector<bool> row_seen(n, false), slot_seen(e.slots, false);
+  for (const DraftRow& r : rows) {
+    if (r.tokens.empty() || r.tokens.size() > e.row_tokens)
+      return Status::usage("verify: row " + std::to_string(r.row) + " carries " + std::to_string(r.tokens.size()) +
+                           " tokens; a row carries 1.." + std::to_string(e.row_tokens) +
+                           " (its last token and its drafts)");
+    Status s = e.check_step_row("verify", r.row, r.slot, r.pos, r.tokens.size(), n, &row_seen, &slot_seen);
+    if (!s.ok()) return s;
+    for (int64_t token : r.tokens) {
+      s = e.check_token("verify", r.row, token);
+      if (!s.ok()) return s;
+    }
+    // Padded with its last token: the padding runs after the row's tokens and is never read back.
+    int64_t* mine = tokens.data() + r.row * steps;
+    std::copy(r.tokens.begin(), r.tokens.end(), mine);
+    std::fill(mine + r.tokens.size(), mine + steps, r.tokens.back());
+    pos[r.row] = r.pos;
+    slots[r.row] = static_cast<int64_t>(r.slot);
+  }
+  std::vector<float> all;
+  Status s = run(n, steps, tokens, pos, slots, &all);
+  if (!s.ok()) return s;
+  size_t vocab = static_cast<size_t>(vocab_size()), total = 0;
+  for (const DraftRow& r : rows) total += r.tokens.size();
+  logits->resize(total * vocab);
+  float* out = logits->data();
+  for (const DraftRow& r : rows) {
+    size_t count = r.tokens.size();
+    std::memcpy(out, all.data() + r.row * steps * vocab, count * vocab * sizeof(float));
+    out += count * vocab;
+  }
+  return Status();
+}
+
+Status BatchEngine::run(size_t n, size_t steps, const std::vector<int64_t>& tokens, const std::vector<int64_t>& pos,
+                        const std::vector<int64_t>& slots, std::vector<float>* logits) {
+  Impl& e = *impl_;
+  int64_t vocab = vocab_size(), max_seq = max_seq_len();
   const KvCache& kv = e.program->kv();
   const KvLayout& layout = kv.layout;
   std::vector<TensorPtr> tensors;
-  tensors.push_back(make_tensor_ptr({dim(n), 1}, tokens.data(), ScalarType::Long));
-  tensors.push_back(make_tensor_ptr({dim(n)}, pos.data(), ScalarType::Long));
-  tensors.push_back(make_tensor_ptr({dim(n)}, slots.data(), ScalarType::Long));
+  tensors.push_back(make_tensor_ptr({dim(n), dim(steps)}, const_cast<int64_t*>(tokens.data()), ScalarType::Long));
+  tensors.push_back(make_tensor_ptr({dim(n)}, const_cast<int64_t*>(pos.data()), ScalarType::Long));
+  tensors.push_back(make_tensor_ptr({dim(n)}, const_cast<int64_t*>(slots.data()), ScalarType::Long));
   // Every pool whole, in place: slot 0's slab j starts pool j.
   for (int64_t j = 0; j < layout.slabs; ++j)
     tensors.push_back(make_tensor_ptr(
@@ -262,24 +344,25 @@ Status BatchEngine::decode(const std::vector<BatchRow>& rows, std::vector<float>
   auto outputs = e.program->run_batch(inputs);
   if (!outputs.ok()) return outputs.status();
   std::string what = e.program->pte() + ": decode_batch";
+  size_t entries = n * steps;
   const EValue& head = (*outputs)[0];
   if (!head.isTensor() || head.toTensor().scalar_type() != ScalarType::Float ||
-      static_cast<size_t>(head.toTensor().numel()) != n * static_cast<size_t>(vocab))
-    return Status::failure(what + " did not return float32 logits [" + std::to_string(n) + ", " +
+      static_cast<size_t>(head.toTensor().numel()) != entries * static_cast<size_t>(vocab))
+    return Status::failure(what + " did not return float32 logits [" + std::to_string(entries) + ", " +
                            std::to_string(vocab) + "]");
   const float* all = head.toTensor().const_data_ptr<float>();
-  logits->resize(n * static_cast<size_t>(vocab));
-  for (size_t i = 0; i < n; ++i)
-    std::memcpy(logits->data() + i * vocab, all + rows[i].row * vocab, vocab * sizeof(float));
+  logits->assign(all, all + entries * static_cast<size_t>(vocab));
 
-  // Output g + 1: [n, heads, hd], row b's new key or value of slabs g * heads.. at its position.
+  // Output g + 1: [entries, heads, hd], each entry's new key or value of slabs g * heads.. at its position.
+  // A program that takes drafts has written them into the pools already.
+  if (e.row_tokens > 1) return Status();
   int64_t heads = layout.slabs_per_group();
   size_t row_bytes = static_cast<size_t>(layout.head_dim) * layout.value_bytes();
   for (int64_t g = 0; g < layout.groups; ++g) {
     const EValue& value = (*outputs)[static_cast<size_t>(g) + 1];
     if (!value.isTensor() || value.toTensor().scalar_type() != layout.dtype ||
-        static_cast<size_t>(value.toTensor().numel()) != n * heads * layout.head_dim)
-      return Status::failure(what + ": output " + std::to_string(g + 1) + " is not [" + std::to_string(n) + ", " +
+        static_cast<size_t>(value.toTensor().numel()) != entries * heads * layout.head_dim)
+      return Status::failure(what + ": output " + std::to_string(g + 1) + " is not [" + std::to_string(entries) + ", " +
                              std::to_string(heads) + ", " + std::to_string(layout.head_dim) + "] " +
                              (layout.dtype == ScalarType::Half ? "float16" : "float32") +
                              " (the new rows of KV slabs " + std::to_string(g * heads) + "..)");

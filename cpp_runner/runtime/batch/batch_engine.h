@@ -23,6 +23,21 @@
 // must be exactly rows 0..B-1 (in any order in `rows`), so a scheduler keeps
 // its live rows packed at the front (moving a row = set_row again).
 //
+// Drafts (speculative decoding; exporter revision 14 and later): a row of a
+// step may carry its last token and k drafts after it (DraftRow), at
+// consecutive positions of its slot, beside other rows of other requests and
+// adapters; one step returns the logits after each of its tokens, each what
+// one-token decode computes at that position bit for bit, as long as the
+// tokens before it in the row are the sequence's. The program writes every
+// token's K/V into the slot before any attends. Committing the accepted
+// prefix and rolling back the rest is a matter of positions: the K/V of the
+// accepted tokens are where one-token decode would have put them, and the
+// rows after them (rejected drafts) are hidden by position from every later
+// step, which overwrites them as it goes; a Gemma 3 ring keeps as many spare
+// positions as a row has drafts, so that no draft overwrites a position its
+// window still reads. The caller's next step for the slot starts right after
+// what it accepted (accept_greedy in drafts.h).
+//
 // Threads: none of its own. One call at a time per program (forward, decode
 // and decode_batch share the program's planned memory), as the pool's lock
 // already ensures for the one-row path. The engine must not outlive the
@@ -47,6 +62,16 @@ struct BatchRow {
   size_t row;
   size_t slot;
   int64_t token;
+  int64_t pos;
+};
+
+// A row that verifies drafts: batch row `row`'s LoRA, feeding `tokens` (its
+// last token, then its drafts; 1..max_row_tokens()) at positions pos, pos + 1,
+// .. of KV slot `slot`.
+struct DraftRow {
+  size_t row;
+  size_t slot;
+  std::vector<int64_t> tokens;
   int64_t pos;
 };
 
@@ -91,6 +116,19 @@ class BatchEngine {
   // their prompt in a slot of their own.
   Status copy_slot(size_t from, size_t to, int64_t positions);
 
+  // One decode_batch step in which each row carries its tokens (DraftRow, the
+  // header comment's "Drafts"), under decode's rules for rows and slots, each
+  // position inside the context. Rows of fewer tokens than the step's most
+  // are padded after their last one (their logits are not returned; their
+  // K/V land past the row's tokens, or nowhere past the context). logits:
+  // one [vocab] row per token of each row, row by row in the order of `rows`:
+  // the logits after that token. Refused (usage) on a program exported before
+  // drafts (max_row_tokens() 1).
+  Status verify(const std::vector<DraftRow>& rows, std::vector<float>* logits);
+  // The most tokens a row of verify carries (decode_batch's bound); 1 for a
+  // program exported before drafts.
+  size_t max_row_tokens() const;
+
   int64_t vocab_size() const;
   int64_t max_seq_len() const;
   int64_t prefill_chunk() const;
@@ -99,6 +137,11 @@ class BatchEngine {
  private:
   struct Impl;
   explicit BatchEngine(std::unique_ptr<Impl> impl);
+  // decode and verify: rows.size() rows of `steps` tokens each (tokens and
+  // pos row-major by batch row), logits of every token [n * steps, vocab] in
+  // batch row order.
+  Status run(size_t n, size_t steps, const std::vector<int64_t>& tokens, const std::vector<int64_t>& pos,
+             const std::vector<int64_t>& slots, std::vector<float>* logits);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,6 +1,6 @@
-// What attend_kernel.cpp shares with the other decode kernels in this folder
-// (rope_attend_kernel.cpp): the attention itself on raw buffers, and the
-// float16 conversions it rounds with.
+// What the decode kernels in this folder share: attend_kernel.cpp's attention
+// on raw buffers, the float16 conversions it rounds with, and
+// rope_attend_kernel.cpp's one-token halves.
 #pragma once
 
 #include <executorch/runtime/core/exec_aten/exec_aten.h>
@@ -56,5 +56,21 @@ int64_t slab_rows(const char* op, const char* dtype_of, executorch::aten::Tensor
 
 // True when every dimension of `t` of size > 1 is laid out densely, in order.
 bool is_contiguous(const executorch::aten::Tensor& t);
+
+// rope_attend's two halves (rope_attend_kernel.cpp, compiled without
+// floating-point contraction), which the batch method's kernel
+// (rope_attend_rows_kernel.cpp) runs apart, every entry's keys and values
+// before any entry's attention. token_kv: one token's k and v [n_kv * hd]
+// (float32), k rotated by cos_k/sin_k, into the cache's dtype (`half` or
+// float32) in k_dst and v_dst [n_kv, hd]. token_attend: q [n_heads * hd]
+// rotated by cos_q/sin_q into the cache's dtype, attend_rows over S slab rows
+// from `slab_offset` and this token's k_dst/v_dst with `bias` [rep, S + 1],
+// the result into out [n_heads * hd] float32.
+void token_kv(bool half, int64_t n_kv, int64_t hd, const float* k, const float* v, const float* cos_k,
+              const float* sin_k, void* k_dst, void* v_dst);
+void token_attend(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, const float* q, const float* cos_q,
+                  const float* sin_q, const void* bias, executorch::aten::TensorList keys,
+                  executorch::aten::TensorList values, int64_t slab_offset, float* out, const void* k_dst,
+                  const void* v_dst);
 
 }  // namespace lora_share

@@ -88,14 +88,22 @@ thread_local std::vector<float> t_rows;
 
 bool is_float32(const Tensor& t) { return t.scalar_type() == ScalarType::Float; }
 
-// One token's step: q [n_heads * hd], k and v [n_kv * hd] (float32) rotated
-// (q by cos_q/sin_q, k by cos_k/sin_k) into the cache's dtype (`half` or
-// float32), k and v into k_dst and v_dst [n_kv, hd]; attend_rows over S slab
-// rows from `slab_offset` with `bias` [rep, S + 1]; the result into out
-// [n_heads * hd] float32.
-void one_token(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, const float* q, const float* k,
-               const float* v, const float* cq, const float* sq, const float* ck, const float* sk, const void* bias,
-               TensorList keys, TensorList values, int64_t slab_offset, float* out, void* k_dst, void* v_dst) {
+}  // namespace
+
+void token_kv(bool half, int64_t n_kv, int64_t hd, const float* k, const float* v, const float* ck, const float* sk,
+              void* k_dst, void* v_dst) {
+  if (half) {
+    rotate_rows(k, n_kv, hd, ck, sk, static_cast<half_t*>(k_dst));
+    copy_rows(v, n_kv * hd, static_cast<half_t*>(v_dst));
+  } else {
+    rotate_rows(k, n_kv, hd, ck, sk, static_cast<float*>(k_dst));
+    copy_rows(v, n_kv * hd, static_cast<float*>(v_dst));
+  }
+}
+
+void token_attend(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, const float* q, const float* cq,
+                  const float* sq, const void* bias, TensorList keys, TensorList values, int64_t slab_offset,
+                  float* out, const void* k_dst, const void* v_dst) {
   // Query rows [n_kv, rep, hd] are the heads in order (head h reads key/value
   // head h / rep): q's own layout, so RoPE writes them in place.
   const size_t row_floats = static_cast<size_t>(n_heads * hd);
@@ -106,12 +114,8 @@ void one_token(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, 
                         : static_cast<void*>(t_rows.data() + row_floats);
   if (half) {
     rotate_rows(q, n_heads, hd, cq, sq, static_cast<half_t*>(q_rows));
-    rotate_rows(k, n_kv, hd, ck, sk, static_cast<half_t*>(k_dst));
-    copy_rows(v, n_kv * hd, static_cast<half_t*>(v_dst));
   } else {
     rotate_rows(q, n_heads, hd, cq, sq, static_cast<float*>(q_rows));
-    rotate_rows(k, n_kv, hd, ck, sk, static_cast<float*>(k_dst));
-    copy_rows(v, n_kv * hd, static_cast<float*>(v_dst));
   }
   attend_rows(half, n_kv, n_heads / n_kv, hd, S, /*T=*/1, q_rows, k_dst, v_dst, bias, keys, values, attended,
               slab_offset);
@@ -122,6 +126,16 @@ void one_token(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, 
     const float* a = static_cast<const float*>(attended);
     for (size_t i = 0; i < row_floats; ++i) out[i] = a[i];
   }
+}
+
+namespace {
+
+// One token's whole step (rope_attend): token_kv, then token_attend.
+void one_token(bool half, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t S, const float* q, const float* k,
+               const float* v, const float* cq, const float* sq, const float* ck, const float* sk, const void* bias,
+               TensorList keys, TensorList values, int64_t slab_offset, float* out, void* k_dst, void* v_dst) {
+  token_kv(half, n_kv, hd, k, v, ck, sk, k_dst, v_dst);
+  token_attend(half, n_heads, n_kv, hd, S, q, cq, sq, bias, keys, values, slab_offset, out, k_dst, v_dst);
 }
 
 void rope_attend_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos_q,
@@ -193,151 +207,6 @@ void rope_attend_boxed(KernelRuntimeContext& ctx, executorch::runtime::Span<EVal
 
 const auto registered =
     executorch::runtime::register_kernel(executorch::runtime::Kernel("lora_share::rope_attend.out", rope_attend_boxed));
-
-// lora_share::rope_attend_rows.out: the batch method's step (docs/batching.md),
-// rope_attend for each of B rows at its own position over its own KV slot:
-//
-//   q [B, 1, n_heads * hd], k and v [B, 1, n_kv * hd], cos_* and sin_* [B, 1, hd]: float32
-//   bias [B, S + 1] (the row's mask, shared by its query heads): the cache's dtype
-//   slots [B] int64; keys[h] and values[h] [N, S, hd]: the slot pools
-//   out [B, 1, n_heads * hd] float32; k_out, v_out [B, n_kv, hd] in the cache's dtype
-//
-// A row reads its slot's slab rows up to its mask's last visible one (a short
-// conversation beside a long one costs its own length): the rows after it
-// would add exp(-inf) = 0.
-
-// Per thread: one row's mask repeated for its query heads, trimmed (grown once).
-thread_local std::vector<float> t_bias;
-
-template <class T>
-int64_t visible_rows(const T* bias, int64_t S) {  // the slab rows up to the last finite mask entry (>= 1)
-  for (int64_t s = S; s > 1; --s) {
-    float x;
-    if constexpr (std::is_same_v<T, float>) {
-      x = bias[s - 1];
-    } else {
-      x = half_to_float(bias[s - 1]);
-    }
-    if (x != -std::numeric_limits<float>::infinity()) return s;
-  }
-  return std::min<int64_t>(S, 1);  // the sink, always masked: attend_rows takes at least one slab row
-}
-
-template <class T>
-void* row_bias(const T* bias, int64_t S, int64_t visible, int64_t rep) {  // [rep, visible + 1]
-  t_bias.resize(static_cast<size_t>(rep * (visible + 1)));
-  T* dst = reinterpret_cast<T*>(t_bias.data());
-  for (int64_t r = 0; r < rep; ++r) {
-    std::memcpy(dst + r * (visible + 1), bias, static_cast<size_t>(visible) * sizeof(T));
-    dst[r * (visible + 1) + visible] = bias[S];
-  }
-  return dst;
-}
-
-void rope_attend_rows_out(KernelRuntimeContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& cos_q, const Tensor& sin_q, const Tensor& cos_k, const Tensor& sin_k,
-                          const Tensor& bias, const Tensor& slots, TensorList keys, TensorList values, Tensor& out,
-                          Tensor& k_out, Tensor& v_out) {
-  ET_KERNEL_CHECK_MSG(ctx,
-                      is_float32(q) && is_float32(k) && is_float32(v) && is_float32(cos_q) && is_float32(sin_q) &&
-                          is_float32(cos_k) && is_float32(sin_k) && is_float32(out),
-                      InvalidArgument, , "rope_attend_rows: q, k, v, cos, sin and out must be float32");
-  const ScalarType dtype = bias.scalar_type();
-  ET_KERNEL_CHECK_MSG(ctx, dtype == ScalarType::Float || dtype == ScalarType::Half, InvalidArgument, ,
-                      "rope_attend_rows: bias (the cache's dtype) must be float32 or float16");
-  ET_KERNEL_CHECK_MSG(ctx, k_out.scalar_type() == dtype && v_out.scalar_type() == dtype, InvalidArgument, ,
-                      "rope_attend_rows: k_out and v_out must have the cache's dtype");
-  ET_KERNEL_CHECK_MSG(ctx, slots.scalar_type() == ScalarType::Long && slots.dim() == 1, InvalidArgument, ,
-                      "rope_attend_rows: slots must be [B] int64");
-  const int64_t B = slots.size(0);
-  const int64_t hd = cos_q.size(cos_q.dim() - 1);
-  const int64_t n_kv = static_cast<int64_t>(keys.size());
-  ET_KERNEL_CHECK_MSG(ctx, B > 0 && hd > 0 && hd % 2 == 0 && hd <= (1 << 20), InvalidArgument, ,
-                      "rope_attend_rows: %" PRId64 " rows of head size %" PRId64 " (must be even)", B, hd);
-  ET_KERNEL_CHECK_MSG(
-      ctx, cos_q.numel() == B * hd && sin_q.numel() == B * hd && cos_k.numel() == B * hd && sin_k.numel() == B * hd,
-      InvalidArgument, , "rope_attend_rows: cos and sin must be [B=%" PRId64 ", 1, hd]", B);
-  ET_KERNEL_CHECK_MSG(ctx, n_kv > 0 && static_cast<int64_t>(values.size()) == n_kv, InvalidArgument, ,
-                      "rope_attend_rows: keys and values must hold the same number of heads (>0)");
-  ET_KERNEL_CHECK_MSG(ctx, k.numel() == B * n_kv * hd && v.numel() == B * n_kv * hd, InvalidArgument, ,
-                      "rope_attend_rows: k and v must be [B, 1, n_kv * hd]");
-  ET_KERNEL_CHECK_MSG(ctx, q.numel() > 0 && q.numel() % (B * n_kv * hd) == 0, InvalidArgument, ,
-                      "rope_attend_rows: q must be [B, 1, n_heads * hd], n_heads a multiple of n_kv");
-  const int64_t n_heads = q.numel() / (B * hd);
-  const int64_t rep = n_heads / n_kv;
-  ET_KERNEL_CHECK_MSG(ctx, n_heads <= (1 << 24), InvalidArgument, , "rope_attend_rows: too many heads");
-  const int64_t total = slab_rows("rope_attend_rows", "bias", keys, values, hd, dtype);
-  ET_KERNEL_CHECK(ctx, total >= 0, InvalidArgument, );
-  const Tensor& pool = keys[0];
-  ET_KERNEL_CHECK_MSG(ctx, pool.dim() == 3, InvalidArgument, , "rope_attend_rows: keys[0] must be [N, S, hd]");
-  const int64_t N = pool.size(0), S = pool.size(1);
-  for (size_t h = 0; h < keys.size(); ++h) {
-    ET_KERNEL_CHECK_MSG(ctx,
-                        keys[h].dim() == 3 && values[h].dim() == 3 && keys[h].size(0) == N && values[h].size(0) == N &&
-                            keys[h].size(1) == S && values[h].size(1) == S,
-                        InvalidArgument, ,
-                        "rope_attend_rows: keys[%zu] and values[%zu] must be [N=%" PRId64 ", S=%" PRId64 ", hd]", h, h,
-                        N, S);
-  }
-  ET_KERNEL_CHECK_MSG(ctx, bias.dim() == 2 && bias.size(0) == B && bias.size(1) == S + 1, InvalidArgument, ,
-                      "rope_attend_rows: bias must be [B=%" PRId64 ", S+1=%" PRId64 "]", B, S + 1);
-  ET_KERNEL_CHECK_MSG(ctx,
-                      is_contiguous(q) && is_contiguous(k) && is_contiguous(v) && is_contiguous(bias) &&
-                          is_contiguous(cos_q) && is_contiguous(sin_q) && is_contiguous(cos_k) &&
-                          is_contiguous(sin_k) && is_contiguous(slots),
-                      InvalidArgument, , "rope_attend_rows: its inputs must be contiguous");
-  const int64_t* slot = slots.const_data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    ET_KERNEL_CHECK_MSG(ctx, slot[b] >= 0 && slot[b] < N, InvalidArgument, ,
-                        "rope_attend_rows: row %" PRId64 "'s slot %" PRId64 " is not one of the %" PRId64 " slots", b,
-                        slot[b], N);
-  }
-  const SizesType out_sizes[3] = {static_cast<SizesType>(B), 1, static_cast<SizesType>(n_heads * hd)};
-  const SizesType row_sizes[3] = {static_cast<SizesType>(B), static_cast<SizesType>(n_kv), static_cast<SizesType>(hd)};
-  ET_KERNEL_CHECK_MSG(ctx,
-                      executorch::runtime::resize_tensor(out, {out_sizes, 3}) == Error::Ok &&
-                          executorch::runtime::resize_tensor(k_out, {row_sizes, 3}) == Error::Ok &&
-                          executorch::runtime::resize_tensor(v_out, {row_sizes, 3}) == Error::Ok,
-                      InvalidArgument, , "rope_attend_rows: could not resize its outputs");
-  ET_KERNEL_CHECK_MSG(ctx, is_contiguous(out) && is_contiguous(k_out) && is_contiguous(v_out), InvalidArgument, ,
-                      "rope_attend_rows: its outputs must be contiguous");
-
-  const bool half = dtype == ScalarType::Half;
-  const size_t elem = half ? sizeof(half_t) : sizeof(float);
-  const int64_t q_row = n_heads * hd, kv_row = n_kv * hd;
-  for (int64_t b = 0; b < B; ++b) {
-    const void* mask;
-    int64_t visible;
-    if (half) {
-      const half_t* row = static_cast<const half_t*>(bias.const_data_ptr()) + b * (S + 1);
-      visible = visible_rows(row, S);
-      mask = row_bias(row, S, visible, rep);
-    } else {
-      const float* row = bias.const_data_ptr<float>() + b * (S + 1);
-      visible = visible_rows(row, S);
-      mask = row_bias(row, S, visible, rep);
-    }
-    char* k_dst = static_cast<char*>(k_out.mutable_data_ptr()) + b * kv_row * elem;
-    char* v_dst = static_cast<char*>(v_out.mutable_data_ptr()) + b * kv_row * elem;
-    one_token(half, n_heads, n_kv, hd, visible, q.const_data_ptr<float>() + b * q_row,
-              k.const_data_ptr<float>() + b * kv_row, v.const_data_ptr<float>() + b * kv_row,
-              cos_q.const_data_ptr<float>() + b * hd, sin_q.const_data_ptr<float>() + b * hd,
-              cos_k.const_data_ptr<float>() + b * hd, sin_k.const_data_ptr<float>() + b * hd, mask, keys, values,
-              slot[b] * S * hd, out.mutable_data_ptr<float>() + b * q_row, k_dst, v_dst);
-  }
-}
-
-void rope_attend_rows_boxed(KernelRuntimeContext& ctx, executorch::runtime::Span<EValue*> stack) {
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 14, InvalidArgument, , "rope_attend_rows: expected 14 arguments, got %zu",
-                      stack.size());
-  rope_attend_rows_out(ctx, stack[0]->toTensor(), stack[1]->toTensor(), stack[2]->toTensor(), stack[3]->toTensor(),
-                       stack[4]->toTensor(), stack[5]->toTensor(), stack[6]->toTensor(), stack[7]->toTensor(),
-                       stack[8]->toTensor(), stack[9]->toTensorList(), stack[10]->toTensorList(), stack[11]->toTensor(),
-                       stack[12]->toTensor(), stack[13]->toTensor());
-}
-
-const auto registered_rows = executorch::runtime::register_kernel(
-    executorch::runtime::Kernel("lora_share::rope_attend_rows.out", rope_attend_rows_boxed));
 
 }  // namespace
 }  // namespace lora_share
