@@ -1,12 +1,13 @@
 """Batched decode through the C library (ls_diag_batch_script, lora_share_diag.h) against the same requests
-alone through the one-row C path (ls_diag_generate on a runtime with one KV slot): shared by
-tests/test_batch_engine.py (the tiny build) and tests/test_families.py (every family's build, 8da4w); and
+alone through the one-row C path (ls_diag_generate on a runtime with one KV slot), with and without drafts
+(rows that verify a guess of their answer): shared by tests/test_batch_engine.py (the tiny build) and
+tests/test_families.py (every family's build, fp32 and 8da4w); and
 ``diag_generate``, one request with its logits rows, for tests/test_scheduler.py and test_adapter_mix.py."""
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +27,12 @@ class _Request(ctypes.Structure):
         ("tokens", ctypes.POINTER(ctypes.c_int64)),
         ("logits", ctypes.POINTER(ctypes.c_float)),
         ("max_batch", ctypes.c_size_t),
+        ("prediction", ctypes.POINTER(ctypes.c_int64)),
+        ("n_prediction", ctypes.c_size_t),
+        ("max_drafts", ctypes.c_int64),
+        ("drafted", ctypes.c_int64),
+        ("accepted", ctypes.c_int64),
+        ("steps", ctypes.c_int64),
     ]
 
 
@@ -57,6 +64,8 @@ class Req:
     slot: int
     new: int
     joins: int = 0
+    prediction: list[int] | None = None  # drafts from this guess of its answer (ls_diag_batch_request)
+    max_drafts: int = 0
 
 
 @dataclass
@@ -64,6 +73,9 @@ class Result:
     tokens: list[int]
     logits: np.ndarray  # [new, vocab]
     max_batch: int = 1
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
 
 
 def _bind(lib):
@@ -166,6 +178,11 @@ def batch_script(build, requests: list[Req], library, parallel: int = 4) -> list
             keep += [prompt, tokens, logits]
             c.adapter, c.prompt, c.n_prompt, c.slot = _handle(rt, r.adapter), prompt, len(r.prompt), r.slot
             c.max_new_tokens, c.joins, c.tokens, c.logits = r.new, r.joins, tokens, logits
+            if r.prediction is not None:
+                prediction = _ints(r.prediction)
+                keep.append(prediction)
+                c.prediction, c.n_prediction = prediction, len(r.prediction)
+            c.max_drafts = r.max_drafts
         if lib.ls_diag_batch_script(rt.handle, array, len(requests), None) != 0:
             return lib.ls_diag_last_message().decode()
         return [
@@ -173,6 +190,9 @@ def batch_script(build, requests: list[Req], library, parallel: int = 4) -> list
                 list(c.tokens[: r.new]),
                 np.ctypeslib.as_array(c.logits, (r.new * vocab,)).reshape(r.new, vocab).copy(),
                 c.max_batch,
+                c.drafted,
+                c.accepted,
+                c.steps,
             )
             for r, c in zip(requests, array)
         ]
@@ -203,3 +223,41 @@ def check_rows_equal_alone(build, requests: list[Req], library, min_batch: int) 
         assert g.tokens == r.tokens, (i, requests[i])
         assert np.abs(g.logits - r.logits).max() <= TOL, (i, requests[i], np.abs(g.logits - r.logits).max())
     assert max(g.max_batch for g in got) >= min_batch
+
+
+def guess(answer: list[int], kind: str | None, vocab: int) -> list[int] | None:
+    """A request's answer as guessed: ``right`` (the answer), ``wrong`` (every token off by one), ``part``
+    (right but for every third token: drafts rejected, then right again), None (no drafts)."""
+    if kind is None:
+        return None
+    if kind == "right":
+        return list(answer)
+    if kind == "wrong":
+        return [(t + 1) % vocab for t in answer]
+    return [t if j % 3 else (t + 1) % vocab for j, t in enumerate(answer)]
+
+
+def check_drafts_equal_alone(build, requests: list[Req], kinds: list[str | None], library, max_drafts: int = 8):
+    """Each request alone through the one-row C path, then all of them through the batch script drafting from
+    its guess of kind ``kinds[i]`` (``guess``): every request's tokens and logits bit for bit its own alone;
+    right drafts all accepted, wrong ones none, partly right ones some. Returns the script's results."""
+    vocab = build.manifest["foundation"]["args"]["vocab_size"]
+    ref = alone(build, requests, library)
+    drafting = [
+        replace(r, prediction=guess(w.tokens, kind, vocab), max_drafts=max_drafts if kind else 0)
+        for r, w, kind in zip(requests, ref, kinds)
+    ]
+    got = batch_script(build, drafting, library)
+    assert not isinstance(got, str), got
+    for i, (g, w, kind) in enumerate(zip(got, ref, kinds)):
+        assert g.tokens == w.tokens, (i, kind)
+        assert np.array_equal(g.logits, w.logits), (i, kind, float(np.abs(g.logits - w.logits).max()))
+        if kind == "right":
+            assert g.accepted == g.drafted > 0 and g.steps < requests[i].new - 1, (i, g)
+        elif kind == "wrong":
+            assert g.drafted > 0 == g.accepted, (i, g)
+        elif kind == "part":
+            assert 0 < g.accepted < g.drafted, (i, g)
+        else:
+            assert g.drafted == 0, (i, g)
+    return got

@@ -1,13 +1,14 @@
 """The C++ batched decode step (cpp_runner/runtime/batch/batch_engine.h, issue 47) on the tiny build: every row
 of a mixed batch (base and adapters of different ranks and targets, prompts chunked or not, rows at different
 positions, joining and leaving, a slot used again by a later request) has the greedy tokens of the same request
-alone through the one-row C path, and its logits within 1e-4. tests/test_families.py runs the same check on
-every family's build (Gemma 3's rings included) and an 8da4w one."""
+alone through the one-row C path, and its logits within 1e-4; rows that verify drafts (issue 60), their logits
+bit for bit. tests/test_families.py runs the same checks on every family's build (Gemma 3's rings included),
+float32 and 8da4w."""
 
 from __future__ import annotations
 
 import pytest
-from batch_script import Req, batch_script, check_rows_equal_alone
+from batch_script import Req, batch_script, check_drafts_equal_alone, check_rows_equal_alone
 from conftest import REPO, TINY_CHUNK, TINY_FOUNDATION
 
 
@@ -29,6 +30,21 @@ SCRIPT = [
 
 def test_mixed_batch_rows_equal_each_request_alone(tiny_build, library):
     check_rows_equal_alone(tiny_build, SCRIPT, library, min_batch=4)
+
+
+def test_rows_of_drafts_equal_each_request_alone(tiny_build, library):
+    """Rows that verify drafts (their last token and up to 8 guessed tokens after it, one step) beside rows
+    that do not, on other adapters and slots: every request's tokens and logits are its own alone bit for
+    bit, whether its drafts are right (all accepted, fewer steps), wrong (none) or partly right; a request
+    whose answer runs to the end of the context drafts up to its last position."""
+    script = [
+        Req(None, [1, 17, 42, 5, 9], slot=0, new=12),
+        Req("tiny_a", LONG, slot=1, new=10),
+        Req("tiny_b", [7, 8, 9], slot=2, new=14, joins=1),
+        Req("tiny_c", list(range(40, 60)), slot=3, new=12),  # 20 + 12 = the context of 32
+    ]
+    check_drafts_equal_alone(tiny_build, script, ["right", "wrong", "part", "right"], library)
+    check_drafts_equal_alone(tiny_build, script, ["part", None, "right", "wrong"], library)
 
 
 @pytest.mark.parametrize("case", ["one slot", "shared slot", "slot out of range", "too many rows"])

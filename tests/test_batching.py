@@ -329,7 +329,7 @@ def test_the_exported_batch_method_equals_each_request_alone(case, runner_bin, t
     got, drafted, accepted = speculated(run, args, envelope, requests, guesses_of(want), drafts=8)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
-    assert accepted[0] == drafted[0] == 10 and drafted[1] > 0 == accepted[1] and 0 < accepted[2] < drafted[2]
+    assert accepted[0] == drafted[0] == 9 and drafted[1] > 0 == accepted[1] and 0 < accepted[2] < drafted[2]
 
 
 class RowsOneCall(torch.nn.Module):

@@ -620,3 +620,64 @@ def test_synthetic_gemma3_at_the_270m_shape():
     d = _args_dict(args)
     assert kv_cache_bytes(d) == row * 2 * (3 * 2048 + 15 * 513) <= 28 * 1024 * 1024
     assert full_kv_cache_bytes(d) == row * 2 * 18 * 2048
+
+
+def _drafts_script(build: Build) -> list:
+    """Base and each adapter of ``build`` on their own slots, one joining late, one running to the end of the
+    context (20 + 12 = 32); long enough to cross Gemma 3's window of 4 several times."""
+    from batch_script import Req
+
+    names = list(build.ptes)
+    return [
+        Req(None, PROMPT, slot=0, new=12),
+        Req(names[0], list(range(7, 19)), slot=1, new=14),
+        Req(names[-1], [5, 6], slot=2, new=16, joins=1),
+        Req(names[0], list(range(30, 50)), slot=3, new=12),
+    ]
+
+
+# Each request's drafts in two runs: all right, all wrong, partly right, none (batch_script.guess).
+DRAFT_KINDS = (["right", "wrong", "part", "right"], ["part", None, "right", "wrong"])
+
+
+def _check_drafts(build: Build) -> None:
+    from batch_script import check_drafts_equal_alone
+
+    for kinds in DRAFT_KINDS:
+        check_drafts_equal_alone(build, _drafts_script(build), kinds, REPO / "build" / "liblora_share.so")
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_rows_of_drafts_equal_each_request_alone(families, family, runner_bin):
+    """Speculative decoding's check (issue 60) on every family's float32 build: rows that carry their last
+    token and up to 8 drafts, beside rows of other adapters, give the logits of the same request alone
+    through the one-row C path bit for bit, whether the drafts are right, wrong or partly right, up to the
+    end of the context, and through Gemma 3's window (its rings' spare slots)."""
+    _check_drafts(families(family).build)
+
+
+@pytest.fixture(scope="module")
+def families_8da4w(families, tmp_path_factory, request):
+    """family -> its checkpoint and adapters over an 8da4w foundation (Qwen2's: qwen2_8da4w), built once."""
+    built: dict[str, Build] = {}
+
+    def get(family: str) -> Build:
+        if family == "qwen2":
+            return request.getfixturevalue("qwen2_8da4w")
+        if family not in built:
+            fb = families(family)
+            folder = tmp_path_factory.mktemp(f"{family}_8da4w")
+            adapters = [{"name": name, "peft": str(fb.inputs / name)} for name in fb.build.ptes]
+            foundation = {"checkpoint": str(fb.inputs / "model"), "max_seq_len": 32, "quantize": QUANTIZE}
+            built[family] = build_config(write_config(folder, foundation, adapters))
+        return built[family]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(SPECS))
+def test_rows_of_drafts_equal_each_request_alone_8da4w(families_8da4w, family, runner_bin):
+    """The same on every family over an 8da4w foundation (int8 embedding): each entry's activations are
+    quantized on their own, as one-token decode's are, so the verified logits are decode's bit for bit."""
+    _check_drafts(families_8da4w(family))

@@ -198,16 +198,26 @@ typedef struct {
   float* logits;          /* out: NULL, or room for max_new_tokens x
                              vocab_size floats (row i: token i's logits) */
   size_t max_batch;       /* out: the most rows of a decode step it was in */
+  /* Drafts (speculative decoding): NULL, or its answer as guessed; at each
+     step it verifies the next tokens of it after as many as it has, at most
+     max_drafts, and keeps those greedy decode would have picked. */
+  const int64_t* prediction;
+  size_t n_prediction;
+  int64_t max_drafts;
+  int64_t drafted;  /* out: drafts verified */
+  int64_t accepted; /* out: drafts accepted */
+  int64_t steps;    /* out: decode steps it was in */
 } ls_diag_batch_request;
 
 /* Runs `requests` through the batched engine (issue 47) of a runtime opened
  * with ls_options.parallel > 1, on a build with decode_batch: requests join
  * at their step, feed their prompt on their slot chunk by chunk, then
  * decode greedily, one decode_batch step over every live request (each its
- * own adapter, position and slot), and leave when done. Every adapter must
- * fit the budget at once. Usage errors (LS_ERR_ARGUMENT): no decode_batch,
- * a slot out of range or shared by two live requests, more live requests
- * than rows. */
+ * own adapter, position and slot; with a prediction, its last token and its
+ * drafts), and leave when done. Every adapter must fit the budget at once.
+ * Usage errors (LS_ERR_ARGUMENT): no decode_batch, a slot out of range or
+ * shared by two live requests, more live requests than rows, drafts on a
+ * program exported before them. */
 LS_API ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests, size_t n, ls_error* error);
 
 #ifdef __cplusplus

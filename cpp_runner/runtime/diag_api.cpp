@@ -224,6 +224,7 @@ ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* reque
   for (size_t i = 0; i < n; ++i) {
     const ls_diag_batch_request& r = requests[i];
     if (r.prompt == nullptr && r.n_prompt > 0) return missing(error, "requests[i].prompt");
+    if (r.prediction == nullptr && r.n_prediction > 0) return missing(error, "requests[i].prediction");
     if (r.tokens == nullptr) return missing(error, "requests[i].tokens");
     if (check_owner(runtime, r.adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
     script[i].index = r.adapter ? r.adapter->index : AdapterPool::kBase;
@@ -231,6 +232,8 @@ ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* reque
     script[i].slot = r.slot;
     script[i].max_new_tokens = r.max_new_tokens;
     script[i].joins = r.joins;
+    if (r.prediction != nullptr) script[i].prediction.assign(r.prediction, r.prediction + r.n_prediction);
+    script[i].max_drafts = r.max_drafts;
   }
   Guard guard(runtime);
   if (!guard.held()) return busy(error);
@@ -242,6 +245,9 @@ ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* reque
       if (requests[i].logits) std::copy(script[i].logits.begin(), script[i].logits.end(), requests[i].logits);
       const auto& sizes = script[i].batch_sizes;
       requests[i].max_batch = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+      requests[i].drafted = script[i].drafted;
+      requests[i].accepted = script[i].accepted;
+      requests[i].steps = static_cast<int64_t>(sizes.size());
     }
   } catch (const std::exception& e) {
     set_error(error, LS_ERR_RUN, std::string("ls_diag_batch_script: ") + e.what());

@@ -6,6 +6,7 @@
 
 #include "adapter_on_foundation.h"
 #include "batch_engine.h"
+#include "drafts.h"
 
 namespace lora_share {
 namespace {
@@ -24,6 +25,19 @@ int64_t argmax(const float* logits, int64_t vocab) {
 void pick(ScriptRequest* request, const float* logits, int64_t vocab) {
   request->logits.insert(request->logits.end(), logits, logits + vocab);
   request->tokens.push_back(argmax(logits, vocab));
+}
+
+// The drafts `live` verifies this step: its prediction after the tokens it has, at most max_drafts
+// and the engine's row, and no more than it has tokens to go after the one this step picks anyway.
+std::vector<int64_t> drafts_of(const Live& live, size_t row_tokens) {
+  const ScriptRequest& r = *live.request;
+  size_t have = r.tokens.size();
+  int64_t room = std::min<int64_t>(
+      {r.max_drafts, static_cast<int64_t>(row_tokens) - 1, r.max_new_tokens - static_cast<int64_t>(have) - 1});
+  if (room <= 0 || have >= r.prediction.size()) return {};
+  size_t end = std::min(r.prediction.size(), have + static_cast<size_t>(room));
+  return std::vector<int64_t>(r.prediction.begin() + static_cast<std::ptrdiff_t>(have),
+                              r.prediction.begin() + static_cast<std::ptrdiff_t>(end));
 }
 
 }  // namespace
@@ -62,6 +76,7 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
     if (static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens > engine.max_seq_len())
       return Status::usage("a script request's prompt + new tokens exceed max_seq_len " +
                            std::to_string(engine.max_seq_len()));
+    r.drafted = r.accepted = 0;
   }
   std::vector<Live> live;  // live[i] runs in batch row i
   size_t started = 0;
@@ -92,16 +107,45 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
       if (r->max_new_tokens > 1) live.push_back({r, lora, static_cast<int64_t>(r->prompt.size())});
     }
     if (live.empty()) continue;
-    std::vector<BatchRow> rows;
-    for (size_t i = 0; i < live.size(); ++i)
-      rows.push_back({i, live[i].request->slot, live[i].request->tokens.back(), live[i].pos});
+    std::vector<std::vector<int64_t>> drafts;
+    bool drafting = false;
+    for (const Live& l : live) {
+      // A program exported before drafts verifies none: verify says so.
+      drafts.push_back(drafts_of(l, std::max<size_t>(engine.max_row_tokens(), 2)));
+      drafting = drafting || !drafts.back().empty();
+    }
     std::vector<float> logits;
-    Status s = engine.decode(rows, &logits);
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < live.size(); ++i) {
-      pick(live[i].request, logits.data() + i * vocab, vocab);
-      live[i].request->batch_sizes.push_back(live.size());
-      ++live[i].pos;
+    if (!drafting) {
+      std::vector<BatchRow> rows;
+      for (size_t i = 0; i < live.size(); ++i)
+        rows.push_back({i, live[i].request->slot, live[i].request->tokens.back(), live[i].pos});
+      Status s = engine.decode(rows, &logits);
+      if (!s.ok()) return s;
+      for (size_t i = 0; i < live.size(); ++i) {
+        pick(live[i].request, logits.data() + i * vocab, vocab);
+        live[i].request->batch_sizes.push_back(live.size());
+        ++live[i].pos;
+      }
+    } else {
+      std::vector<DraftRow> rows;
+      for (size_t i = 0; i < live.size(); ++i) {
+        std::vector<int64_t> tokens{live[i].request->tokens.back()};
+        tokens.insert(tokens.end(), drafts[i].begin(), drafts[i].end());
+        rows.push_back({i, live[i].request->slot, std::move(tokens), live[i].pos});
+      }
+      Status s = engine.verify(rows, &logits);
+      if (!s.ok()) return s;
+      const float* row_logits = logits.data();
+      for (size_t i = 0; i < live.size(); ++i) {
+        ScriptRequest* r = live[i].request;
+        std::vector<int64_t> gained = accept_greedy(rows[i].tokens, row_logits, vocab);
+        for (size_t j = 0; j < gained.size(); ++j) pick(r, row_logits + j * vocab, vocab);
+        row_logits += rows[i].tokens.size() * vocab;
+        r->batch_sizes.push_back(live.size());
+        r->drafted += static_cast<int64_t>(drafts[i].size());
+        r->accepted += static_cast<int64_t>(gained.size()) - 1;
+        live[i].pos += static_cast<int64_t>(gained.size());
+      }
     }
     // Leavers: the last row moves into a leaver's place, so rows stay 0..B-1.
     for (size_t i = live.size(); i-- > 0;) {
