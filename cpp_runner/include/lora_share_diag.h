@@ -77,6 +77,23 @@ LS_API void ls_diag_slots_release(ls_diag_slots* table, size_t slot);
 /* Prefix hits so far, and the prompt tokens they skipped. */
 LS_API void ls_diag_slots_hits(const ls_diag_slots* table, uint64_t* hits, uint64_t* tokens);
 
+/* Speculative decoding's pieces alone, without a program (issue 60):
+ * a request's drafter (runtime/batch/drafter.h: prompt lookup and its
+ * prediction, the adaptive length), with the default options but
+ * `max_drafts`; ls_diag_drafter_propose writes at most `room` drafts and
+ * returns how many. ls_diag_accept_sampled: runtime/batch/drafts.h's
+ * accept_sampled with a generator seeded by `seed` (draft_probs NULL: certain
+ * drafts); writes the tokens gained (room for n) and returns how many. */
+typedef struct ls_diag_drafter ls_diag_drafter;
+LS_API ls_diag_drafter* ls_diag_drafter_new(const int64_t* prompt, size_t n_prompt, const int64_t* prediction,
+                                            size_t n_prediction, size_t max_drafts);
+LS_API void ls_diag_drafter_free(ls_diag_drafter* drafter);
+LS_API void ls_diag_drafter_extend(ls_diag_drafter* drafter, const int64_t* tokens, size_t n);
+LS_API size_t ls_diag_drafter_propose(ls_diag_drafter* drafter, int64_t* drafts, size_t room);
+LS_API void ls_diag_drafter_feedback(ls_diag_drafter* drafter, size_t drafted, size_t accepted);
+LS_API size_t ls_diag_accept_sampled(const int64_t* tokens, size_t n, const float* probs, int64_t vocab,
+                                     const float* draft_probs, uint64_t seed, int64_t* gained);
+
 /* Defaults: the library's loading (shared program, one arena, weight cache
  * on), EOS ids read, the library's wording. The packed-weights file is
  * ls_options' (packed_cache, packed_cache_dir), as for ls_open. */
