@@ -90,3 +90,22 @@ def test_slots_are_counted_in_the_arena(tiny_build, library):
             stats[parallel] = rt.stats()
     assert stats[1]["slot_bytes"] == stats[4]["slot_bytes"] == slot
     assert stats[4]["arena_bytes"] - stats[1]["arena_bytes"] >= 3 * slot
+
+
+def test_step_timing_runs_rows_of_drafts(tiny_build, library):
+    """ls_diag_time_steps (what benchmarks/verify_step.py measures with): a time for every step, of rows of
+    1 and 9 tokens; a row count past the engine's is refused with a message."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from verify_step import time_steps
+
+    from lora_share.inference import c_library as native
+
+    with native.open(tiny_build.ptd, library=library, parallel=2) as rt:
+        rt.load_adapter(tiny_build.ptes["tiny_a"])
+        for rows, tokens in ((1, 1), (2, 9)):
+            ms = time_steps(rt, rt.adapter("tiny_a").handle, LONG, rows, tokens, steps=3)
+            assert len(ms) == 3 and all(0 < t < 10_000 for t in ms)
+        with pytest.raises(native.NativeError, match="3 rows; the engine runs 1..2"):
+            time_steps(rt, None, LONG, 3, 2, steps=1)

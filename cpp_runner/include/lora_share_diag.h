@@ -237,6 +237,14 @@ typedef struct {
  * program exported before them. */
 LS_API ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* requests, size_t n, ls_error* error);
 
+/* The milliseconds of each of `steps` batched steps (ms: room for steps) of
+ * `rows` rows on `adapter` (NULL: base), each on its own KV slot with
+ * `prompt` fed, each carrying `tokens` tokens (its last one and tokens - 1
+ * drafts; 1: a plain decode step), at the same positions step after step: the
+ * cost of verifying drafts against decoding one token. */
+LS_API ls_status ls_diag_time_steps(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt, size_t n_prompt,
+                                    size_t rows, size_t tokens, size_t steps, double* ms, ls_error* error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -257,4 +257,31 @@ ls_status ls_diag_batch_script(ls_runtime* runtime, ls_diag_batch_request* reque
   return LS_OK;
 }
 
+ls_status ls_diag_time_steps(ls_runtime* runtime, ls_adapter* adapter, const int64_t* prompt, size_t n_prompt,
+                             size_t rows, size_t tokens, size_t steps, double* ms, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (prompt == nullptr) return missing(error, "prompt");
+  if (ms == nullptr && steps > 0) return missing(error, "ms");
+  if (tokens < 1) {
+    set_error(error, LS_ERR_ARGUMENT, "ls_diag_time_steps: a row carries at least one token");
+    return LS_ERR_ARGUMENT;
+  }
+  if (check_owner(runtime, adapter, error) != LS_OK) return LS_ERR_ARGUMENT;
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  try {
+    std::vector<double> times;
+    lora_share::Status s =
+        lora_share::time_steps(*runtime->pool, adapter ? adapter->index : AdapterPool::kBase,
+                               std::vector<int64_t>(prompt, prompt + n_prompt), rows, tokens, steps, &times);
+    if (!s.ok()) return report(error, s, LS_ERR_ARGUMENT, LS_ERR_RUN, runtime->runner_messages);
+    std::copy(times.begin(), times.end(), ms);
+  } catch (const std::exception& e) {
+    set_error(error, LS_ERR_RUN, std::string("ls_diag_time_steps: ") + e.what());
+    return LS_ERR_RUN;
+  }
+  clear_error(error);
+  return LS_OK;
+}
+
 }  // extern "C"

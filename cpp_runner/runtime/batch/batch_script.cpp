@@ -1,6 +1,7 @@
 #include "batch_script.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 
@@ -42,19 +43,22 @@ std::vector<int64_t> drafts_of(const Live& live, size_t row_tokens) {
 
 }  // namespace
 
-Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests) {
-  // Every adapter resident at once (a budget that cannot hold them is refused), all on one program.
-  std::map<size_t, SharedAdapter*> adapters;
+namespace {
+
+// The adapters `indices` (each resident at once: a budget that cannot hold them is refused), all on one
+// program, and an engine over it with the pool's slots; nullptr without adapters.
+Status engine_for(AdapterPool& pool, const std::vector<size_t>& indices, std::map<size_t, SharedAdapter*>* adapters,
+                  std::unique_ptr<BatchEngine>* engine) {
   for (int pass = 0; pass < 2; ++pass)
-    for (const ScriptRequest& r : *requests) {
-      auto adapter = pool.acquire(r.index);
+    for (size_t index : indices) {
+      auto adapter = pool.acquire(index);
       if (!adapter.ok()) return adapter.status();
       auto* shared = dynamic_cast<SharedAdapter*>(adapter.value());
       if (shared == nullptr) return Status::usage("batching needs the shared loading (not stock Modules)");
-      adapters[r.index] = shared;
+      (*adapters)[index] = shared;
     }
   SharedProgram* program = nullptr;
-  for (const auto& [index, adapter] : adapters) {
+  for (const auto& [index, adapter] : *adapters) {
     if (!pool.resident(index))
       return Status::usage("the memory budget cannot hold every adapter of the script at once");
     if (program != nullptr && adapter->program() != program)
@@ -64,7 +68,20 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
   if (program == nullptr) return Status();
   auto made = BatchEngine::create(*program, pool.parallel());
   if (!made.ok()) return made.status();
-  BatchEngine& engine = *made.value();
+  *engine = std::move(made.value());
+  return Status();
+}
+
+}  // namespace
+
+Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests) {
+  std::vector<size_t> indices;
+  for (const ScriptRequest& r : *requests) indices.push_back(r.index);
+  std::map<size_t, SharedAdapter*> adapters;
+  std::unique_ptr<BatchEngine> made;
+  Status ready = engine_for(pool, indices, &adapters, &made);
+  if (!ready.ok() || made == nullptr) return ready;
+  BatchEngine& engine = *made;
   int64_t vocab = engine.vocab_size();
 
   for (ScriptRequest& r : *requests) {
@@ -157,6 +174,52 @@ Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests)
       }
       live.pop_back();
     }
+  }
+  return Status();
+}
+
+}  // namespace lora_share
+
+namespace lora_share {
+
+Status time_steps(AdapterPool& pool, size_t index, const std::vector<int64_t>& prompt, size_t rows, size_t tokens,
+                  size_t steps, std::vector<double>* ms) {
+  std::map<size_t, SharedAdapter*> adapters;
+  std::unique_ptr<BatchEngine> engine;
+  Status s = engine_for(pool, {index}, &adapters, &engine);
+  if (!s.ok()) return s;
+  if (rows < 1 || rows > engine->rows())
+    return Status::usage(std::to_string(rows) + " rows; the engine runs 1.." + std::to_string(engine->rows()));
+  if (prompt.empty() || static_cast<int64_t>(prompt.size() + tokens) > engine->max_seq_len())
+    return Status::usage("the prompt and the row's tokens must fit max_seq_len " +
+                         std::to_string(engine->max_seq_len()));
+  std::vector<float> logits;
+  std::vector<DraftRow> drafting;
+  std::vector<BatchRow> plain;
+  for (size_t r = 0; r < rows; ++r) {
+    s = engine->set_row(r, adapters[index]->lora_data());
+    for (size_t at = 0; s.ok() && at < prompt.size(); at += static_cast<size_t>(engine->prefill_chunk())) {
+      std::vector<int64_t> part(
+          prompt.begin() + static_cast<std::ptrdiff_t>(at),
+          prompt.begin() +
+              static_cast<std::ptrdiff_t>(std::min(prompt.size(), at + static_cast<size_t>(engine->prefill_chunk()))));
+      s = engine->prefill(r, r, part, static_cast<int64_t>(at), &logits);
+    }
+    if (!s.ok()) return s;
+    int64_t pos = static_cast<int64_t>(prompt.size());
+    // The drafts: the prompt's first tokens (what they are does not change the step's work).
+    std::vector<int64_t> row(prompt.begin(),
+                             prompt.begin() + static_cast<std::ptrdiff_t>(std::min(prompt.size(), tokens)));
+    row.resize(tokens, prompt.back());
+    drafting.push_back({r, r, row, pos});
+    plain.push_back({r, r, row[0], pos});
+  }
+  ms->clear();
+  for (size_t i = 0; i < steps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    s = tokens == 1 ? engine->decode(plain, &logits) : engine->verify(drafting, &logits);
+    if (!s.ok()) return s;
+    ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return Status();
 }

@@ -43,4 +43,12 @@ struct ScriptRequest {
 // on a program exported before them.
 Status run_batch_script(AdapterPool& pool, std::vector<ScriptRequest>* requests);
 
+// The cost of a step (speculative decoding's trade): `rows` rows on adapter
+// `index`, each on its own KV slot (0..rows-1) with `prompt` fed, each carrying
+// `tokens` tokens (its last and tokens - 1 drafts; one token: a plain decode
+// step), `steps` steps one after another at the same positions; the
+// milliseconds of each step into `ms`.
+Status time_steps(AdapterPool& pool, size_t index, const std::vector<int64_t>& prompt, size_t rows, size_t tokens,
+                  size_t steps, std::vector<double>* ms);
+
 }  // namespace lora_share
