@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs lint test browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
 
 all: setup runner
 
@@ -97,8 +97,18 @@ lint: setup
 	@echo "clang-format --dry-run -Werror over $(words $(CXX_SOURCES)) C/C++ files"
 	@$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
 
+# Both lanes run on TEST_WORKERS pytest-xdist workers (0: one process), whole groups of tests per worker
+# (a file, or the files sharing an expensive session build): tests/lanes.py.
+TEST_WORKERS ?= 2
+PYTEST_LANE = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The edit loop: every test not marked slow (tiny models, no real model).
+test-fast: setup runner
+	$(PYTEST_LANE) --durations=10 -m "not slow and not arm64 and not dist"
+
+# Everything (CI: .ci/run), the slow tests and the real model included.
 test: setup runner model browser-deps
-	$(PY) -m pytest -q --durations=25 -m "not arm64 and not dist"
+	$(PYTEST_LANE) --durations=25 -m "not arm64 and not dist"
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner

@@ -15,6 +15,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
+import lanes  # noqa: E402  (tests/lanes.py, beside this file)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's xdist group and the order of the groups: see tests/lanes.py."""
+    lanes.assign_groups(items)
+
+
 TINY_FOUNDATION = {
     "dim": 64,
     "n_layers": 2,
