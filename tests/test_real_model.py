@@ -6,8 +6,8 @@ smollm2_build, shared with every real-model test). The independent reference is 
 loading of the same file, plus peft with each committed PEFT folder (examples/smollm2/adapters/). The
 foundation alone (`base`) answers "What is the capital of France?" token for token as transformers
 does, naming Paris; every demo adapter answers 20 held-out chat questions greedily with transformers +
-peft's exact tokens through build/runner, `lora-share run` and the server, and has its task's form
-on most of them.
+peft's exact tokens through build/runner (5 of them through `lora-share run` and the server), and has
+its task's form on most of them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ pytestmark = pytest.mark.slow
 QUESTION = "What is the capital of France?"
 NEW = 10
 QUESTIONS = train_adapters.HELD_OUT[:20]  # never seen in training
+# build/runner --serve answers all of QUESTIONS per adapter against transformers + peft; `lora-share run`
+# (the other runtime) and the server (liblora_share again, plus its chat template and detokenizer) are
+# checked on the first SPOT_CHECKS of them: the same exact comparison, a quarter of the generations.
+SPOT_CHECKS = 5
 REPLY_TOKENS = 48
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -146,9 +150,9 @@ def test_demo_adapters_equal_transformers_peft_through_lora_share_run(smollm2, r
     for a in manifest["adapters"]:
         got = [
             runtime.run(out / a["file"], out / "foundation.ptd", chat_ids(out, q), REPLY_TOKENS, stop_ids=eos).tokens
-            for q in QUESTIONS
+            for q in QUESTIONS[:SPOT_CHECKS]
         ]
-        assert got == references[a["name"]], a["name"]
+        assert got == references[a["name"]][:SPOT_CHECKS], a["name"]
     # The command itself, once per adapter: its chat text is the reference's.
     from transformers import AutoTokenizer
 
@@ -180,7 +184,7 @@ def test_demo_adapters_equal_transformers_peft_through_the_server(smollm2, serve
     server = Server(server_bin, out)
     try:
         for name, refs in references.items():
-            for q, ref in zip(QUESTIONS, refs):
+            for q, ref in zip(QUESTIONS[:SPOT_CHECKS], refs):
                 status, body = server.request(
                     "POST",
                     "/v1/chat/completions",
