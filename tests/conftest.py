@@ -18,10 +18,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 import lanes  # noqa: E402  (tests/lanes.py, beside this file)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test's xdist group and the order of the groups: see tests/lanes.py."""
-    lanes.assign_groups(items)
+    """The users of the big session builds marked slow, the groups heaviest first: tests/lanes.py."""
+    lanes.mark_and_order(items)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup: whole groups of tests/lanes.py per worker."""
+    if config.getvalue("dist") == "loadgroup":
+        return lanes.GroupScheduling(config, log)
+    return None
 
 
 TINY_FOUNDATION = {

@@ -5,17 +5,24 @@ Lanes: `make test-fast` runs the tests not marked ``slow`` (tiny models, shared 
 or a bigger one, or takes more than a few seconds on its own; a test that uses one of BIG is marked
 here.
 
-Workers: both lanes run under pytest-xdist with ``--dist loadgroup``. Every test gets an xdist group,
-so a worker runs whole groups: a test file is one group (its module fixtures are built once), and
-files that use the same fixture of BIG are one group together, so that fixture is built once per run,
-not once per worker. Groups run heaviest first (HEAVY_FIRST), so the longest one starts at once and
-the other worker fills in around it.
+Workers: both lanes run under pytest-xdist, ``--dist loadgroup`` with GroupScheduling as its
+scheduler: a worker runs whole groups. A test file is one group (its module fixtures are built once),
+and the files that name the same fixture of BIG are one group together, so that fixture is built once
+per run, not once per worker. The groups run heaviest first (HEAVY_FIRST), so the longest one starts
+at once and the other worker fills in around it. (xdist's own loadgroup reads ``xdist_group`` marks
+from a node id that pytest 9 no longer lets a plugin rewrite, so the groups are made here.)
 """
 
 from __future__ import annotations
 
-import pytest
+import functools
+import re
+from pathlib import Path
 
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+TESTS = Path(__file__).resolve().parent
 # Session fixtures of tests/conftest.py that take a minute or more to build (the real model and its
 # transformers reference, the demo deployment's 111 MB foundation, the wheel and its venv): their users
 # are slow, and run on one worker (`make wheel` also writes into the checkout: two workers must not
@@ -33,20 +40,43 @@ def _find(parent: dict[str, str], key: str) -> str:
     return key
 
 
-def assign_groups(items: list[pytest.Item]) -> None:
-    """Mark the users of BIG slow, every item with its xdist group, and order the items group by group,
-    heaviest first."""
+@functools.cache
+def _groups() -> tuple[dict[str, str], dict[str, int]]:
+    """(test file as in a node id -> its group, group -> its rank in HEAVY_FIRST). Files are joined
+    when their source names the same fixture of BIG; read from the files, so the controller (which
+    collects nothing) and every worker agree."""
     parent: dict[str, str] = {}
-    files = {item: item.nodeid.split("::")[0] for item in items}
-    for item in items:
-        for name in set(item.fixturenames) & set(BIG):
-            item.add_marker(pytest.mark.slow)
-            parent[_find(parent, files[item])] = _find(parent, name)
-    groups = {item: _find(parent, files[item]) for item in items}
-    for item, group in groups.items():
-        item.add_marker(pytest.mark.xdist_group(group.replace("/", "_").replace(".", "_")))
+    files = [f"{TESTS.name}/{path.name}" for path in sorted(TESTS.glob("test_*.py"))]
+    for file in files:
+        text = (TESTS.parent / file).read_text()
+        for name in BIG:
+            if re.search(rf"\b{name}\b", text):
+                parent[_find(parent, file)] = _find(parent, name)
     rank = {_find(parent, name): i for i, name in reversed(list(enumerate(HEAVY_FIRST)))}
-    first = {}
+    return {file: _find(parent, file) for file in files}, rank
+
+
+def group_of(nodeid: str) -> str:
+    file = nodeid.split("::")[0]
+    return _groups()[0].get(file, file)
+
+
+def mark_and_order(items: list[pytest.Item]) -> None:
+    """Mark the users of BIG slow, and order the items group by group, heaviest first (the order
+    each worker reports its collection in, and so the order GroupScheduling hands the groups out)."""
+    for item in items:
+        if set(item.fixturenames) & set(BIG):
+            item.add_marker(pytest.mark.slow)
+    rank = _groups()[1]
+    first: dict[str, int] = {}
     for index, item in enumerate(items):
-        first.setdefault(groups[item], index)
-    items.sort(key=lambda item: (rank.get(groups[item], len(HEAVY_FIRST)), first[groups[item]]))
+        first.setdefault(group_of(item.nodeid), index)
+    items.sort(key=lambda item: (rank.get(group_of(item.nodeid), len(HEAVY_FIRST)), first[group_of(item.nodeid)]))
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling (a worker takes a whole scope, then the next free one), with our groups
+    as the scopes, in collection order (run with --no-loadscope-reorder)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
