@@ -23,6 +23,8 @@ from lora_share.formats import read_pte
 from lora_share.formats.records import adapter_record
 from lora_share.manifest import read_manifest
 
+pytestmark = pytest.mark.slow  # three envelope builds of its own
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT, NEW = [3, 141, 59, 26, 5], 6
 BASE = hf_config(tied=True)

@@ -24,6 +24,8 @@ from lora_share.model.decode_attention import rope_write_attend_rows, rope_write
 from lora_share.model.decoder import KVPools, LlamaLoRA, ModelArgs, forward_inputs, rows_inputs
 from lora_share.model.envelope import Envelope
 
+pytestmark = pytest.mark.slow  # an export of the batch method per kind of model
+
 LLAMA = ModelArgs(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, vocab_size=256, max_seq_len=40, prefill_chunk=8
 )
@@ -304,7 +306,6 @@ class Program:
         return self._run("decode_batch", inputs)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", ["gemma3-ring", "8da4w"])
 def test_the_exported_batch_method_equals_each_request_alone(case, runner_bin, tmp_path):
     """Through ExecuTorch: each request alone by the program's forward and decode methods, and all of them

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
+pytestmark = pytest.mark.slow  # `lora-share bench` end to end: its own exports
+
 MINI_FOUNDATION = {
     "dim": 32,
     "n_layers": 1,

@@ -16,6 +16,8 @@ from test_server import server_bin  # noqa: F401 (fixture)
 
 from lora_share.bench import http_streams, serve
 
+pytestmark = pytest.mark.slow  # `lora-share bench-serve` end to end
+
 TOKENS = 4
 SETTINGS = {"max_tokens": TOKENS, "repeats": 1, "turns": 2, "chat_tokens": 2, "parallel": 2}
 # Short: the tiny build's context is 64 tokens, and its byte-level tokenizer spends about one a character.

@@ -19,6 +19,8 @@ from conftest import run_cli
 from lora_share.formats import read_pte
 from lora_share.inference import c_library as native
 
+pytestmark = pytest.mark.slow  # its own six-adapter build, and bench-budget end to end
+
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # longer than the prefill chunk: two forward calls
 NEW = 6
 # Sampled hot, with a seed: the tiny adapters' greedy answers coincide (they repeat the last token),

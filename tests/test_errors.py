@@ -158,6 +158,7 @@ def _changed_foundation(config: Path, into: Path) -> None:
     into.write_text(yaml.safe_dump(data))
 
 
+@pytest.mark.slow  # a build of its own
 def test_failed_build_leaves_previous_outputs(tiny_build, tmp_path, monkeypatch):
     out = _snapshot(tiny_build.out_dir, tmp_path / "out")
     before = _snapshot(out, tmp_path / "before")
@@ -182,6 +183,7 @@ def test_failed_build_leaves_previous_outputs(tiny_build, tmp_path, monkeypatch)
     assert [p.name for p in tmp_path.iterdir() if "staging" in p.name] == []
 
 
+@pytest.mark.slow  # a build of its own
 def test_killed_build_leaves_previous_outputs(tiny_build, tmp_path):
     out = _snapshot(tiny_build.out_dir, tmp_path / "out")
     before = _snapshot(out, tmp_path / "before")

@@ -16,6 +16,8 @@ from conftest import REPO, TINY_FOUNDATION, write_config
 sys.path.insert(0, str(REPO / "examples" / "families"))
 from tiny_checkpoints import SPECS, write_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each kind of graph exported twice, lean and as shipped
+
 # LoRA inputs on an attention projection and an MLP one (each fused in Phi-3), and one layer where the
 # foundation is ours to shape: each node costs re-tracing time, and one of each kind is what counts.
 TARGETS = ["v_proj", "up_proj"]

@@ -37,6 +37,8 @@ EXAMPLES = REPO / "examples" / "families"
 sys.path.insert(0, str(EXAMPLES))
 from tiny_checkpoints import SPECS, write_checkpoint, write_family  # noqa: E402
 
+pytestmark = pytest.mark.slow  # seven family builds and their transformers references, and more exports
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = [3, 141, 59, 26, 5]
 NEW = 12

@@ -28,6 +28,8 @@ from lora_share.formats.pt2 import open_archive
 from lora_share.programs.archive import load_program
 from lora_share.programs.build import build_programs
 
+pytestmark = pytest.mark.slow  # a minute of hostile archives, each through a build
+
 PEAK_LIMIT = 1536 << 20  # issue 58: no hostile archive takes more than 1.5 GB to refuse
 MESSAGE_LIMIT = 600  # characters: a message names things, it does not quote them whole
 CLI_FAMILIES = ("duplicate_blob", "zip_bomb", "dtype", "stride_zero_2^40", "long_key", "sample_shape")

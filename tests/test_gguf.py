@@ -39,6 +39,8 @@ from lora_share.export.eager import eager_model
 sys.path.insert(0, str(REPO / "examples" / "families"))
 from tiny_checkpoints import SPECS, write_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a build per architecture from its GGUF, against transformers' GGUF loading
+
 gguf = pytest.importorskip("gguf")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = [3, 141, 59, 26, 5, 77, 2]

@@ -24,6 +24,8 @@ from lora_share.export.eager import eager_model
 from lora_share.inference.generate import generate
 from lora_share.inference.python_runtime import LoadedAdapter
 
+pytestmark = pytest.mark.slow  # a float16-cache build of its own
+
 PROMPT = [(7 * i + 5) % 256 for i in range(2 * TINY_CHUNK + 3)]  # three prefill calls
 NEW = 8
 

@@ -12,6 +12,8 @@ from hf_files import hf_config, hf_peft_logits, write_hf_llama, write_peft_lora
 
 import lora_share
 
+pytestmark = pytest.mark.slow  # a build of its own per PEFT variant
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PROMPT = [3, 141, 59, 26, 5]
 NEW = 8

@@ -21,6 +21,8 @@ from conftest import TEXT_ADAPTER, build_config, run_cli, write_config
 
 from lora_share.evaluate import evaluate, windows
 
+pytestmark = pytest.mark.slow  # perplexity through ExecuTorch one token per call, and bench-quality end to end
+
 TEXT = (
     "Python is an easy to learn, powerful programming language. It has efficient high-level data "
     "structures and a simple but effective approach to object-oriented programming. Python's elegant "
@@ -139,7 +141,6 @@ def test_bad_input(text_build, text_file, tmp_path, case):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-@pytest.mark.slow  # two exports and four evaluation processes: minutes on a busy 2-core machine
 def test_bench_quality_on_a_tiny_build(text_build, tmp_path):
     """`lora-share bench-quality` end to end on text_build's config (its PEFT adapter), fp32 and 8da4w,
     with a folder of .rst.txt files for text: both builds measured, the files taken whole in name order,

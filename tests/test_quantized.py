@@ -246,6 +246,7 @@ def test_fingerprint_covers_the_quantization():
 # --- the build ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 def test_manifest_records_quantization(q_build, q_models):
     foundation, _, _ = q_models
     m = q_build.manifest
@@ -268,6 +269,7 @@ def test_manifest_records_quantization(q_build, q_models):
     assert written["adapters"][0]["quantization_error"] == m["adapters"][0]["quantization_error"]
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 def test_every_adapter_pairs_with_the_shared_ptd(q_build):
     from lora_share.inference.verify import check_pair
 
@@ -285,6 +287,7 @@ def _ptd_buffers(ptd_path) -> dict[str, bytes]:
     return {key: bytes(payload.buffers[e.buffer_index]) for key, e in payload.named_data.items()}
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 def test_foundation_bytes_only_in_ptd(q_build, q_models):
     """Byte search in the files as written (as test_separation does for float32)."""
     from test_separation import PROGRAM_BYTES_FIXED, PROGRAM_BYTES_PER_LAYER
@@ -321,6 +324,7 @@ def test_foundation_bytes_only_in_ptd(q_build, q_models):
         assert entry["lora_bytes"] <= entry["size"] <= entry["lora_bytes"] + extra, name
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 @pytest.mark.parametrize("name", [a["name"] for a in Q_ADAPTERS])
 def test_export_matches_its_eager_quantized_model(q_build, q_models, name):
     """The .pte over the shared .ptd runs the eager quantized model.
@@ -358,6 +362,7 @@ def test_export_matches_its_eager_quantized_model(q_build, q_models, name):
         assert gen.tokens == eager_generation(quantized, PROMPT, NEW).tokens
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 @pytest.mark.parametrize("name", [a["name"] for a in Q_ADAPTERS])
 def test_accuracy_against_float(q_build, q_models, name):
     """The manifest's numbers are the .pte's own, and within the bounds in the module docstring."""
@@ -373,6 +378,7 @@ def test_accuracy_against_float(q_build, q_models, name):
     assert again == pytest.approx({k: recorded[k] for k in again}, rel=1e-3, abs=1e-3)
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 def test_adapters_still_change_the_output(q_build):
     rows = {n: lora_share.run(p, q_build.ptd, PROMPT, 1).logits[0] for n, p in q_build.ptes.items()}
     assert np.abs(rows["qa"] - rows["qb"]).max() > 1e-2
@@ -382,6 +388,7 @@ def test_adapters_still_change_the_output(q_build):
 # --- the C++ runner -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 @pytest.mark.parametrize("mode", [[], ["--stock"]], ids=["shared", "stock"])
 def test_cpp_runner_matches_python(runner_bin, q_build, tmp_path, mode):
     from test_cpp_runner import all_ptes, ids, run_runner
@@ -409,6 +416,7 @@ def test_cpp_runner_matches_python(runner_bin, q_build, tmp_path, mode):
         assert np.abs(np.load(npy) - ref.logits).max() <= 1e-4, name
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 def test_two_adapters_share_the_quantized_foundation_in_memory(runner_bin, q_build):
     """PSS after loading qa, then qa + qb, in one runner process: qb costs at most 1.05 x its own
     LoRA bytes + 0.5 MiB (its tensors, bound to the program qa already loaded).
@@ -498,6 +506,7 @@ def asym_build(tmp_path_factory):
     return build_config(write_config(folder, foundation, Q_ADAPTERS[:2], name="asymmetric"))
 
 
+@pytest.mark.slow  # the wide quantized build of this file
 def test_asymmetric_export_matches_its_eager_model(runner_bin, asym_build, tmp_path):
     """The asymmetric grid's offsets linear runs inside the export, and the int4 embedding in ExecuTorch's
     embedding_4bit kernel: lora_share.inference and build/runner give the eager quantized model's logits (same

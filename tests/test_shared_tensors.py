@@ -174,6 +174,7 @@ def rebuilt(hoisted_build, tmp_path_factory):
     return build_config(cfg), before
 
 
+@pytest.mark.slow  # a rebuild that exports
 def test_rebuild_moves_newly_shared_tensors(rebuilt):
     build, before = rebuilt
     foundation, adapters = _adapters(build)

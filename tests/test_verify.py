@@ -47,6 +47,7 @@ def runner(runner_bin, *args) -> subprocess.CompletedProcess:
 # --- dedup ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # this file's own untied build
 def test_tied_embedding_is_stored_once(tiny_build, untied_build):
     embedding = TINY_FOUNDATION["vocab_size"] * TINY_FOUNDATION["dim"] * 4
     tied, untied = read_ptd(tiny_build.ptd), read_ptd(untied_build.ptd)
@@ -65,6 +66,7 @@ def test_tied_embedding_is_stored_once(tiny_build, untied_build):
     assert report["total"] == tied.size
 
 
+@pytest.mark.slow  # this file's own untied build
 def test_tensors_shared_by_adapters_are_reported(untied_build):
     from lora_share.checkpoints.adapters import load_adapter
     from lora_share.checkpoints.foundation import load_foundation
@@ -103,6 +105,7 @@ def test_verify_accepts_the_pair_it_was_built_with(tiny_build):
         assert proc.returncode == 0 and "compatible" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow  # this file's own untied build
 def test_mismatch_is_refused_everywhere(tiny_build, untied_build, runner_bin):
     pte, ptd = tiny_build.ptes["tiny_a"], untied_build.ptd
     x, y = tiny_build.manifest["foundation"]["fingerprint"], untied_build.manifest["foundation"]["fingerprint"]
@@ -120,6 +123,7 @@ def test_mismatch_is_refused_everywhere(tiny_build, untied_build, runner_bin):
         assert all(s in line for s in (x, y, str(pte), str(ptd), "--no-verify"))
 
 
+@pytest.mark.slow  # this file's own untied build
 def test_no_verify_lets_the_load_fail_or_run(tiny_build, untied_build, runner_bin):
     pte, ptd = tiny_build.ptes["tiny_a"], untied_build.ptd
     line = one_error_line(run_cli("run", "--pte", pte, "--ptd", ptd, "--tokens", "1,2", "--no-verify"), 2)
@@ -205,6 +209,7 @@ def test_inspect_reads_back_what_build_wrote(tiny_build):
         assert FOUNDATION_KEY not in pte["needs"] and len(pte["needs"]) > len(pte["external_tensors"])
 
 
+@pytest.mark.slow  # this file's own untied build
 def test_inspect_text_and_other_ptd(tiny_build, untied_build):
     pte = tiny_build.ptes["tiny_a"]
     text = run_cli("inspect", pte, "--ptd", untied_build.ptd)

@@ -16,6 +16,8 @@ from lora_share.export import program as export_module
 from lora_share.model.decoder import LlamaLoRA, ModelArgs, n_slabs
 from lora_share.model.envelope import Envelope
 
+pytestmark = pytest.mark.slow  # two exports per tiny program
+
 LAYERS = 3
 
 
