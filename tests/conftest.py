@@ -24,6 +24,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     lanes.mark_and_order(items)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown when it is not loaded (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadgroup: whole groups of tests/lanes.py per worker."""
     if config.getvalue("dist") == "loadgroup":

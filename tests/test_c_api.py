@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from budget_build import budget_build
 from conftest import REPO, TINY_FOUNDATION
 
 from lora_share.inference import c_library as native
@@ -227,7 +226,7 @@ def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
 @pytest.mark.parametrize(
     "case", ["missing-pte", "ptd-as-pte", "truncated-pte", "garbage-pte", "other-foundation", "same-stem"]
 )
-def test_adapter_load_errors(runtime, tiny_build, tmp_path_factory, tmp_path, case):
+def test_adapter_load_errors(runtime, tiny_build, text_build, tmp_path, case):
     pte = tiny_build.ptes["tiny_a"]
     contains = ""
     if case == "missing-pte":
@@ -242,7 +241,8 @@ def test_adapter_load_errors(runtime, tiny_build, tmp_path_factory, tmp_path, ca
         path = tmp_path / "g.pte"
         path.write_bytes(b"\x00not a program" * 100)
     elif case == "other-foundation":
-        path, contains = budget_build(tmp_path_factory).ptes["b0"], "ls_options.verify = 0 skips this check"
+        # text_build's adapter: another foundation (a Hugging Face llama), a shared build of the session
+        path, contains = text_build.pte, "ls_options.verify = 0 skips this check"
     else:  # a different file whose stem is taken
         path = tmp_path / "tiny_a.pte"
         path.write_bytes(pte.read_bytes())
