@@ -34,6 +34,10 @@ QUESTION = "Why is the sky blue?"
 MAX_TOKENS = 24  # the tiny build's context is 64 tokens: the prompt and the answer fit in it
 MIX = [("terse", 0.5), ("lively", 1.1)]  # ranks 3 + 1 on v_proj: the envelope's max rank, 4
 
+# A browser to start and pages to wait on (about 3 minutes): make test runs it, make test-fast does not
+# (and so does not need Chromium installed).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def deployment(text_build, tmp_path_factory) -> Path:
