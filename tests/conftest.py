@@ -24,6 +24,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     lanes.mark_and_order(items)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's setup, call and teardown time, added to its file's (on xdist's controller too)."""
+    lanes.add_time(report)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The slowest files of the run, their tests' time summed: tests/lanes.py."""
+    lanes.report_files(terminalreporter)
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown when it is not loaded (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadgroup: whole groups of tests/lanes.py per worker."""

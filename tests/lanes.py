@@ -74,6 +74,26 @@ def mark_and_order(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (rank.get(group_of(item.nodeid), len(HEAVY_FIRST)), first[group_of(item.nodeid)]))
 
 
+FILE_SECONDS: dict[str, float] = {}  # test file -> seconds its tests took (setup + call + teardown)
+SLOWEST_FILES = 15
+
+
+def add_time(report: pytest.TestReport) -> None:
+    file = report.nodeid.split("::")[0]
+    FILE_SECONDS[file] = FILE_SECONDS.get(file, 0.0) + report.duration
+
+
+def report_files(terminalreporter) -> None:
+    """The slowest files and their seconds: where the wall time of a lane goes (a session fixture's
+    build counts in the first test that asked for it)."""
+    if not FILE_SECONDS:
+        return
+    terminalreporter.write_sep("=", f"slowest {SLOWEST_FILES} files (seconds of their tests, summed)")
+    for file, seconds in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:SLOWEST_FILES]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {file}  (group {group_of(file)})")
+    terminalreporter.write_line(f"{sum(FILE_SECONDS.values()):8.1f}s  in all, over every worker")
+
+
 class GroupScheduling(LoadScopeScheduling):
     """xdist's scope scheduling (a worker takes a whole scope, then the next free one), with our groups
     as the scopes, in collection order (run with --no-loadscope-reorder)."""
