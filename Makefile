@@ -108,7 +108,7 @@ test-fast: setup runner
 
 # Everything (CI: .ci/run), the slow tests and the real model included.
 test: setup runner model browser-deps
-	$(PYTEST_LANE) --durations=25 -m "not arm64 and not dist"
+	$(PYTEST_LANE) --durations=30 -m "not arm64 and not dist"
 
 # lora-share vs stand-alone programs vs stock ExecuTorch, N = 1, 2, 4, 8 adapters -> benchmarks/results/
 bench: setup runner
