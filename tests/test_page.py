@@ -335,6 +335,46 @@ def test_chat_with_a_mix_and_a_system_message(page, server):
     assert console_errors(page) == []
 
 
+SCHEMA = {
+    "type": "object",
+    "properties": {"mood": {"enum": ["calm", "wild"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["mood", "score"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_in_the_settings_shapes_every_compared_answer(page, server):
+    """The settings' JSON-schema box: every Compare column holds JSON valid for the schema (judged by
+    the jsonschema library), equal to the API's answer to the same strict json_schema request. Text
+    that is not a JSON object is said under the settings, and nothing is sent."""
+    import jsonschema
+
+    set_value(page, "max-tokens", str(MAX_TOKENS))
+    set_value(page, "json-schema", "{not json")
+    assert "not JSON" in text_of(page.find_element("id", "settings-error"))
+    set_value(page, "json-schema", json.dumps(SCHEMA))
+    assert not page.find_element("id", "settings-error").is_displayed()
+    set_value(page, "compare-question", QUESTION)
+    page.get_log("browser")
+    page.find_element("id", "tab-compare").click()
+    page.find_element("id", "compare-button").click()
+    names = models(server)
+    columns = lambda: page.find_elements("css selector", "#compare-columns .column")  # noqa: E731
+    wait_for(
+        page,
+        lambda: len(columns()) == len(names) and all(c.get_attribute("data-state") == "done" for c in columns()),
+        "every answer",
+    )
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+    for column in columns():
+        name, shown = column.get_attribute("data-adapter"), text_of(column.find_element("class name", "answer"))
+        jsonschema.validate(json.loads(shown), SCHEMA)
+        body = {"model": name, "messages": [{"role": "user", "content": QUESTION}], "temperature": 0}
+        assert shown == api_answer(server, {**body, "max_tokens": MAX_TOKENS, "response_format": response_format})
+    set_value(page, "json-schema", " ")  # blank again (stored so), for the tests after this one
+    assert console_errors(page) == []
+
+
 def test_nothing_is_loaded_from_another_host(browser, server):
     browser.get_log("performance")
     browser.get(f"http://{server.address}/")
