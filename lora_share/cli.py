@@ -78,9 +78,9 @@ def _register_build(subparsers) -> None:
 
 def _cmd_add(ns) -> int:
     from .deploy.builder import add
-    from .programs import is_programs_dir
+    from .manifest import PROGRAMS, deployment_kind
 
-    if is_programs_dir(ns.to):
+    if deployment_kind(ns.to) == PROGRAMS:
         return _add_programs(ns)
     if ns.model is not None:
         raise UserError("--model names a model of a PT2 archive: only for `add` to a build of programs")

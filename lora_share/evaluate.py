@@ -29,7 +29,7 @@ import yaml
 
 from .config import BASE_NAME
 from .errors import UserError
-from .manifest import MANIFEST, read_manifest
+from .manifest import ADAPTERS, Manifest, has_manifest, read_manifest
 
 MIN_TOKENS = 2  # one predicted token
 
@@ -72,8 +72,8 @@ def resolve_build(target: Path, quiet: bool = True) -> Path:
     nothing changed, by ``lora-share build``)."""
     target = Path(target)
     if target.is_dir():
-        if not (target / MANIFEST).is_file():
-            raise UserError(f"{target}: no {MANIFEST}: give the output folder of `lora-share build` or its config")
+        if not has_manifest(target):
+            raise UserError(f"{target}: no manifest.json: give the output folder of `lora-share build` or its config")
         return target
     if target.is_file() and target.suffix in (".yaml", ".yml"):
         from .config import load_config
@@ -118,14 +118,13 @@ def target_nll(logits: np.ndarray, window: list[int]) -> np.ndarray:
 class Subject:
     """One adapter of the build (or the foundation alone) in both runtimes."""
 
-    def __init__(self, name: str, folder: Path, manifest: dict, reference):
+    def __init__(self, name: str, folder: Path, manifest: Manifest, reference):
         from .formats.shared_ptd import SHARED_PTD
         from .inference.python_runtime import LoadedAdapter
 
-        entries = {a["name"]: a for a in manifest["adapters"]}
-        if not entries:
+        if not manifest.adapters:
             raise UserError(f"{folder}: the build has no adapter file, so no program to run")
-        entry = entries[name] if name != BASE_NAME else next(iter(entries.values()))
+        entry = manifest.adapter(name) if name != BASE_NAME else manifest.adapters[0]
         shared = folder / SHARED_PTD
         self.name, self.where = name, f"{folder.name}/{name}"
         self.program = LoadedAdapter(
@@ -192,11 +191,11 @@ def _peft_reference(hf_model, entry: dict, config_entry: dict, args, folder: Pat
 class Reference:
     """The build's checkpoint in transformers, float32; ``logits(window, adapter)`` per position."""
 
-    def __init__(self, folder: Path, manifest: dict):
+    def __init__(self, folder: Path, manifest: Manifest):
         import torch
         from transformers import AutoModelForCausalLM
 
-        checkpoint = manifest["export_settings"].get("checkpoint")
+        checkpoint = manifest.export_settings.get("checkpoint")
         if checkpoint is None:
             raise UserError(
                 f"{folder}: its foundation is synthetic: eval compares with transformers loading the "
@@ -222,16 +221,14 @@ class Reference:
         if name == BASE_NAME:
             return self.model
         if name not in self.adapted:
-            from .deploy.builder import manifest_model_args
-
-            entry = next(a for a in self.manifest["adapters"] if a["name"] == name)
+            entry = self.manifest.adapter(name)
             resolved = yaml.safe_load((self.folder / "config.resolved.yaml").read_text())
             config_entry = next((a for a in resolved.get("adapters", []) if a["name"] == name), {})
             import copy
 
             # peft wraps the model it gets in place: each adapter gets its own copy.
             self.adapted[name] = _peft_reference(
-                copy.deepcopy(self.model), entry, config_entry, manifest_model_args(self.manifest), self.folder
+                copy.deepcopy(self.model), entry, config_entry, self.manifest.model_args, self.folder
             )
         return self.adapted[name]
 
@@ -257,8 +254,8 @@ def evaluate(
     from .tokenizer.files import bind_tokenizer
 
     folder = resolve_build(Path(target), quiet=not progress)
-    manifest = read_manifest(folder)
-    names = [a["name"] for a in manifest["adapters"]]
+    manifest = read_manifest(folder, ADAPTERS)
+    names = manifest.adapter_names
     wanted = adapters or [BASE_NAME, *names]
     for name in wanted:
         if name != BASE_NAME and name not in names:
@@ -275,12 +272,12 @@ def evaluate(
             f"{text_path}: {len(ids)} tokens{' (after --max-tokens)' if max_tokens else ''}, but the "
             f"evaluation needs at least {max(min_tokens, MIN_TOKENS)}: give a longer text"
         )
-    size = int(manifest["foundation"]["args"]["max_seq_len"])
+    size = manifest.max_seq_len
     chunks = windows(ids, size)
     reference = Reference(folder, manifest)
     report = Report(
         str(folder),
-        manifest["foundation"].get("quantize"),
+        manifest.quantize,
         {
             "path": str(text_path),
             "sha256": hashlib.sha256(text.encode()).hexdigest(),

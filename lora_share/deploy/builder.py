@@ -17,7 +17,6 @@ import functools
 import hashlib
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,10 +38,9 @@ from ..files import sha256_file
 from ..formats import read_ptd
 from ..formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
 from ..formats.shared_ptd import SHARED_PTD
-from ..manifest import MANIFEST, read_manifest
-from ..model.args import ModelArgs
+from ..manifest import ADAPTERS, MANIFEST, Manifest, describe_foundation, read_manifest
 from ..model.envelope import Envelope
-from ..tokenizer.files import TokenizerSource, find_tokenizer, manifest_section, shipped_files, stage_files
+from ..tokenizer.files import TokenizerSource, find_tokenizer, section_for_build, shipped_files, stage_files
 from .adapter_pte import Program
 from .records import foundation_meta
 from .writer import PTD_NAME, Deployment, ProgramSource, log, write_outputs
@@ -67,22 +65,21 @@ def foundation_fingerprint(foundation: Foundation) -> str:
     return h.hexdigest()
 
 
-def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> dict | None:
+def _previous_outputs(out_dir: Path, fingerprint: str, settings: dict) -> Manifest | None:
     """The earlier build in ``out_dir`` if its foundation.ptd can be kept as it is."""
     try:
-        manifest = read_manifest(out_dir)
+        manifest = read_manifest(out_dir, ADAPTERS)
     except UserError:
         return None
-    fnd = manifest["foundation"]
     ptd = out_dir / PTD_NAME
     if (
-        fnd.get("fingerprint") != fingerprint
-        or manifest.get("export_settings") != settings
-        or manifest.get("exporter") != EXPORTER_REVISION
+        manifest.fingerprint != fingerprint
+        or manifest.export_settings != settings
+        or manifest.exporter != EXPORTER_REVISION
         or not ptd.is_file()
     ):
         return None
-    if ptd.stat().st_size != fnd["size"] or sha256_file(ptd) != fnd["sha256"]:
+    if ptd.stat().st_size != manifest.foundation_size or sha256_file(ptd) != manifest.foundation_sha256:
         return None
     return manifest
 
@@ -104,13 +101,7 @@ def _exporter(dep: Deployment):
     return export
 
 
-def _args_dict(args: ModelArgs) -> dict:
-    d = asdict(args)
-    d["head_dim"] = args.hd
-    return d
-
-
-def build(config_path, quiet: bool = False) -> dict:
+def build(config_path, quiet: bool = False) -> Manifest:
     """Build every output of ``config_path``; returns the manifest (also written to disk)."""
     from ..checkpoints.foundation import load_foundation
 
@@ -140,19 +131,22 @@ def build(config_path, quiet: bool = False) -> dict:
     previous = _previous_outputs(cfg.output_dir, fingerprint, settings)
     if previous:
         log(f"  foundation unchanged since the last build: keeping {PTD_NAME}", quiet)
-    entry = {"parameters": n_params, "args": _args_dict(foundation.args), "source": foundation.source}
-    if cfg.foundation.quantize is not None:
-        entry["quantize"] = config_to_dict(cfg.foundation.quantize)
+    described = describe_foundation(
+        parameters=n_params,
+        args=foundation.args,
+        source=foundation.source,
+        quantize=config_to_dict(cfg.foundation.quantize) if cfg.foundation.quantize is not None else None,
+    )
 
     def copy_tokenizer(stage: Path) -> dict:
-        return manifest_section(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
+        return section_for_build(tokenizer, stage_files(stage, tokenizer.files, link=False), fingerprint)
 
     dep = Deployment(
         out_dir=cfg.output_dir,
         fingerprint=fingerprint,
         settings=settings,
         envelope=envelope,
-        foundation_entry=entry,
+        foundation_described=described,
         resolved_config={"source": str(cfg.source), **config_to_dict(cfg)},
         get_foundation=lambda: foundation,
         tokenizer=copy_tokenizer if tokenizer else None,
@@ -175,20 +169,18 @@ def _tokenizer_line(tokenizer: TokenizerSource | None, checkpoint: Path | None) 
     )
 
 
-def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict:
+def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> Manifest:
     """Add PEFT adapters to an existing build: each is written as data for the deployment's program
     (no export; foundation.ptd and the shipped adapters are kept as they are). An adapter outside
     the deployment's LoRA envelope is refused, naming the key to widen."""
     t_start = time.perf_counter()
     out_dir = Path(out_dir).resolve()
-    previous = read_manifest(out_dir)
+    previous = read_manifest(out_dir, ADAPTERS)
     ptd = out_dir / PTD_NAME
-    fnd = previous["foundation"]
-    if not ptd.is_file() or ptd.stat().st_size != fnd["size"]:
+    if not ptd.is_file() or ptd.stat().st_size != previous.foundation_size:
         raise UserError(f"{ptd}: missing or not the file {out_dir / MANIFEST} describes")
-    args = manifest_model_args(previous)
-    envelope = Envelope.from_dict(previous["program"]["envelope"])
-    adapters = _load_new_adapters(out_dir, peft_dirs, {a["name"] for a in previous["adapters"]}, args)
+    envelope = previous.envelope
+    adapters = _load_new_adapters(out_dir, peft_dirs, set(previous.adapter_names), previous.model_args)
     # The folder being added to is the one to rebuild: its own resolved config, its output_dir set to
     # it (a copied deployment's config still names the folder it was built in).
     envelope.require_fits(
@@ -203,36 +195,35 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> dict
     resolved["adapters"] = resolved.get("adapters", []) + [
         {"name": n, "peft": str(Path(f).resolve())} for n, f in peft_dirs
     ]
-    resolved["source"] = previous.get("config")
-    entry = {k: v for k, v in fnd.items() if k not in ("file", "size", "sha256", "fingerprint")}
+    resolved["source"] = previous.config
     tokenizer_files = shipped_files(out_dir, previous)
 
     def keep_tokenizer(stage: Path) -> dict:  # hard-linked as they are; the section kept word for word
         stage_files(stage, tokenizer_files, link=True)
-        return previous["tokenizer"]
+        return previous.tokenizer
 
     def no_export(workdir: Path):
         raise UserError(
-            f"{out_dir}: its adapter files do not carry the program {previous['program']['sha256'][:12]} "
+            f"{out_dir}: its adapter files do not carry the program {previous.program_sha256[:12]} "
             "the manifest names: rebuild the deployment with `lora-share build`"
         )
 
     dep = Deployment(
         out_dir=out_dir,
-        fingerprint=fnd["fingerprint"],
-        settings=previous["export_settings"],
+        fingerprint=previous.fingerprint,
+        settings=previous.export_settings,
         envelope=envelope,
-        foundation_entry=entry,
+        foundation_described=previous.foundation_description,
         resolved_config=resolved,
         get_foundation=functools.cache(lambda: _reload_foundation(previous)),
-        tokenizer=keep_tokenizer if "tokenizer" in previous else None,
-        hoist="shared" in previous,
+        tokenizer=keep_tokenizer if previous.tokenizer else None,
+        hoist=previous.shared is not None,
         measure_quantization=False,
         previous=previous,
         shared_available=_existing_shared_keys(out_dir, previous),
         started=t_start,
     )
-    return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous["adapters"], quiet=quiet)
+    return write_outputs(dep, ProgramSource(dep, no_export, quiet), adapters, previous.adapters, quiet=quiet)
 
 
 def _load_new_adapters(out_dir: Path, peft_dirs: list[tuple[str, Path]], existing: set[str], args) -> list:
@@ -262,29 +253,24 @@ def _load_new_adapters(out_dir: Path, peft_dirs: list[tuple[str, Path]], existin
     return adapters
 
 
-def _existing_shared_keys(out_dir: Path, previous: dict) -> set[str] | None:
+def _existing_shared_keys(out_dir: Path, previous: Manifest) -> set[str] | None:
     """For ``add`` to a build with adapters_shared.ptd: the keys it holds (new adapters read those
     from it, and it stays as it is)."""
-    if "shared" not in previous:
+    if previous.shared is None:
         return None
     path = out_dir / SHARED_PTD
-    if not path.is_file() or sha256_file(path) != previous["shared"]["sha256"]:
+    if not path.is_file() or sha256_file(path) != previous.shared["sha256"]:
         raise UserError(f"{path}: missing or not the file {out_dir / MANIFEST} describes")
     return {e.key for e in read_ptd(path).entries} - {SHARED_KEY}
 
 
-def manifest_model_args(manifest: dict) -> ModelArgs:
-    """The foundation's shape as a manifest records it."""
-    return ModelArgs(**manifest["foundation"]["args"])
-
-
-def _reload_foundation(manifest: dict) -> Foundation:
+def _reload_foundation(manifest: Manifest) -> Foundation:
     """The foundation a manifest was built from, checked against its fingerprint."""
     from ..checkpoints.foundation import load_foundation
 
-    settings = manifest["export_settings"]
+    settings = manifest.export_settings
     foundation = load_foundation(foundation_from_dict(settings, "manifest export_settings"))
-    if foundation_fingerprint(foundation) != manifest["foundation"]["fingerprint"]:
+    if foundation_fingerprint(foundation) != manifest.fingerprint:
         raise UserError(
             f"the foundation at {settings.get('checkpoint', 'synthetic')} no longer has the fingerprint recorded in "
             f"the manifest: rebuild"

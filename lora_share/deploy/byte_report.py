@@ -19,14 +19,18 @@ from pathlib import Path
 from ..formats import read_ptd, read_pte
 from ..formats.meta import ADAPTER_KEY, decode
 from ..inference.inspection import dedup_summary
+from ..manifest import across_adapters, adapter_bytes, byte_report_section, file_bytes, shared_bytes
 
 
-def _file_summary(size: int, summary: dict) -> dict:
+def _figures(file: str, size: int, entries) -> dict:
+    """A file's bytes as ``manifest.file_bytes`` takes them; ``entries`` are its named data's
+    (key, segment index, size)."""
+    summary = dedup_summary(entries)
     return {
+        "file": file,
         "total": size,
         "stored": summary["stored_bytes"],
         "shared": summary["shared_bytes"],
-        "unique": summary["stored_bytes"] - summary["shared_bytes"],
         "duplicate_avoided": summary["duplicate_avoided_bytes"],
     }
 
@@ -37,33 +41,28 @@ def _lora_keys(pte) -> set[str]:
     return {k for e in meta.lora for k in (e.a, e.b)}
 
 
-def _hoisted(shared, ptes: dict) -> dict:
+def _hoisted(file: str, shared, ptes: dict) -> dict:
     """What adapters_shared.ptd holds and which adapters read each of its tensors from it."""
     readers: dict[str, list[str]] = {}
     for name, pte in ptes.items():
         for key in sorted(k for k in _lora_keys(pte) if k not in pte):
             if key in shared:
                 readers.setdefault(key, []).append(name)
-    stored = dedup_summary([(e.key, e.segment_index, e.size) for e in shared.entries])
-    return {
-        **_file_summary(shared.size, stored),
-        "tensors": len(readers),
-        "tensor_bytes": sum(shared.entry(k).size for k in readers),
-        "duplicate_avoided": sum(shared.entry(k).size * (len(n) - 1) for k, n in readers.items()),
-        "readers": {k: n for k, n in sorted(readers.items())},
-    }
+    figures = _figures(file, shared.size, [(e.key, e.segment_index, e.size) for e in shared.entries])
+    figures["duplicate_avoided"] = sum(shared.entry(k).size * (len(n) - 1) for k, n in readers.items())
+    return shared_bytes(
+        **figures,
+        tensors=len(readers),
+        tensor_bytes=sum(shared.entry(k).size for k in readers),
+        readers={k: n for k, n in sorted(readers.items())},
+    )
 
 
 def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_name: str | None = None) -> dict:
-    """The report for a build folder; ``adapters`` maps adapter name -> .pte file name; ``shared_name``
-    is its adapters_shared.ptd, if it has one."""
+    """The manifest's ``bytes`` section for a build folder; ``adapters`` maps adapter name -> .pte file
+    name; ``shared_name`` is its adapters_shared.ptd, if it has one."""
     ptd = read_ptd(Path(out_dir) / ptd_name)
-    report = {
-        "foundation": {
-            "file": ptd_name,
-            **_file_summary(ptd.size, dedup_summary([(e.key, e.segment_index, e.size) for e in ptd.entries])),
-        }
-    }
+    foundation = file_bytes(**_figures(ptd_name, ptd.size, [(e.key, e.segment_index, e.size) for e in ptd.entries]))
     holders: dict[str, list[str]] = {}
     sizes: dict[str, int] = {}
     per_adapter = {}
@@ -74,26 +73,24 @@ def byte_report(out_dir: Path, ptd_name: str, adapters: dict[str, str], shared_n
             holders.setdefault(key, []).append(name)
             sizes[key] = size
         per_adapter[name] = (pte, set(stored))
-    shared = {d: names for d, names in holders.items() if len(names) > 1}
-    report["adapters"] = {}
-    for name, (pte, keys) in per_adapter.items():
-        summary = _file_summary(pte.size, dedup_summary([(e.key, e.segment_index, e.size) for e in pte.named_data]))
-        summary["shared_with_other_adapters"] = sum(sizes[d] for d in keys if d in shared)
-        summary["unique"] = summary["stored"] - summary["shared"] - summary["shared_with_other_adapters"]
-        report["adapters"][name] = {"file": adapters[name], **summary}
-    report["across_adapters"] = {
-        "shared": sum(sizes[d] for d in shared),
-        "duplicate": sum(sizes[d] * (len(n) - 1) for d, n in shared.items()),
-        "tensors": [{"sha256": d, "size": sizes[d], "adapters": n} for d, n in sorted(shared.items())],
+    in_several = {d: names for d, names in holders.items() if len(names) > 1}
+    per_file = {
+        name: adapter_bytes(
+            **_figures(adapters[name], pte.size, [(e.key, e.segment_index, e.size) for e in pte.named_data]),
+            shared_with_other_adapters=sum(sizes[d] for d in keys if d in in_several),
+        )
+        for name, (pte, keys) in per_adapter.items()
     }
-    report["total"] = ptd.size + sum(a["total"] for a in report["adapters"].values())
+    shared = None
     if shared_name is not None:
-        report["shared"] = {
-            "file": shared_name,
-            **_hoisted(read_ptd(Path(out_dir) / shared_name), {n: p for n, (p, _) in per_adapter.items()}),
-        }
-        report["total"] += report["shared"]["total"]
-    return report
+        ptes = {n: p for n, (p, _) in per_adapter.items()}
+        shared = _hoisted(shared_name, read_ptd(Path(out_dir) / shared_name), ptes)
+    return byte_report_section(
+        foundation=foundation,
+        adapters=per_file,
+        across=across_adapters({d: (sizes[d], names) for d, names in in_several.items()}),
+        shared=shared,
+    )
 
 
 def _kb(n: int) -> str:

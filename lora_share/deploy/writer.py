@@ -35,7 +35,17 @@ from ..files import sha256_file, staged_dir
 from ..formats import read_ptd
 from ..formats.meta import SHARED_KEY
 from ..formats.shared_ptd import SHARED_PTD, encode_shared_ptd
-from ..manifest import compose, write_manifest
+from ..manifest import (
+    Manifest,
+    adapter_entry,
+    adapters_manifest,
+    file_entry,
+    foundation_section,
+    lora_slot,
+    program_section,
+    with_quantization_error,
+    write_manifest,
+)
 from ..model.envelope import Envelope
 from .adapter_pte import Program
 from .byte_report import byte_report, report_lines
@@ -76,13 +86,13 @@ class Deployment:
     fingerprint: str
     settings: dict
     envelope: Envelope
-    foundation_entry: dict  # the manifest's foundation section, beyond file, size, sha256, fingerprint
+    foundation_described: dict  # the manifest's foundation section beyond its file (manifest.describe_foundation)
     resolved_config: dict
     get_foundation: Callable[[], Foundation]  # for an export and for quantization errors; may load it
     tokenizer: Callable[[Path], dict] | None = None  # stages the tokenizer files, returns the manifest section
     hoist: bool = False  # dedup.shared_adapter_tensors: hoist
     measure_quantization: bool = True  # each written adapter's quantization error (quantized foundations)
-    previous: dict | None = field(default=None)  # the manifest of the outputs being replaced
+    previous: Manifest | None = field(default=None)  # the manifest of the outputs being replaced
     # For ``add`` to a build with adapters_shared.ptd: the keys it holds (new adapters read exactly
     # those from it; it is not rewritten).
     shared_available: set[str] | None = None
@@ -99,14 +109,14 @@ class ProgramSource:
 
     def previous_program(self) -> Program | None:
         old = self.dep.previous
-        if not old or old.get("program", {}).get("signature") != self.signature or not old["adapters"]:
+        if not old or old.program_signature != self.signature or not old.adapters:
             return None
-        path = self.dep.out_dir / old["adapters"][0]["file"]
+        path = self.dep.out_dir / old.adapter_files[0]
         try:
             program = Program.from_adapter_file(path)
         except (OSError, ValueError, UserError):  # missing, damaged or unsealed: export again
             return None
-        return program if program.sha256 == old["program"]["sha256"] else None
+        return program if program.sha256 == old.program_sha256 else None
 
     def get(self, stage: Path) -> Program:
         """The program; puts foundation.ptd into ``stage`` (hard-linked from the previous outputs
@@ -126,8 +136,7 @@ class ProgramSource:
             program, ptd = self.export(stage / ".work")
             release_after_export()
             self.how = "exported"
-            old_sha = (self.dep.previous or {}).get("foundation", {}).get("sha256")
-            reuse_ptd = reuse_ptd and old_sha == sha256_file(ptd)
+            reuse_ptd = reuse_ptd and self.dep.previous.foundation_sha256 == sha256_file(ptd)
             if not reuse_ptd:
                 os.replace(ptd, stage / PTD_NAME)
         if reuse_ptd:
@@ -151,20 +160,20 @@ def _hoisted_keys(adapters_keys: dict[str, set[str]], available: set[str] | None
 def _shared_entry(path: Path) -> dict:
     ptd = read_ptd(path)
     tensors = [e for e in ptd.entries if e.key != SHARED_KEY]
-    return {
-        "file": path.name,
-        "size": path.stat().st_size,
-        "sha256": sha256_file(path),
-        "tensors": len(tensors),
-        "tensor_bytes": sum(e.size for e in tensors),
-    }
+    return file_entry(
+        file=path.name,
+        size=path.stat().st_size,
+        sha256=sha256_file(path),
+        tensors=len(tensors),
+        tensor_bytes=sum(e.size for e in tensors),
+    )
 
 
 def _write_shared(stage: Path, dep: Deployment, tensors: dict[str, bytes] | None) -> Path:
     """adapters_shared.ptd in the staging folder: ``tensors`` written, or (None) the previous file
     hard-linked; also hard-linked when the previous one has the same bytes."""
     dest, old = stage / SHARED_PTD, dep.out_dir / SHARED_PTD
-    old_sha = ((dep.previous or {}).get("shared") or {}).get("sha256")
+    old_sha = ((dep.previous and dep.previous.shared) or {}).get("sha256")
     data = encode_shared_ptd(tensors, dep.fingerprint) if tensors is not None else None
     if data is None or (old_sha == hashlib.sha256(data).hexdigest() and old.is_file() and sha256_file(old) == old_sha):
         os.link(old, dest)
@@ -204,7 +213,7 @@ def _write_adapter(
     data = program.write(meta, own, skip_absent=dep.envelope.skip_absent)
     sha = hashlib.sha256(data).hexdigest()
     path = stage / f"{adapter.name}.pte"
-    old = next((e for e in (dep.previous or {}).get("adapters", []) if e["name"] == adapter.name), None)
+    old = dep.previous.adapter(adapter.name) if dep.previous else None
     if old and old.get("sha256") == sha and (dep.out_dir / old["file"]).is_file():
         os.link(dep.out_dir / old["file"], path)
         how = "reused"
@@ -212,27 +221,23 @@ def _write_adapter(
         path.write_bytes(data)
         how = "written"
     seconds = time.perf_counter() - t0
-    entry = {
-        "name": adapter.name,
-        "file": path.name,
-        "size": len(data),
-        "sha256": sha,
-        "lora_bytes": meta.lora_bytes,
-        "produced": how,
-        "seconds": round(seconds, 3),
-        **adapter.meta,
-        "lora": [
-            {
-                "layer": dep.envelope.slots[e.slot][0],
-                "target": dep.envelope.slots[e.slot][1],
-                "rank": e.rank,
-                "a": e.a,
-                "b": e.b,
-            }
+    entry = adapter_entry(
+        name=adapter.name,
+        file=path.name,
+        size=len(data),
+        sha256=sha,
+        lora_bytes=meta.lora_bytes,
+        produced=how,
+        seconds=seconds,
+        described=adapter.meta,
+        lora=[
+            lora_slot(
+                layer=dep.envelope.slots[e.slot][0], target=dep.envelope.slots[e.slot][1], rank=e.rank, a=e.a, b=e.b
+            )
             for e in meta.lora
         ],
-        **({"hoisted": sorted(set(tensors) & hoisted)} if dep.hoist else {}),
-    }
+        hoisted=sorted(set(tensors) & hoisted) if dep.hoist else None,
+    )
     note = f", {len(entry['hoisted'])} tensor(s) in {SHARED_PTD}" if entry.get("hoisted") else ""
     log(f"        {how} in {seconds:.2f} s: {path.name} {mb(len(data))}{note}", quiet)
     if dep.settings.get("quantize") and dep.measure_quantization:
@@ -242,7 +247,7 @@ def _write_adapter(
         err = err or adapter_quantization_error(
             dep.get_foundation(), adapter, path, stage / PTD_NAME, shared if entry.get("hoisted") else None
         )
-        entry["quantization_error"] = err
+        entry = with_quantization_error(entry, err)
         log(f"        quantized foundation {format_error(err)}", quiet)
     return entry
 
@@ -256,27 +261,27 @@ def _assemble_manifest(
     tokenizer_section: dict | None,
     shared: Path | None,
     entries: list[dict],
-) -> dict:
+) -> Manifest:
     """The manifest of the staged outputs, its byte report read back from the files."""
     ptd = stage / PTD_NAME
-    return compose(
+    return adapters_manifest(
         config=dep.resolved_config.get("source"),
         export_settings=dep.settings,
         exporter=EXPORTER_REVISION,
-        foundation={
-            "file": ptd.name,
-            "size": ptd.stat().st_size,
-            "sha256": sha256_file(ptd),
-            "fingerprint": dep.fingerprint,
-            **dep.foundation_entry,
-        },
-        program={
-            "signature": source.signature,
-            "sha256": program.sha256,
-            "envelope": dep.envelope.to_dict(),
-            "produced": source.how,
-            "seconds": round(source.seconds, 2),
-        },
+        foundation=foundation_section(
+            file=ptd.name,
+            size=ptd.stat().st_size,
+            sha256=sha256_file(ptd),
+            fingerprint=dep.fingerprint,
+            described=dep.foundation_described,
+        ),
+        program=program_section(
+            signature=source.signature,
+            sha256=program.sha256,
+            envelope=dep.envelope,
+            produced=source.how,
+            seconds=source.seconds,
+        ),
         tokenizer=tokenizer_section,
         shared=_shared_entry(shared) if shared else None,
         adapters=entries,
@@ -289,7 +294,7 @@ def _assemble_manifest(
 
 def write_outputs(
     dep: Deployment, program_source: ProgramSource, adapters: list[Adapter], keep: list[dict], *, quiet: bool
-) -> dict:
+) -> Manifest:
     """Write every output of ``dep`` into a staging folder that replaces ``dep.out_dir`` at the end:
     the program and foundation.ptd, adapters_shared.ptd, the tokenizer files, ``adapters`` (new or
     rebuilt) and ``keep`` (previous manifest entries kept as they are), the resolved config and the
@@ -333,17 +338,17 @@ def write_outputs(
             shared=shared,
             entries=entries,
         )
-        for line in report_lines(manifest["bytes"]):
+        for line in report_lines(manifest.byte_report):
             log(line, quiet)
         config_out = {k: v for k, v in dep.resolved_config.items() if k != "source"}
         (stage / "config.resolved.yaml").write_text(yaml.safe_dump(config_out, sort_keys=False))
         write_manifest(stage, manifest)
     total = sum(e["size"] for e in entries)
-    shared_note = f", {SHARED_PTD} {mb(manifest['shared']['size'])}" if shared else ""
+    shared_note = f", {SHARED_PTD} {mb(manifest.shared['size'])}" if shared else ""
     tokenizer_note = f"tokenizer ({len(tokenizer_section['files'])} files)" if tokenizer_section else "no tokenizer"
     log(
-        f"  wrote {dep.out_dir}: foundation.ptd {mb(manifest['foundation']['size'])}{shared_note}, "
-        f"{len(entries)} adapter .pte {mb(total)} in all, {tokenizer_note}, {manifest['build_s']:.1f} s",
+        f"  wrote {dep.out_dir}: foundation.ptd {mb(manifest.foundation_size)}{shared_note}, "
+        f"{len(entries)} adapter .pte {mb(total)} in all, {tokenizer_note}, {manifest.build_s:.1f} s",
         quiet,
     )
     return manifest

@@ -5,18 +5,3 @@ every tensor and decides which go to foundation.ptd; lower.py lowers one program
 tensors external; build.py writes a deployment of programs (``programs:`` in the config) and adds
 one to it (``lora-share add --to``); forward.py runs a program's forward on .npy tensors.
 """
-
-import json
-from pathlib import Path
-
-from ..manifest import MANIFEST
-
-KIND = "programs"  # manifest.json's "kind" for a deployment of programs
-
-
-def is_programs_dir(out_dir) -> bool:
-    """Whether ``out_dir`` holds a deployment of programs (read without torch)."""
-    try:
-        return json.loads((Path(out_dir) / MANIFEST).read_text()).get("kind") == KIND
-    except (OSError, ValueError, AttributeError):
-        return False

@@ -31,8 +31,16 @@ from ..files import sha256_file, staged_dir
 from ..formats import read_ptd
 from ..formats.errors import FormatError
 from ..formats.pt2 import open_archive
-from ..manifest import FORMAT, MANIFEST, VERSION, read_manifest, write_manifest
-from . import KIND
+from ..manifest import (
+    MANIFEST,
+    PROGRAMS,
+    Manifest,
+    file_entry,
+    program_entry,
+    programs_manifest,
+    read_manifest,
+    write_manifest,
+)
 from .archive import ArchiveProgram, load_program
 from .forward import LoadedProgram
 from .lower import lower
@@ -119,23 +127,21 @@ def _program_entry(src: Source, path: Path, data: bytes, lowered, diff: float | 
         for n in ep.graph.nodes
         if n.op == "placeholder" and n.name in set(ep.graph_signature.user_inputs)
     ]
-    return {
-        "name": src.name,
-        "file": path.name,
-        "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "archive": str(src.pt2),
-        "archive_sha256": sha256_file(src.pt2),
-        "model": src.model,
-        "tensors": len(src.keys),
-        "tensor_bytes": src.tensor_bytes,
-        "from_foundation": dict(sorted(lowered.shared_fqns.items())),
-        "from_foundation_bytes": sum(src.bytes_of[f] for f in lowered.shared_fqns),
-        "inputs": [
-            {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for v in inputs if v is not None
-        ],
-        "sample_max_abs_diff": diff,
-    }
+    return program_entry(
+        name=src.name,
+        file=path.name,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        archive=str(src.pt2),
+        archive_sha256=sha256_file(src.pt2),
+        model=src.model,
+        tensors=len(src.keys),
+        tensor_bytes=src.tensor_bytes,
+        from_foundation=lowered.shared_fqns,
+        from_foundation_bytes=sum(src.bytes_of[f] for f in lowered.shared_fqns),
+        inputs=[(str(v.dtype).removeprefix("torch."), list(v.shape)) for v in inputs if v is not None],
+        sample_max_abs_diff=diff,
+    )
 
 
 def _lower_all(sources: list[Source], shared: set[str], stage: Path, quiet: bool) -> tuple[dict, dict]:
@@ -167,7 +173,7 @@ def _finish(
     quiet: bool,
     t_start: float,
     references: dict,
-) -> dict:
+) -> Manifest:
     """Check each new program against its archive, write the manifest; returns it."""
     ptd = stage / PTD_NAME
     entries = list(kept)
@@ -179,37 +185,24 @@ def _finish(
         entries.append(_program_entry(src, path, path.read_bytes(), lowered[src.name], diff))
     found = read_ptd(ptd)
     data_bytes = sum(e.size for e in found.entries)
-    # Each program on its own: its .pte with the tensors it reads from foundation.ptd inside.
-    without = sum(e["size"] + e["from_foundation_bytes"] for e in entries)
-    with_sharing = ptd.stat().st_size + sum(e["size"] for e in entries)
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "kind": KIND,
-        "config": config,
-        "foundation": {
-            "file": PTD_NAME,
-            "size": ptd.stat().st_size,
-            "sha256": sha256_file(ptd),
-            "tensors": len(found.entries),
-            "tensor_bytes": data_bytes,
-        },
-        "programs": entries,
-        "bytes": {
-            "foundation_tensor_bytes": data_bytes,
-            "programs_bytes": sum(e["size"] for e in entries),
-            "total_without_sharing": without,
-            "total_with_sharing": with_sharing,
-            "saved": without - with_sharing,
-        },
-        "build_s": round(time.perf_counter() - t_start, 2),
-    }
+    manifest = programs_manifest(
+        config=config,
+        foundation=file_entry(
+            file=PTD_NAME,
+            size=ptd.stat().st_size,
+            sha256=sha256_file(ptd),
+            tensors=len(found.entries),
+            tensor_bytes=data_bytes,
+        ),
+        programs=entries,
+        build_s=time.perf_counter() - t_start,
+    )
     write_manifest(stage, manifest)
-    b = manifest["bytes"]
+    b = manifest.byte_report
     log(
-        f"  bytes: {PTD_NAME} {mb(manifest['foundation']['size'])} ({len(found.entries)} shared tensors, "
-        f"{mb(data_bytes)}), {len(entries)} .pte {mb(b['programs_bytes'])}: {mb(with_sharing)} in all; each program "
-        f"on its own {mb(without)}, saved {mb(b['saved'])}",
+        f"  bytes: {PTD_NAME} {mb(manifest.foundation_size)} ({len(found.entries)} shared tensors, "
+        f"{mb(data_bytes)}), {len(entries)} .pte {mb(b['programs_bytes'])}: {mb(b['total_with_sharing'])} in all; "
+        f"each program on its own {mb(b['total_without_sharing'])}, saved {mb(b['saved'])}",
         quiet,
     )
     return manifest
@@ -226,7 +219,7 @@ def _prepare(sources: list[Source]) -> dict:
     return references
 
 
-def build_programs(config_path, quiet: bool = False) -> dict:
+def build_programs(config_path, quiet: bool = False) -> Manifest:
     """Build every output of a config that lists ``programs``; returns the manifest (also written)."""
     t_start = time.perf_counter()
     cfg = load_config(config_path)
@@ -246,28 +239,20 @@ def build_programs(config_path, quiet: bool = False) -> dict:
         return _finish(stage, sources, lowered, [], str(cfg.source), quiet, t_start, references)
 
 
-def read_programs_manifest(out_dir: Path) -> dict:
-    """The manifest of a deployment of programs in ``out_dir``."""
-    manifest = read_manifest(out_dir)
-    if manifest.get("kind") != KIND:
-        raise UserError(f"{out_dir / MANIFEST}: not a deployment of programs (built from a config with 'programs:')")
-    return manifest
-
-
-def add_program(out_dir, name: str, pt2: Path, model: str | None = None, quiet: bool = False) -> dict:
+def add_program(out_dir, name: str, pt2: Path, model: str | None = None, quiet: bool = False) -> Manifest:
     """Add program ``name`` from ``pt2`` (its ``model``) to the deployment in ``out_dir``, against its
     foundation.ptd as it is; the shipped programs and foundation.ptd are kept byte for byte."""
     t_start = time.perf_counter()
     out_dir = Path(out_dir).resolve()
-    previous = read_programs_manifest(out_dir)
+    previous = read_manifest(out_dir, PROGRAMS)
     ptd = out_dir / PTD_NAME
-    if not ptd.is_file() or sha256_file(ptd) != previous["foundation"]["sha256"]:
+    if not ptd.is_file() or sha256_file(ptd) != previous.foundation_sha256:
         raise UserError(f"{ptd}: missing or not the file {out_dir / MANIFEST} describes")
-    if any(e["name"] == name for e in previous["programs"]):
+    if previous.has_program(name):
         raise UserError(f"{out_dir}: already has a program named {name!r}; pick another name (NAME=ARCHIVE)")
     src = _load(name, pt2, model, str(pt2))
     # What the shipped programs read from foundation.ptd, by their tensors' content keys.
-    available = {key for e in previous["programs"] for key in e["from_foundation"].values()}
+    available = {key for e in previous.programs for key in e["from_foundation"].values()}
     shared = set(src.keys.values()) & available
     references = _prepare([src])
     log(
@@ -289,4 +274,4 @@ def add_program(out_dir, name: str, pt2: Path, model: str | None = None, quiet: 
                 "rebuild the deployment with this program in its config"
             )
         shutil.rmtree(stage / ".work", ignore_errors=True)
-        return _finish(stage, [src], lowered, previous["programs"], previous.get("config"), quiet, t_start, references)
+        return _finish(stage, [src], lowered, previous.programs, previous.config, quiet, t_start, references)

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..config import FoundationConfig
 from ..errors import UserError
 from ..files import sha256_file
-from ..manifest import MANIFEST, read_manifest_file
+from ..manifest import MANIFEST, Manifest, read_manifest_file, tokenizer_file, tokenizer_section
 from .chat_format import resolve_chat_format
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -155,32 +155,28 @@ def stage_files(stage: Path, files: dict[str, Path], link: bool) -> dict[str, di
             os.link(source, dest)
         else:
             shutil.copyfile(source, dest)
-        entries[name] = {"sha256": sha256_file(dest), "size": dest.stat().st_size}
+        entries[name] = tokenizer_file(sha256=sha256_file(dest), size=dest.stat().st_size)
     return entries
 
 
-def manifest_section(source: TokenizerSource, entries: dict[str, dict], fingerprint: str) -> dict:
-    """manifest.json's ``tokenizer`` object for a build."""
-    section = {
-        "files": entries,
-        "foundation_fingerprint": fingerprint,
-        "eos_token_ids": source.eos_token_ids,
-        "bos_token_id": source.bos_token_id,
-        "chat_template": source.chat_template,
-    }
-    # The template as plain text pieces, for runtimes without Jinja (the C++ server), when it can be.
-    chat_format = resolve_chat_format(source.folder) if source.chat_template else None
-    if chat_format is not None:
-        section["chat_format"] = chat_format
-    return section
+def section_for_build(source: TokenizerSource, entries: dict[str, dict], fingerprint: str) -> dict:
+    """manifest.json's ``tokenizer`` section for a build; ``entries`` are ``stage_files``'."""
+    return tokenizer_section(
+        files=entries,
+        foundation_fingerprint=fingerprint,
+        eos_token_ids=source.eos_token_ids,
+        bos_token_id=source.bos_token_id,
+        chat_template=source.chat_template,
+        # The template as plain text pieces, for runtimes without Jinja (the C++ server), when it can be.
+        chat_format=resolve_chat_format(source.folder) if source.chat_template else None,
+    )
 
 
-def shipped_files(out_dir: Path, manifest: dict) -> dict[str, Path]:
+def shipped_files(out_dir: Path, manifest: Manifest) -> dict[str, Path]:
     """The tokenizer files an existing build lists (``lora-share add`` keeps them as they are),
     each checked against its manifest entry."""
-    section = manifest.get("tokenizer")
     files = {}
-    for name, entry in (section or {}).get("files", {}).items():
+    for name, entry in manifest.tokenizer_files.items():
         path = out_dir / name
         if not path.is_file() or sha256_file(path) != entry["sha256"]:
             raise UserError(f"{path}: missing or not the file {out_dir / MANIFEST} describes")
@@ -237,19 +233,19 @@ def eos_ids_beside(ptd) -> list[int]:
     manifest_path = ptd.parent / MANIFEST
     if not ptd.is_file() or not manifest_path.is_file():
         return []  # a missing .ptd is the runtime's to report, with its flag
-    section = read_manifest_file(manifest_path).get("tokenizer")
-    if not isinstance(section, dict):
+    manifest = read_manifest_file(manifest_path)
+    if manifest.tokenizer is None:
         return []
     fingerprint = _ptd_fingerprint(ptd, required=False)
     if fingerprint is None:
         return []
-    if section.get("foundation_fingerprint") != fingerprint:
+    if manifest.tokenizer_fingerprint != fingerprint:
         raise UserError(
             f"{manifest_path}: its tokenizer section (the EOS ids) is for foundation "
-            f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
+            f"{_short(str(manifest.tokenizer_fingerprint))}, not {ptd} (foundation "
             f"{_short(fingerprint)}): copy manifest.json from the same build"
         )
-    return [int(i) for i in section.get("eos_token_ids") or []]
+    return [int(i) for i in manifest.eos_token_ids]
 
 
 def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:
@@ -268,23 +264,22 @@ def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:
     if not manifest_path.is_file():
         raise no_tokenizer
     manifest = read_manifest_file(manifest_path)
-    section = manifest.get("tokenizer")
-    if not isinstance(section, dict):
+    if manifest.tokenizer is None:
         raise no_tokenizer
     fingerprint = _ptd_fingerprint(ptd)
-    listed = (manifest.get("foundation") or {}).get("fingerprint")
+    listed = manifest.fingerprint
     if listed != fingerprint:
         raise UserError(
             f"{manifest_path} describes foundation {_short(str(listed))}, not {ptd} (foundation "
             f"{_short(fingerprint)}): use the manifest.json and tokenizer files of {ptd.name}'s own build"
         )
-    if section.get("foundation_fingerprint") != fingerprint:
+    if manifest.tokenizer_fingerprint != fingerprint:
         raise UserError(
             f"{manifest_path}: its tokenizer section is for foundation "
-            f"{_short(str(section.get('foundation_fingerprint')))}, not {ptd} (foundation "
+            f"{_short(str(manifest.tokenizer_fingerprint))}, not {ptd} (foundation "
             f"{_short(fingerprint)}): copy the tokenizer files and manifest.json from the same build"
         )
-    files = section.get("files") or {}
+    files = manifest.tokenizer_files
     if TOKENIZER_JSON not in files or not (folder / TOKENIZER_JSON).is_file():
         raise UserError(
             f"{folder / TOKENIZER_JSON}: missing, but {ptd}'s build has it (listed in "
@@ -303,7 +298,7 @@ def bind_tokenizer(ptd, folder=None) -> BoundTokenizer:
     return BoundTokenizer(
         folder,
         load_tokenizer(folder / TOKENIZER_JSON),
-        list(section.get("eos_token_ids") or []),
-        section.get("bos_token_id"),
-        bool(section.get("chat_template")),
+        manifest.eos_token_ids,
+        manifest.bos_token_id,
+        manifest.has_chat_template,
     )
