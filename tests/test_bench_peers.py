@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, TINY_FOUNDATION, run_cli
 
 from lora_share.bench import peers, processes
+from lora_share.bench.common import results_header
 
 # Captured from the llama-server this benchmark builds (llama-cpp-python 0.3.36's llama.cpp, -lv 4) with
 # SmolLM2-135M-Instruct F32, -c 2048 -np 1 and one --lora (the second line repeated for a second file).
@@ -91,7 +92,7 @@ def test_checks_and_report(ours):
         "load_ms": ours["load_ms"] * 5,
     }  # ours 0.2x theirs: passes
     result = {
-        "command": "lora-share bench-peers",
+        **results_header("lora-share bench-peers"),
         "repeats": 3,
         "adapters": 3,
         "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}},
@@ -165,7 +166,12 @@ def test_samples_give_each_pairs_ratio():
     assert peers.pair_ratios(ours, theirs, "decode_10_tokens_per_s") == pytest.approx([1.0, 1.1, 0.9])
     assert peers.pair_ratios(ours, {"model": "f32"}, "decode_10_tokens_per_s") == []
     md = peers.report(
-        {"command": "x", "repeats": 3, "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}}, "checks": []}
+        {
+            **results_header("x"),
+            "repeats": 3,
+            "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}},
+            "checks": [],
+        }
     )
     assert (
         "lowest-highest: decode tokens/s, position ~10 0.90-1.10; decode tokens/s, position ~1,000 1.00-1.20; "
@@ -223,7 +229,7 @@ def test_perplexity_is_parsed_and_checked():
     ppl["lora_share"]["8da4w"] = 12.5  # 1.25: over 1.03 and over Q4_0's 1.1
     assert [c["pass"] for c in peers.perplexity_checks(ppl)] == [False, False]
     md = peers.report(
-        {"command": "x", "repeats": 1, "rows": {}, "perplexity": ppl, "checks": peers.perplexity_checks(ppl)}
+        {**results_header("x"), "repeats": 1, "rows": {}, "perplexity": ppl, "checks": peers.perplexity_checks(ppl)}
     )
     assert "| lora-share 8da4w | 12.500 | 1.2500 |" in md and "| llama.cpp Q4_0 | 12.100 | 1.1000 |" in md
 

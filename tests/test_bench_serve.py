@@ -15,6 +15,7 @@ from hf_files import hf_config, write_peft_lora
 from test_server import server_bin  # noqa: F401 (fixture)
 
 from lora_share.bench import http_streams, serve
+from lora_share.bench.common import results_header
 
 pytestmark = pytest.mark.slow  # `lora-share bench-serve` end to end
 
@@ -107,10 +108,7 @@ def test_checks_and_report(measured):
     result = {
         "quick": True,
         "settings": {**SETTINGS, "parallel": 2},
-        "created": "now",
-        "commit": "abc",
-        "machine": {},
-        "command": "lora-share bench-serve --quick",
+        **results_header("lora-share bench-serve --quick"),
         "precisions": {"fp32": row},
         "checks": checks,
     }

@@ -2,12 +2,14 @@
 
 Checked against the files themselves: the README's length and where its first command is, every
 relative link of the README and of docs/*.md against the files in the checkout, and each line of the
-README's table of measured results against the Makefile's targets, the CLI's subcommands and the
-repository's history (the commit it names must exist, when the checkout has its history).
+README's table of measured results against the Makefile's targets, the CLI's subcommands, the
+repository's history (the commit it names must exist, when the checkout has its history) and the
+results file it links (which must record that commit, written by that command).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -105,3 +107,19 @@ def test_each_measured_figure_names_its_command_and_commit():
                     ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
                 )
                 assert found.returncode == 0, f"commit {commit} is not in this repository's history: {row}"
+
+
+def test_each_measured_row_names_the_commit_its_results_file_records():
+    """Each row's commit links to a results file in benchmarks/results/ whose header (bench/common.py)
+    records that very commit, and, where it records its command, the row's `make` target ran it."""
+    for cells in _results_rows():
+        row = " | ".join(cells)
+        links = [(text, target) for text, target in re.findall(r"\[([^\]]+)\]\(([^)]+)\)", cells[-1])]
+        assert len(links) == 1, f"the last cell should be [commit](benchmarks/results/FILE.json): {row}"
+        commit, target = links[0]
+        assert target.startswith("benchmarks/results/") and target.endswith(".json"), row
+        results = json.loads((REPO / target).read_text(encoding="utf-8"))
+        assert results["commit"] == commit, f"{target} records commit {results['commit']}, the row names {commit}"
+        command = re.search(r"`make ([a-z0-9-]+)`", row).group(1)
+        if "command" in results:
+            assert results["command"].split()[:2] == ["lora-share", command], (target, results["command"], row)

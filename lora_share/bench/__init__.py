@@ -20,8 +20,8 @@ runner, ``report`` writes the results, ``run`` puts it together.
 """
 
 import argparse
-import sys
 
+from .common import typed_command
 from .run import add_arguments, main, run_bench, run_from_args  # noqa: F401
 
 
@@ -39,8 +39,3 @@ def register(subparsers) -> None:
     )
     add_arguments(p, config_option=False)
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench")))
-
-
-def typed_command(name: str) -> str:
-    """``lora-share NAME ...`` as it was typed, for a benchmark's results."""
-    return f"lora-share {name} " + " ".join(sys.argv[2:])

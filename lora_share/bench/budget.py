@@ -31,7 +31,8 @@ import yaml
 
 from ..errors import UserError
 from ..manifest import MANIFEST, read_manifest
-from .build_time import _git_commit, machine_info, resolve_foundation, write_config
+from .build_time import resolve_foundation, write_config
+from .common import results_header, typed_command, write_whole
 
 PROMPT = list(range(1, 17))
 NEW_TOKENS = 8
@@ -89,7 +90,7 @@ def measure(folder: Path, resident: int, requests: int, library: str | None) -> 
 
     with native.open_dir(folder, library=library) as probe:
         sizes = probe.stats()
-        names = [a["name"] for a in read_manifest(folder)["adapters"][: sizes["adapters_known"]]]
+        names = read_manifest(folder).adapter_names[: sizes["adapters_known"]]
     budget = (
         sizes["foundation_bytes"]
         + sizes["program_bytes"]
@@ -225,12 +226,14 @@ def run(
     library: str | None = None,
     quiet: bool = True,
     folder: Path | None = None,
+    *,
+    command: str,
 ) -> tuple[dict, bool]:
     """Build (or reuse) the deployment, or take ``folder`` (an existing build) as it is, measure both ways,
-    write OUT; (result, every check passed)."""
+    write OUT (its header naming ``command``); (result, every check passed)."""
     if folder is not None:
         try:
-            n = len(read_manifest(folder)["adapters"])
+            n = len(read_manifest(folder).adapters)
         except UserError as e:  # a measurement that cannot run: exit 1, as every failure of this bench
             raise BudgetBenchError(str(e)) from None
     if resident < 1 or n < resident:
@@ -240,21 +243,17 @@ def run(
     everything = measure_in_child(folder, 0, requests, library)
     answers_equal = budget.pop("answers") == everything.pop("answers")
     result = {
+        **results_header(command),
         "budget": budget,
         "all": everything,
         "answers_equal": answers_equal,
         "pss_within_budget": budget["max_pss_growth"] <= budget["budget_bytes"],
         "config": str(config),
-        "machine": machine_info(),
-        "commit": _git_commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     text, ok = report(result)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(out)
+        write_whole(out, json.dumps(result, indent=1) + "\n")
     print(text)
     return result, ok
 
@@ -310,6 +309,7 @@ def run_from_args(ns) -> int:
             None if ns.out == "-" else Path(ns.out),
             quiet=not ns.verbose,
             folder=None if ns.deployment is None else Path(ns.deployment),
+            command=typed_command("bench-budget"),
         )
     except (BudgetBenchError, NativeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
+import shlex
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+
+from .common import results_header
 
 RECIPE = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 WARMUP_FOUNDATION = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "hidden_dim": 64, "vocab_size": 64}
@@ -57,27 +57,6 @@ def write_peft_folder(adapter, folder: Path) -> Path:
         json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets, "bias": "none"})
     )
     return folder
-
-
-def _git_commit() -> str:
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-            ).stdout.strip()
-            or "unknown"
-        )
-    except OSError:
-        return "unknown"
-
-
-def machine_info() -> dict:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        "cpus": __import__("os").cpu_count(),
-        "python": platform.python_version(),
-    }
 
 
 def resolve_foundation(config: Path) -> dict:
@@ -122,11 +101,11 @@ def timed_build(folder: Path, foundation: dict, n: int, quiet: bool = True) -> t
     }, manifest
 
 
-def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
-    """Run every build of the benchmark; returns the figures as a dict."""
+def measure(config: Path, counts: list[int], command: str, quiet: bool = True) -> dict:
+    """Run every build of the benchmark; returns the figures as a dict, its header naming ``command``."""
     from ..checkpoints.adapters import synthetic_adapter
     from ..config import SyntheticAdapter
-    from ..deploy.builder import add, build, manifest_model_args
+    from ..deploy.builder import add, build
     from ..manifest import read_manifest
 
     foundation = resolve_foundation(config)
@@ -141,7 +120,7 @@ def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
             print(f"  {n:3d} adapters: {row['seconds']:7.1f} s", file=sys.stderr)
             if n == counts[0]:
                 one_dir = folder
-        args = manifest_model_args(read_manifest(one_dir / "out"))
+        args = read_manifest(one_dir / "out").model_args
         new = synthetic_adapter("added", SyntheticAdapter(**RECIPE, seed=999), args)
         peft = write_peft_folder(new, Path(tmp) / "added_peft")
         t0 = time.perf_counter()
@@ -152,9 +131,7 @@ def measure(config: Path, counts: list[int], quiet: bool = True) -> dict:
         incremental_s = time.perf_counter() - t0
     one = rows[0]["seconds"]
     return {
-        "machine": machine_info(),
-        "commit": _git_commit(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **results_header(command),
         "config": str(config),
         "recipe": RECIPE,
         "builds": rows,
@@ -204,7 +181,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results/build_time.json", help="where the JSON goes")
     ns = p.parse_args(argv)
     counts = [int(c) for c in ns.counts.split(",")]
-    result = measure(Path(ns.config), counts)
+    typed = " ".join(map(shlex.quote, argv if argv is not None else sys.argv[1:]))
+    result = measure(Path(ns.config), counts, f"python -m lora_share.bench.build_time {typed}".strip())
     text, ok = report(result)
     print(text)
     out = Path(ns.out)

@@ -45,8 +45,9 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
-from ..manifest import read_manifest
+from ..manifest import Manifest, read_manifest
 from . import processes
+from .common import BenchFailed, header_line, prompt_ids, results_header, typed_command, write_whole
 from .memory import BenchError
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -228,11 +229,7 @@ def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: d
     sh([sys.executable, "-m", "lora_share.cli", "build", config], dest / "build.log")
     out = dest / "out"
     manifest = read_manifest(out)
-    return {
-        "ptd": out / "foundation.ptd",
-        "ptes": [out / a["file"] for a in manifest["adapters"]],
-        "manifest": manifest,
-    }
+    return {"ptd": out / "foundation.ptd", "ptes": [out / f for f in manifest.adapter_files], "manifest": manifest}
 
 
 def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path], work: Path) -> dict:
@@ -429,11 +426,11 @@ def runner_answer(answer: dict) -> dict:
     }
 
 
-def kv_bytes_lora_share(manifest: dict) -> int:
+def kv_bytes_lora_share(manifest: Manifest) -> int:
     """lora-share's KV cache for one program, from the build's manifest."""
     from .scale import kv_cache_bytes
 
-    return kv_cache_bytes(manifest["foundation"]["args"])
+    return kv_cache_bytes(manifest.args)
 
 
 def measure(
@@ -449,7 +446,7 @@ def measure(
     """Every figure, with requests alternating between lora-share's and llama.cpp's servers; with
     ``stream`` (stream_bound's binary), the bare stream run before each fp32 / F32 pair of requests."""
     vocab = 49152
-    short, long = _prompt(SHORT_PROMPT, vocab), _prompt(PROMPT_TOKENS, vocab)
+    short, long = prompt_ids(SHORT_PROMPT, vocab), prompt_ids(PROMPT_TOKENS, vocab)
     rows = {}
     pairs = [("fp32", "f32"), ("8da4w", "q4_0")]
     extra = [("8da4w", "q4_1"), ("8da4w", "q8_0")]
@@ -577,12 +574,6 @@ def bare_stream_ms(binary: Path, tokens: int = STREAM_TOKENS) -> float:
     return json.loads(proc.stdout)["median_ms"]
 
 
-def _prompt(n: int, vocab: int) -> list[int]:
-    from .run import _prompt as prompt
-
-    return prompt(n, vocab)
-
-
 CHECKS = [
     ("decode_10_tokens_per_s", "decode tokens/s at ~10", "ratio", TARGET_SPEED),
     ("decode_1000_tokens_per_s", "decode tokens/s at ~1,000", "ratio", TARGET_SPEED),
@@ -657,9 +648,7 @@ def report(result: dict) -> str:
     lines = [
         "# bench-peers: lora-share vs llama.cpp, SmolLM2-135M-Instruct, one rank-8 q/v adapter applied",
         "",
-        f"{result.get('created', '')}, commit {result.get('commit', 'unknown')}, "
-        f"{result.get('machine', {}).get('cpu', 'unknown CPU')}, {result.get('machine', {}).get('cpus', '?')} CPUs. "
-        f"Command: `{result['command']}`. lora-share's KV cache {result.get('kv_cache', 'float32')}. "
+        f"{header_line(result)} lora-share's KV cache {result.get('kv_cache', 'float32')}. "
         f"llama.cpp from llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist; "
         f"2 threads each; median of {result['repeats']} alternating requests; {NEW_TOKENS} new tokens per request."
         f"{'' if result.get('complete', True) else ' INCOMPLETE: perplexity still running.'}",
@@ -761,33 +750,41 @@ def run_from_args(ns, command: str) -> int:
     out = Path(ns.out)
 
     def save(result: dict) -> None:
-        result["command"] = command
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in (
-            ("bench_peers.json", json.dumps(result, indent=2, default=str) + "\n"),
-            ("bench_peers.md", report(result)),
-        ):
-            tmp = out / (name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, out / name)
+        write_whole(out / "bench_peers.json", json.dumps(result, indent=2, default=str) + "\n")
+        write_whole(out / "bench_peers.md", report(result))
 
     try:
         result = run_peers(
-            runner, gguf, work, adapters=ns.adapters, repeats=ns.repeats, quality=Path(ns.quality), save=save
+            runner,
+            gguf,
+            work,
+            adapters=ns.adapters,
+            repeats=ns.repeats,
+            quality=Path(ns.quality),
+            command=command,
+            save=save,
         )
     except BenchError as e:
-        from .run import BenchFailed
-
         raise BenchFailed(str(e)) from None
     print(report(result))
     return 0 if all(c["pass"] for c in result["checks"]) else 1
 
 
 def run_peers(
-    runner: Path, gguf: Path, work: Path, adapters: int, repeats: int, quality: Path, save=lambda result: None
+    runner: Path,
+    gguf: Path,
+    work: Path,
+    adapters: int,
+    repeats: int,
+    quality: Path,
+    *,
+    command: str,
+    save=lambda result: None,
 ) -> dict:
-    """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict,
-    also handed to ``save`` after the speed and memory measurements ("complete": false) and at the end."""
+    """Every step: llama.cpp, the model's files for both sides, the measurements; the result dict, its
+    header naming ``command``, also handed to ``save`` after the speed and memory measurements
+    ("complete": false) and at the end."""
     print("llama.cpp ...", file=sys.stderr)
     tools = llama_cpp(work / "llama.cpp")
     print("model and adapters ...", file=sys.stderr)
@@ -805,14 +802,8 @@ def run_peers(
     rows = measure(
         runner, builds, tools, ggufs, work=work, repeats=repeats, stream=stream, log=lambda s: print(s, file=sys.stderr)
     )
-    from datetime import datetime, timezone
-
-    from .run import _git, _machine
-
     result = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
-        "machine": _machine(),
+        **results_header(command),
         "kv_cache": KV_CACHE,
         "repeats": repeats,
         "adapters": adapters,
@@ -909,8 +900,6 @@ def perplexity_checks(ppl: dict) -> list[dict]:
 def register(subparsers) -> None:
     """``lora-share bench-peers``: its flags and what it runs."""
     import argparse
-
-    from . import typed_command
 
     p = subparsers.add_parser(
         "bench-peers",

@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -42,7 +41,7 @@ import yaml
 from ..config import BASE_NAME
 from ..errors import UserError
 from ..manifest import read_manifest
-from .run import _git, _machine
+from .common import header_line, results_header, typed_command, write_whole
 
 DOC_PACKAGE = "python3.11-doc"
 DOC_SOURCES = Path("/usr/share/doc/python3.11/html/_sources/tutorial")
@@ -71,7 +70,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
-    p.set_defaults(func=run_from_args)
+    p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-quality")))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -157,9 +156,9 @@ def held_out_text(sources: Path, tokenizer_json: Path, tokens: int, window: int)
     raise UserError(f"{sources}: its {DOC_PATTERN} files make fewer than {needed} tokens")
 
 
-def run(ns) -> tuple[dict, bool]:
-    """Build, measure and check; writes the results after each measurement (``"complete": false``
-    until the last); returns them and whether the check passed."""
+def run(ns, command: str) -> tuple[dict, bool]:
+    """Build, measure and check; writes the results (their header naming ``command``) after each
+    measurement (``"complete": false`` until the last); returns them and whether the check passed."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     work = Path(ns.work)
@@ -176,18 +175,16 @@ def run(ns) -> tuple[dict, bool]:
         builds[variant] = work / variant
         build_s[variant] = round(time.perf_counter() - start, 1)
     manifest = read_manifest(builds["fp32"])
-    window = int(manifest["foundation"]["args"]["max_seq_len"])
+    window = manifest.max_seq_len
     text, files, n_tokens = held_out_text(Path(ns.sources), builds["fp32"] / "tokenizer.json", ns.tokens, window)
     text_path = work / "text.txt"
     text_path.write_text(text, encoding="utf-8")
-    adapters = [BASE_NAME, *(a["name"] for a in manifest["adapters"])]
+    adapters = [BASE_NAME, *manifest.adapter_names]
     # The quantized foundation's measurement is the shorter: it goes first, so that with two jobs both
     # foundations' base figures (the check) come before the adapters'.
     jobs = [(variant, adapter) for adapter in adapters for variant in reversed(VARIANTS)]
     results = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git": _git("rev-parse", "--short", "HEAD"),
-        "machine": _machine(),
+        **results_header(command),
         "config": str(ns.config),
         "adapter": ns.peft or "the config's",
         "text": {
@@ -243,7 +240,7 @@ def run(ns) -> tuple[dict, bool]:
             raise UserError(f"measuring {adapter} on the {variant} foundation failed (above): {' '.join(cmd)}")
         measured = json.loads(proc.stdout)
         _measurement_path(work, (variant, adapter)).parent.mkdir(exist_ok=True)
-        _write(
+        write_whole(
             _measurement_path(work, (variant, adapter)),
             json.dumps({"key": keys[(variant, adapter)], "measured": measured}, indent=2) + "\n",
         )
@@ -265,13 +262,13 @@ def _measurement_key(build: Path, adapter: str, text_sha256: str, tokens: int) -
     the tokenizer's and the adapter's sha256) and the text. A measurement with the same key is the same
     measurement."""
     manifest = read_manifest(build)
-    adapters = {a["name"]: a["sha256"] for a in manifest["adapters"]}
+    entry = manifest.adapter(adapter)
     return {
-        "foundation": manifest["foundation"]["sha256"],
-        "program": manifest["program"]["sha256"],
-        "tokenizer": manifest["tokenizer"]["files"]["tokenizer.json"]["sha256"],
+        "foundation": manifest.foundation_sha256,
+        "program": manifest.program_sha256,
+        "tokenizer": manifest.tokenizer_files["tokenizer.json"]["sha256"],
         "adapter": adapter,
-        "adapter_sha256": adapters.get(adapter),
+        "adapter_sha256": entry["sha256"] if entry else None,
         "text_sha256": text_sha256,
         "tokens": tokens,
     }
@@ -347,8 +344,8 @@ def _save(results: dict, out: str) -> None:
         return
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write(path, json.dumps(results, indent=2) + "\n")
-    _write(path.with_suffix(".md"), markdown(results))
+    write_whole(path, json.dumps(results, indent=2) + "\n")
+    write_whole(path.with_suffix(".md"), markdown(results))
 
 
 def _package_version(name: str) -> str:
@@ -365,11 +362,10 @@ def markdown(results: dict) -> str:
     lines = [
         "# Quality: perplexity and top-1 agreement with transformers float32",
         "",
-        f"Created {results['created']} at {results['git'] or 'an unknown commit'} by `make bench-quality` "
-        f"({results['seconds'] / 60:.0f} min with {results['jobs']} measurements at once"
+        f"{header_line(results)} {results['seconds'] / 60:.0f} min with {results['jobs']} measurements at once"
         f"{'; kept from an earlier run: ' + ', '.join(results['kept']) if results.get('kept') else ''}; builds "
-        f"{', '.join(f'{k} {v:.0f} s' for k, v in results['build_s'].items())})"
-        f"{'' if results['complete'] else ': INCOMPLETE, measurements still running'}.",
+        f"{', '.join(f'{k} {v:.0f} s' for k, v in results['build_s'].items())}"
+        f"{'' if results['complete'] else '; INCOMPLETE, measurements still running'}.",
         "",
         f"Text: {len(t['files'])} files of the Python 3.11 tutorial's reST sources ({', '.join(t['files'])}) from "
         f"Debian's {t['package']} {t['version']} ({t['license']}), cut to {t['tokens']} tokens (sha256 of the "
@@ -395,16 +391,10 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def run_from_args(ns) -> int:
+def run_from_args(ns, command: str) -> int:
     from ..evaluate import Report, Scores, render
 
-    results, ok = run(ns)
+    results, ok = run(ns, command)
     for report in results["variants"].values():
         rows = [Scores(**{k: v for k, v in r.items() if k != "ratio"}) for r in report["results"]]
         print(render(Report(report["build"], report["quantize"], report["text"], report["reference"], rows)))

@@ -32,24 +32,23 @@ def foundation_report(out_dir, runner, adapters: int | None = None, mode: str = 
     """Disk, export time, accuracy and PSS of one build folder with its first ``adapters`` adapters."""
     out_dir = Path(out_dir)
     manifest = read_manifest(out_dir)
-    entries = manifest["adapters"][:adapters] if adapters else manifest["adapters"]
-    ptd = out_dir / manifest["foundation"]["file"]
+    entries = manifest.adapters[:adapters] if adapters else manifest.adapters
+    ptd = out_dir / manifest.foundation_file
     ptes = [out_dir / e["file"] for e in entries]
     for path in [ptd, *ptes]:
         if not path.is_file():
             raise BenchError(f"{path}: missing; rebuild {out_dir}")
     rows = measure(Path(runner), ptd, ptes, mode)
-    fnd = manifest["foundation"]
     return {
         "out_dir": str(out_dir),
-        "quantize": fnd.get("quantize"),
-        "parameters": fnd.get("parameters"),
+        "quantize": manifest.quantize,
+        "parameters": manifest.foundation.get("parameters"),
         "ptd_bytes": ptd.stat().st_size,
         "pte_bytes": {e["name"]: (out_dir / e["file"]).stat().st_size for e in entries},
         "disk_bytes": ptd.stat().st_size + sum(p.stat().st_size for p in ptes),
         "export_s": {e["name"]: e.get("seconds", e.get("export_s")) for e in entries},
         "produced": {e["name"]: e.get("produced", "exported") for e in entries},
-        "build_s": manifest.get("build_s"),
+        "build_s": manifest.build_s,
         "quantization_error": {e["name"]: e["quantization_error"] for e in entries if "quantization_error" in e},
         "memory": rows,
         "pss_first_bytes": rows[0]["pss_bytes"],

@@ -9,78 +9,25 @@ One line per step with its time goes to stderr; the headline table to stdout.
 from __future__ import annotations
 
 import argparse
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import BASE_NAME
 from ..errors import UserError
 from . import processes, report, variants
-from .build_time import RECIPE, machine_info, resolve_foundation, timed_build, write_config
+from .build_time import RECIPE, resolve_foundation, timed_build, write_config
+from .common import BenchFailed, Progress, prompt_ids, results_header
 from .memory import BenchError, packed_cache_starts
 
 DEFAULT_COUNTS = [1, 2, 4, 8]
 LOAD_REPEATS = 3
 SPEED_REPEATS = 5
 SWITCH_ROUNDS = 9
-
-
-class _Progress:
-    def __init__(self, quiet: bool):
-        self.t0, self.quiet, self.steps = time.perf_counter(), quiet, {}
-
-    @contextmanager
-    def step(self, key: str, what: str):
-        start = time.perf_counter()
-        self.say(f"{what} ...")
-        yield
-        seconds = time.perf_counter() - start
-        self.steps[key] = round(seconds, 2)
-        self.say(f"  {what}: {seconds:.1f} s")
-
-    def say(self, msg: str) -> None:
-        if not self.quiet:
-            print(f"[{time.perf_counter() - self.t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
-
-
-def _git(*args: str) -> str:
-    try:
-        proc = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=30)
-        return proc.stdout.strip() if proc.returncode == 0 else ""
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def _machine() -> dict:
-    info = machine_info()
-    cpu = platform.processor() or info["processor"]
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-        with open("/proc/meminfo") as f:
-            mem_kb = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1])
-    except (OSError, StopIteration):
-        mem_kb = 0
-    from importlib.metadata import version
-
-    return {
-        **info,
-        "cpu": cpu,
-        "memory_gib": round(mem_kb / 1024**2, 1),
-        "torch": version("torch"),
-        "executorch": version("executorch"),
-    }
-
-
-def _prompt(n: int, vocab: int) -> list[int]:
-    return [(7 * i + 1) % vocab for i in range(n)]
 
 
 def _checked_counts(config: Path, counts: list[int], runner: Path, build_counts: list[int] | None) -> list[int]:
@@ -179,15 +126,18 @@ def run_bench(
     workdir: Path,
     quiet: bool = False,
     build_counts: list[int] | None = None,
+    *,
+    command: str,
 ) -> dict:
-    """Every measurement of the benchmark, with the variants made in ``workdir``; returns the result dict.
+    """Every measurement of the benchmark, with the variants made in ``workdir``; returns the result dict,
+    its header (bench/common.py) naming ``command``.
 
     ``build_counts`` (default: the first and the last of ``counts``) are the adapter counts whose
     build is timed from scratch; each costs one export, the most expensive step of the benchmark.
     """
     config, runner = Path(config), Path(runner)
     build_counts = _checked_counts(config, counts, runner, build_counts)
-    progress = _Progress(quiet)
+    progress = Progress(quiet)
     n_max = counts[-1]
     foundation_cfg = resolve_foundation(config)
 
@@ -203,7 +153,7 @@ def run_bench(
         with progress.step(f"build_{n}", f"lora-share build of {n} adapter(s) from scratch"):
             row, manifest = timed_build(workdir / "builds" / f"n{n}", foundation_cfg, n)
         build_rows.append(row)
-    ptd, ptes = top_dir / "out" / "foundation.ptd", [top_dir / "out" / a["file"] for a in manifest["adapters"]]
+    ptd, ptes = top_dir / "out" / "foundation.ptd", [top_dir / "out" / f for f in manifest.adapter_files]
 
     # 3. Stand-alone programs: one export with the weights inside, each adapter's data written into it.
     with progress.step("standalone", f"{n_max} stand-alone program(s) (weights inside)"):
@@ -211,7 +161,7 @@ def run_bench(
     standalone = [Path(r["path"]) for r in standalone_rows]
     disk = variants.disk_rows(counts, ptd, ptes, standalone)
 
-    args = manifest["foundation"]["args"]
+    args = manifest.args
     vocab, max_len = args["vocab_size"], args["max_seq_len"]
 
     # 4. Memory for every N: one process, N processes, stock.
@@ -220,7 +170,7 @@ def run_bench(
         with progress.step(
             f"memory_{n}", f"memory with {n} adapter(s): lora-share, {n} stand-alone process(es), stock"
         ):
-            memory.append(_memory_row(runner, n, ptes, ptd, standalone, _prompt(3, vocab)))
+            memory.append(_memory_row(runner, n, ptes, ptd, standalone, prompt_ids(3, vocab)))
 
     # 5. Load times.
     with progress.step("load", f"load times ({LOAD_REPEATS} starts each)"):
@@ -230,29 +180,25 @@ def run_bench(
     prompt_len = min(32, max_len // 2)
     new_tokens = min(32, max_len - prompt_len + 1)
     with progress.step("speed", f"speed: prefill {prompt_len} + decode {new_tokens} tokens, {len(ptes) + 2} programs"):
-        speed = _speed(runner, ptd, ptes, standalone[0], _prompt(prompt_len, vocab), new_tokens)
+        speed = _speed(runner, ptd, ptes, standalone[0], prompt_ids(prompt_len, vocab), new_tokens)
     tokens_match = speed.pop("tokens_match")
 
     # 7. Switching adapters between requests.
     with progress.step("switch", "adapter switch in --serve"):
-        switch = _switch(runner, ptd, ptes, _prompt(min(8, max_len), vocab))
+        switch = _switch(runner, ptd, ptes, prompt_ids(min(8, max_len), vocab))
 
-    fnd = manifest["foundation"]
     return {
         "format": "lora-share-bench",
         "version": 1,
-        "machine": _machine(),
-        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **results_header(command),
         "config": str(config),
         "counts": counts,
         "recipe": RECIPE,
         "foundation": {
-            "parameters": fnd["parameters"],
-            "ptd_bytes": fnd["size"],
-            "sha256": fnd["sha256"],
-            "fingerprint": fnd["fingerprint"],
+            "parameters": manifest.foundation["parameters"],
+            "ptd_bytes": manifest.foundation_size,
+            "sha256": manifest.foundation_sha256,
+            "fingerprint": manifest.fingerprint,
             "args": args,
         },
         "adapter_pte_bytes": round(statistics.median(p.stat().st_size for p in ptes)),
@@ -315,11 +261,16 @@ def run_from_args(ns, command: str) -> int:
     with _kept(Path(ns.workdir)) if ns.workdir else tempfile.TemporaryDirectory(prefix="lora-share-bench-") as wd:
         try:
             result = run_bench(
-                Path(ns.config), counts, Path(ns.runner), Path(wd), quiet=ns.quiet, build_counts=build_counts or None
+                Path(ns.config),
+                counts,
+                Path(ns.runner),
+                Path(wd),
+                quiet=ns.quiet,
+                build_counts=build_counts or None,
+                command=command,
             )
         except BenchError as e:
             raise BenchFailed(str(e)) from None
-    result["command"] = command
     written = report.write_results(result, Path(ns.out))
     print(report.headline_table(result))
     if not ns.quiet:
@@ -332,12 +283,6 @@ def _ints(text: str, flag: str) -> list[int]:
         return [int(c) for c in text.split(",") if c.strip()]
     except ValueError:
         raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
-
-
-class BenchFailed(UserError):
-    """A measurement failed (the runner's own message is in it): exit 1."""
-
-    exit_code = 1
 
 
 @contextmanager

@@ -53,16 +53,15 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
 from ..errors import UserError
-from ..manifest import read_manifest
-from . import processes, typed_command
+from ..manifest import Manifest, read_manifest
+from . import processes
+from .common import BenchFailed, Progress, header_line, prompt_ids, results_header, typed_command
 from .memory import BenchError, adapter_bound_bytes
-from .run import _git, _machine, _Progress, _prompt
 
 MIB = 1024 * 1024
 KV_SLACK_BYTES = 32 * MIB
@@ -231,7 +230,7 @@ class Deployment:
     name: str
     ptd: Path
     ptes: list[Path]
-    manifest: dict
+    manifest: Manifest
     export_s: float  # seconds of the one export the build needed (kept from the run that made it)
     build_peak_rss: int  # bytes: peak RSS of that build's process (kept likewise)
     out: Path
@@ -274,13 +273,13 @@ def build_variant(folder: Path, name: str, foundation: dict, adapters: int, enve
     peak = _build_process(config)
     out, record = folder / "out", folder / "export_time.json"
     manifest = read_manifest(out)
-    if manifest["program"]["produced"] == "exported":
+    if manifest.program["produced"] == "exported":
         record.write_text(
             json.dumps(
                 {
-                    "export_s": manifest["program"]["seconds"],
+                    "export_s": manifest.program["seconds"],
                     "build_peak_rss": peak,
-                    "signature": manifest["program"]["signature"],
+                    "signature": manifest.program_signature,
                 }
             )
         )
@@ -288,7 +287,7 @@ def build_variant(folder: Path, name: str, foundation: dict, adapters: int, enve
     return Deployment(
         name=name,
         ptd=out / "foundation.ptd",
-        ptes=[out / a["file"] for a in manifest["adapters"]],
+        ptes=[out / f for f in manifest.adapter_files],
         manifest=manifest,
         export_s=saved.get("export_s", float("nan")),
         build_peak_rss=saved.get("build_peak_rss", 0),
@@ -326,12 +325,11 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
 
     from ..checkpoints.adapters import synthetic_adapter
     from ..config import SyntheticAdapter
-    from ..deploy.builder import manifest_model_args
     from .build_time import write_peft_folder
 
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(d.out, scratch / "out", copy_function=os.link)  # add never writes into shipped files
-    args = manifest_model_args(d.manifest)
+    args = d.manifest.model_args
     rows = []
     for name, spec in ADDED.items():
         folder = write_peft_folder(synthetic_adapter(name, SyntheticAdapter(**spec), args), scratch / name)
@@ -345,14 +343,14 @@ def time_adds(d: Deployment, scratch: Path) -> list[dict]:
         if proc.returncode != 0:
             raise BenchError(f"lora-share add {name} to {d.name}: {proc.stderr.strip()[-2000:]}")
         manifest = read_manifest(scratch / "out")
-        entry = next(a for a in manifest["adapters"] if a["name"] == name)
+        entry = manifest.adapter(name)
         rows.append(
             {
                 "adapter": name,
                 **{k: spec[k] for k in ("rank", "target_modules")},
                 "wall_s": round(wall, 2),
-                "add_s": manifest["build_s"],
-                "program": manifest["program"]["produced"],
+                "add_s": manifest.build_s,
+                "program": manifest.program["produced"],
                 "produced": entry["produced"],
                 "pte_bytes": entry["size"],
                 "lora_bytes": entry["lora_bytes"],
@@ -411,7 +409,7 @@ def memory_rows(
 def speed_rows(runner: Path, deployments: list[Deployment], short: Deployment, shape: Shape, repeats: int) -> dict:
     """Median prefill and decode speeds per deployment; every request of a round goes to each in turn."""
     vocab = shape.foundation["vocab_size"]
-    near, far = _prompt(shape.near_start, vocab), _prompt(shape.prompt_tokens, vocab)
+    near, far = prompt_ids(shape.near_start, vocab), prompt_ids(shape.prompt_tokens, vocab)
     with ExitStack() as stack:
         servers = {
             d.name: stack.enter_context(
@@ -612,12 +610,14 @@ def run_scale(
     workdir: Path,
     repeats: int,
     quiet: bool = False,
+    *,
+    command: str,
 ) -> dict:
-    """Build (or reuse) the deployments, measure them, return the result dict."""
+    """Build (or reuse) the deployments, measure them, return the result dict (its header naming ``command``)."""
     shape = SHAPES[shape_name]
     if not runner.is_file():
         raise UserError(f"{runner}: no such runner (build it with `make runner`)")
-    progress = _Progress(quiet)
+    progress = Progress(quiet)
     deployments = []
     for variant in variants:
         wide = variant.endswith("-all16")
@@ -650,13 +650,13 @@ def run_scale(
         big.append(
             {
                 "name": variant,
-                "ptd_bytes": d.manifest["foundation"]["size"],
+                "ptd_bytes": d.manifest.foundation_size,
                 "export_s": d.export_s,
                 "build_peak_rss": d.build_peak_rss,
                 "fp32_bytes": fp32_foundation_bytes(shape.big),
             }
         )
-    prompt = _prompt(shape.prompt_tokens, shape.foundation["vocab_size"])
+    prompt = prompt_ids(shape.prompt_tokens, shape.foundation["vocab_size"])
     result_variants = []
     for d in deployments:
         wide = d.name.endswith("-all16")
@@ -668,16 +668,16 @@ def run_scale(
         if wide:
             with progress.step(f"add_{d.name}", f"{d.name}: lora-share add of {', '.join(ADDED)}"):
                 adds = time_adds(d, workdir / f"add_{d.name}")
-        args = d.manifest["foundation"]["args"]
+        args = d.manifest.args
         result_variants.append(
             {
                 "name": d.name,
-                "envelope": d.manifest["program"]["envelope"],
-                "ptd_bytes": d.manifest["foundation"]["size"],
+                "envelope": d.manifest.program["envelope"],
+                "ptd_bytes": d.manifest.foundation_size,
                 "pte_bytes": max(p.stat().st_size for p in d.ptes),
                 "kv_cache_bytes": kv_cache_bytes(args),
                 "full_kv_cache_bytes": full_kv_cache_bytes(args),
-                "lora_bytes": max(a["lora_bytes"] for a in d.manifest["adapters"]),
+                "lora_bytes": max(a["lora_bytes"] for a in d.manifest.adapters),
                 "adapter_bound_bytes": max(adapter_bound_bytes(p) for p in d.ptes[1:] or d.ptes),
                 "export_s": d.export_s,
                 "build_peak_rss": d.build_peak_rss,
@@ -688,9 +688,7 @@ def run_scale(
             }
         )
     wholes = [
-        whole_program_copy(d, workdir / f"{d.name}-whole")
-        for d in deployments
-        if d.manifest["program"]["envelope"].get("skip_absent")
+        whole_program_copy(d, workdir / f"{d.name}-whole") for d in deployments if d.manifest.envelope.skip_absent
     ]
     timed = [*deployments, *wholes]
     with progress.step("speed", f"speed: {repeats} rounds over {len(timed) + 1} programs"):
@@ -702,10 +700,7 @@ def run_scale(
     result = {
         "format": "lora-share-bench-scale",
         "version": 2,
-        "machine": _machine(),
-        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **results_header(command),
         "shape": {"name": shape_name, **shape.__dict__},
         "counts": counts,
         "repeats": repeats,
@@ -733,10 +728,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# lora-share scale benchmark: {s['name']} shape, context {s['context']}",
         "",
-        f"{result['date']}, commit {result['commit']}{' (dirty)' if result['dirty'] else ''}, "
-        f"{result['machine']['cpu']}, {result['machine'].get('cpus', '?')} CPUs. "
-        f"Requests: {s['prompt_tokens']} prompt tokens + {s['new_tokens']} new; prefill chunk "
-        f"{s['prefill_chunk']}. Command: `{result.get('command', 'lora-share bench-scale')}`.",
+        f"{header_line(result)} Requests: {s['prompt_tokens']} prompt tokens + {s['new_tokens']} new; "
+        f"prefill chunk {s['prefill_chunk']}.",
         "",
     ]
     for v in result["variants"]:
@@ -891,13 +884,17 @@ def run_from_args(ns, command: str) -> int:
     workdir = Path(ns.workdir or f"out/bench_scale{suffix}").resolve()
     try:
         result = run_scale(
-            ns.shape, variants, counts, runner=Path(ns.runner), workdir=workdir, repeats=ns.repeats, quiet=ns.quiet
+            ns.shape,
+            variants,
+            counts,
+            runner=Path(ns.runner),
+            workdir=workdir,
+            repeats=ns.repeats,
+            quiet=ns.quiet,
+            command=command,
         )
     except BenchError as e:
-        from .run import BenchFailed
-
         raise BenchFailed(str(e)) from None
-    result["command"] = command
     written = write_results(result, Path(ns.out))
     print(markdown(result))
     if not ns.quiet:

@@ -38,7 +38,6 @@ The checks are issue 47's and issue 59's "Done when" lines, printed as PASS/FAIL
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ import yaml
 from ..errors import UserError
 from ..manifest import read_manifest
 from . import constraints, http_streams, peers, processes
+from .common import BenchFailed, header_line, results_header, typed_command, write_whole
 from .memory import BenchError
 
 QUESTIONS = [
@@ -188,7 +188,7 @@ def demo_builds(config: Path, work: Path, precisions: list[str], log=print) -> d
         builds[precision] = {
             "dir": out,
             "manifest": manifest,
-            "adapters": [a["name"] for a in manifest["adapters"]],
+            "adapters": manifest.adapter_names,
             "pefts": [Path(c.peft) for c in cfg.adapters],
         }
     return builds
@@ -202,7 +202,7 @@ class Prompts:
         from ..tokenizer.files import bind_tokenizer
 
         self.bound = bind_tokenizer(folder / "foundation.ptd")
-        self.format = read_manifest(folder)["tokenizer"].get("chat_format")
+        self.format = read_manifest(folder).chat_format
         if self.format is None:
             raise BenchError(
                 f"{folder}: its manifest has no chat format; bench-serve needs a build with a chat template"
@@ -435,10 +435,9 @@ def report(result: dict) -> str:
         "# bench-serve: many clients at once, SmolLM2-135M-Instruct demo deployment"
         f"{' (QUICK smoke run)' if result['quick'] else ''}",
         "",
-        f"{result['created']}, commit {result['commit']}, {result['machine'].get('cpu', 'unknown CPU')}, "
-        f"{result['machine'].get('cpus', '?')} CPUs. Command: `{result['command']}`. lora-share-server "
-        f"--parallel {s['parallel']}; llama-server -np {s['parallel']} (llama-cpp-python {peers.LLAMA_CPP_PYTHON}'s "
-        f"llama.cpp, 2 threads, every adapter loaded, the request's switched on by `lora`). Each client: "
+        f"{header_line(result)} lora-share-server --parallel {s['parallel']}; llama-server -np "
+        f"{s['parallel']} (llama-cpp-python {peers.LLAMA_CPP_PYTHON}'s llama.cpp, 2 threads, every adapter "
+        "loaded, the request's switched on by `lora`). Each client: "
         f"streamed /v1/completions, greedy, {s['max_tokens']} tokens, EOS ignored; median of {s['repeats']} "
         "repeats, the servers alternating. Aggregate decode = every client's tokens after its first over the "
         "time from the first first token to the last token.",
@@ -513,12 +512,13 @@ def run_serve(
     work: Path,
     settings: dict,
     llama: bool,
+    *,
+    command: str,
     save=lambda result: None,
     log=print,
 ) -> dict:
-    """Builds, servers, measurements; the result dict (also handed to ``save`` after each precision)."""
-    from .run import _git, _machine
-
+    """Builds, servers, measurements; the result dict, its header naming ``command`` (also handed to
+    ``save`` after each precision)."""
     builds = demo_builds(config, work, settings["precisions"], log)
     ggufs = None
     if llama:
@@ -528,9 +528,7 @@ def run_serve(
         (work / "gguf").mkdir(exist_ok=True)
         ggufs = peers.llama_ggufs(tools, hf, gguf, builds[settings["precisions"][0]]["pefts"], work / "gguf")
     result = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
-        "machine": _machine(),
+        **results_header(command),
         "quick": settings["quick"],
         "settings": settings,
         "precisions": {},
@@ -540,7 +538,7 @@ def run_serve(
     for precision in settings["precisions"]:
         b = builds[precision]
         prompts = Prompts(b["dir"])
-        context = b["manifest"]["foundation"]["args"]["max_seq_len"]
+        context = b["manifest"].max_seq_len
         log(f"measuring {precision} ...")
         with LoraShareServer(server_bin, b["dir"], settings["parallel"], work / f"serve-{precision}.log") as ours:
             sides = {"lora_share": ours}
@@ -595,15 +593,9 @@ def run_from_args(ns, command: str) -> int:
     stem = f"serve-{datetime.now(timezone.utc).date().isoformat()}" + ("-quick" if ns.quick else "")
 
     def save(result: dict) -> None:
-        result["command"] = command
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in (
-            (f"{stem}.json", json.dumps(result, indent=2, default=str) + "\n"),
-            (f"{stem}.md", report(result)),
-        ):
-            tmp = out / (name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, out / name)
+        write_whole(out / f"{stem}.json", json.dumps(result, indent=2, default=str) + "\n")
+        write_whole(out / f"{stem}.md", report(result))
 
     try:
         result = run_serve(
@@ -613,14 +605,12 @@ def run_from_args(ns, command: str) -> int:
             work,
             settings,
             ns.llama,
+            command=command,
             save=save,
             log=lambda s: print(s, file=sys.stderr, flush=True),
         )
     except BenchError as e:
-        from .run import BenchFailed
-
         raise BenchFailed(str(e)) from None
-    result["command"] = command
     print(report(result))
     return 0 if all(c["pass"] for c in result["checks"]) else 1
 
@@ -628,8 +618,6 @@ def run_from_args(ns, command: str) -> int:
 def register(subparsers) -> None:
     """``lora-share bench-serve``: its flags and what it runs."""
     import argparse
-
-    from . import typed_command
 
     p = subparsers.add_parser(
         "bench-serve",
