@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import REPO, TINY_FOUNDATION, run_cli
 
-from lora_share.bench import peers, processes
+from lora_share.bench import llama_cpp, memory, peers, peers_measure, peers_report, processes
 from lora_share.bench.common import results_header
 
 # Captured from the llama-server this benchmark builds (llama-cpp-python 0.3.36's llama.cpp, -lv 4) with
@@ -38,9 +38,9 @@ def test_options_are_checked_before_any_work(tmp_path):
 
 
 def test_server_log_is_parsed():
-    assert peers.parse_kv_bytes(SERVER_LOG) == 45 * 2**20
-    assert peers.parse_loras(SERVER_LOG) == ["gguf/a1.gguf", "gguf/a2.gguf"]
-    assert peers.parse_kv_bytes("no cache line") is None
+    assert llama_cpp.parse_kv_bytes(SERVER_LOG) == 45 * 2**20
+    assert llama_cpp.parse_loras(SERVER_LOG) == ["gguf/a1.gguf", "gguf/a2.gguf"]
+    assert llama_cpp.parse_kv_bytes("no cache line") is None
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +52,14 @@ def ours(tiny_build, runner_bin):
     with processes.Server(runner_bin, b["ptes"][:1], b["ptd"], max_new_tokens=4) as server:
         name = server.names[0]
         for _ in range(3):
-            samples["short"].append(peers.runner_answer(server.ask(name, short)[0]))
-            samples["long"].append(peers.runner_answer(server.ask(name, long)[0]))
+            samples["short"].append(peers_measure.runner_answer(server.ask(name, short)[0]))
+            samples["long"].append(peers_measure.runner_answer(server.ask(name, long)[0]))
     load = processes.start_times(runner_bin, b["ptd"], b["ptes"][:1], [], 1)
     return {
         "build": "fp32",
-        **peers.summarize(samples),
-        "kv_bytes": peers.kv_bytes_lora_share(b["manifest"]),
-        "pss_per_extra_adapter_kb": peers.extra_adapter_ours(runner_bin, b, short),
+        **peers_measure.summarize(samples),
+        "kv_bytes": peers_measure.kv_bytes_lora_share(b["manifest"]),
+        "pss_per_extra_adapter_kb": peers_measure.extra_adapter_ours(runner_bin, b, short),
         "load_first_ms": load["first_ms"],
         "load_ms": load["second_ms"],
     }
@@ -97,7 +97,7 @@ def test_checks_and_report(ours):
         "adapters": 3,
         "rows": {"fp32 vs f32": {"lora_share": ours, "llama_cpp": theirs}},
     }
-    result["checks"] = peers.checks(result["rows"])
+    result["checks"] = peers_report.checks(result["rows"])
     verdict = {c["check"].split(":")[0]: c["pass"] for c in result["checks"]}
     assert verdict == {
         "decode tokens/s at ~10": True,
@@ -108,7 +108,7 @@ def test_checks_and_report(ours):
         "PSS per extra adapter (kB)": True,
     }
     assert result["checks"][0]["value"] == pytest.approx(2.0, abs=0.01)
-    md = peers.report(result)
+    md = peers_report.report(result)
     assert md.count("PASS") == 3 and md.count("FAIL") == 3
     assert "PASS [fp32 vs f32] load (second start): lora-share / llama.cpp: 0.2 (target <= 0.25)" in md
     assert "| decode tokens/s, position ~10 | " in md and "| 2.00 |" in md
@@ -130,9 +130,9 @@ def test_llama_answer_counts_decode_steps_as_the_runner_does():
             "predicted_per_second": 100.0,
         },
     }
-    got = peers.llama_answer(answer)
+    got = llama_cpp.llama_answer(answer)
     assert got["first_token_ms"] == pytest.approx(60.0) and got["decode_tokens_per_s"] == 100.0
-    ours = peers.runner_answer(
+    ours = peers_measure.runner_answer(
         {
             "prefill_ms": 50.0,
             "decode_ms": 310.0,
@@ -156,16 +156,20 @@ def test_samples_give_each_pairs_ratio():
 
     ours = {
         "build": "fp32",
-        **peers.summarize({"short": answers([30, 33, 36], [1, 1, 1]), "long": answers([20, 22, 24], [500, 600, 700])}),
+        **peers_measure.summarize(
+            {"short": answers([30, 33, 36], [1, 1, 1]), "long": answers([20, 22, 24], [500, 600, 700])}
+        ),
     }
     theirs = {
         "model": "f32",
-        **peers.summarize({"short": answers([30, 30, 40], [1, 1, 1]), "long": answers([20, 20, 20], [500, 500, 500])}),
+        **peers_measure.summarize(
+            {"short": answers([30, 30, 40], [1, 1, 1]), "long": answers([20, 20, 20], [500, 500, 500])}
+        ),
     }
     assert ours["decode_10_tokens_per_s"] == 33 and ours["samples"]["decode_10_tokens_per_s"] == [30, 33, 36]
-    assert peers.pair_ratios(ours, theirs, "decode_10_tokens_per_s") == pytest.approx([1.0, 1.1, 0.9])
-    assert peers.pair_ratios(ours, {"model": "f32"}, "decode_10_tokens_per_s") == []
-    md = peers.report(
+    assert peers_measure.pair_ratios(ours, theirs, "decode_10_tokens_per_s") == pytest.approx([1.0, 1.1, 0.9])
+    assert peers_measure.pair_ratios(ours, {"model": "f32"}, "decode_10_tokens_per_s") == []
+    md = peers_report.report(
         {
             **results_header("x"),
             "repeats": 3,
@@ -182,11 +186,11 @@ def test_samples_give_each_pairs_ratio():
 def test_bare_stream_is_compiled_once_and_measures_real_time(tmp_path):
     """stream_bound.cpp builds for this CPU into the work folder, is reused by its source's and CPU's
     hash, and times real streaming: 538 MB a token cannot take less than 1 ms (538 GB/s) here."""
-    binary = peers.stream_bound(tmp_path)
+    binary = peers_measure.stream_bound(tmp_path)
     assert binary.is_file() and binary.parent == tmp_path
     built = binary.stat().st_mtime_ns
-    assert peers.stream_bound(tmp_path) == binary and binary.stat().st_mtime_ns == built
-    assert 1.0 < peers.bare_stream_ms(binary, tokens=2) < 10_000
+    assert peers_measure.stream_bound(tmp_path) == binary and binary.stat().st_mtime_ns == built
+    assert 1.0 < peers_measure.bare_stream_ms(binary, tokens=2) < 10_000
 
 
 def test_fp32_decode_is_reported_as_a_share_of_the_bare_stream():
@@ -197,12 +201,12 @@ def test_fp32_decode_is_reported_as_a_share_of_the_bare_stream():
         "lora_share": {"build": "fp32", "samples": {"decode_10_tokens_per_s": [90.0, 80.0, 80.0]}},
         "llama_cpp": {"model": "f32", "samples": {"decode_10_tokens_per_s": [80.0, 80.0, 75.0]}},
     }
-    assert peers.stream_shares(row, "lora_share") == pytest.approx([0.90, 0.88, 0.96])
-    assert peers.stream_shares(row, "llama_cpp") == pytest.approx([0.80, 0.88, 0.90])
-    md = "\n".join(peers.stream_report(row))
+    assert peers_report.stream_shares(row, "lora_share") == pytest.approx([0.90, 0.88, 0.96])
+    assert peers_report.stream_shares(row, "llama_cpp") == pytest.approx([0.80, 0.88, 0.90])
+    md = "\n".join(peers_report.stream_report(row))
     assert "Median 11.00 ms a token (90.9 tokens/s; runs 10.00-12.00 ms)" in md
     assert "lora-share 90% (88%-96%), llama.cpp 88% (80%-90%)." in md
-    assert peers.stream_shares({**row, "llama_cpp": {"model": "f32"}}, "llama_cpp") == []
+    assert peers_report.stream_shares({**row, "llama_cpp": {"model": "f32"}}, "llama_cpp") == []
 
 
 # llama-perplexity's progress and result lines, in the formats its source prints them
@@ -215,21 +219,27 @@ Final estimate: PPL = 11.7045 +/- 0.20416
 
 
 def test_perplexity_is_parsed_and_checked():
-    assert peers.parse_perplexity(PERPLEXITY_LOG) == pytest.approx(11.7045)
-    with pytest.raises(peers.BenchError, match="Final estimate"):
-        peers.parse_perplexity("no result")
+    assert llama_cpp.parse_perplexity(PERPLEXITY_LOG) == pytest.approx(11.7045)
+    with pytest.raises(memory.BenchError, match="Final estimate"):
+        llama_cpp.parse_perplexity("no result")
     ppl = {
         "tokens": 20480,
         "context": 512,
         "lora_share": {"fp32": 10.0, "8da4w": 10.25},
         "llama_cpp": {"f32": 11.0, "q4_0": 12.1, "q4_1": 11.2, "q8_0": 11.01},
     }
-    verdict = [c["pass"] for c in peers.perplexity_checks(ppl)]
+    verdict = [c["pass"] for c in peers_report.perplexity_checks(ppl)]
     assert verdict == [True, True]  # 1.025 <= 1.03; 1.025 <= Q4_0's 1.1
     ppl["lora_share"]["8da4w"] = 12.5  # 1.25: over 1.03 and over Q4_0's 1.1
-    assert [c["pass"] for c in peers.perplexity_checks(ppl)] == [False, False]
-    md = peers.report(
-        {**results_header("x"), "repeats": 1, "rows": {}, "perplexity": ppl, "checks": peers.perplexity_checks(ppl)}
+    assert [c["pass"] for c in peers_report.perplexity_checks(ppl)] == [False, False]
+    md = peers_report.report(
+        {
+            **results_header("x"),
+            "repeats": 1,
+            "rows": {},
+            "perplexity": ppl,
+            "checks": peers_report.perplexity_checks(ppl),
+        }
     )
     assert "| lora-share 8da4w | 12.500 | 1.2500 |" in md and "| llama.cpp Q4_0 | 12.100 | 1.1000 |" in md
 
@@ -245,7 +255,7 @@ def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
     digest = hashlib.sha256(text.read_bytes()).hexdigest()
     info = {"path": str(text), "sha256": digest, "tokens": 20480, "window": 512}
     quality = tmp_path / "bench_quality.json"
-    with pytest.raises(peers.BenchError, match="run `make bench-quality` first"):
+    with pytest.raises(memory.BenchError, match="run `make bench-quality` first"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)
     results = {
         "variants": {
@@ -258,7 +268,7 @@ def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
         }
     }
     quality.write_text(json.dumps(results))
-    with pytest.raises(peers.BenchError, match="not this bench's"):
+    with pytest.raises(memory.BenchError, match="not this bench's"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)
     results["variants"]["8da4w"]["quantize"] = peers.QUANTIZE
     quality.write_text(json.dumps(results))
@@ -272,21 +282,21 @@ def test_perplexity_takes_lora_shares_side_from_bench_quality(tmp_path):
         "llama_cpp": {"f32": pytest.approx(11.7045)},
     }
     text.write_text("another text")
-    with pytest.raises(peers.BenchError, match="not the text"):
+    with pytest.raises(memory.BenchError, match="not the text"):
         peers.perplexity({}, {"models": {}}, quality, tmp_path)
 
 
 def test_llama_cpp_is_built_without_amx_where_the_cpu_lists_it():
     """A VM can list AMX without enabling it: llama.cpp's AMX kernels then die on SIGILL (Q4_0 here)."""
     amx = "flags\t\t: fpu avx2 avx512f amx_bf16 avx512_fp16 amx_tile amx_int8\n"
-    assert {"-mno-amx-tile", "-mno-amx-int8"} <= set(peers.compiler_flags(amx))
-    assert peers.compiler_flags("flags\t\t: fpu avx2 avx512f\n") == []
+    assert {"-mno-amx-tile", "-mno-amx-int8"} <= set(llama_cpp.compiler_flags(amx))
+    assert llama_cpp.compiler_flags("flags\t\t: fpu avx2 avx512f\n") == []
 
 
 def test_llama_cpp_step_starts_in_a_fresh_workdir(tmp_path, monkeypatch):
     """On a new machine out/peers does not exist: the first step (the sdist's download, here a command that
     fails at once) must fail with its own message and log, not on the log file's missing folder."""
-    monkeypatch.setattr(peers.sys, "executable", "false")
-    with pytest.raises(peers.BenchError, match="failed"):
-        peers.llama_cpp(tmp_path / "out" / "peers" / "llama.cpp")
+    monkeypatch.setattr(llama_cpp.sys, "executable", "false")
+    with pytest.raises(memory.BenchError, match="failed"):
+        llama_cpp.llama_cpp(tmp_path / "out" / "peers" / "llama.cpp")
     assert (tmp_path / "out" / "peers" / "llama.cpp" / "pip.log").is_file()

@@ -607,7 +607,7 @@ def test_synthetic_gemma3_at_the_270m_shape():
     """bench-scale's gemma3-270m shape: a synthetic foundation with Gemma 3's switches, 268 M parameters
     (the real model's count), and a KV cache at context 2,048 of 3 full-context layers and 15 rings of
     512 (issue 25's bound: 27 MiB + 1 MiB, against 72 MiB with every layer over the context)."""
-    from lora_share.bench.scale import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
+    from lora_share.bench.scale_shapes import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
     from lora_share.checkpoints.foundation import synthetic_args
     from lora_share.config import SyntheticFoundation
     from lora_share.deploy.builder import _args_dict

@@ -17,7 +17,7 @@ from conftest import TINY_ADAPTERS, TINY_CHUNK, TINY_FOUNDATION, build_config, w
 from test_cpp_runner import all_ptes, ids, run_runner
 
 import lora_share
-from lora_share.bench.scale import kv_cache_bytes
+from lora_share.bench.scale_shapes import kv_cache_bytes
 from lora_share.checkpoints.adapters import load_adapter
 from lora_share.checkpoints.foundation import load_foundation
 from lora_share.export.eager import eager_model

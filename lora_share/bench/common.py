@@ -89,6 +89,23 @@ def typed_command(name: str) -> str:
     return f"lora-share {name} " + " ".join(sys.argv[2:])
 
 
+def at_least(low: int):
+    """An argparse type: a whole number, ``low`` or more."""
+
+    def parse(text: str) -> int:
+        import argparse
+
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
+
+
 def write_whole(path: Path, text: str) -> None:
     """``text`` into ``path`` whole or not at all (a temporary file renamed over it)."""
     path = Path(path)

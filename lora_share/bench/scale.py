@@ -39,342 +39,37 @@ hold on an otherwise idle machine and are printed, not enforced):
 - fp32 decode at position ~1,000 runs at >= 0.8 x the speed at ~10 (reported for the others), and
   decode at ~10 with the full context at >= 0.8 x the 128-token context's;
 - targets: fp32 decode at ~10 >= 35 tokens/s, prefill of 1,000 tokens >= 300 tokens/s.
+
+Modules: scale_shapes.py the shapes and the bytes they imply, scale_builds.py the deployments (built,
+reused, added to), scale_report.py the checks and the page; this one measures and puts it together.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import math
-import os
 import statistics
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from ..errors import UserError
-from ..manifest import Manifest, read_manifest
 from . import processes
-from .common import BenchFailed, Progress, header_line, prompt_ids, results_header, typed_command
+from .common import BenchFailed, Progress, prompt_ids, results_header, typed_command
 from .memory import BenchError, adapter_bound_bytes
-
-MIB = 1024 * 1024
-KV_SLACK_BYTES = 32 * MIB
-DECODE_RATIO = 0.8
-TARGET_DECODE = 35.0
-TARGET_PREFILL = 300.0
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A synthetic foundation and the request sizes measured on it."""
-
-    foundation: dict
-    context: int
-    short_context: int
-    prefill_chunk: int
-    prompt_tokens: int
-    new_tokens: int
-    speed_new_tokens: int  # decode steps timed per speed request (+1)
-    near_start: int  # prompt length of the "position about 10" request
-    big: dict | None = None  # a larger foundation only built (fp32, 8da4w), for the build's time and peak RSS
-    big_context: int = 512
-    quantize: dict = field(default_factory=lambda: {"scheme": "8da4w"})  # the 8da4w variants' foundation.quantize
-
-
-DEFAULT_SHAPE = "smollm-135m"
-SHAPES = {
-    DEFAULT_SHAPE: Shape(
-        foundation={
-            "dim": 576,
-            "n_layers": 30,
-            "n_heads": 9,
-            "n_kv_heads": 3,
-            "hidden_dim": 1536,
-            "vocab_size": 49152,
-            "tie_embeddings": True,
-            "seed": 0,
-        },
-        context=2048,
-        short_context=128,
-        prefill_chunk=128,
-        prompt_tokens=1000,
-        new_tokens=64,
-        speed_new_tokens=33,
-        near_start=10,
-        # Llama-3.2-1B's shape (synthetic weights): 1.24 B parameters, 4.9 GB in fp32.
-        big={
-            "dim": 2048,
-            "n_layers": 16,
-            "n_heads": 32,
-            "n_kv_heads": 8,
-            "hidden_dim": 8192,
-            "vocab_size": 128256,
-            "tie_embeddings": True,
-            "seed": 0,
-        },
-    ),
-    # Gemma-3-270M's shape (synthetic weights): 18 layers, every sixth over the whole context and the
-    # others over a 512-token window (their KV cache a ring of it), head_dim 256, one KV head, a
-    # 262,144-token tied vocabulary (168 M of its 268 M parameters).
-    "gemma3-270m": Shape(
-        foundation={
-            "model_type": "gemma3_text",
-            "dim": 640,
-            "n_layers": 18,
-            "n_heads": 4,
-            "n_kv_heads": 1,
-            "head_dim": 256,
-            "hidden_dim": 2048,
-            "vocab_size": 262144,
-            "tie_embeddings": True,
-            "sliding_window": 512,
-            "norm_eps": 1e-6,
-            "rope_theta": 1000000.0,
-            "seed": 0,
-        },
-        context=2048,
-        short_context=128,
-        prefill_chunk=128,
-        prompt_tokens=1000,
-        new_tokens=64,
-        speed_new_tokens=33,
-        near_start=10,
-        # The 262k table at 4 bits (groups of 32) and the tied output projection int4 (its own copy):
-        # with an int8 table the foundation would be ~330 MB, above the 260 MB of the real Q4_K_M GGUF.
-        quantize={"scheme": "8da4w", "group_size": 32, "embedding": "int4"},
-    ),
-    "tiny": Shape(
-        foundation={
-            "dim": 64,
-            "n_layers": 2,
-            "n_heads": 4,
-            "n_kv_heads": 2,
-            "hidden_dim": 128,
-            "vocab_size": 256,
-            "tie_embeddings": True,
-            "seed": 0,
-        },
-        context=64,
-        short_context=24,
-        prefill_chunk=8,
-        prompt_tokens=40,
-        new_tokens=8,
-        speed_new_tokens=5,
-        near_start=4,
-        big={
-            "dim": 96,
-            "n_layers": 3,
-            "n_heads": 4,
-            "n_kv_heads": 2,
-            "hidden_dim": 192,
-            "vocab_size": 512,
-            "tie_embeddings": True,
-            "seed": 0,
-        },
-        big_context=32,
-    ),
-}
-ADAPTER = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
-# <foundation>[-all16]: the adapters' own recipe as the program's LoRA envelope (the default), or every
-# linear at rank 16, an envelope that takes other recipes too (ADDED) with no export.
-VARIANTS = ("fp32", "8da4w", "fp32-all16", "8da4w-all16")
-# Each adapter's file skips the slots it leaves alone (lora_envelope.skip_absent); its first adapter is also
-# timed through the whole envelope program (``<name>-whole``, reported), in the same rounds.
-WIDE_ENVELOPE = {"targets": "all", "max_rank": 16, "skip_absent": True}
-# Added to each -all16 deployment with `lora-share add`, timed: other ranks, other targets.
-ADDED = {
-    "r4_qko": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "o_proj"], "seed": 101},
-    "r16_all": {
-        "rank": 16,
-        "alpha": 32,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "seed": 102,
-    },
-}
-ADD_SECONDS = 2.0
-BUILD_RSS_FACTOR, BUILD_RSS_SLACK = 2.5, 1 << 30  # peak RSS <= 2.5 x the fp32 foundation + 1 GB
-WIDE_FACTOR, WIDE_SLACK = 2.0, MIB  # PSS per adapter through the wide envelope <= 2 x own LoRA bytes + 1 MiB
-WIDE_SPEED = 0.9  # decode through the wide envelope >= 0.9 x through the exact one
-
-
-def _variant_foundation(shape: Shape, variant: str, context: int, synthetic: dict | None = None) -> dict:
-    out = {"synthetic": synthetic or shape.foundation, "max_seq_len": context, "prefill_chunk": shape.prefill_chunk}
-    if variant.split("-")[0] == "8da4w":
-        out["quantize"] = dict(shape.quantize)
-    return out
-
-
-def _synthetic_args(synthetic: dict, context: int):
-    """The ModelArgs of a synthetic foundation (its family's switches included)."""
-    from ..checkpoints.foundation import synthetic_args
-    from ..config import SyntheticFoundation
-
-    return synthetic_args(SyntheticFoundation(**synthetic), context)
-
-
-def fp32_foundation_bytes(synthetic: dict) -> int:
-    """Bytes of a synthetic foundation's weights in float32 (model/decoder.py's parameter shapes)."""
-    from ..checkpoints.foundation import expected_shapes
-
-    return 4 * sum(math.prod(shape) for shape in expected_shapes(_synthetic_args(synthetic, 8)).values())
-
-
-@dataclass
-class Deployment:
-    name: str
-    ptd: Path
-    ptes: list[Path]
-    manifest: Manifest
-    export_s: float  # seconds of the one export the build needed (kept from the run that made it)
-    build_peak_rss: int  # bytes: peak RSS of that build's process (kept likewise)
-    out: Path
-
-
-def _build_process(config: Path) -> int:
-    """``lora-share build config`` in a child process; its peak RSS in bytes (os.wait4's ru_maxrss)."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lora_share.cli", "build", str(config), "--json"],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err.seek(0)
-            raise BenchError(f"lora-share build {config} failed:\n{err.read().decode(errors='replace')[-2000:]}")
-    return usage.ru_maxrss * 1024
-
-
-def build_variant(folder: Path, name: str, foundation: dict, adapters: int, envelope: dict | None = None) -> Deployment:
-    """Build (or reuse, when nothing changed) one deployment in ``folder``, in a child process."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "output_dir": "out",
-                "foundation": foundation,
-                **({"lora_envelope": envelope} if envelope else {}),
-                "adapters": [{"name": f"a{i + 1}", "synthetic": {**ADAPTER, "seed": i + 1}} for i in range(adapters)],
-            },
-            sort_keys=False,
-        )
-    )
-    peak = _build_process(config)
-    out, record = folder / "out", folder / "export_time.json"
-    manifest = read_manifest(out)
-    if manifest.program["produced"] == "exported":
-        record.write_text(
-            json.dumps(
-                {
-                    "export_s": manifest.program["seconds"],
-                    "build_peak_rss": peak,
-                    "signature": manifest.program_signature,
-                }
-            )
-        )
-    saved = json.loads(record.read_text()) if record.is_file() else {}
-    return Deployment(
-        name=name,
-        ptd=out / "foundation.ptd",
-        ptes=[out / f for f in manifest.adapter_files],
-        manifest=manifest,
-        export_s=saved.get("export_s", float("nan")),
-        build_peak_rss=saved.get("build_peak_rss", 0),
-        out=out,
-    )
-
-
-def whole_program_copy(d: Deployment, folder: Path) -> Deployment:
-    """``d``'s first adapter written again with the whole envelope program (no slot skipped) into
-    ``folder``, beside a link to ``d``'s foundation.ptd: what skipping absent slots saves, timed in
-    the same run."""
-    from ..deploy.adapter_pte import Program, read_record
-    from ..formats import read_pte
-
-    data = d.ptes[0].read_bytes()
-    meta = read_record(data, str(d.ptes[0]))
-    keys = {k for e in meta.lora for k in (e.a, e.b)}
-    tensors = {
-        n.key: data[n.start : n.end] for n in read_pte(data, str(d.ptes[0]), plans=False).named_data if n.key in keys
-    }
-    whole = dataclasses.replace(meta, envelope_program_sha256="", program_patches=[], content_bytes=0, content_crc32=0)
-    folder.mkdir(parents=True, exist_ok=True)
-    pte, ptd = folder / d.ptes[0].name, folder / "foundation.ptd"
-    pte.write_bytes(Program.from_adapter_file(d.ptes[0]).write(whole, tensors))
-    if not ptd.exists():
-        os.link(d.ptd, ptd)
-    return dataclasses.replace(d, name=f"{d.name}-whole", ptd=ptd, ptes=[pte], out=folder)
-
-
-def time_adds(d: Deployment, scratch: Path) -> list[dict]:
-    """``lora-share add`` of each ADDED adapter (a PEFT folder) to a copy of ``d``, one process each:
-    its wall time, the seconds inside ``add`` (without Python's start), and what it produced."""
-    import shutil
-    import subprocess
-
-    from ..checkpoints.adapters import synthetic_adapter
-    from ..config import SyntheticAdapter
-    from .build_time import write_peft_folder
-
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.copytree(d.out, scratch / "out", copy_function=os.link)  # add never writes into shipped files
-    args = d.manifest.model_args
-    rows = []
-    for name, spec in ADDED.items():
-        folder = write_peft_folder(synthetic_adapter(name, SyntheticAdapter(**spec), args), scratch / name)
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "lora_share.cli", "add", "--to", str(scratch / "out"), f"{name}={folder}", "--json"],
-            capture_output=True,
-            text=True,
-        )
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise BenchError(f"lora-share add {name} to {d.name}: {proc.stderr.strip()[-2000:]}")
-        manifest = read_manifest(scratch / "out")
-        entry = manifest.adapter(name)
-        rows.append(
-            {
-                "adapter": name,
-                **{k: spec[k] for k in ("rank", "target_modules")},
-                "wall_s": round(wall, 2),
-                "add_s": manifest.build_s,
-                "program": manifest.program["produced"],
-                "produced": entry["produced"],
-                "pte_bytes": entry["size"],
-                "lora_bytes": entry["lora_bytes"],
-            }
-        )
-    return rows
-
-
-def kv_cache_bytes(args: dict) -> int:
-    """Bytes of the runtime's KV cache for one program (model/decoder.py): keys and values of every layer
-    and key/value head, each slab's sink row and every context position but the last; a sliding layer's slabs
-    are rings of its window (model.slab_rows); 4 bytes a value, 2 in a float16 cache."""
-    from ..model.decoder import ModelArgs, slab_rows
-
-    model_args = ModelArgs(**args)
-    return sum(slab_rows(model_args)) * args["head_dim"] * model_args.kv_torch_dtype.itemsize
-
-
-def full_kv_cache_bytes(args: dict) -> int:
-    """The same cache with every layer over the whole context (no rings): the yardstick for the rings."""
-    from ..model.args import ModelArgs
-
-    value_bytes = ModelArgs(**args).kv_torch_dtype.itemsize
-    return 2 * args["n_layers"] * args["n_kv_heads"] * args["head_dim"] * args["max_seq_len"] * value_bytes
+from .scale_builds import (
+    ADAPTER,
+    ADDED,
+    VARIANTS,
+    WIDE_ENVELOPE,
+    Deployment,
+    build_variant,
+    time_adds,
+    variant_foundation,
+    whole_program_copy,
+)
+from .scale_report import checks, markdown, write_results
+from .scale_shapes import DEFAULT_SHAPE, SHAPES, Shape, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
 
 
 def memory_rows(
@@ -443,165 +138,6 @@ def speed_rows(runner: Path, deployments: list[Deployment], short: Deployment, s
     return out
 
 
-def checks(result: dict) -> list[dict]:
-    """Every check of the module docstring: what, measured, limit, whether enforced, passed."""
-    rows = []
-
-    def add(what, measured, limit, ok, enforced=True):
-        rows.append({"check": what, "measured": measured, "limit": limit, "ok": bool(ok), "enforced": enforced})
-
-    for v in result["variants"]:
-        name, mem = v["name"], v["memory"]
-        wide = name.endswith("-all16")
-        one = mem[0]
-        for row in mem[1:]:
-            extra = row["adapters"] - one["adapters"]
-            grew = (row["shared"]["served"]["pss_kb"] - one["shared"]["served"]["pss_kb"]) * 1024 / extra
-            if wide:
-                bound, rule = WIDE_FACTOR * v["lora_bytes"] + WIDE_SLACK, "2 x own LoRA bytes + 1 MiB"
-            else:
-                bound, rule = v["adapter_bound_bytes"], "1.05 x own LoRA bytes + 0.5 MiB"
-            add(
-                f"{name}: PSS per adapter after the first, {row['adapters']} served (shared arena)",
-                f"{grew / MIB:.2f} MiB",
-                f"{bound / MIB:.2f} MiB ({rule})",
-                grew <= bound,
-            )
-        growth = (one["shared"]["served"]["pss_kb"] - one["shared"]["after_load"]["pss_kb"]) * 1024
-        add(
-            f"{name}: one adapter's PSS growth from load to served",
-            f"{growth / MIB:.1f} MiB",
-            f"KV {v['kv_cache_bytes'] / MIB:.1f} + 32 MiB",
-            growth <= v["kv_cache_bytes"] + KV_SLACK_BYTES,
-        )
-        sp = v["speed"]
-        # Enforced for fp32, the issue's figure; reported for 8da4w, whose 4x smaller weights leave
-        # attention's per-slot cost a larger share of a decoded token.
-        add(
-            f"{name}: decode at ~{result['shape']['prompt_tokens']} / decode at ~{result['shape']['near_start']}",
-            f"{sp['decode_far_tokens_per_s'] / sp['decode_near_tokens_per_s']:.2f}",
-            f">= {DECODE_RATIO}",
-            sp["decode_far_tokens_per_s"] >= DECODE_RATIO * sp["decode_near_tokens_per_s"],
-            enforced=name == "fp32",
-        )
-        if v["build_peak_rss"]:
-            limit = BUILD_RSS_FACTOR * v["fp32_bytes"] + BUILD_RSS_SLACK
-            add(
-                f"{name}: build peak RSS (fp32 foundation {v['fp32_bytes'] / 1e9:.2f} GB)",
-                f"{v['build_peak_rss'] / 1e9:.2f} GB",
-                f"{limit / 1e9:.2f} GB",
-                v["build_peak_rss"] <= limit,
-            )
-        for a in v["adds"]:
-            add(
-                f"{name}: lora-share add {a['adapter']} (rank {a['rank']}, {len(a['target_modules'])} linears): "
-                f"seconds in add (wall {a['wall_s']:.1f} s), program {a['program']}",
-                f"{a['add_s']:.2f} s",
-                f"<= {ADD_SECONDS:.0f} s, no export",
-                a["add_s"] <= ADD_SECONDS and a["program"] == "reused" and a["produced"] == "written",
-            )
-        exact = next((e for e in result["variants"] if wide and e["name"] == name.removesuffix("-all16")), None)
-        if exact is not None:
-            for key, where in (
-                ("decode_near_tokens_per_s", result["shape"]["near_start"]),
-                ("decode_far_tokens_per_s", result["shape"]["prompt_tokens"]),
-            ):
-                ratio = sp[key] / exact["speed"][key]
-                add(
-                    f"{name} / {exact['name']}: decode at ~{where}",
-                    f"{ratio:.2f}",
-                    f">= {WIDE_SPEED}",
-                    ratio >= WIDE_SPEED,
-                )
-                if "speed_whole_program" in v:  # the same adapter through the whole envelope program
-                    ratio = v["speed_whole_program"][key] / exact["speed"][key]
-                    add(
-                        f"{name}, whole envelope program (no slot skipped) / {exact['name']}: decode at ~{where}",
-                        f"{ratio:.2f}",
-                        f">= {WIDE_SPEED}",
-                        ratio >= WIDE_SPEED,
-                        enforced=False,
-                    )
-    if result["shape"]["name"] == "gemma3-270m":
-        gemma3_checks(result, add)
-    for b in (result.get("big") or {}).get("builds", []):
-        limit = BUILD_RSS_FACTOR * b["fp32_bytes"] + BUILD_RSS_SLACK
-        add(
-            f"large shape, {b['name']}: build peak RSS (fp32 foundation {b['fp32_bytes'] / 1e9:.2f} GB; "
-            f"built in {b['export_s']:.0f} s)",
-            f"{b['build_peak_rss'] / 1e9:.2f} GB",
-            f"{limit / 1e9:.2f} GB",
-            0 < b["build_peak_rss"] <= limit,
-            enforced=False,
-        )
-    fp32 = next((v for v in result["variants"] if v["name"] == "fp32"), None)
-    if fp32 is not None:
-        short, sp = result["short_context"]["speed"], fp32["speed"]
-        add(
-            f"fp32: decode at ~{result['shape']['near_start']}, context {result['shape']['context']} / "
-            f"context {result['shape']['short_context']}",
-            f"{sp['decode_near_tokens_per_s'] / short['decode_near_tokens_per_s']:.2f}",
-            f">= {DECODE_RATIO}",
-            sp["decode_near_tokens_per_s"] >= DECODE_RATIO * short["decode_near_tokens_per_s"],
-        )
-        add(
-            f"fp32: decode tokens/s at ~{result['shape']['near_start']} (target, idle machine)",
-            f"{sp['decode_near_tokens_per_s']:.1f}",
-            f">= {TARGET_DECODE:.0f}",
-            sp["decode_near_tokens_per_s"] >= TARGET_DECODE,
-            enforced=False,
-        )
-        add(
-            f"fp32: prefill tokens/s of {result['shape']['prompt_tokens']} tokens (target, idle machine)",
-            f"{sp['prefill_tokens_per_s']:.1f}",
-            f">= {TARGET_PREFILL:.0f}",
-            sp["prefill_tokens_per_s"] >= TARGET_PREFILL,
-            enforced=False,
-        )
-    return rows
-
-
-# Gemma 3 (issue 25): the KV cache of 3 full-context layers + 15 rings of 512 at context 2,048, fp32
-# (27 MiB + 1 MiB); each extra adapter within 1.2 x its .pte + 4 MiB; the 8da4w foundation.ptd
-# within 260 MB (the real model's Q4_K_M GGUF: 253 MB).
-GEMMA3_KV_BOUND = 28 * MIB
-GEMMA3_PTE_FACTOR, GEMMA3_PTE_SLACK = 1.2, 4 * MIB
-GEMMA3_PTD_8DA4W = 260e6
-
-
-def gemma3_checks(result: dict, add) -> None:
-    """The gemma3-270m shape's own bounds (above), beside the checks every shape has."""
-    for v in result["variants"]:
-        name, one = v["name"], v["memory"][0]
-        add(
-            f"{name}: KV cache bytes at context {result['shape']['context']} (rings of the window; every "
-            f"layer over the context: {v['full_kv_cache_bytes'] / MIB:.1f} MiB)",
-            f"{v['kv_cache_bytes'] / MIB:.1f} MiB",
-            f"{GEMMA3_KV_BOUND / MIB:.0f} MiB",
-            v["kv_cache_bytes"] <= GEMMA3_KV_BOUND,
-        )
-        for row in v["memory"][1:]:
-            grew = (
-                (row["shared"]["served"]["pss_kb"] - one["shared"]["served"]["pss_kb"])
-                * 1024
-                / (row["adapters"] - one["adapters"])
-            )
-            bound = GEMMA3_PTE_FACTOR * v["pte_bytes"] + GEMMA3_PTE_SLACK
-            add(
-                f"{name}: PSS per adapter after the first, {row['adapters']} served, against its .pte",
-                f"{grew / MIB:.2f} MiB",
-                f"{bound / MIB:.2f} MiB (1.2 x .pte + 4 MiB)",
-                grew <= bound,
-            )
-        if name == "8da4w":
-            add(
-                "8da4w: foundation.ptd",
-                f"{v['ptd_bytes'] / 1e6:.1f} MB",
-                f"{GEMMA3_PTD_8DA4W / 1e6:.0f} MB",
-                v["ptd_bytes"] <= GEMMA3_PTD_8DA4W,
-            )
-
-
 def run_scale(
     shape_name: str,
     variants: list[str],
@@ -626,7 +162,7 @@ def run_scale(
                 build_variant(
                     workdir / variant,
                     variant,
-                    _variant_foundation(shape, variant, shape.context),
+                    variant_foundation(shape, variant, shape.context),
                     counts[-1],
                     WIDE_ENVELOPE if wide else None,
                 )
@@ -635,17 +171,14 @@ def run_scale(
         short = build_variant(
             workdir / f"fp32_ctx{shape.short_context}",
             f"fp32_ctx{shape.short_context}",
-            _variant_foundation(shape, "fp32", shape.short_context),
+            variant_foundation(shape, "fp32", shape.short_context),
             1,
         )
     big = []
     for variant in ("fp32", "8da4w") if shape.big else ():
         with progress.step(f"build_big_{variant}", f"{variant}: build of the large shape, context {shape.big_context}"):
             d = build_variant(
-                workdir / f"big_{variant}",
-                variant,
-                _variant_foundation(shape, variant, shape.big_context, shape.big),
-                1,
+                workdir / f"big_{variant}", variant, variant_foundation(shape, variant, shape.big_context, shape.big), 1
             )
         big.append(
             {
@@ -713,118 +246,6 @@ def run_scale(
     result["checks"] = checks(result)
     result["total_s"] = round(time.perf_counter() - progress.t0, 1)
     return result
-
-
-# ---------------------------------------------------------------------------
-# Report
-
-
-def _mib(kb: int) -> str:
-    return f"{kb / 1024:.1f}"
-
-
-def markdown(result: dict) -> str:
-    s = result["shape"]
-    lines = [
-        f"# lora-share scale benchmark: {s['name']} shape, context {s['context']}",
-        "",
-        f"{header_line(result)} Requests: {s['prompt_tokens']} prompt tokens + {s['new_tokens']} new; "
-        f"prefill chunk {s['prefill_chunk']}.",
-        "",
-    ]
-    for v in result["variants"]:
-        env = v["envelope"]
-        lines += [
-            f"## {v['name']}: foundation.ptd {v['ptd_bytes'] / 1e6:.1f} MB, adapter .pte "
-            f"{v['pte_bytes'] / 1e6:.2f} MB (own LoRA tensors {v['lora_bytes'] / 1e6:.2f} MB), KV cache "
-            f"{v['kv_cache_bytes'] / MIB:.1f} MiB per program (every layer over the whole context: "
-            f"{v['full_kv_cache_bytes'] / MIB:.1f} MiB)",
-            "",
-            f"LoRA envelope: {', '.join(env['targets'])} up to rank {env['max_rank']}. Build: export "
-            f"{v['export_s']:.0f} s, peak RSS {v['build_peak_rss'] / 1e9:.2f} GB.",
-            "",
-            "PSS in MiB (one process, shared arena | one process, an arena per program | "
-            "one process per adapter, summed):",
-            "",
-        ]
-        setups = [m for m in ("shared", "private", "processes") if m in v["memory"][0]]
-        lines += [
-            "| adapters | " + " | ".join(f"{m}: {k}" for m in setups for k in ("loaded", "served")) + " |",
-            "|---:|" + "---:|" * (2 * len(setups)),
-        ]
-        for r in v["memory"]:
-            lines.append(
-                f"| {r['adapters']} | "
-                + " | ".join(_mib(r[m][k]["pss_kb"]) for m in setups for k in ("after_load", "served"))
-                + " |"
-            )
-        sp, ld = v["speed"], v["load"]
-        if v["adds"]:
-            lines += [
-                "",
-                "| lora-share add | rank | linears | in add | wall (with Python's start) | program | .pte |",
-                "|---|---:|---:|---:|---:|---|---:|",
-            ]
-            lines += [
-                f"| {a['adapter']} | {a['rank']} | {len(a['target_modules'])} | {a['add_s']:.2f} s | "
-                f"{a['wall_s']:.1f} s | {a['program']} | {a['pte_bytes'] / 1e6:.2f} MB |"
-                for a in v["adds"]
-            ]
-        lines += [
-            "",
-            f"Prefill of {s['prompt_tokens']} tokens: {sp['prefill_tokens_per_s']} tokens/s; decode at "
-            f"position ~{s['near_start']}: {sp['decode_near_tokens_per_s']} tokens/s, at ~"
-            f"{s['prompt_tokens']}: {sp['decode_far_tokens_per_s']} tokens/s. Load: first adapter "
-            f"{ld['first_ms']:.0f} ms, a further one {ld['further_median_ms'] or 0:.1f} ms.",
-            "",
-        ]
-    sh = result["short_context"]
-    lines += [
-        f"Context {s['short_context']} (fp32, same shape): decode at ~{s['near_start']}: "
-        f"{sh['speed']['decode_near_tokens_per_s']} tokens/s; export {sh['export_s']:.0f} s.",
-        "",
-    ]
-    if result.get("big"):
-        f = result["big"]["foundation"]
-        lines += [
-            f"Large shape, built only (dim {f['dim']}, {f['n_layers']} layers, {f['n_heads']} heads, "
-            f"{f['n_kv_heads']} kv heads, hidden {f['hidden_dim']}, vocabulary {f['vocab_size']}, context "
-            f"{result['big']['context']}, one rank-8 q/v adapter):",
-            "",
-            "| foundation | fp32 bytes | foundation.ptd | export | build peak RSS |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {b['name']} | {b['fp32_bytes'] / 1e9:.2f} GB | {b['ptd_bytes'] / 1e9:.2f} GB | "
-            f"{b['export_s']:.0f} s | {b['build_peak_rss'] / 1e9:.2f} GB |"
-            for b in result["big"]["builds"]
-        ]
-        lines.append("")
-    lines += ["## Checks", "", "| check | measured | limit | |", "|---|---:|---:|---|"]
-    for c in result["checks"]:
-        verdict = ("ok" if c["ok"] else "FAIL") + ("" if c["enforced"] else " (not enforced)")
-        lines.append(f"| {c['check']} | {c['measured']} | {c['limit']} | {verdict} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_results(result: dict, out_dir: Path) -> list[Path]:
-    """bench_scale.{json,md} for the default shape, bench_scale_<shape>.{json,md} for the others, so
-    that one shape's run never overwrites another's figures."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shape = result["shape"]["name"]
-    stem = "bench_scale" if shape == DEFAULT_SHAPE else f"bench_scale_{shape}"
-    written = []
-    for name, text in ((f"{stem}.json", json.dumps(result, indent=2) + "\n"), (f"{stem}.md", markdown(result))):
-        path = out_dir / name
-        tmp = path.with_name(name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-        written.append(path)
-    return written
-
-
-# ---------------------------------------------------------------------------
-# Command line
 
 
 def register(subparsers) -> None:

@@ -51,7 +51,8 @@ import yaml
 from ..errors import UserError
 from ..manifest import read_manifest
 from . import constraints, http_streams, peers, processes
-from .common import BenchFailed, header_line, results_header, typed_command, write_whole
+from .common import BenchFailed, at_least, header_line, results_header, typed_command, write_whole
+from .llama_cpp import LLAMA_CPP_PYTHON, LlamaServer, llama_cpp, llama_ggufs, sh
 from .memory import BenchError
 
 QUESTIONS = [
@@ -138,7 +139,7 @@ class LoraShareServer(processes.HttpServerProcess):
 class LlamaSide:
     """llama-server (bench-peers' LlamaServer) with every adapter at scale 0, the request's switched on."""
 
-    def __init__(self, server: peers.LlamaServer):
+    def __init__(self, server: LlamaServer):
         self.server, self.address = server, server.url.split("://", 1)[1]
 
     def body(
@@ -183,7 +184,7 @@ def demo_builds(config: Path, work: Path, precisions: list[str], log=print) -> d
             path, out = dest / "config.yaml", dest / "out"
             path.write_text(yaml.safe_dump(derived, sort_keys=False))
         log(f"lora-share build {precision} ({path}) ...")
-        peers.sh([sys.executable, "-m", "lora_share.cli", "build", path], work / f"serve-build-{precision}.log")
+        sh([sys.executable, "-m", "lora_share.cli", "build", path], work / f"serve-build-{precision}.log")
         manifest = read_manifest(out)
         builds[precision] = {
             "dir": out,
@@ -436,7 +437,7 @@ def report(result: dict) -> str:
         f"{' (QUICK smoke run)' if result['quick'] else ''}",
         "",
         f"{header_line(result)} lora-share-server --parallel {s['parallel']}; llama-server -np "
-        f"{s['parallel']} (llama-cpp-python {peers.LLAMA_CPP_PYTHON}'s llama.cpp, 2 threads, every adapter "
+        f"{s['parallel']} (llama-cpp-python {LLAMA_CPP_PYTHON}'s llama.cpp, 2 threads, every adapter "
         "loaded, the request's switched on by `lora`). Each client: "
         f"streamed /v1/completions, greedy, {s['max_tokens']} tokens, EOS ignored; median of {s['repeats']} "
         "repeats, the servers alternating. Aggregate decode = every client's tokens after its first over the "
@@ -523,10 +524,10 @@ def run_serve(
     ggufs = None
     if llama:
         log("llama.cpp and its GGUFs (bench-peers' build) ...")
-        tools = peers.llama_cpp(work / "llama.cpp")
+        tools = llama_cpp(work / "llama.cpp")
         hf = peers.hf_folder(gguf, work / "hf")
         (work / "gguf").mkdir(exist_ok=True)
-        ggufs = peers.llama_ggufs(tools, hf, gguf, builds[settings["precisions"][0]]["pefts"], work / "gguf")
+        ggufs = llama_ggufs(tools, hf, gguf, builds[settings["precisions"][0]]["pefts"], work / "gguf")
     result = {
         **results_header(command),
         "quick": settings["quick"],
@@ -544,7 +545,7 @@ def run_serve(
             sides = {"lora_share": ours}
             llama_server = None
             if llama:
-                llama_server = peers.LlamaServer(
+                llama_server = LlamaServer(
                     tools["llama-server"],
                     ggufs["models"][PAIRS[precision]],
                     ggufs["loras"],
@@ -637,14 +638,11 @@ def register(subparsers) -> None:
         "3 chat turns (its results are named serve-<date>-quick)",
     )
     p.add_argument(
-        "--parallel",
-        type=peers._at_least(1),
-        default=4,
-        help="lora-share-server --parallel and llama-server -np (default 4)",
+        "--parallel", type=at_least(1), default=4, help="lora-share-server --parallel and llama-server -np (default 4)"
     )
     p.add_argument(
         "--repeats",
-        type=peers._at_least(1),
+        type=at_least(1),
         default=None,
         help=f"repeats of each scenario (default {FULL['repeats']}; --quick {QUICK['repeats']})",
     )
