@@ -167,3 +167,15 @@ def test_write_manifest_is_all_or_nothing(tmp_path):
         write_manifest(tmp_path, {"format": FORMAT, "version": VERSION, "adapters": {1, 2}})
     assert (tmp_path / MANIFEST).read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]
+
+
+def test_format_md_names_the_exporter_revision_where_it_lives():
+    """FORMAT.md's `exporter` row names the module that holds EXPORTER_REVISION and gives its value."""
+    from lora_share.export import revision
+
+    row = next(
+        line for line in (REPO / "schema" / "FORMAT.md").read_text().splitlines() if line.startswith("| `exporter`")
+    )
+    module = re.search(r"`(lora_share/[a-z_/]+\.py)` `EXPORTER_REVISION`", row)
+    assert module and (REPO / module.group(1)).read_text().count("EXPORTER_REVISION =") == 1, row
+    assert row.rstrip(" |").endswith(f"`{revision.EXPORTER_REVISION}`"), row
