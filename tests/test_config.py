@@ -227,3 +227,54 @@ def test_validate_checks_adapters_against_the_envelope(tmp_path):
     assert any(s.startswith("adapters[1]: syn: rank 20 is above lora_envelope.max_rank (16)") for s in problems)
     r = run_cli("validate", p)
     assert r.returncode == 2 and "rank 32 is above lora_envelope.max_rank" in r.stderr
+
+
+def _key_paths(cls, prefix: str = "") -> list[str]:
+    """Every key a config can have, from config.py's dataclasses themselves (``a.b``; ``a[].b`` in lists)."""
+    import dataclasses
+    import typing
+
+    hints, paths = typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        path = f"{prefix}{f.name}"
+        paths.append(path)
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        inner = typing.get_args(args[0])
+        for candidate, sub in ((args[0], path + "."), (inner[0] if inner else None, path + "[].")):
+            if dataclasses.is_dataclass(candidate):
+                paths += _key_paths(candidate, sub)
+    return paths
+
+
+def test_config_md_shows_every_key():
+    """docs/config.md, the reference of every key, shows each key config.py reads (as `key:` in its "The
+    keys" section), so a key added to the code without its documentation fails here."""
+    from lora_share.config import BuildConfig
+
+    text = (REPO / "docs" / "config.md").read_text()
+    section = text[text.index("## The keys") : text.index("\n## ", text.index("## The keys") + 1)]
+    paths = _key_paths(BuildConfig)
+    assert {"foundation.tokenizer", "programs[].pt2", "foundation.synthetic.sliding_window"} <= set(paths)
+    missing = [p for p in paths if f"{p.rsplit('.', 1)[-1].removesuffix('[]')}:" not in section]
+    assert not missing, f"docs/config.md does not show: {missing}"
+
+
+def test_names_outside_the_safe_set_are_refused_with_the_rule(tmp_path):
+    """Adapter names become file stems and URL path parts: letters, digits, '_', '.', '-' only, a letter
+    or digit first; every other name is refused with that rule, and a name that keeps it is taken."""
+    bad = ["bad name", ".hidden", "a/b", "x:y", "tab\there", "end\n"]
+    adapters = [
+        {"name": n, "synthetic": {"rank": 2, "alpha": 4, "target_modules": ["q_proj"], "seed": i}}
+        for i, n in enumerate([*bad, "ok.name-1_x"])
+    ]
+    synthetic = {"dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "hidden_dim": 32, "vocab_size": 32}
+    p = _write(tmp_path, {"foundation": {"synthetic": synthetic}, "adapters": adapters})
+    with pytest.raises(lora_share.ConfigErrors) as e:
+        lora_share.validate(p)
+    rule = "must be letters, digits, '_', '.' or '-', starting with a letter or digit"
+    assert e.value.problems == [
+        f"adapters[{i}].name: {n!r} {rule} (names become file names and URL path parts)" for i, n in enumerate(bad)
+    ]
