@@ -120,13 +120,25 @@ def _register_add(subparsers) -> None:
 
 
 def _add_programs(ns) -> int:
+    from .config import name_problem
+    from .manifest import ADAPTERS, PROGRAMS, kind_words
     from .programs.build import add_program
 
+    specs = []
     for spec in ns.adapters:
         name, sep, archive = spec.partition("=")
         if not sep:
             archive, name = spec, Path(spec).stem
-        manifest = add_program(ns.to, name, Path(archive), ns.model, quiet=ns.json)
+        if bad_name := name_problem(name):
+            raise UserError(f"{archive}: program name {bad_name}; give another as NAME=ARCHIVE")
+        if Path(archive).is_dir():
+            raise UserError(
+                f"{archive}: a folder (a PEFT adapter?), which `add` puts into {kind_words(ADAPTERS)}; "
+                f"{ns.to} is {kind_words(PROGRAMS)}"
+            )
+        specs.append((name, Path(archive)))
+    for name, archive in specs:
+        manifest = add_program(ns.to, name, archive, ns.model, quiet=ns.json)
     if ns.json:
         print(json.dumps(manifest, indent=2))
     return 0

@@ -24,7 +24,9 @@ from .errors import ConfigErrors, UserError
 from .model.args import LORA_TARGETS
 from .model.families import FAMILIES
 
+# Adapter and program names: they become file stems (<name>.pte), URL path parts and model ids.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME_RULE = "letters, digits, '_', '.' or '-', starting with a letter or digit"
 # The name the runners, the C API and the server give the foundation alone (no adapter).
 BASE_NAME = "base"
 
@@ -295,8 +297,8 @@ class _Loader:
             hint = difflib.get_close_matches(str(data), meta["choices"], n=1)
             did = f" (did you mean {hint[0]!r}?)" if hint else ""
             self.problem(key, f"{data!r} is not one of {', '.join(meta['choices'])}{did}")
-        if "pattern" in meta and not re.match(meta["pattern"], data):
-            self.problem(key, f"{data!r} must be letters, digits, '_', '.' or '-', starting with a letter or digit")
+        if "pattern" in meta and (problem := name_problem(data)):
+            self.problem(key, problem)
         if tp is Path:
             p = Path(data).expanduser()
             return p if p.is_absolute() else (self.base_dir / p).resolve()
@@ -330,6 +332,13 @@ def _join(key: str, name) -> str:
 
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an adapter or a program (NAME_RULE), or None if it can."""
+    if NAME_RE.fullmatch(name):
+        return None
+    return f"{name!r} must be {NAME_RULE} (names become file names and URL path parts)"
 
 
 def _check_programs(programs: list[ProgramConfig], L: _Loader) -> None:

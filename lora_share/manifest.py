@@ -505,8 +505,13 @@ def read_manifest(folder: Path, kind: str | None = None) -> Manifest:
         raise UserError(f"{path}: missing: is {folder} the output folder of a lora-share build?")
     manifest = read_manifest_file(path)
     if kind is not None and manifest.kind != kind:
-        raise UserError(f"{folder} is {_KIND_WORDS[manifest.kind]}; this needs {_KIND_WORDS[kind]}")
+        raise UserError(f"{folder} is {kind_words(manifest.kind)}; this needs {kind_words(kind)}")
     return manifest
+
+
+def kind_words(kind: str) -> str:
+    """A deployment's kind in words: what it is built from and what `lora-share add` takes."""
+    return _KIND_WORDS[kind]
 
 
 def deployment_kind(folder: Path) -> str | None:

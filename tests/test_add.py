@@ -220,8 +220,14 @@ def narrow(tmp_path_factory):
 @pytest.mark.parametrize(
     "spec,key",
     [
-        (dict(r=8, alpha=8, targets=["q_proj"], seed=31), "lora_envelope.max_rank is 4"),
-        (dict(r=2, alpha=8, targets=["k_proj"], seed=32), "lora_envelope.targets is [q_proj, v_proj]"),
+        (
+            dict(r=8, alpha=8, targets=["q_proj"], seed=31),
+            "its rank is 8 (on q_proj), above the envelope's largest, 4: raise lora_envelope.max_rank",
+        ),
+        (
+            dict(r=2, alpha=8, targets=["k_proj"], seed=32),
+            "it has LoRA on k_proj (layers 0-1), which the envelope does not take: add them to lora_envelope.targets",
+        ),
     ],
 )
 def test_add_outside_the_envelope_is_refused_by_key(narrow, spec, key):
@@ -230,7 +236,8 @@ def test_add_outside_the_envelope_is_refused_by_key(narrow, spec, key):
     before = {p.name: p.read_bytes() for p in build.out_dir.iterdir() if p.is_file()}
     r = run_cli("add", "--to", build.out_dir, root / "wide")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "outside the deployment's LoRA envelope" in r.stderr and key in r.stderr
+    envelope = "outside the deployment's LoRA envelope (LoRA on q_proj, v_proj of layers 0-1, rank up to 4)"
+    assert envelope in r.stderr and key in r.stderr
     # The folder being added to is the one named, with its own resolved config, not the original config.
     assert f"{build.out_dir} was built with this envelope" in r.stderr
     assert f"edit lora_envelope in {build.out_dir / 'config.resolved.yaml'}" in r.stderr
@@ -243,8 +250,25 @@ def test_add_reports_every_adapter_outside_the_envelope(narrow):
     write_peft_lora(root / "wide_target", BASE, r=2, alpha=8, targets=["k_proj"], seed=36)
     r = run_cli("add", "--to", build.out_dir, root / "wide_rank", root / "wide_target")
     assert r.returncode == 2, r.stderr
-    assert "adapter wide_rank: outside" in r.stderr and "lora_envelope.max_rank is 4" in r.stderr
-    assert "adapter wide_target: outside" in r.stderr and "lora_envelope.targets is [q_proj, v_proj]" in r.stderr
+    assert "adapter wide_rank: outside" in r.stderr and "raise lora_envelope.max_rank" in r.stderr
+    assert "adapter wide_target: outside" in r.stderr and "add them to lora_envelope.targets" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_envelope_refusal_names_what_is_inside_and_what_is_not_in_words(narrow):
+    """An adapter on every linear against a q/v envelope: the refusal says what the envelope takes and
+    which linears (on which layers) and which rank lie outside it, not one slot and a count of the rest."""
+    root, build = narrow
+    write_peft_lora(root / "everywhere", BASE, r=6, alpha=8, targets=ALL, seed=37)
+    r = run_cli("add", "--to", build.out_dir, root / "everywhere")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert (
+        "adapter everywhere: outside the deployment's LoRA envelope (LoRA on q_proj, v_proj of layers 0-1, "
+        "rank up to 4): it has LoRA on k_proj, o_proj, gate_proj, up_proj, down_proj (layers 0-1), which the "
+        "envelope does not take: add them to lora_envelope.targets; its rank is 6 (on q_proj, v_proj), above "
+        "the envelope's largest, 4: raise lora_envelope.max_rank;"
+    ) in r.stderr
+    assert "more)" not in r.stderr and "[" not in r.stderr.split(";")[0]
 
 
 def test_build_refuses_an_adapter_outside_its_explicit_envelope(tmp_path):
@@ -308,6 +332,45 @@ def test_add_reports_every_bad_adapter_at_once(deployment, tmp_path):
     assert f"{tmp_path / 'missing'}: no such folder" in r.stderr
     assert "do not fit the foundation" in r.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_add_tells_a_pt2_archive_which_deployment_takes_it(deployment, tmp_path):
+    """A PT2 archive given to a deployment of adapters: the refusal says what the archive is, which kind
+    of deployment takes it and which kind this one is; a plain file is told it is no PEFT folder."""
+    out = deployment["out"]
+    archive, other = tmp_path / "model.pt2", tmp_path / "notes.txt"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: the kind is refused before the archive is read
+    other.write_text("x")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = run_cli("add", "--to", out, f"x={archive}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (
+        f"error: {archive}: a PT2 archive, which `add` puts into a deployment of programs (built from a config "
+        "with 'programs:'; `add` takes PT2 archives); "
+        f"{out} is a deployment of adapters (built from a config with 'adapters:'; `add` takes PEFT folders)"
+    )
+    r = run_cli("add", "--to", out, f"y={other}")
+    assert r.returncode == 2 and f"{other}: a file, not a PEFT adapter folder" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("name", ["bad name", ".hidden", "a/b", "x;rm", "base\n"])
+def test_add_refuses_a_name_outside_the_safe_set(deployment, name):
+    """Names become file stems and URL path parts: only letters, digits, '_', '.' and '-' (a letter or
+    digit first), refused with that rule; a folder whose own name breaks it needs NAME=DIR."""
+    root, out = deployment["root"], deployment["out"]
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = run_cli("add", "--to", out, f"{name}={root / 'rank1_q'}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"adapter name {name!r} must be letters, digits, '_', '.' or '-', starting with a letter or digit" in (
+        r.stderr
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    spaced = root / "my adapter"
+    if not spaced.exists():
+        shutil.copytree(root / "rank1_q", spaced)
+    r = run_cli("add", "--to", out, spaced)
+    assert r.returncode == 2 and "adapter name 'my adapter' must be" in r.stderr and "NAME=DIR" in r.stderr
 
 
 @pytest.fixture(scope="module")

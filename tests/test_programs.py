@@ -304,6 +304,24 @@ def test_add_program_keeps_the_foundation(programs_build, tmp_path):
         add_program(out, "extra", programs_build.archives.extra, quiet=True)
 
 
+def test_add_to_programs_tells_a_folder_and_a_bad_name_what_to_do(programs_build, tmp_path):
+    """A folder (a PEFT adapter) given to a deployment of programs is told which kind of deployment takes
+    it; a program name outside the safe set is refused with the rule; nothing is written either way."""
+    out, folder = programs_build.out_dir, tmp_path / "peft"
+    folder.mkdir()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run_cli("add", "--to", out, f"x={folder}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (
+        f"error: {folder}: a folder (a PEFT adapter?), which `add` puts into a deployment of adapters (built "
+        "from a config with 'adapters:'; `add` takes PEFT folders); "
+        f"{out} is a deployment of programs (built from a config with 'programs:'; `add` takes PT2 archives)"
+    )
+    r = run_cli("add", "--to", out, f"bad name={programs_build.archives.extra}")
+    assert r.returncode == 2 and "program name 'bad name' must be letters, digits" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 # ---------------------------------------------------------------------------------------------------------
 # build/runner and the C API (ls_load_program, ls_run_program)
 

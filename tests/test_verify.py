@@ -123,6 +123,36 @@ def test_mismatch_is_refused_everywhere(tiny_build, untied_build, runner_bin):
         assert all(s in line for s in (x, y, str(pte), str(ptd), "--no-verify"))
 
 
+@pytest.fixture(scope="module")
+def wider_build(tmp_path_factory):
+    """The tiny foundation's shape with a wider MLP: every MLP weight has another shape than tiny_build's."""
+    foundation = {**TINY_FOUNDATION, "hidden_dim": 2 * TINY_FOUNDATION["hidden_dim"]}
+    cfg = write_config(
+        tmp_path_factory.mktemp("wider"), {"synthetic": foundation, "max_seq_len": 32}, SHARING_ADAPTERS[:1]
+    )
+    return build_config(cfg)
+
+
+@pytest.mark.slow  # this file's own wider build
+def test_verify_says_each_problem_once(tiny_build, wider_build):
+    """Every method of the program (forward, decode, decode_batch) reads the same foundation keys: a
+    key the .ptd holds in another shape is one problem, printed once, not once per method."""
+    from lora_share.formats import read_pte
+
+    pte, ptd = tiny_build.ptes["tiny_a"], wider_build.ptd
+    verify = run_cli("verify", "--pte", pte, "--ptd", ptd)
+    assert verify.returncode == 1, verify.stderr
+    lines = verify.stderr.strip().splitlines()
+    assert len(lines) == len(set(lines)), verify.stderr
+    # The keys whose shape differs, from the two files as written.
+    held = {e.key: list(e.layout.sizes) for e in read_ptd(ptd).entries if e.layout is not None}
+    wanted = {t.key: list(t.layout.sizes) for t in read_pte(pte).external_tensors}
+    differ = {k for k, sizes in wanted.items() if k in held and held[k] != sizes}
+    assert differ, "the MLP weights should differ in shape"
+    shape_lines = [line for line in lines if " as " in line and " expects " in line]
+    assert sorted(line.split(" holds ")[1].split(" as ")[0] for line in shape_lines) == sorted(differ)
+
+
 @pytest.mark.slow  # this file's own untied build
 def test_no_verify_lets_the_load_fail_or_run(tiny_build, untied_build, runner_bin):
     pte, ptd = tiny_build.ptes["tiny_a"], untied_build.ptd

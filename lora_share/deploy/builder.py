@@ -30,6 +30,7 @@ from ..config import (
     foundation_from_dict,
     hoists_shared_tensors,
     load_config,
+    name_problem,
     require_adapters,
 )
 from ..errors import ConfigErrors, UserError
@@ -38,7 +39,7 @@ from ..files import sha256_file
 from ..formats import read_ptd
 from ..formats.meta import FOUNDATION_KEY, SHARED_KEY, encode_foundation
 from ..formats.shared_ptd import SHARED_PTD
-from ..manifest import ADAPTERS, MANIFEST, Manifest, describe_foundation, read_manifest
+from ..manifest import ADAPTERS, MANIFEST, PROGRAMS, Manifest, describe_foundation, kind_words, read_manifest
 from ..model.envelope import Envelope
 from ..tokenizer.files import TokenizerSource, find_tokenizer, section_for_build, shipped_files, stage_files
 from .adapter_pte import Program
@@ -228,17 +229,31 @@ def add(out_dir, peft_dirs: list[tuple[str, Path]], quiet: bool = False) -> Mani
 
 def _load_new_adapters(out_dir: Path, peft_dirs: list[tuple[str, Path]], existing: set[str], args) -> list:
     """The PEFT adapters ``add`` was given, each checked and read; every problem of every adapter is
-    reported at once (a name in use, the reserved base name, a missing folder, an unreadable adapter)."""
+    reported at once (a name that breaks the rule, is in use or is the reserved base name, a PT2
+    archive or another file, a missing folder, an unreadable adapter)."""
     adapters, problems = [], []
     for name, folder in peft_dirs:
-        if name in existing:
+        folder = Path(folder)
+        if bad_name := name_problem(name):
+            problems.append(f"{folder}: adapter name {bad_name}; give another as NAME=DIR")
+        elif name in existing:
             problems.append(f"{out_dir}: already has an adapter named {name!r}; pick another name (NAME=DIR)")
         elif name == BASE_NAME:
             problems.append(
                 f"{folder}: {BASE_NAME!r} is the name of the foundation alone (no adapter) in the "
                 "runner, the C API and the server; pick another name (NAME=DIR)"
             )
-        elif not Path(folder).is_dir():
+        elif folder.is_file() and folder.suffix == ".pt2":
+            problems.append(
+                f"{folder}: a PT2 archive, which `add` puts into {kind_words(PROGRAMS)}; {out_dir} is "
+                f"{kind_words(ADAPTERS)}"
+            )
+        elif folder.is_file():
+            problems.append(
+                f"{folder}: a file, not a PEFT adapter folder (a folder with adapter_config.json and "
+                "adapter_model.safetensors)"
+            )
+        elif not folder.is_dir():
             problems.append(f"{folder}: no such folder (a PEFT adapter folder)")
         else:
             try:

@@ -118,14 +118,25 @@ def check_pair(pte_path, ptd_path, shared_path=None) -> Pairing:
         pairing.problems.append(
             f"{data.what} lacks {len(pairing.missing)} key(s) that {pte.what} needs: {shown}{more}{hint}"
         )
-    for t in pte.external_tensors:
+    for t in _once_per_key(pte.external_tensors):
         if t.key in data and data.holder(t.key).entry(t.key).layout is not None:
             have = data.holder(t.key).entry(t.key).layout
             if (have.scalar_type, have.sizes) != (t.layout.scalar_type, t.layout.sizes):
                 pairing.problems.append(
                     f"{ptd.what} holds {t.key} as {_layout_text(have)}, but {pte.what} expects {_layout_text(t.layout)}"
                 )
+    # A key several methods (forward, decode, decode_batch) read, or a delegate constant several
+    # delegates read, is one problem, said once.
+    pairing.problems, pairing.unsafe = list(dict.fromkeys(pairing.problems)), list(dict.fromkeys(pairing.unsafe))
     return pairing
+
+
+def _once_per_key(tensors) -> list:
+    """``tensors`` (external tensors of every method) with each key's first only."""
+    first: dict = {}
+    for t in tensors:
+        first.setdefault(t.key, t)
+    return list(first.values())
 
 
 def _lora_problems(pte: Pte, a: AdapterMeta, shared: Ptd | None) -> tuple[list[str], list[str], list[str]]:
@@ -191,7 +202,7 @@ def _shared_problems(adapter: AdapterMeta | None, shared: Ptd) -> list[str]:
 def _hazards(pte: Pte, data: DataFiles) -> list[str]:
     """What the runtime would read wrongly from these files without noticing."""
     out = []
-    for t in pte.external_tensors:
+    for t in _once_per_key(pte.external_tensors):
         if t.key in data and data.holder(t.key).entry(t.key).layout is None:
             out.append(
                 f"{data.holder(t.key).what} holds {t.key} without a tensor layout, but {pte.what} reads it "

@@ -76,29 +76,56 @@ class Envelope:
     def from_dict(cls, d: dict) -> Envelope:
         return cls.make(d["targets"], d["layers"], d["max_rank"], d.get("skip_absent", False))
 
+    def describe(self) -> str:
+        """What the envelope takes, in words: its linears, layers and largest rank."""
+        return f"LoRA on {', '.join(self.targets)} of layers {_ranges(self.layers)}, rank up to {self.max_rank}"
+
     def misfits(self, adapter) -> list[str]:
-        """What of ``adapter`` lies outside the envelope, as ``lora_envelope`` keys to widen."""
-        slots, problems = set(self.slots), []
-        for (layer, target), (a, _) in sorted(adapter.weights.items()):
-            if (layer, target) not in slots:
-                key = "targets" if target not in self.targets else "layers"
-                have = ", ".join(self.targets) if key == "targets" else _ranges(self.layers)
-                problems.append(f"LoRA on {target} of layer {layer}: lora_envelope.{key} is [{have}]")
+        """What of ``adapter`` lies outside the envelope, in words, each with the ``lora_envelope`` key
+        to widen: linears it does not take, layers it does not cover, ranks above its largest."""
+        targets, layers = set(self.targets), set(self.layers)
+        off_target: dict[str, set[int]] = {}
+        off_layer: dict[int, set[str]] = {}
+        over: dict[int, set[str]] = {}
+        for (layer, target), (a, _) in adapter.weights.items():
+            if target not in targets:
+                off_target.setdefault(target, set()).add(layer)
+            elif layer not in layers:
+                off_layer.setdefault(layer, set()).add(target)
             elif a.shape[0] > self.max_rank:
-                problems.append(
-                    f"rank {a.shape[0]} on {target} of layer {layer}: lora_envelope.max_rank is {self.max_rank}"
-                )
+                over.setdefault(a.shape[0], set()).add(target)
+        problems = []
+        if off_target:
+            names = sorted(off_target, key=LORA_TARGETS.index)
+            where = _ranges(sorted(set().union(*off_target.values())))
+            problems.append(
+                f"it has LoRA on {', '.join(names)} (layers {where}), which the envelope does not take: "
+                "add them to lora_envelope.targets"
+            )
+        if off_layer:
+            names = sorted(set().union(*off_layer.values()), key=LORA_TARGETS.index)
+            problems.append(
+                f"it has LoRA on layers {_ranges(sorted(off_layer))} (of {', '.join(names)}), which the envelope "
+                "does not cover: add them to lora_envelope.layers"
+            )
+        if over:
+            names = sorted(set().union(*over.values()), key=LORA_TARGETS.index)
+            problems.append(
+                f"its rank is {max(over)} (on {', '.join(names)}), above the envelope's largest, "
+                f"{self.max_rank}: raise lora_envelope.max_rank"
+            )
         return problems
 
     def require_fits(self, adapters, remedy: str) -> None:
-        """Refuse unless every one of ``adapters`` fits, naming each misfit (the first key to widen of
-        each adapter) and ``remedy``: what to do, and where (the config, the deployment folder)."""
-        lines = []
-        for adapter in adapters:
-            problems = self.misfits(adapter)
-            if problems:
-                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                lines.append(f"adapter {adapter.name}: outside the deployment's LoRA envelope: {problems[0]}{more}")
+        """Refuse unless every one of ``adapters`` fits, saying in words what the envelope takes and,
+        for each adapter outside it, what lies outside and the key to widen; then ``remedy``: what to
+        do, and where (the config, the deployment folder)."""
+        lines = [
+            f"adapter {adapter.name}: outside the deployment's LoRA envelope ({self.describe()}): "
+            + "; ".join(problems)
+            for adapter in adapters
+            if (problems := self.misfits(adapter))
+        ]
         if lines:
             raise UserError(
                 "; ".join(lines) + f"; {remedy} (an envelope is exported once; adapters inside it are "
