@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -449,6 +450,32 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Import names that differ from their distribution's name.
+_DISTRIBUTIONS = {"yaml": "pyyaml"}
+
+
+def missing_requirement(command: str, error: ModuleNotFoundError) -> str | None:
+    """What to install for a module ``command`` needs and this install lacks, from the installed
+    package's own requirements: the wheel's (pyyaml, flatbuffers) or an extra's (``build``: torch,
+    executorch, numpy...); None for a module that is no requirement (a bug, to be reported as one)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    top = (error.name or "").split(".")[0]
+    dist = _DISTRIBUTIONS.get(top, top).lower()
+    try:
+        requirements = requires("lora-share") or []
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        requirements = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        if re.split(r"[<>=!~\[ ]", spec.strip(), maxsplit=1)[0].lower().replace("_", "-") != dist:
+            continue
+        extra = re.search(r"extra == ['\"]([^'\"]+)['\"]", marker)
+        install = f"pip install 'lora_share[{extra.group(1)}]'" if extra else f"pip install '{spec.strip()}'"
+        return f"lora-share {command} needs {dist}, which is not installed: {install}"
+    return None
+
+
 def main(argv=None) -> int:
     ns = parser().parse_args(argv)
     try:
@@ -456,6 +483,12 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except ModuleNotFoundError as e:
+        message = missing_requirement(ns.command, e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: earlier outputs are untouched", file=sys.stderr)
         return 130

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ConfigErrors, UserError
 from .model.args import LORA_TARGETS
 from .model.families import FAMILIES
@@ -530,6 +528,8 @@ def load_config(path) -> BuildConfig:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such config file")
+    import yaml  # the wheel's one requirement for a config; --help and inspect read none
+
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

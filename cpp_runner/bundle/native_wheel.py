@@ -6,8 +6,10 @@ LIB_DIR is the lib/ folder of the bundle install (cmake --install ... --componen
 with RUNPATH $ORIGIN and the ExecuTorch runtime libraries it loads. They go into lora_share/_native/ beside the
 Python package (lora_share/inference/c_library.py looks there first), so lora_share.Runtime runs after
 `pip install` with no checkout and no build. The wheel is tagged for this platform
-(lora_share-<version>-py3-none-linux_<arch>.whl). Its dependencies are the project's, behind the extra
-`build` (the export side: torch, executorch...): the runtime needs none of them.
+(lora_share-<version>-py3-none-linux_<arch>.whl). It requires outright the few light dependencies
+pyproject.toml's [tool.lora-share.wheel] names (pyyaml, flatbuffers: validate, inspect, verify); the
+project's others are behind the extra `build` (the export side: torch, executorch...): the runtime needs
+none of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import sys
 import sysconfig
 import zipfile
@@ -29,16 +32,26 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _metadata(project: dict) -> str:
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower()
+
+
+def _metadata(project: dict, outright: list[str]) -> str:
     lines = [
         "Metadata-Version: 2.1",
         f"Name: {project['name']}",
         f"Version: {project['version']}",
         f"Summary: {project['description']}",
         f"Requires-Python: {project['requires-python']}",
-        "Provides-Extra: build",
     ]
-    lines += [f'Requires-Dist: {dep}; extra == "build"' for dep in project["dependencies"]]
+    unknown = set(outright) - {_name(dep) for dep in project["dependencies"]}
+    if unknown:
+        sys.exit(f"pyproject.toml: [tool.lora-share.wheel] requires {sorted(unknown)}, not dependencies of the project")
+    lines += [f"Requires-Dist: {dep}" for dep in project["dependencies"] if _name(dep) in outright]
+    lines.append("Provides-Extra: build")
+    lines += [
+        f'Requires-Dist: {dep}; extra == "build"' for dep in project["dependencies"] if _name(dep) not in outright
+    ]
     for extra, deps in project.get("optional-dependencies", {}).items():
         lines.append(f"Provides-Extra: {extra}")
         lines += [f'Requires-Dist: {dep}; extra == "{extra}"' for dep in deps]
@@ -61,14 +74,15 @@ def _files(lib_dir: Path) -> dict[str, bytes]:
 
 
 def write_wheel(lib_dir: Path, out_dir: Path) -> Path:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project, outright = pyproject["project"], pyproject["tool"]["lora-share"]["wheel"]["requires"]
     name, version = project["name"].replace("-", "_"), project["version"]
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     tag = f"py3-none-{platform}"
     info = f"{name}-{version}.dist-info"
     files = _files(lib_dir)
     scripts = "".join(f"{k} = {v}\n" for k, v in project.get("scripts", {}).items())
-    files[f"{info}/METADATA"] = _metadata(project).encode()
+    files[f"{info}/METADATA"] = _metadata(project, outright).encode()
     files[f"{info}/WHEEL"] = (
         f"Wheel-Version: 1.0\nGenerator: lora-share make wheel\nRoot-Is-Purelib: false\nTag: {tag}\n"
     ).encode()

@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from ..errors import UserError
 from ..manifest import MANIFEST, read_manifest
 from .build_time import resolve_foundation, write_config
@@ -53,6 +51,8 @@ def pss_bytes() -> int:
 
 def deployment(config: Path, work: Path, n: int, quiet: bool = True) -> Path:
     """WORK/out with N same-recipe adapters over CONFIG's foundation, rebuilt only when the config changed."""
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
+
     from ..deploy.builder import build
 
     work.mkdir(parents=True, exist_ok=True)

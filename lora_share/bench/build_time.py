@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from .common import results_header
 
 RECIPE = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
@@ -34,6 +32,8 @@ WARMUP_FOUNDATION = {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "h
 
 
 def write_config(folder: Path, foundation: dict, n: int, first_seed: int = 100) -> Path:
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
+
     adapters = [{"name": f"a{i:02d}", "synthetic": {**RECIPE, "seed": first_seed + i}} for i in range(n)]
     path = folder / "deploy.yaml"
     path.write_text(yaml.safe_dump({"output_dir": "out", "foundation": foundation, "adapters": adapters}))
@@ -63,6 +63,8 @@ def resolve_foundation(config: Path) -> dict:
     """The config's ``foundation`` section with every path in it (checkpoint, tokenizer) made absolute:
     the benchmarks write it into configs of their own, in other folders."""
     from dataclasses import fields
+
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
 
     from ..config import FoundationConfig
 

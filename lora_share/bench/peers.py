@@ -36,8 +36,6 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from ..errors import UserError
 from ..manifest import read_manifest
 from .common import BenchFailed, at_least, results_header, typed_command, write_whole
@@ -107,6 +105,8 @@ def write_adapter(hf_dir: Path, dest: Path, seed: int) -> Path:
 
 def lora_share_build(hf_dir: Path, adapters: list[Path], dest: Path, quantize: dict | None) -> dict:
     """``lora-share build`` of the HF folder with the adapters (reused when nothing changed)."""
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
+
     dest.mkdir(parents=True, exist_ok=True)
     foundation = {"checkpoint": str(hf_dir), "max_seq_len": CONTEXT, "prefill_chunk": 128, "kv_cache": KV_CACHE}
     if quantize:

@@ -36,8 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from ..config import BASE_NAME
 from ..errors import UserError
 from ..manifest import read_manifest
@@ -109,6 +107,8 @@ def variant_config(config: Path, work: Path, variant: str, peft: Path | None) ->
     """``config`` as the ``variant`` build in ``work``: its own output folder, paths made absolute (as
     written, symbolic links kept: the build's export settings, which decide its reuse, hold them), the
     foundation quantized as the variant says, the adapters replaced by ``peft`` if given."""
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
+
     try:
         cfg = yaml.safe_load(config.read_text())
     except FileNotFoundError:

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..manifest import Manifest, read_manifest
 from .memory import BenchError
 from .scale_shapes import Shape
@@ -78,6 +76,8 @@ def _build_process(config: Path) -> int:
 
 def build_variant(folder: Path, name: str, foundation: dict, adapters: int, envelope: dict | None = None) -> Deployment:
     """Build (or reuse, when nothing changed) one deployment in ``folder``, in a child process."""
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
+
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yaml"
     config.write_text(

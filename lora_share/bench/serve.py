@@ -46,8 +46,6 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
 from ..errors import UserError
 from ..manifest import read_manifest
 from . import constraints, http_streams, peers, processes
@@ -160,6 +158,8 @@ def demo_builds(config: Path, work: Path, precisions: list[str], log=print) -> d
     """The demo deployment per precision: fp32 is the config's own output folder (``lora-share build``,
     which reuses it when nothing changed); 8da4w the same config with bench-peers' 8da4w settings, in
     ``work``. Each: its folder, manifest, adapter names and PEFT folders."""
+    import yaml  # imported where used: `lora-share --help` runs with the bare wheel
+
     from ..config import load_config
 
     cfg = load_config(config)
