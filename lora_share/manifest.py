@@ -39,14 +39,7 @@ _KIND_WORDS = {
 
 class Manifest(dict):
     """A manifest: the JSON object as the file holds it (``json.dumps`` writes it back unchanged),
-    with typed accessors. ``path`` is the file it was read from (None for one being written)."""
-
-    path: Path | None = None
-
-    @property
-    def where(self) -> str:
-        """How messages name it: its file, or "the manifest" before it is written."""
-        return str(self.path) if self.path else "the manifest"
+    with typed accessors for what readers look up."""
 
     @property
     def kind(self) -> str:
@@ -474,9 +467,7 @@ def check_manifest(manifest, path: Path) -> Manifest:
             f"this one reads version {VERSION} only): rebuild the deployment with this "
             "version's `lora-share build`"
         )
-    checked = Manifest(manifest)
-    checked.path = Path(path)
-    return checked
+    return Manifest(manifest)
 
 
 def read_manifest_file(path: Path) -> Manifest:
