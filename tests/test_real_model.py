@@ -76,6 +76,22 @@ def test_gguf_builds_with_its_tokenizer(smollm2):
     assert [a["name"] for a in manifest["adapters"]] == train_adapters.TASKS
 
 
+def test_readme_first_runner_example_prints_an_answer(smollm2, runner_bin):
+    """The README's first build/runner line, run as written on this build (out/smollm2 is its folder): it
+    prints the adapter's answer, one that follows what the adapter learned."""
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    line = next(x for x in text[text.index("## Using it") :].splitlines() if x.startswith("build/runner "))
+    out = smollm2[0]
+    args = [a.replace("out/smollm2", str(out)) for a in shlex.split(line.split("  #")[0])]
+    proc = subprocess.run([str(runner_bin), *args[1:]], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    adapter = Path(args[args.index("--pte") + 1]).stem
+    answer = proc.stdout.strip()
+    assert answer and train_adapters.follows(adapter, answer), (line, proc.stdout, proc.stderr)
+
+
 def test_base_answers_as_transformers_gguf_loading(smollm2, runner_bin, hf_smollm2):
     from transformers import AutoTokenizer
 
