@@ -48,6 +48,7 @@ def test_wheel_requires_only_its_light_dependencies(wheel_python):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=wheel_python.parent,  # not the checkout, whose lora_share.egg-info would answer instead
         env={"PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
