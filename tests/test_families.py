@@ -201,12 +201,11 @@ def test_fused_lora_shares_one_a(families):
     stored once in the .pte, under one key the record names for each of those slots."""
     from lora_share.checkpoints.adapters import load_peft
     from lora_share.deploy.adapter_pte import read_record
-    from lora_share.deploy.builder import manifest_model_args
     from lora_share.formats import read_pte
     from lora_share.formats.meta import ADAPTER_KEY
 
     fb = families("phi3")
-    keys = _lora_keys(load_peft("b", fb.inputs / "b", manifest_model_args(fb.build.manifest)))
+    keys = _lora_keys(load_peft("b", fb.inputs / "b", fb.build.manifest.model_args))
     for layer in (0, 1):
         assert (
             keys[(layer, "q_proj", "a")]
@@ -610,7 +609,7 @@ def test_synthetic_gemma3_at_the_270m_shape():
     from lora_share.bench.scale_shapes import SHAPES, fp32_foundation_bytes, full_kv_cache_bytes, kv_cache_bytes
     from lora_share.checkpoints.foundation import synthetic_args
     from lora_share.config import SyntheticFoundation
-    from lora_share.deploy.builder import _args_dict
+    from lora_share.manifest import describe_foundation
 
     shape = SHAPES["gemma3-270m"].foundation
     args = synthetic_args(SyntheticFoundation(**shape), 2048)
@@ -619,7 +618,7 @@ def test_synthetic_gemma3_at_the_270m_shape():
     assert args.attn_scale == 256**-0.5 and args.local_rope_theta == 10000.0
     assert 268_000_000 < fp32_foundation_bytes(shape) / 4 < 268_200_000
     row = 256 * 4  # one position of one slab: head_dim floats
-    d = _args_dict(args)
+    d = describe_foundation(parameters=0, args=args, source={}, quantize=None)["args"]  # as the manifest records it
     assert kv_cache_bytes(d) == row * 2 * (3 * 2048 + 15 * 513) <= 28 * 1024 * 1024
     assert full_kv_cache_bytes(d) == row * 2 * 18 * 2048
 
