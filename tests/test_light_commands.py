@@ -99,6 +99,19 @@ def test_validate_schema_inspect_verify_run_without_torch(tiny_build):
     assert run_light("verify", "--pte", pte, "--ptd", ptd).returncode == 0
 
 
+def test_inspect_of_a_build_folder_names_its_files_and_one_that_runs(tiny_build):
+    """A newcomer's first try, `lora-share inspect out/tiny`: one line naming the folder's own files and a
+    command that works, no traceback."""
+    proc = run_light("inspect", tiny_build.out_dir)
+    lines = proc.stderr.strip().splitlines()[:-1]  # the last line is run_light's list of heavy modules
+    assert proc.returncode == 2 and proc.stdout == "" and len(lines) == 1, proc.stderr
+    files = ["foundation.ptd", *sorted(p.name for p in tiny_build.out_dir.glob("*.pte"))]
+    assert f"inspect takes one of its files ({', '.join(files)})" in lines[0], lines[0]
+    suggested = lines[0].split("e.g. lora-share ")[1].split()
+    assert suggested == ["inspect", str(tiny_build.out_dir / "foundation.ptd")]
+    assert "lora-share foundation: fingerprint" in run_light(*suggested).stdout
+
+
 @pytest.fixture(scope="module")
 def added(tiny_build, tmp_path_factory):
     """ADDED written as PEFT folders in their dtypes, then `lora-share add` of all three to a copy of tiny_build."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
+from ..errors import UserError
 from ..formats import Ptd, Pte, read_ptd, read_pte
 from ..formats.blob import file_kind, open_blob
 from ..formats.records import adapter_record, foundation_record, shared_record
@@ -136,8 +138,23 @@ def pte_report(pte: Pte, ptd_path=None, shared_path=None) -> dict:
     return report
 
 
+def _folder_refusal(folder: Path) -> str:
+    """What to give instead of a folder (a build's output, most often): one of the files it holds."""
+    files = sorted(
+        (p.name for p in folder.iterdir() if p.suffix in (".ptd", ".pte")), key=lambda n: (n.endswith(".pte"), n)
+    )
+    if not files:
+        return f"{folder}: is a folder, and holds no .ptd or .pte: inspect takes one .ptd or .pte file"
+    shown = ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else "")
+    return (
+        f"{folder}: is a folder: inspect takes one of its files ({shown}), e.g. lora-share inspect {folder / files[0]}"
+    )
+
+
 def inspect_file(path, ptd_path=None, shared_path=None) -> dict:
     """The report for ``path`` (kind told by its magic); ``ptd_path`` and ``shared_path`` only apply to a .pte."""
+    if Path(path).is_dir():
+        raise UserError(_folder_refusal(Path(path)))
     blob, what = open_blob(path)
     if file_kind(blob, what) == "ptd":
         return ptd_report(read_ptd(path))
