@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY_FOUNDATION
 
+from lora_share.inference import c_abi
 from lora_share.inference import c_library as native
 from lora_share.inference.c_options import TokenInfo
 
@@ -121,7 +122,7 @@ def test_request_errors(runtime, tiny_build):
 def test_null_arguments(library, runtime):
     lib, err = runtime.lib, native._Error()
     e = ctypes.byref(err)
-    assert lib.ls_open(None, None, e) is None and native.STATUS_NAMES[err.code] == "LS_ERR_ARGUMENT"
+    assert lib.ls_open(None, None, e) is None and c_abi.STATUS_NAMES[err.code] == "LS_ERR_ARGUMENT"
     assert "ptd" in err.message.decode()
     assert lib.ls_open_dir(None, None, e) is None and err.code == 1
     assert lib.ls_load_adapter(None, b"x.pte", e) is None and err.code == 1
@@ -160,7 +161,7 @@ def test_calling_the_runtime_from_its_own_callback_is_refused(runtime):
         )
         == 0
     )
-    assert seen and seen[0][0] == native.STATUS_NAMES.index("LS_ERR_BUSY") and "callback" in seen[0][1]
+    assert seen and seen[0][0] == c_abi.STATUS_NAMES.index("LS_ERR_BUSY") and "callback" in seen[0][1]
 
 
 def test_threads_share_a_runtime_and_run_runtimes_side_by_side(library, runtime, tiny_build):
@@ -187,7 +188,7 @@ def test_struct_layouts_match_the_library(library, tiny_build):
     lib.ls_diag_sizeof.restype, lib.ls_diag_sizeof.argtypes = ctypes.c_size_t, [ctypes.c_char_p]
     for name, mirror in [
         ("ls_options", native._Options),
-        ("ls_generate_options", native._GenerateOptions),
+        ("ls_generate_options", c_abi.LsGenerateOptions),
         ("ls_runtime_stats", native._Stats),
         ("ls_error", native._Error),
         ("ls_token_info", TokenInfo),
@@ -197,15 +198,15 @@ def test_struct_layouts_match_the_library(library, tiny_build):
     opts = native._Options()
     native.load_library(library).ls_options_init(ctypes.byref(opts))
     assert opts.parallel == 1
-    gen = native._GenerateOptions()
+    gen = c_abi.LsGenerateOptions()
     native.load_library(library).ls_generate_options_init(ctypes.byref(gen))
     assert (gen.cache_prompt, gen.n, gen.top_logprobs) == (1, 1, 0)
     with native.open_dir(tiny_build.out_dir, library=library) as rt:
         s = rt.stats()
-    assert s["parallel"] == 1 and len(s["batch_size_counts"]) == native.MAX_PARALLEL
+    assert s["parallel"] == 1 and len(s["batch_size_counts"]) == c_abi.MAX_PARALLEL
 
 
-@pytest.mark.parametrize("parallel", [0, native.MAX_PARALLEL + 1])
+@pytest.mark.parametrize("parallel", [0, c_abi.MAX_PARALLEL + 1])
 def test_parallel_out_of_range_is_refused(library, tiny_build, parallel):
     expect(
         "LS_ERR_ARGUMENT",

@@ -20,6 +20,7 @@ import pytest
 from batch_script import diag_generate
 from conftest import TINY_FOUNDATION
 
+from lora_share.inference import c_abi
 from lora_share.inference import c_library as native
 from lora_share.inference.batching import Slots
 from lora_share.model.decoder import ModelArgs
@@ -276,5 +277,5 @@ def test_calling_the_runtime_from_a_batched_callback_is_refused(batched):
         )
         == 0
     )
-    assert seen and set(seen) == {native.STATUS_NAMES.index("LS_ERR_BUSY")}
+    assert seen and set(seen) == {c_abi.STATUS_NAMES.index("LS_ERR_BUSY")}
     assert batched.generate("tiny_b", [1, 2, 3], 2)  # still serving

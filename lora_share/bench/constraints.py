@@ -17,7 +17,7 @@ ends early) through JSON's string states, with greedy picks (cache_prompt off).
 from __future__ import annotations
 
 import argparse
-import json
+import ctypes
 import statistics
 import threading
 import time
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..inference import c_library as native
 from ..inference.c_options import TOKEN_INFO_CALLBACK, set_request_options
+from ..manifest import read_manifest
 
 SCHEMA = {
     "type": "object",
@@ -78,10 +79,10 @@ def row_speed(rt, adapter: str, prompt: list[int], new: int, constrained: bool, 
     keep = set_request_options(opts, **request)
     callback = TOKEN_INFO_CALLBACK(collect)
     opts.on_token_info = callback
-    ids = (native.ctypes.c_int64 * len(prompt))(*prompt)
+    ids = (ctypes.c_int64 * len(prompt))(*prompt)
     err = native._Error()
     status = rt.lib.ls_generate_named(
-        rt.handle, adapter.encode(), ids, len(prompt), native.ctypes.byref(opts), native.TOKEN_CALLBACK(), None, err
+        rt.handle, adapter.encode(), ids, len(prompt), ctypes.byref(opts), native.TOKEN_CALLBACK(), None, err
     )
     del keep
     if status != 0:
@@ -107,8 +108,7 @@ def mixed(rt, adapters, prompts, new, constrained_rows) -> tuple[list[float], fl
 
 def measure(folder: Path, new: int = 64, repeats: int = 5) -> dict:
     """Every figure of the module docstring for one deployment folder (its first four adapters)."""
-    manifest = json.loads((Path(folder) / "manifest.json").read_text())
-    adapters = [a["name"] for a in manifest["adapters"]][:4]
+    adapters = read_manifest(Path(folder)).adapter_names[:4]
     out: dict = {"new_tokens": new, "repeats": repeats, "adapters": adapters}
     with native.open_dir(str(folder), parallel=4) as rt:
         tok = rt.tokenizer()
