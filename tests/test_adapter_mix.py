@@ -120,14 +120,28 @@ def test_bad_terms_are_refused(runtime):
         ([{"name": "nope", "scale": 1.0}], "LS_ERR_NOT_FOUND", "no adapter named 'nope'"),
         ([{"name": "base", "scale": 1.0}], "LS_ERR_NOT_FOUND", "'base', the foundation alone"),
         ([], "LS_ERR_ARGUMENT", "at least one term"),
-        ([{"name": "terse", "scale": float("nan")}], "LS_ERR_REQUEST", "finite number, got nan"),
-        ([{"name": "terse", "scale": float("inf")}], "LS_ERR_REQUEST", "finite number, got inf"),
+        ([{"name": "terse", "scale": float("nan")}], "LS_ERR_REQUEST", "term 0 ('terse'): the scale nan is outside"),
+        ([{"name": "terse", "scale": float("inf")}], "LS_ERR_REQUEST", "the scale inf is outside [-100, 100]"),
     ]:
         with pytest.raises(NativeError) as e:
             runtime.mix(terms)
         assert e.value.status == status and words in e.value.message, (terms, e.value)
     with pytest.raises(TypeError, match=r"lora\[0\]"):
         runtime.mix([{"name": "terse"}])
+
+
+@pytest.mark.parametrize("scale", [1e30, -1e30, 3.4e38, 100.5, -101])
+def test_a_scale_outside_the_range_is_refused(runtime, scale):
+    """lora_share.h, LS_MAX_LORA_SCALE: |scale| <= 100; the message names the term, its value and the range."""
+    with pytest.raises(NativeError) as e:
+        runtime.mix([{"name": "terse", "scale": 0.5}, {"name": "lively", "scale": scale}])
+    assert e.value.status == "LS_ERR_REQUEST"
+    assert f"term 1 ('lively'): the scale {scale:g} is outside [-100, 100]" in e.value.message
+
+
+def test_the_range_bounds_are_accepted(runtime):
+    for scale in (100, -100):
+        runtime.mix([{"name": "terse", "scale": scale}]).release()
 
 
 def test_same_terms_share_a_mix_until_the_last_release(runtime):
@@ -226,6 +240,8 @@ def test_server_and_runtime_answer_a_mixed_chat_alike(server, mix_build):
         ([{"name": "terse", "scale": "big"}], "lora[0].scale must be a finite number"),
         ([{"name": "terse", "scale": 1}, {"name": "nope", "scale": 1}], "lora[1].name: no adapter called 'nope'"),
         ([{"name": TEXT_ADAPTER, "scale": 1}, {"name": "terse", "scale": 1}], "sums rank 7 on q_proj in layer 0"),
+        ([{"name": "terse", "scale": 1e30}], "term 0 ('terse'): the scale 1e+30 is outside [-100, 100]"),
+        ([{"name": "terse", "scale": -1e30}], "the scale -1e+30 is outside [-100, 100]"),
     ],
 )
 def test_server_refuses_a_bad_lora_field(server, lora, words):

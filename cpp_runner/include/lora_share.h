@@ -383,9 +383,21 @@ LS_API int ls_adapter_resident(const ls_adapter* adapter);
  * export, no other program, while the summed rank fits the envelope. */
 typedef struct {
   const char* name; /* an adapter the runtime knows ("base" is none) */
-  double scale;     /* finite: 1 the adapter as trained, 0 nothing of it,
-                       negative its opposite */
+  double scale;     /* in [-LS_MAX_LORA_SCALE, LS_MAX_LORA_SCALE]: 1 the
+                       adapter as trained, 0 nothing of it, negative its
+                       opposite */
 } ls_lora_term;
+
+/* The largest |scale| of a mix's term: ComfyUI's bound for a LoRA's strength
+ * (its LoraLoader takes -100..100). Scales in use are a few units (peft's
+ * add_weighted_adapter weights, llama.cpp's --lora-scaled); far beyond, an
+ * adapter's delta drowns the foundation's weights and the answer is noise,
+ * and scales such as 1e30 overflow float32 activations to inf and NaN. The
+ * bound refuses those as the request's mistake. What a request computes
+ * within it stays its own: no KV row of it is read by another request, and a
+ * KV slot that holds a non-finite value after its request is cleared, never
+ * continued (THREADS). */
+#define LS_MAX_LORA_SCALE 100.0
 
 /* The mix of `n` terms, in order: a handle usable wherever an adapter's is
  * (ls_generate, ls_adapter_name, ls_adapter_resident), named after its terms
@@ -394,7 +406,9 @@ typedef struct {
  * ls_generate_chat, ls_check_request, ls_context_length, ls_adapter_by_name).
  * A mix of one adapter at scale 1 is that adapter, bit for bit.
  * Refused: n == 0 or a NULL name (LS_ERR_ARGUMENT); a name the runtime does
- * not know (LS_ERR_NOT_FOUND); a scale that is not finite, a summed rank on
+ * not know (LS_ERR_NOT_FOUND); a scale outside [-LS_MAX_LORA_SCALE,
+ * LS_MAX_LORA_SCALE] or not finite (the message names the term, the value
+ * and the range), a summed rank on
  * a slot above the envelope's max rank (the message names the slot, the sum
  * and the bound), adapters whose files carry different program variants
  * (lora_envelope.skip_absent with other slots) (LS_ERR_REQUEST); a mix the

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "adapter_pool.h"
+#include "lora_share.h"
 
 namespace lora_share {
 namespace {
@@ -36,9 +37,11 @@ StatusOr<size_t> AdapterPool::mix(const std::vector<std::pair<size_t, double>>& 
   for (size_t i = 0; i < terms.size(); ++i) {
     const auto& [index, scale] = terms[i];
     const Entry& e = entries_[index];
-    if (!std::isfinite(scale))
-      return Status::usage("term " + std::to_string(i) + " ('" + e.name +
-                           "'): the scale must be a finite number, got " + shortest(scale));
+    // NaN fails the comparison too (lora_share.h, LS_MAX_LORA_SCALE, says why the bound).
+    if (!(std::fabs(scale) <= LS_MAX_LORA_SCALE))
+      return Status::usage("term " + std::to_string(i) + " ('" + e.name + "'): the scale " + shortest(scale) +
+                           " is outside [-" + shortest(LS_MAX_LORA_SCALE) + ", " + shortest(LS_MAX_LORA_SCALE) +
+                           "]: give a scale within it (1 is the adapter as trained)");
     // Skip-absent builds give adapters with other slots another program
     // variant, whose absent slots are dead code: a mix needs all its LoRA live.
     if (e.program != first.program)
