@@ -2,19 +2,25 @@
 
 Six same-recipe adapters (tests/budget_build.py), equal in size, served with a budget for exactly two:
 every adapter answers with build/runner's tokens, resident adapters never exceed two, and the loads,
-evictions and hits are the ones an independent LRU model of the request sequence predicts. Then the
-benchmark (`lora-share bench-budget`) runs end to end on the same deployment.
+evictions and hits are the ones an independent LRU model of the request sequence predicts. Under
+concurrency (several KV slots, requests and loads from several threads at once) the accounted bytes,
+read from another thread all along, never exceed the budget, and every answer is the one given
+without a budget. Then the benchmark (`lora-share bench-budget`) runs end to end on the same deployment.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
+from batch_script import diag_generate
 from budget_build import BUDGET_ADAPTERS, budget_build
-from conftest import run_cli
+from conftest import TINY_FOUNDATION, run_cli
 
 from lora_share.formats import read_pte
 from lora_share.inference import c_library as native
@@ -150,6 +156,106 @@ def test_without_a_budget_nothing_is_evicted(deployment, runner_bin):
             rt.generate(name, PROMPT, 1)
         s = rt.stats()
     assert (s["adapters_resident"], s["loads"], s["evictions"]) == (6, 6, 0)
+
+
+# --- Under concurrency: requests and loads from several threads at once (issue 58) ----------------------
+
+PARALLEL = 4
+CONCURRENT = BUDGET_ADAPTERS[:4]  # four requests at once on four adapters, under a budget for two
+
+
+def accounted(s: dict) -> int:
+    return s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + s["resident_adapter_bytes"]
+
+
+class Watch:
+    """Reads ls_stats from its own thread until stopped: the largest accounted total and resident count seen."""
+
+    def __init__(self, rt):
+        self.rt, self.most, self.most_resident, self.reads = rt, 0, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        while not self._stop.is_set():
+            s = self.rt.stats()
+            self.most, self.reads = max(self.most, accounted(s)), self.reads + 1
+            self.most_resident = max(self.most_resident, s["adapters_resident"])
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def at_once(jobs):
+    """Every job (a callable) on its own thread, released together; their results in order."""
+    barrier = threading.Barrier(len(jobs))
+
+    def run(job):
+        barrier.wait()
+        return job()
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(run, jobs))
+
+
+def ask(rt, adapter) -> tuple[list[int], np.ndarray]:
+    """Greedy tokens and their logits rows (the adapters' greedy tokens coincide; their logits do not)."""
+    return diag_generate(rt, adapter.handle, PROMPT, NEW, TINY_FOUNDATION["vocab_size"])
+
+
+@pytest.fixture(scope="module")
+def unbudgeted(deployment, runner_bin):
+    """Each CONCURRENT adapter's answer on a runtime of PARALLEL slots without a budget, one at a time; and
+    the budget for the foundation, its program, the arena of PARALLEL slots and two adapters."""
+    with native.open_dir(deployment.out_dir, parallel=PARALLEL, library=runner_bin.parent / "liblora_share.so") as rt:
+        answers = {name: ask(rt, rt.adapter(name)) for name in CONCURRENT}
+        s = rt.stats()
+    return answers, s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + 2 * s["largest_adapter_bytes"]
+
+
+def assert_answers(got: dict, expected: dict) -> None:
+    for name, (tokens, logits) in got.items():
+        assert tokens == expected[name][0], name
+        np.testing.assert_allclose(logits, expected[name][1], atol=1e-4, rtol=0, err_msg=name)
+
+
+def test_four_requests_on_four_adapters_under_a_budget_for_two(deployment, runner_bin, unbudgeted):
+    """The two requests that do not fit wait for a running one to end (its adapter is then evicted) instead
+    of loading beside them: the accounted total never exceeds the budget, the answers are the unbudgeted."""
+    expected, budget = unbudgeted
+    library = runner_bin.parent / "liblora_share.so"
+    with native.open_dir(deployment.out_dir, budget_bytes=budget, parallel=PARALLEL, library=library) as rt:
+        handles = [rt.adapter(name) for name in CONCURRENT]
+        with Watch(rt) as watch:
+            got = at_once([lambda h=h: ask(rt, h) for h in handles])
+        s = rt.stats()
+    assert_answers(dict(zip(CONCURRENT, got)), expected)
+    assert watch.reads > 1 and watch.most <= budget and accounted(s) <= budget, (watch.most, accounted(s), budget)
+    assert watch.most_resident <= 2 and s["loads"] == 4 and s["evictions"] >= 2
+
+
+def test_adapters_loaded_from_threads_at_once_keep_the_budget(deployment, runner_bin, unbudgeted):
+    """ls_load_adapter from four threads at once on a runtime of the foundation alone, each thread then
+    asking its adapter: a load whose room running requests hold registers the adapter, which loads when its
+    request gets room; the accounted total never exceeds the budget."""
+    expected, budget = unbudgeted
+    library = runner_bin.parent / "liblora_share.so"
+    with native.open(deployment.ptd, budget_bytes=budget, parallel=PARALLEL, library=library) as rt:
+
+        def load_and_ask(name):
+            return ask(rt, rt.load_adapter(deployment.ptes[name]))
+
+        with Watch(rt) as watch:
+            got = at_once([lambda n=name: load_and_ask(n) for name in CONCURRENT])
+        s = rt.stats()
+    assert_answers(dict(zip(CONCURRENT, got)), expected)
+    assert watch.most <= budget and accounted(s) <= budget and watch.most_resident <= 2
+    assert s["adapters_known"] == 4
 
 
 def test_bench_budget_runs_end_to_end(deployment, runner_bin, tmp_path):

@@ -39,9 +39,9 @@
  * is empty (a deployment's adapters share one program). A slot keeps its tokens and
  * KV after a request: a later request on the same adapter whose prompt begins
  * with them continues from there (ls_runtime_stats.prefix_hits; a call with
- * ls_generate_options.cache_prompt = 0 does not). An adapter a
+ * ls_generate_options.cache_prompt = 0 does not). An adapter a running
  * request uses stays resident (the budget's LRU eviction skips it) until the
- * request ends. With parallel = 1 (the default) calls run one at a time under
+ * request ends; a request that needs room those hold waits (MEMORY BUDGET). With parallel = 1 (the default) calls run one at a time under
  * a lock inside the runtime, each from position 0, as before.
  * Every other call on a runtime (loading, stats, programs) takes that lock
  * too; a callback (on_token, on_text) must not call back into the runtime it
@@ -78,7 +78,14 @@
  * process PSS no higher than packing in memory.
  * It does not cover the process's code, libraries or the caller's memory.
  * Before an adapter is loaded, the least recently used resident adapters are
- * evicted until its cost fits. A budget below foundation + the adapter's
+ * evicted until its cost fits; an adapter a running request uses is never
+ * evicted. Loads are admitted against the budget as a whole, so the
+ * accounted total never exceeds it, concurrent requests included: with
+ * parallel > 1, a request whose adapter fits only once running requests end
+ * waits for them (first in line; the adapter of one of them is then
+ * evicted), and one that cannot fit even then is LS_ERR_BUDGET; an
+ * ls_load_adapter whose room running requests hold registers the adapter,
+ * which loads at its first request. A budget below foundation + the adapter's
  * program + arena + the largest adapter is refused (LS_ERR_BUDGET) when the
  * runtime opens, or when ls_load_adapter registers such an adapter. A
  * program stays loaded once used (evicting an adapter unmaps its tensors
@@ -352,8 +359,10 @@ LS_API ls_runtime* ls_open_dir(const char* dir, const ls_options* options, ls_er
 LS_API void ls_close(ls_runtime* runtime);
 
 /* Checks `pte` against the foundation and loads it now (evicting others if
- * the budget needs it). Loading a path already known returns its handle. Its
- * name is the file stem and must be new. */
+ * the budget needs it; when the budget's room is held by adapters running
+ * requests use, it is registered and loads at its first request instead).
+ * Loading a path already known returns its handle. Its name is the file stem
+ * and must be new. */
 LS_API ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte, ls_error* error);
 /* Removes the adapter called `name`: from the moment it is called, new
  * requests on it (by name or by its handle) are LS_ERR_NOT_FOUND and the name

@@ -466,20 +466,69 @@ void AdapterPool::evict(size_t index) {
   malloc_trim(0);
 }
 
-void AdapterPool::make_room(uint64_t incoming, size_t keep) {
-  if (options_.budget_bytes == 0) return;
+uint64_t AdapterPool::incoming_bytes(size_t index) const {
+  if (index == kBase) {
+    auto program = program_of(kBase);
+    if (base_ || !program.ok()) return 0;
+    return programs_[program.value()].loaded ? 0 : programs_[program.value()].cost;
+  }
+  const Entry& e = entry(index);
+  if (e.adapter) return 0;
+  if (options_.stock) return e.cost;
+  return e.cost + (programs_[e.program].loaded ? 0 : programs_[e.program].cost);
+}
+
+void AdapterPool::begin_use(size_t index) {
+  if (index != kBase) uses_[index]++;
+}
+
+void AdapterPool::end_use(size_t index) {
+  auto it = uses_.find(index);
+  if (it != uses_.end() && --it->second == 0) uses_.erase(it);
+}
+
+AdapterPool::Room AdapterPool::room_for(size_t index) const {
+  uint64_t incoming = incoming_bytes(index);
+  if (options_.budget_bytes == 0 || incoming == 0) return Room::kReady;
+  // What no eviction frees, and what only the end of running requests does.
+  uint64_t fixed = accounted_bytes(), used = 0;
+  auto visit = [&](size_t i, const Entry& e) {
+    if (!e.adapter) return;
+    fixed -= e.cost;
+    if (in_use(i)) used += e.cost;
+  };
+  for (size_t i = 0; i < entries_.size(); ++i) visit(i, entries_[i]);
+  for (const auto& [i, mix] : mixes_) visit(i, mix);
+  if (fixed + used + incoming <= options_.budget_bytes) return Room::kReady;
+  return fixed + incoming <= options_.budget_bytes ? Room::kWait : Room::kNever;
+}
+
+Status AdapterPool::make_room(uint64_t incoming, size_t keep, const std::string& what) {
+  if (options_.budget_bytes == 0) return Status();
   while (accounted_bytes() + incoming > options_.budget_bytes) {
     size_t lru = kBase;  // none yet
     uint64_t oldest = 0;
     for_each_entry([&](size_t i, const Entry& e) {
-      if (e.adapter && i != keep && !pinned(i) && (lru == kBase || e.last_used < oldest)) {
+      if (e.adapter && i != keep && !in_use(i) && (lru == kBase || e.last_used < oldest)) {
         lru = i;
         oldest = e.last_used;
       }
     });
-    if (lru == kBase) return;  // nothing left to evict; check_budget_holds ran on add
+    if (lru == kBase) {
+      // Every resident adapter left is running a request: loading now would
+      // overshoot the budget.
+      std::string running;
+      for_each_entry([&](size_t i, const Entry& e) {
+        if (e.adapter && in_use(i)) running += (running.empty() ? "" : ", ") + e.name;
+      });
+      return Status::usage("the memory budget (" + mib(options_.budget_bytes) + ") cannot hold " + what + " (" +
+                           mib(incoming) + ") now: " + mib(accounted_bytes()) + " are accounted" +
+                           (running.empty() ? "" : ", adapters running requests included (" + running + ")") +
+                           ": retry when they have finished, or raise the budget");
+    }
     evict(lru);
   }
+  return Status();
 }
 
 Status AdapterPool::grow_arena(const std::vector<size_t>& sizes) {
@@ -515,8 +564,10 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
     return entry.adapter.get();
   }
   auto t0 = std::chrono::steady_clock::now();
+  std::string what = (entry.terms.empty() ? "adapter '" : "mix '") + entry.name + "'";
   if (options_.stock) {
-    make_room(entry.cost, index);
+    Status room = make_room(entry.cost, index, what);
+    if (!room.ok()) return room;
     auto adapter = load_adapter_per_module(entry.pte, options_.ptd, entry.info, *foundation_);
     if (!adapter.ok()) return adapter.status();
     entry.adapter = std::move(adapter.value());
@@ -524,7 +575,8 @@ StatusOr<Adapter*> AdapterPool::acquire(size_t index) {
     ProgramEntry& program = programs_[entry.program];
     Status s = ensure_arena(program);
     if (!s.ok()) return s;
-    make_room(entry.cost + (program.loaded ? 0 : program.cost), index);
+    s = make_room(entry.cost + (program.loaded ? 0 : program.cost), index, what);
+    if (!s.ok()) return s;
     s = load_program(entry.program);
     if (!s.ok()) return s;
     auto data = entry.terms.empty()
@@ -565,7 +617,8 @@ StatusOr<Adapter*> AdapterPool::acquire_base() {
   Status s = ensure_arena(program);
   if (!s.ok()) return s;
   // No adapter bytes: only the program, if it is not loaded yet.
-  make_room(program.loaded ? 0 : program.cost, kBase);
+  s = make_room(program.loaded ? 0 : program.cost, kBase, "the program of 'base'");
+  if (!s.ok()) return s;
   s = load_program(index.value());
   if (!s.ok()) return s;
   base_ = std::make_unique<SharedAdapter>(program.pte, program.program.get(), nullptr, 0.0, kBaseName);
@@ -588,7 +641,9 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
   } unpin_at_end{this, index};
   auto adapter = acquire(index);
   if (!adapter.ok()) return adapter.status();
+  begin_use(index);
   auto g = lora_share::generate(*adapter.value(), prompt, max_new_tokens, picking, keep_logits, on_token, stop_ids);
+  end_use(index);
   if (g.ok()) counters_.prompt_fed += g->prompt_fed;
   return g;
 }

@@ -17,8 +17,10 @@
 // foundation = its file sizes + 8 MiB of runtime state, plus each loaded
 // program (1.2 x its file without adapter data + 4 MiB); arena = its
 // allocated bytes; an adapter = 1.05 x its own LoRA bytes + an overhead
-// (512 KiB unless set). Eviction happens before a load, so the accounted
-// total never exceeds the budget.
+// (512 KiB unless set). Eviction happens before a load, and a load that
+// would need the bytes of adapters requests are running on is refused (a
+// scheduler waits for them instead), so the accounted total never exceeds
+// the budget.
 //
 // It is the one loading path: the C API's runtimes and build/runner's
 // (lora_share_diag.h) use it; the runner's variants (stock Modules, private
@@ -153,9 +155,9 @@ class AdapterPool {
   // The `nth` adapter not removed (registration order), or -1 past the end.
   int64_t live_at(size_t nth) const;
 
-  // PINS AND REMOVAL. A request in flight on adapter `index` pins it: a pinned
-  // adapter is never evicted, and removing it waits until its pins are gone,
-  // so the request finishes on what it started with. pin() and retire() run
+  // PINS AND REMOVAL. A request in flight on adapter `index` (queued or
+  // running) pins it: removing it waits until its pins are gone, so the
+  // request finishes on what it started with. pin() and retire() run
   // under the runtime's lock, like every other call; unpin() and
   // wait_unpinned() may run without it (they take the pins' own lock), so a
   // remover waiting for a request never blocks the request it waits for.
@@ -172,6 +174,21 @@ class AdapterPool {
   void wait_unpinned(size_t index) const;
   // Step 3: unloads it (its program stays, for the others and 'base').
   void drop(size_t index);
+
+  // IN USE AND THE BUDGET. A request running on adapter `index` (generate's,
+  // a scheduler's admitted row) uses it: eviction skips it. A queued request
+  // only pins its adapter: evicted meanwhile, it loads again when the request
+  // is admitted. So the adapters in use are what a load cannot evict, and a
+  // load that would need their bytes is refused (acquire: a budget error)
+  // rather than overshooting the budget. Under the runtime's lock.
+  void begin_use(size_t index);
+  void end_use(size_t index);
+  // What making `index` resident (kBase: its program) asks of the budget now.
+  // kReady: resident, or it fits once adapters no request uses are evicted;
+  // kWait: it fits once the requests using adapters now have ended; kNever:
+  // not even then (acquire's error says why).
+  enum class Room { kReady, kWait, kNever };
+  Room room_for(size_t index) const;
 
   // A mix of registered adapters (`terms`: index, scale; lora_share.h,
   // ls_adapter_mix, has the rules): an index usable wherever an adapter's is,
@@ -314,8 +331,13 @@ class AdapterPool {
   // the foundation-alone adapter over it.
   StatusOr<Adapter*> acquire_base();
   Status check_budget_holds(const Entry& entry) const;
-  // Evicts LRU adapters until `incoming` more bytes fit.
-  void make_room(uint64_t incoming, size_t keep);
+  // Evicts LRU adapters no request uses (nor `keep`) until `incoming` more
+  // bytes fit; a budget error naming what holds the rest if they do not.
+  Status make_room(uint64_t incoming, size_t keep, const std::string& what);
+  // The bytes making `index` resident adds (its own, and its program's if
+  // that is not loaded), and the name it goes by in messages.
+  uint64_t incoming_bytes(size_t index) const;
+  bool in_use(size_t index) const { return uses_.count(index) != 0; }
   void evict(size_t index);
   // A larger arena for `sizes`: every resident adapter is evicted and every
   // program unloaded first.
@@ -352,6 +374,7 @@ class AdapterPool {
   mutable std::mutex pins_lock_;
   mutable std::condition_variable unpinned_;
   std::map<size_t, int> pins_;
+  std::map<size_t, int> uses_;  // running requests by entry index, under the runtime's lock
 };
 
 }  // namespace lora_share

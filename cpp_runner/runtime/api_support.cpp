@@ -270,6 +270,8 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   if (!g.ok()) {
     // Usage errors come from the request's check; failures from loading or running.
     bool loading = !rt->pool->resident(index);
+    if (is_budget_error(g.status()))
+      return report(error, g.status(), LS_ERR_BUDGET, LS_ERR_BUDGET, rt->runner_messages);
     return report(error, g.status(), LS_ERR_REQUEST, loading ? LS_ERR_LOAD : LS_ERR_RUN, rt->runner_messages);
   }
   if (extras.result) *extras.result = std::move(g.value());

@@ -133,6 +133,10 @@ ls_adapter* ls_load_adapter(ls_runtime* runtime, const char* pte, ls_error* erro
       return nullptr;
     }
     auto adapter = runtime->pool->acquire(index.value());
+    // The budget's room is held by adapters of running requests: registered
+    // (and checked), it loads at its first request, which waits for room.
+    if (!adapter.ok() && is_budget_error(adapter.status()))
+      return clear_error(error), handle_for(runtime, index.value());
     if (!adapter.ok()) {
       report(error, adapter.status(), LS_ERR_LOAD, LS_ERR_LOAD, runtime->runner_messages);
       return nullptr;

@@ -189,6 +189,10 @@ void Scheduler::admit() {
     bool other = program.ok() && (!engine_ || program.value() != engine_program_);
     if (other && !active_.empty()) return;
     if (program.ok() && !other && active_.size() + n > engine_->rows() && n <= engine_->rows()) return;
+    // Its adapter fits the budget only once running requests have ended: it
+    // waits (first in line) rather than overshooting; acquire refuses what
+    // never fits.
+    if (!active_.empty() && pool_.room_for(lead.request.adapter) == AdapterPool::Room::kWait) return;
     std::vector<Job*> group(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
     waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
     auto fail = [&](const Status& status) {
@@ -243,7 +247,8 @@ void Scheduler::admit() {
         continue;
       }
       job.placed = true;
-      job.picker.prepare();  // its first mask, filled while the prompt runs
+      job.picker.prepare();                   // its first mask, filled while the prompt runs
+      pool_.begin_use(job.request.adapter);  // until it leaves: the budget's eviction skips it
       active_.push_back(&job);
     }
   }
@@ -400,6 +405,7 @@ void Scheduler::leave_finished() {
       continue;
     }
     table_->release(job.slot);
+    pool_.end_use(job.request.adapter);
     active_.erase(active_.begin() + i);
     finish(job, job.failure);
     left = true;
@@ -410,6 +416,7 @@ void Scheduler::leave_finished() {
 void Scheduler::fail_active(const Status& status) {
   for (Job* job : active_) {
     if (table_) table_->release(job->slot);
+    pool_.end_use(job->request.adapter);
     finish(*job, status);
   }
   active_.clear();

@@ -9,7 +9,9 @@
 // runtime's lock (the pool is not thread-safe):
 //   1. requests whose caller hung up leave;
 //   2. waiting requests are admitted while rows and slots are free: the
-//      adapter is made resident, the slot table picks a slot (a prefix hit
+//      adapter is made resident (under a memory budget whose room adapters
+//      of running requests hold, the first in line waits for them to end),
+//      the slot table picks a slot (a prefix hit
 //      starts the prompt after what the slot holds), BatchEngine::set_row
 //      fills the row's LoRA once;
 //   3. prompt chunks of the requests still in their prompts, up to one
