@@ -23,6 +23,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -682,3 +684,89 @@ def test_rows_of_drafts_equal_each_request_alone_8da4w(families_8da4w, family, r
     """The same on every family over an 8da4w foundation (int8 embedding): each entry's activations are
     quantized on their own, as one-token decode's are, so the verified logits are decode's bit for bit."""
     _check_drafts(families_8da4w(family))
+
+
+# --- No request reaches another (issue 58) -------------------------------------------------------------
+
+HOSTILE = 1e30  # every LoRA weight of the hostile adapter times this: finite weights whose products overflow
+
+
+def with_hostile_adapter(build: Build, peft: Path, folder: Path) -> Build:
+    """A copy of ``build`` with one adapter more, "hostile": the PEFT folder ``peft`` with every A and B times
+    1e30, added with lora-share add. Its weights are finite; x A^T B^T is inf (and NaN after it) on every
+    slot: an adapter from elsewhere that no bound on a mix's scales stops, so what it computes must stay
+    its own."""
+    from safetensors.torch import load_file, save_file
+
+    from lora_share.deploy.builder import add
+
+    out, bad = folder / "out", folder / "hostile"
+    shutil.copytree(build.out_dir, out, ignore=shutil.ignore_patterns(".packed"))
+    shutil.copytree(peft, bad)
+    weights = bad / "adapter_model.safetensors"
+    save_file({key: t * HOSTILE for key, t in load_file(weights).items()}, weights)
+    return Build(build.config, out, add(out, [("hostile", bad)], quiet=True))
+
+
+def assert_isolated(build: Build, parallel: int) -> None:
+    """Base and every adapter of ``build`` asked at once (a batch as wide as the runtime's slots, so that a
+    slot the hostile request used is taken again; cache_prompt off, so each answer is its own whatever ran
+    before), then the hostile adapter, then the same batch: bit for bit the first answers. The hostile
+    request's KV slot is cleared and its conversation is not continued from it. Then the batch with the
+    hostile request in it: the others' answers as before (each row of a step is its own)."""
+    from batch_script import diag_generate
+
+    from lora_share.inference import c_library as native
+
+    vocab = build.manifest["foundation"]["args"]["vocab_size"]
+    clean = [name for name in build.ptes if name != "hostile"]
+    prompts = [PROMPT, list(range(7, 19)), [5, 6], [9, 9, 9]]
+    asks = list(zip([None, *clean], prompts))
+    with native.open_dir(build.out_dir, parallel=parallel, library=REPO / "build" / "liblora_share.so") as rt:
+        handle = {name: None if name is None else rt.adapter(name).handle for name, _ in asks}
+
+        def ask(name, prompt, new=6, cache_prompt=False):
+            return diag_generate(rt, handle[name], prompt, new, vocab, cache_prompt=cache_prompt)
+
+        def batch(*extra):
+            jobs = [lambda n=n, p=p: ask(n, p) for n, p in asks] + list(extra)
+            barrier = threading.Barrier(len(jobs))
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                return list(pool.map(lambda job: (barrier.wait(), job())[1], jobs))
+
+        def ask_hostile(prompt, new=6):
+            """Its own answer is NaN logits, or LS_ERR_REQUEST when they leave no token to pick."""
+            try:
+                tokens, logits = ask("hostile", prompt, new, cache_prompt=True)
+            except native.NativeError as e:
+                assert e.status == "LS_ERR_REQUEST" and "no token is left to pick" in e.message, e
+                return []
+            assert not np.isfinite(logits).all()
+            return tokens[:-1]
+
+        first = batch()
+        handle["hostile"] = rt.adapter("hostile").handle
+        fed = ask_hostile(PROMPT)
+        s = rt.stats()
+        assert s["slots_cleared"] == (1 if parallel > 1 else 0)
+        ask_hostile(PROMPT + fed + [4], new=2)  # its next turn: no prefix hit
+        assert rt.stats()["prefix_hits"] == s["prefix_hits"]
+        again = batch()
+        during = batch(lambda: ask_hostile([4, 4, 4]))[: len(asks)]
+    for (name, _), a, b, c in zip(asks, first, again, during):
+        assert a[0] == b[0] and np.array_equal(a[1], b[1]), name
+        assert a[0] == c[0] and np.abs(a[1] - c[1]).max() <= TOL, name
+
+
+@pytest.mark.parametrize("parallel", [1, 0], ids=["one_slot", "batched"])
+@pytest.mark.parametrize("family", list(SPECS))
+def test_a_hostile_request_changes_no_other_answer(families, family, parallel, tmp_path):
+    fb = families(family)
+    build = with_hostile_adapter(fb.build, fb.inputs / next(iter(fb.build.ptes)), tmp_path)
+    assert_isolated(build, parallel or len(fb.build.ptes) + 1)
+
+
+def test_a_hostile_request_changes_no_other_answer_8da4w(families, qwen2_8da4w, tmp_path):
+    """The same over the 8da4w foundation (activations quantized per row: a NaN row is its own)."""
+    build = with_hostile_adapter(qwen2_8da4w, families("qwen2").inputs / "a", tmp_path)
+    assert_isolated(build, len(qwen2_8da4w.ptes) + 1)

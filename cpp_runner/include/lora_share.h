@@ -39,10 +39,17 @@
  * is empty (a deployment's adapters share one program). A slot keeps its tokens and
  * KV after a request: a later request on the same adapter whose prompt begins
  * with them continues from there (ls_runtime_stats.prefix_hits; a call with
- * ls_generate_options.cache_prompt = 0 does not). An adapter a running
- * request uses stays resident (the budget's LRU eviction skips it) until the
- * request ends; a request that needs room those hold waits (MEMORY BUDGET). With parallel = 1 (the default) calls run one at a time under
- * a lock inside the runtime, each from position 0, as before.
+ * ls_generate_options.cache_prompt = 0 does not). Nothing else of a request
+ * outlives it: the KV rows past what a slot keeps are zeroed before the next
+ * request reads them, and a slot whose KV holds inf or NaN after its request
+ * is zeroed and never continued (ls_runtime_stats.slots_cleared), so what
+ * one request computes, however absurd its adapter, cannot change another's
+ * answer. An adapter a running request uses stays resident (the budget's
+ * LRU eviction skips it) until the request ends; a request that needs room
+ * those hold waits (MEMORY BUDGET).
+ * With parallel = 1 (the default) calls run one at a time under a lock
+ * inside the runtime, each from position 0, as before (the KV rows a request
+ * wrote are zeroed when it ends).
  * Every other call on a runtime (loading, stats, programs) takes that lock
  * too; a callback (on_token, on_text) must not call back into the runtime it
  * was called from: that returns LS_ERR_BUSY.
@@ -335,6 +342,8 @@ typedef struct {
   double mask_wait_ms;            /* total time picks waited for their mask
                                      after the step: what masks added to
                                      decoding */
+  uint64_t slots_cleared;                      /* slots whose KV held a non-finite value after
+                                                  a request: cleared, not continued (THREADS) */
 } ls_runtime_stats;
 
 /* Defaults: no shared file, verify on, no budget, one slot. */

@@ -46,8 +46,11 @@ class Adapter {
   // Feeds `tokens` (at most prefill_chunk of them) at positions pos.., keeps
   // their K/V rows in the cache for later positions, and returns the logits
   // after the last one in `logits` (vocab_size floats). A request starts at
-  // position 0 and reads only rows it wrote itself.
+  // position 0 and reads the rows it wrote, and masked rows past them.
   virtual Status step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) = 0;
+  // Zeroes the rows of positions 0..positions-1 when a request ends, so that
+  // the next reads masked rows a fresh cache holds (kv_rows.h says why).
+  virtual void clear_rows(int64_t positions) = 0;
 
  protected:
   std::string name_, pte_path_;

@@ -9,6 +9,7 @@
 #include "file_check.h"
 #include "file_stem.h"
 #include "forward_io.h"
+#include "kv_rows.h"
 
 namespace lora_share {
 namespace {
@@ -242,6 +243,10 @@ SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program, std
 
 Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) {
   return program_->step(lora_, tokens, pos, logits, pte_path_);
+}
+
+void SharedAdapter::clear_rows(int64_t positions) {
+  if (program_->kv().data != nullptr) lora_share::clear_rows(program_->kv(), 0, positions);
 }
 
 StatusOr<std::vector<EValue>> SharedProgram::execute(Method& method, const std::vector<EValue>& inputs,

@@ -127,6 +127,7 @@ class SharedAdapter final : public Adapter {
   SharedAdapter(const std::string& pte, SharedProgram* program, std::unique_ptr<LoraData> data, double load_ms,
                 const std::string& name = "");
   Status step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) override;
+  void clear_rows(int64_t positions) override;  // of the program's cache (slot 0)
   // Its program and LoRA data (null: the foundation alone), for a BatchEngine row.
   SharedProgram* program() const { return program_; }
   const LoraData* lora_data() const { return data_.get(); }

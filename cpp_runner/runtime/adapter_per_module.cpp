@@ -15,6 +15,7 @@
 #include "et_platform.h"
 #include "file_stem.h"
 #include "forward_io.h"
+#include "kv_rows.h"
 #include "lora_data.h"
 
 namespace lora_share {
@@ -29,6 +30,7 @@ class StockAdapter final : public Adapter {
   // `ptd` "" = a self-contained program.
   Status load(const std::string& pte, const std::string& ptd, const PteInfo& info, const Foundation& files);
   Status step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) override;
+  void clear_rows(int64_t positions) override { lora_share::clear_rows(kv_, 0, positions); }
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);

@@ -642,9 +642,23 @@ StatusOr<Generation> AdapterPool::generate(size_t index, const std::vector<int64
   auto adapter = acquire(index);
   if (!adapter.ok()) return adapter.status();
   begin_use(index);
-  auto g = lora_share::generate(*adapter.value(), prompt, max_new_tokens, picking, keep_logits, on_token, stop_ids);
+  // The positions whose K/V rows the request writes: its prompt, then each
+  // token a choice is given but the last (choices start at the prompt's end).
+  std::vector<int64_t> delivered;  // per choice
+  auto g = lora_share::generate(
+      *adapter.value(), prompt, max_new_tokens, picking, keep_logits,
+      [&](const TokenInfo& token) {
+        if (delivered.size() <= token.choice) delivered.resize(token.choice + 1, 0);
+        ++delivered[token.choice];
+        return !on_token || on_token(token);
+      },
+      stop_ids);
   end_use(index);
   if (g.ok()) counters_.prompt_fed += g->prompt_fed;
+  // Nothing of it stays for the next request, which starts at position 0 and
+  // reads rows past its own, masked (kv_rows.h).
+  const int64_t longest = delivered.empty() ? 0 : *std::max_element(delivered.begin(), delivered.end());
+  adapter.value()->clear_rows(static_cast<int64_t>(prompt.size()) + longest);
   return g;
 }
 

@@ -438,6 +438,7 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   stats->masked_tokens = c.masked_tokens;
   stats->mask_ms = ms(c.mask_ns);
   stats->mask_wait_ms = ms(c.mask_wait_ns);
+  stats->slots_cleared = b.slots_cleared;
   clear_error(error);
   return LS_OK;
 }

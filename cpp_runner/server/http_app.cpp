@@ -169,6 +169,7 @@ void App::stats(httplib::Response& res) {
                         {"slot_bytes", s.slot_bytes},
                         {"prefix_hits", s.prefix_hits},
                         {"prefix_tokens", s.prefix_tokens},
+                        {"slots_cleared", s.slots_cleared},
                         {"batch_steps", s.batch_steps},
                         {"batch_size_counts", batch_sizes},
                         {"requests", requests_.load()},

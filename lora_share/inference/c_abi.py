@@ -115,6 +115,7 @@ class LsStats(ctypes.Structure):
         ("masked_tokens", ctypes.c_uint64),
         ("mask_ms", ctypes.c_double),
         ("mask_wait_ms", ctypes.c_double),
+        ("slots_cleared", ctypes.c_uint64),
     ]
 
 

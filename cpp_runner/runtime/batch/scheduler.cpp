@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "adapter_on_foundation.h"
+#include "kv_rows.h"
 
 namespace lora_share {
 
@@ -107,6 +108,7 @@ SchedulerStats Scheduler::stats() const {
   s.slots = slots_;
   s.batch_steps = batch_steps_;
   s.prompt_fed = prompt_fed_;
+  s.slots_cleared = slots_cleared_;
   s.batch_size_counts = batch_size_counts_;
   if (table_) {
     s.slots_in_use = table_->in_use();
@@ -158,15 +160,34 @@ void Scheduler::step() {
 }
 
 Status Scheduler::set_engine(SharedProgram& program, size_t index) {
-  table_.reset();
-  engine_.reset();
+  drop_engine();
   auto engine = BatchEngine::create(program, slots_);
   if (!engine.ok()) return engine.status();
   engine_ = std::move(engine.value());
   table_ = std::make_unique<SlotTable>(engine_->slots(), engine_->ring());
+  kv_ = program.kv();
   engine_program_ = index;
   engine_generation_ = pool_.programs_generation();
   return Status();
+}
+
+void Scheduler::drop_engine() {
+  // After a re-planned arena the rows are gone with it (a new arena is zeroed).
+  if (table_ && pool_.programs_generation() == engine_generation_)
+    for (size_t slot = 0; slot < table_->size(); ++slot)
+      clear_rows(kv_.at_slot(slot), 0, static_cast<int64_t>(table_->tokens(slot).size()));
+  table_.reset();
+  engine_.reset();
+}
+
+void Scheduler::release_slot(size_t slot) {
+  int64_t held = static_cast<int64_t>(table_->tokens(slot).size());
+  if (!rows_finite(kv_.at_slot(slot), held)) {
+    clear_rows(kv_.at_slot(slot), 0, held);
+    table_->forget(slot);
+    ++slots_cleared_;
+  }
+  table_->release(slot);
 }
 
 void Scheduler::admit() {
@@ -235,6 +256,8 @@ void Scheduler::admit() {
         finish(job, Status::failure("no free KV slot for a free row"));
         continue;
       }
+      // Rows past the kept prefix go back to zero: masked, but read (kv_rows.h).
+      clear_rows(kv_.at_slot(claim->slot), static_cast<int64_t>(claim->kept), static_cast<int64_t>(claim->stale));
       job.lora = shared->lora_data();
       job.slot = claim->slot;
       job.fed = claim->kept;
@@ -255,8 +278,7 @@ void Scheduler::admit() {
 }
 
 void Scheduler::run_alone(const std::vector<Job*>& group) {
-  table_.reset();
-  engine_.reset();
+  drop_engine();
   const BatchRequest& r = group.front()->request;
   auto g = pool_.generate(r.adapter, r.prompt, r.max_new_tokens, r.picking, r.stop_ids, r.keep_logits,
                           [&](const TokenInfo& token) {
@@ -404,7 +426,7 @@ void Scheduler::leave_finished() {
       ++i;
       continue;
     }
-    table_->release(job.slot);
+    release_slot(job.slot);
     pool_.end_use(job.request.adapter);
     active_.erase(active_.begin() + i);
     finish(job, job.failure);

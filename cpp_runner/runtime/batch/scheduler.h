@@ -22,11 +22,14 @@
 //      its constraint's mask, its sampler) and handed to its caller; a
 //      constrained row's next mask is queued on the mask worker at once, so
 //      it is filled while the next step runs;
-//   5. finished requests leave; their slot keeps its tokens and KV.
+//   5. finished requests leave; their slot keeps its tokens and KV, unless
+//      that KV holds a non-finite value: then it is cleared (kv_rows.h).
 // A request with n choices (Picking::choices) is n rows admitted together:
 // choice 0 feeds the prompt, then each other choice's slot takes a copy of
 // its KV (BatchEngine::copy_slot) and its first token is picked from the same
 // logits, each choice with its own picker (seed + i).
+// A slot's rows past what it holds are zero: a claim clears the rows past
+// the prefix it keeps, and the slots are cleared before the engine goes.
 // Rows that decode are kept packed at rows 0..D-1 (BatchEngine's contract);
 // a request whose row index changes gets set_row again.
 //
@@ -71,7 +74,7 @@ struct BatchRequest {
 // Counters for ls_runtime_stats.
 struct SchedulerStats {
   size_t slots = 0, slots_in_use = 0, slot_bytes = 0;
-  uint64_t prefix_hits = 0, prefix_tokens = 0, batch_steps = 0;
+  uint64_t prefix_hits = 0, prefix_tokens = 0, batch_steps = 0, slots_cleared = 0;
   uint64_t prompt_fed = 0;                  // prompt tokens run through the model
   std::vector<uint64_t> batch_size_counts;  // [b - 1]: decode steps of b rows
 };
@@ -129,6 +132,13 @@ class Scheduler {
   void run_alone(const std::vector<Job*>& group);
   // The engine over `program` (the pool's program `index`), slots empty.
   Status set_engine(SharedProgram& program, size_t index);
+  // Drops the engine and the slot table, their rows cleared first (another
+  // program reads the same buffer, with its own layout) while the program
+  // they are in is still loaded.
+  void drop_engine();
+  // The request in `slot` left: the slot keeps its tokens, or is cleared and
+  // forgotten when its KV holds a non-finite value.
+  void release_slot(size_t slot);
 
   AdapterPool& pool_;
   std::mutex& pool_lock_;
@@ -138,11 +148,13 @@ class Scheduler {
   // The scheduler thread's own state (read by stats() under the pool's lock).
   std::unique_ptr<BatchEngine> engine_;
   std::unique_ptr<SlotTable> table_;
+  KvCache kv_;  // the engine's program's KV slots (slot 0; at_slot for the others)
   size_t engine_program_ = 0;
   uint64_t engine_generation_ = 0;
   std::deque<Job*> waiting_;
   std::vector<Job*> active_;  // index = engine row
   uint64_t batch_steps_ = 0, prompt_fed_ = 0;
+  uint64_t slots_cleared_ = 0;  // over every slot table
   std::vector<uint64_t> batch_size_counts_;
 
   // Shared with the callers, under mu_.

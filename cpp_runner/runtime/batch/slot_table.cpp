@@ -27,12 +27,13 @@ std::optional<SlotTable::Claim> SlotTable::claim(uint64_t adapter, const std::ve
   }
   size_t chosen = best ? *best : *lru;
   Slot& s = slots_[chosen];
+  size_t stale = s.tokens.size();
   s.adapter = adapter;
   s.used = true;
   s.tokens.resize(best ? kept : 0);
   s.busy = true;
   s.last_used = clock_++;
-  return Claim{chosen, best ? kept : 0};
+  return Claim{chosen, best ? kept : 0, stale};
 }
 
 void SlotTable::fed(size_t slot, const int64_t* tokens, size_t n) {
@@ -42,6 +43,11 @@ void SlotTable::fed(size_t slot, const int64_t* tokens, size_t n) {
 void SlotTable::release(size_t slot) {
   slots_[slot].busy = false;
   slots_[slot].last_used = clock_++;
+}
+
+void SlotTable::forget(size_t slot) {
+  slots_[slot].tokens.clear();
+  ++forgotten_;
 }
 
 size_t SlotTable::in_use() const {
