@@ -499,6 +499,36 @@ def test_a_client_hanging_up_leaves_the_others_unchanged():
     assert_rows_equal([torch.stack(submitted[1].logits)], [alone_eager(scheduler, requests[1])[:3]], TOL)
 
 
+@pytest.mark.parametrize("case", ["llama", "gemma3-ring"])
+def test_a_hostile_request_leaves_nothing_behind(case):
+    """An adapter whose A and B are scaled by 1e20 (its products overflow to inf and NaN) between two runs of the
+    same requests, on two slots so that the hostile request's slot is taken again: the answers are bit for
+    bit the first ones, and its slot is cleared and forgotten (its next turn is no prefix hit)."""
+    scheduler, requests = scheduler_of(case, slots=2)
+    clean = requests[:2]
+    weights = {key: (a * 1e20, b * 1e20) for key, (a, b) in requests[2].adapter.weights.items()}  # every linear
+    scheduler.adapters["hostile"] = Adapter("hostile", weights)
+
+    def run(adapter, prompt, new):
+        submitted = scheduler.submit(adapter, prompt, new)
+        with torch.no_grad():
+            scheduler.run()
+        return submitted
+
+    def run_clean():
+        submitted = [scheduler.submit(r.adapter and r.adapter.name, r.prompt, r.new) for r in clean]
+        with torch.no_grad():
+            scheduler.run()
+        return [torch.stack(s.logits) for s in submitted]
+
+    first = run_clean()
+    hostile = run("hostile", clean[1].prompt, 4)
+    assert scheduler.slots.cleared == 1  # its KV held inf or NaN
+    run("hostile", clean[1].prompt + hostile.tokens[:-1] + [5], 2)
+    assert scheduler.slots.prefix_hits == 0
+    assert all(torch.equal(a, b) for a, b in zip(first, run_clean()))
+
+
 def test_the_least_recently_used_slot_is_taken_first():
     scheduler, requests = scheduler_of("llama", slots=2)
     taken = []

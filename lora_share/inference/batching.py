@@ -4,6 +4,9 @@ batching, the contract the C++ runtime's scheduler follows.
 ``Slots`` owns N KV slots (``KVPools``) and what each holds: the adapter whose KV it is and the tokens
 fed into it. A slot keeps both after its request; a request on the same adapter whose tokens begin with
 a slot's tokens continues there (a prefix hit), otherwise it takes the least recently used free slot.
+Nothing else of a request stays: the rows past the prefix a claim keeps are zeroed (forward reads them,
+masked, and a masked inf or NaN row is NaN), and a slot whose KV holds inf or NaN when its request ends
+is zeroed and forgotten.
 
 ``Scheduler.step`` is one turn of the loop: requests that arrived take a free slot and their LoRA row;
 one prompt chunk of one admitting request runs through ``forward`` (so a long prompt delays the others
@@ -58,6 +61,7 @@ class Slots:
         self._clock = itertools.count()
         self.prefix_hits = 0
         self.reused_tokens = 0
+        self.cleared = 0  # slots zeroed and forgotten for an inf or NaN
 
     def claim(self, adapter: str | None, tokens: Sequence[int]) -> tuple[int, int] | None:
         """A free slot for ``tokens`` on ``adapter`` and how many of them it already holds (at most all but
@@ -80,14 +84,29 @@ class Slots:
             self.prefix_hits += 1
             self.reused_tokens += kept
         s = self.state[best]
+        self._clear(best, kept, len(s.tokens))
         s.adapter, s.tokens, s.busy = adapter, list(tokens[:kept]), True
         s.last_used = next(self._clock)
         return best, kept
 
     def release(self, slot: int) -> None:
-        """The request in ``slot`` ended: the slot keeps its tokens and KV for a later request."""
+        """The request in ``slot`` ended: the slot keeps its tokens and KV for a later request, unless that
+        KV holds inf or NaN: then it is zeroed and holds no tokens (never continued)."""
+        if not all(bool(torch.isfinite(pool[slot]).all()) for pool in self.pools.pools):
+            self._clear(slot, 0, len(self.state[slot].tokens))
+            self.state[slot].tokens = []
+            self.cleared += 1
         self.state[slot].busy = False
         self.state[slot].last_used = next(self._clock)
+
+    def _clear(self, slot: int, start: int, end: int) -> None:
+        """Zeroes the rows of positions start..end-1 in every slab of ``slot``: position p at row p + 1, in a
+        ring slab (W + 1 rows) at row 1 + p % W."""
+        for pool in self.pools.pools:
+            rows = pool.shape[1]
+            ring = self.ring and rows == self.ring + 1
+            index = sorted({1 + p % self.ring if ring else p + 1 for p in range(start, end)} - {rows})
+            pool[slot, index] = 0
 
 
 @dataclass
