@@ -9,7 +9,10 @@ v_proj, the envelope's max rank, while "chat" (r=4 on q/v/o/down_proj) with "ter
 
 from __future__ import annotations
 
+import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -240,8 +243,22 @@ def test_server_and_runtime_answer_a_mixed_chat_alike(server, mix_build):
         ([{"name": "terse", "scale": "big"}], "lora[0].scale must be a finite number"),
         ([{"name": "terse", "scale": 1}, {"name": "nope", "scale": 1}], "lora[1].name: no adapter called 'nope'"),
         ([{"name": TEXT_ADAPTER, "scale": 1}, {"name": "terse", "scale": 1}], "sums rank 7 on q_proj in layer 0"),
-        ([{"name": "terse", "scale": 1e30}], "term 0 ('terse'): the scale 1e+30 is outside [-100, 100]"),
-        ([{"name": "terse", "scale": -1e30}], "the scale -1e+30 is outside [-100, 100]"),
+        (
+            [{"name": "terse", "scale": 1e30}],
+            "lora[0].scale must be within [-100, 100] (1 is the adapter as trained), got 1e+30",
+        ),
+        (
+            [{"name": "terse", "scale": 0.5}, {"name": "lively", "scale": -1e30}],
+            "lora[1].scale must be within [-100, 100]",
+        ),
+        (
+            [{"name": "terse", "scale": 3.4e38}],
+            "lora[0].scale must be within [-100, 100] (1 is the adapter as trained), got 3.4e+38",
+        ),
+        (
+            [{"name": "terse", "scale": 100.5}],
+            "lora[0].scale must be within [-100, 100] (1 is the adapter as trained), got 100.5",
+        ),
     ],
 )
 def test_server_refuses_a_bad_lora_field(server, lora, words):
@@ -254,6 +271,16 @@ def test_server_refuses_a_bad_lora_field(server, lora, words):
     assert body["error"]["type"] == "invalid_request_error" and words in body["error"]["message"], body
 
 
+@pytest.mark.parametrize("number", ["1e999", "-1e999"])
+def test_server_refuses_a_non_finite_scale(server, number):
+    """JSON has no infinity or NaN, and a number beyond float64 is refused by the parser as the body's
+    mistake: no non-finite scale reaches a mix through the server (the library refuses one by name)."""
+    body = {"model": "base", "prompt": "hi", "max_tokens": 2, "lora": [{"name": "terse", "scale": "SCALE"}]}
+    status, answer = server.request("POST", "/v1/completions", raw=json.dumps(body).replace('"SCALE"', number).encode())
+    assert status == 400 and "not valid JSON" in answer["error"]["message"], answer
+    assert server.request("GET", "/health")[0] == 200
+
+
 def test_server_lora_needs_model_base(server):
     status, body = server.request(
         "POST",
@@ -261,3 +288,89 @@ def test_server_lora_needs_model_base(server):
         {"model": "terse", "prompt": "hi", "max_tokens": 2, "lora": [{"name": "lively", "scale": 1}]},
     )
     assert status == 400 and "with lora, model must be 'base'" in body["error"]["message"], body
+
+
+# --- No request reaches another over the server (issue 58) ----------------------------------------------------
+
+# Unrelated greedy requests: the foundation, each adapter, and both mixes, on prompts of several lengths.
+CLEAN = [
+    {"model": "base", "prompt": PROMPT},
+    {"model": TEXT_ADAPTER, "prompt": PROMPT[:7]},
+    {"model": "terse", "prompt": PROMPT[3:]},
+    {"model": "lively", "prompt": [5, 6]},
+    *(
+        {"model": "base", "prompt": PROMPT[i:], "lora": [{"name": n, "scale": s} for n, s in mix]}
+        for i, mix in enumerate(MIXES)
+    ),
+]
+# Hostile requests the server runs: a mix's scale at the bound, an adapter whose products overflow.
+HOSTILE = [
+    {"model": "hostile", "prompt": PROMPT},
+    {
+        "model": "base",
+        "prompt": PROMPT[:9],
+        "lora": [{"name": "terse", "scale": 100}, {"name": "lively", "scale": -100}],
+    },
+    {"model": "base", "prompt": [4, 4, 4], "lora": [{"name": "hostile", "scale": 100}]},
+]
+PARALLEL = 4  # as the demo deployment is served
+
+
+@pytest.fixture(scope="module")
+def hostile_build(mix_build, tmp_path_factory):
+    """mix_build's folder with one adapter more, "hostile": terse's PEFT folder with every A and B times 1e30.
+    Its weights are finite and its scale is 1; its products overflow to inf and NaN: no bound on a mix's
+    scales stops it, so what it computes must stay its own (its KV slot cleared)."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("hostile") / "out"
+    shutil.copytree(mix_build[0], out)
+    bad = shutil.copytree(mix_build[1]["terse"], out.parent / "hostile")
+    weights = bad / "adapter_model.safetensors"
+    save_file({key: t * 1e30 for key, t in load_file(weights).items()}, weights)
+    r = run_cli("add", "--to", out, f"hostile={bad}")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def complete(server, body) -> tuple[int, dict]:
+    return server.request("POST", "/v1/completions", {**body, "max_tokens": NEW, "ignore_eos": True, "temperature": 0})
+
+
+def all_at_once(server, bodies) -> list[tuple[int, dict]]:
+    barrier = threading.Barrier(len(bodies))
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda b: (barrier.wait(), complete(server, b))[1], bodies))
+
+
+def tokens_of(answers) -> list[list[int]]:
+    assert all(status == 200 for status, _ in answers), answers
+    return [body["choices"][0]["tokens"] for _, body in answers]
+
+
+def test_hostile_lora_requests_change_no_later_answer(server_bin, hostile_build):  # noqa: F811
+    """The reference: each CLEAN request alone on a fresh server. Then, on another fresh server of 4 slots:
+    scales of ±1e30 and 3.4e38 refused by name, the HOSTILE requests run (their answers, nonsense or a
+    4xx, are theirs) alongside a CLEAN one, then every CLEAN request at once: the reference's tokens each time."""
+    reference = Server(server_bin, hostile_build, "--parallel", PARALLEL)
+    try:
+        alone = [tokens_of([complete(reference, body)])[0] for body in CLEAN]
+    finally:
+        reference.stop()
+    server = Server(server_bin, hostile_build, "--parallel", PARALLEL)
+    try:
+        for scale in (1e30, -1e30, 3.4e38):
+            status, body = complete(
+                server, {"model": "base", "prompt": PROMPT, "lora": [{"name": "terse", "scale": scale}]}
+            )
+            assert status == 400 and body["error"]["message"].startswith("lora[0].scale must be within"), body
+        answers = all_at_once(server, HOSTILE + CLEAN[:1])
+        # The hostile ones answer nonsense, or a 400 when their logits leave nothing to pick; a 4xx is theirs.
+        assert all(status in (200, 400) for status, _ in answers[: len(HOSTILE)]), answers
+        during = tokens_of(answers[len(HOSTILE) :])
+        assert tokens_of(all_at_once(server, CLEAN)) == alone
+        assert during == alone[:1]
+        status, stats = server.request("GET", "/v1/stats")
+        assert stats["slots_cleared"] >= 2, stats  # the hostile adapter's slots held inf or NaN
+    finally:
+        server.stop()

@@ -129,6 +129,16 @@ def test_the_depth_bound_is_exact(runtime):
             "model must be 'base'",
         ),
         ("completion", {"model": "base", "prompt": "x", "lora": [{"name": "chat"}]}, "lora[0].scale must be a finite"),
+        (
+            "completion",
+            {"model": "base", "prompt": "x", "lora": [{"name": "chat", "scale": 1}, {"name": "chat", "scale": -1e30}]},
+            "lora[1].scale must be within [-100, 100] (1 is the adapter as trained), got -1e+30",
+        ),
+        (
+            "completion",
+            '{"model": "base", "prompt": "x", "lora": [{"name": "chat", "scale": 1e999}]}',
+            "not valid JSON",
+        ),
     ],
 )
 def test_each_problem_is_refused_naming_its_field(runtime, kind, body, words):

@@ -342,8 +342,8 @@ typedef struct {
   double mask_wait_ms;            /* total time picks waited for their mask
                                      after the step: what masks added to
                                      decoding */
-  uint64_t slots_cleared;                      /* slots whose KV held a non-finite value after
-                                                  a request: cleared, not continued (THREADS) */
+  uint64_t slots_cleared;         /* slots whose KV held a non-finite value after
+                                     a request: cleared, not continued (THREADS) */
 } ls_runtime_stats;
 
 /* Defaults: no shared file, verify on, no budget, one slot. */

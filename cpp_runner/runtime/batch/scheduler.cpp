@@ -270,7 +270,7 @@ void Scheduler::admit() {
         continue;
       }
       job.placed = true;
-      job.picker.prepare();                   // its first mask, filled while the prompt runs
+      job.picker.prepare();                  // its first mask, filled while the prompt runs
       pool_.begin_use(job.request.adapter);  // until it leaves: the budget's eviction skips it
       active_.push_back(&job);
     }

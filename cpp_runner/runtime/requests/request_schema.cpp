@@ -150,10 +150,11 @@ Status read_messages(const json& v, Request& r) {
   return {};
 }
 
-// "lora": a non-empty array of {"name": adapter, "scale": finite number},
-// which mixes adapters on the foundation alone (model "base", checked once
-// every field is read). The range of a scale is the mix's to check
-// (ls_adapter_mix).
+// "lora": a non-empty array of {"name": adapter, "scale": number within
+// [-LS_MAX_LORA_SCALE, LS_MAX_LORA_SCALE]}, which mixes adapters on the
+// foundation alone (model "base", checked once every field is read). The mix
+// (ls_adapter_mix) refuses such a scale too, naming the term: checked here so
+// that the 400 names the field.
 Status read_lora(const json& v, Request& r) {
   if (!v.is_array() || v.empty())
     return Status::usage("lora must be a non-empty array of {\"name\": adapter, \"scale\": number}, got " + preview(v));
@@ -174,6 +175,11 @@ Status read_lora(const json& v, Request& r) {
     if (scale == term.end() || !scale->is_number() || !std::isfinite(scale->get<double>()))
       return Status::usage(where + ".scale must be a finite number, got " +
                            (scale == term.end() ? std::string("nothing") : preview(*scale)));
+    if (std::fabs(scale->get<double>()) > LS_MAX_LORA_SCALE) {
+      const std::string bound = std::to_string(static_cast<int>(LS_MAX_LORA_SCALE));  // a whole number
+      return Status::usage(where + ".scale must be within [-" + bound + ", " + bound +
+                           "] (1 is the adapter as trained), got " + preview(*scale));
+    }
     r.lora.push_back({name->get<std::string>(), scale->get<double>()});
   }
   return {};
