@@ -5,7 +5,8 @@ every adapter answers with build/runner's tokens, resident adapters never exceed
 evictions and hits are the ones an independent LRU model of the request sequence predicts. Under
 concurrency (several KV slots, requests and loads from several threads at once) the accounted bytes,
 read from another thread all along, never exceed the budget, and every answer is the one given
-without a budget. Then the benchmark (`lora-share bench-budget`) runs end to end on the same deployment.
+without a budget; the same through lora-share-server's --memory-budget and /v1/stats. Then the
+benchmark (`lora-share bench-budget`) runs end to end on the same deployment.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from batch_script import diag_generate
 from budget_build import BUDGET_ADAPTERS, budget_build
 from conftest import TINY_FOUNDATION, run_cli
+from test_server import Server, server_bin  # noqa: F401 (a fixture)
 
 from lora_share.formats import read_pte
 from lora_share.inference import c_library as native
@@ -256,6 +258,65 @@ def test_adapters_loaded_from_threads_at_once_keep_the_budget(deployment, runner
     assert_answers(dict(zip(CONCURRENT, got)), expected)
     assert watch.most <= budget and accounted(s) <= budget and watch.most_resident <= 2
     assert s["adapters_known"] == 4
+
+
+class StatsWatch:
+    """GET /v1/stats from its own thread until stopped: the largest accounted total and resident count seen."""
+
+    def __init__(self, server):
+        self.server, self.most, self.most_resident, self.reads = server, 0, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        while not self._stop.is_set():
+            status, s = self.server.request("GET", "/v1/stats")
+            assert status == 200, s
+            self.most, self.reads = max(self.most, accounted(s)), self.reads + 1
+            self.most_resident = max(self.most_resident, s["adapters_resident"])
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def serve_completion(server, name) -> list[int]:
+    # Greedy with a repeat penalty: the tiny adapters all repeat the last token, and the penalty leaves the
+    # choice to the next tokens, where they differ.
+    body = {"model": name, "prompt": PROMPT, "max_tokens": NEW, "ignore_eos": True, "repeat_penalty": 2.0}
+    status, answer = server.request("POST", "/v1/completions", body)
+    assert status == 200, answer
+    return answer["choices"][0]["tokens"]
+
+
+def test_server_four_requests_on_four_adapters_under_a_budget_for_two(deployment, server_bin):  # noqa: F811
+    """lora-share-server --parallel 4: each CONCURRENT adapter asked alone without a budget (the reference, and
+    the budget: the foundation, its program, the slots and two adapters, from /v1/stats), then all four at once
+    under --memory-budget: the same tokens, and /v1/stats read all along never above the budget."""
+    free = Server(server_bin, deployment.out_dir, "--parallel", PARALLEL)
+    try:
+        expected = [serve_completion(free, name) for name in CONCURRENT]
+        _, s = free.request("GET", "/v1/stats")
+    finally:
+        free.stop()
+    assert len({tuple(t) for t in expected}) > 1, "the adapters should not all answer alike"
+    one_adapter = s["resident_adapter_bytes"] // s["adapters_resident"]  # same recipe, same size
+    budget = s["foundation_bytes"] + s["program_bytes"] + s["arena_bytes"] + 2 * one_adapter
+    server = Server(server_bin, deployment.out_dir, "--parallel", PARALLEL, "--memory-budget", budget)
+    try:
+        with StatsWatch(server) as watch:
+            got = at_once([lambda n=name: serve_completion(server, n) for name in CONCURRENT])
+        _, s = server.request("GET", "/v1/stats")
+    finally:
+        server.stop()
+    assert got == expected
+    assert s["budget_bytes"] == budget and s["loads"] == 4 and s["evictions"] >= 2, s
+    assert watch.reads > 1 and watch.most <= budget and accounted(s) <= budget, (watch.most, accounted(s), budget)
+    assert watch.most_resident <= 2
 
 
 def test_bench_budget_runs_end_to_end(deployment, runner_bin, tmp_path):
