@@ -595,9 +595,13 @@ LS_API ls_status ls_runtime_eos_ids(ls_runtime* runtime, const int64_t** ids, si
  * value is built from it, when it is over LS_REQUEST_MAX_BYTES or nests
  * arrays and objects deeper than LS_REQUEST_MAX_DEPTH (the body's own object
  * is level 1), so no body makes the library recurse deeply or hold more than
- * its bytes' worth. Then every field's type and range is checked. A field that
- * would change the answer and is not served (n > 1, logprobs, tools,
- * response_format other than text, logit_bias, prediction, ...) is refused by
+ * its bytes' worth. Then every field's type and range is checked. The fields
+ * that shape the answer are served (docs/structured-output.md):
+ * response_format (json_object, json_schema), llama-server's grammar and
+ * json_schema, logprobs with top_logprobs, logit_bias, n, and chat's tools
+ * with tool_choice (the history's tool_calls and tool messages rendered in a
+ * generic format). A field that would change the answer and is not served
+ * (best_of > 1, echo, suffix, functions, prediction, ...) is refused by
  * name unless it holds its no-op value, as is any field the schema does not
  * know; fields that change nothing (user, metadata, ...) are accepted and a
  * null value is the field left out. Every problem is LS_ERR_REQUEST with one
@@ -619,13 +623,15 @@ LS_API ls_status ls_runtime_eos_ids(ls_runtime* runtime, const int64_t** ids, si
  * text of `length` bytes (not NUL-terminated, valid during the call):
  *   stream false: one event, the whole response ("chat.completion" or
  *     "text_completion", with usage);
- *   stream true: the chunks ("chat.completion.chunk" / "text_completion"): a
- *     chat's first carries delta {"role": "assistant", "content": ""}; then
- *     one per generated token (its text, whole UTF-8 characters, and its id in
- *     "tokens"), one with the text held back at the end, one with
- *     finish_reason, and with stream_options.include_usage one with no choices
- *     and the usage. Server-sent events' framing ("data: ", "[DONE]") is the
- *     caller's.
+ *   stream true: the chunks ("chat.completion.chunk" / "text_completion"),
+ *     each naming its choice (n): a chat's first carries delta {"role":
+ *     "assistant", "content": ""}; then one per generated token (its text,
+ *     whole UTF-8 characters, its id in "tokens" and, asked, its logprobs),
+ *     one with the text held back at the end, one with finish_reason, and
+ *     with stream_options.include_usage one with no choices and the usage.
+ *     With tools offered the answer may be a call, so it comes whole at the
+ *     end: its text, or delta.tool_calls and finish_reason "tool_calls".
+ *     Server-sent events' framing ("data: ", "[DONE]") is the caller's.
  * Generation ends at max_tokens, after an end-of-sequence id (not text, not
  * in "tokens", unless ignore_eos) or at a stop string (none of it is ever
  * handed out, even across tokens). on_event returning nonzero (a client that

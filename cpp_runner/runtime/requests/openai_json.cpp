@@ -71,6 +71,18 @@ json logprobs_json(Kind kind, const std::vector<TokenLogprob>& tokens, size_t of
   return kind == Kind::kChat ? chat_logprobs(tokens) : legacy_logprobs(tokens, offset);
 }
 
+json calls_json(const std::vector<ToolCall>& calls, bool indexed) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json call = {{"id", calls[i].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (indexed) call["index"] = i;
+    out.push_back(call);
+  }
+  return out;
+}
+
 }  // namespace
 
 AnswerId new_answer_id(Kind kind, const std::string& model) {
@@ -91,7 +103,10 @@ std::string response_json(const AnswerId& id, const Answer& answer) {
                    {"finish_reason", c.finish_reason},
                    {"tokens", c.tokens},
                    {"logprobs", answer.logprobs ? logprobs_json(id.kind, c.logprobs, 0) : json(nullptr)}};
-    if (id.kind == Kind::kChat)
+    if (id.kind == Kind::kChat && !c.tool_calls.empty())
+      choice["message"] = {
+          {"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls_json(c.tool_calls, false)}};
+    else if (id.kind == Kind::kChat)
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else
       choice["text"] = c.text;
@@ -125,6 +140,17 @@ std::string chunk_json(const AnswerId& id, size_t index, const std::string& text
     choice["text"] = text;
   json out = envelope(id, /*chunk=*/true);
   out["choices"] = json::array({choice});
+  return text_of(out);
+}
+
+std::string tool_calls_chunk_json(const AnswerId& id, size_t index, const std::vector<ToolCall>& calls,
+                                  const std::vector<TokenLogprob>& logprobs) {
+  json out = envelope(id, /*chunk=*/true);
+  out["choices"] = json::array({{{"index", index},
+                                 {"delta", {{"tool_calls", calls_json(calls, true)}}},
+                                 {"tokens", json::array()},
+                                 {"logprobs", logprobs.empty() ? json(nullptr) : logprobs_json(id.kind, logprobs, 0)},
+                                 {"finish_reason", nullptr}}});
   return text_of(out);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "request_schema.h"
+#include "tool_calls.h"
 
 namespace lora_share::requests {
 
@@ -40,6 +41,7 @@ struct Choice {
   std::vector<int64_t> tokens;         // generated ids (an EOS that stopped it excluded; kept with ignore_eos)
   std::string finish_reason;           // "stop" (EOS or a stop string) or "length"
   std::vector<TokenLogprob> logprobs;  // with logprobs: one per token
+  std::vector<ToolCall> tool_calls;    // the answer read as a call (tools): message.tool_calls
 };
 
 // A finished answer: its choices (n), each with its index.
@@ -60,6 +62,11 @@ std::string role_chunk_json(const AnswerId& id, size_t index);
 // choice's last chunk.
 std::string chunk_json(const AnswerId& id, size_t index, const std::string& text, const std::vector<int64_t>& tokens,
                        const std::vector<TokenLogprob>& logprobs, const std::optional<std::string>& finish_reason);
+
+// A streamed choice's call, in one chunk: delta.tool_calls[{index, id, type,
+// function: {name, arguments}}].
+std::string tool_calls_chunk_json(const AnswerId& id, size_t index, const std::vector<ToolCall>& calls,
+                                  const std::vector<TokenLogprob>& logprobs);
 
 // The chunk OpenAI sends last when stream_options.include_usage is set: no
 // choices, the request's usage.

@@ -73,9 +73,40 @@ ls_status encode(ls_tokenizer* tokenizer, const std::string& text, bool add_spec
   return ls_tokenize(tokenizer, text.data(), text.size(), add_special, ids->data(), n, &n, error);
 }
 
+// The messages as the chat template takes them, tools in the generic format
+// (tool_calls.h): the tools offered at the end of the first system message
+// (one is made when there is none), an assistant's calls as its text, a tool
+// message's result as the user's.
+std::vector<Message> rendered_messages(const Request& r) {
+  std::vector<Message> out;
+  for (const Message& m : r.messages) {
+    Message turn{m.role, m.content, {}, {}};
+    if (!m.tool_calls.empty()) turn.content += (turn.content.empty() ? "" : "\n") + calls_text(m.tool_calls);
+    if (m.role == "tool") {
+      std::string name;  // the function the result is of, from the call it answers
+      for (const Message& earlier : r.messages)
+        for (const ToolCall& c : earlier.tool_calls)
+          if (!m.tool_call_id.empty() && c.id == m.tool_call_id) name = c.name;
+      turn.role = "user";
+      turn.content = result_text(m.tool_call_id, name, m.content);
+    }
+    out.push_back(std::move(turn));
+  }
+  if (r.tools.offered()) {
+    const std::string prompt = tools_prompt(r.tools);
+    auto system = std::find_if(out.begin(), out.end(), [](const Message& m) { return m.role == "system"; });
+    if (system != out.end())
+      system->content += "\n\n" + prompt;
+    else
+      out.insert(out.begin(), Message{"system", prompt, {}, {}});
+  }
+  return out;
+}
+
 ls_status chat_prompt(ls_tokenizer* tokenizer, const Request& r, std::vector<int64_t>* ids, ls_error* error) {
+  const std::vector<Message> turns = rendered_messages(r);
   std::vector<ls_chat_message> messages;
-  for (const Message& m : r.messages) messages.push_back({m.role.c_str(), m.content.c_str()});
+  for (const Message& m : turns) messages.push_back({m.role.c_str(), m.content.c_str()});
   ls_error e;
   size_t length = 0;
   ls_status s = ls_apply_chat_template(tokenizer, messages.data(), messages.size(), nullptr, 0, &length, &e);
@@ -209,7 +240,10 @@ struct Run {
     if (run->request->logprobs) out.logprobs.push_back(logprobs.back());
     const std::string piece = state.stops.push(state.decode(&token, 1, false));
     out.text += piece;
-    if (run->request->stream && !run->emit(chunk_json(run->id, c, piece, {token}, logprobs, std::nullopt))) return 1;
+    // With tools offered the answer may be a call: it is sent whole at the end.
+    const bool buffered = run->request->tools.offered();
+    if (run->request->stream && !buffered && !run->emit(chunk_json(run->id, c, piece, {token}, logprobs, std::nullopt)))
+      return 1;
     if (state.stops.stopped()) {
       run->stopped_by(c, LS_FINISH_STOP);
       return 1;
@@ -228,6 +262,18 @@ struct Run {
     return tail;
   }
 };
+
+// With tools offered, each choice that ended at EOS with a call's JSON is
+// that call: message.tool_calls and finish_reason "tool_calls".
+void read_calls(const Request& r, const std::vector<ChoiceRun>& runs, Answer& answer) {
+  for (size_t c = 0; c < runs.size(); ++c) {
+    if (runs[c].finish != LS_FINISH_EOS) continue;
+    std::optional<ToolCall> call = read_answer_call(r.tools, answer.choices[c].text);
+    if (!call) continue;
+    answer.choices[c].tool_calls.push_back(std::move(*call));
+    answer.choices[c].finish_reason = "tool_calls";
+  }
+}
 
 }  // namespace
 
@@ -267,6 +313,16 @@ ls_status check_options(ls_runtime* runtime, ls_request* request, ls_error* erro
   const Request& r = request->request;
   ls_generate_options options = generate_options(r, request->max_new_tokens);
   ls_error e;
+  // Each tool's parameters compile as a schema, whether or not a call is forced.
+  for (size_t i = 0; i < r.tools.tools.size(); ++i) {
+    const std::string schema = r.tools.tools[i].parameters.dump();
+    ls_generate_options check;
+    ls_generate_options_init(&check);
+    check.constraint = LS_CONSTRAINT_JSON_SCHEMA;
+    check.constraint_text = schema.c_str();
+    if (ls_check_options(runtime, request->adapter.c_str(), &check, &e) != LS_OK)
+      return fail(error, LS_ERR_REQUEST, "tools[" + std::to_string(i) + "].function.parameters: " + e.message);
+  }
   const int constraint = options.constraint;
   options.constraint = LS_CONSTRAINT_NONE;
   options.constraint_text = nullptr;
@@ -341,12 +397,19 @@ ls_status run(ls_request* request, ls_event_callback on_event, void* user_data, 
   if (!state.client_gone) {
     std::vector<std::string> tails;
     for (size_t c = 0; c < state.choices.size(); ++c) tails.push_back(state.finish_text(c));
+    if (r.tools.offered()) read_calls(r, state.choices, state.answer);
     if (!r.stream) {
       state.emit(response_json(state.id, state.answer));
     } else {
       for (size_t c = 0; c < state.choices.size(); ++c) {
-        if (!tails[c].empty()) state.emit(chunk_json(state.id, c, tails[c], {}, {}, std::nullopt));
-        state.emit(chunk_json(state.id, c, "", {}, {}, state.answer.choices[c].finish_reason));
+        const Choice& choice = state.answer.choices[c];
+        if (!choice.tool_calls.empty())
+          state.emit(tool_calls_chunk_json(state.id, c, choice.tool_calls, choice.logprobs));
+        else if (r.tools.offered())  // held back: the whole text now
+          state.emit(chunk_json(state.id, c, choice.text, choice.tokens, choice.logprobs, std::nullopt));
+        else if (!tails[c].empty())
+          state.emit(chunk_json(state.id, c, tails[c], {}, {}, std::nullopt));
+        state.emit(chunk_json(state.id, c, "", {}, {}, choice.finish_reason));
       }
       if (r.include_usage) state.emit(usage_chunk_json(state.id, state.answer));
     }

@@ -116,15 +116,20 @@ Status read_content(const json& v, const std::string& where, std::string* out) {
 }
 
 // Keys a message may hold beside role and content: `name` changes nothing
-// here; the tool-calling ones are not served (refused unless null or empty).
+// here; an assistant's tool_calls and a tool message's tool_call_id are the
+// history of tool calls (tool_calls.h); function_call (OpenAI's older form)
+// is not served.
 Status check_message_keys(const json& m, const std::string& where) {
   for (const auto& [key, value] : m.items()) {
     if (key == "role" || key == "content" || key == "name" || value.is_null()) continue;
+    if (key == "tool_calls" && m["role"] == "assistant") continue;
+    if (key == "tool_call_id" && m["role"] == "tool") continue;
     const bool tools = key == "tool_calls" || key == "tool_call_id" || key == "function_call";
     if (tools && value.is_array() && value.empty()) continue;
-    return Status::usage(
-        where + " has the key '" + key + "'" +
-        (tools ? ": tools (function calling) are not served" : ": a message is {\"role\", \"content\"}"));
+    return Status::usage(where + " has the key '" + key + "'" +
+                         (key == "function_call" ? ": function_call is not served (give tool_calls)"
+                          : tools ? ": tool_calls belong to assistant messages, tool_call_id to tool ones"
+                                  : ": a message is {\"role\", \"content\"}"));
   }
   return {};
 }
@@ -142,9 +147,22 @@ Status read_messages(const json& v, Request& r) {
     Message message;
     // OpenAI's newer name for the system role, which chat templates do not know.
     message.role = m["role"] == "developer" ? "system" : m["role"].get<std::string>();
-    if (!m.contains("content")) return Status::usage(where + ".content is missing");
-    s = read_content(m["content"], where + ".content", &message.content);
-    if (!s.ok()) return s;
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      s = read_message_calls(m["tool_calls"], where + ".tool_calls", &message.tool_calls);
+      if (!s.ok()) return s;
+    }
+    if (m.contains("tool_call_id") && !m["tool_call_id"].is_null()) {
+      if (!m["tool_call_id"].is_string())
+        return Status::usage(where + ".tool_call_id must be a string, got " + preview(m["tool_call_id"]));
+      message.tool_call_id = m["tool_call_id"].get<std::string>();
+    }
+    // An assistant message that calls tools may have no content.
+    const bool calls = !message.tool_calls.empty();
+    if (!m.contains("content") && !calls) return Status::usage(where + ".content is missing");
+    if (m.contains("content") && !(calls && m["content"].is_null())) {
+      s = read_content(m["content"], where + ".content", &message.content);
+      if (!s.ok()) return s;
+    }
     r.messages.push_back(std::move(message));
   }
   return {};
@@ -322,6 +340,12 @@ Status read_logprobs(const json& v, Request& r) {
   return {};
 }
 
+// Tools answer chat requests only.
+Status chat_only(const char* field, const Request& r) {
+  if (r.kind == Kind::kChat) return {};
+  return Status::usage(std::string(field) + " is for /v1/chat/completions (tools: the answer a call of a function)");
+}
+
 // ---- the table -------------------------------------------------------------
 
 // One field of the body. `read` checks its value (never null: a null value
@@ -406,16 +430,31 @@ const std::vector<Field>& fields() {
       {"metadata", kBoth, accept},
       {"store", kBoth, accept},
       {"service_tier", kBoth, accept},
-      {"parallel_tool_calls", kBoth, accept},
+      // Tools are chat's (docs/structured-output.md, "Tools"); an answer holds one call. Taken by
+      // both endpoints so that a completion's null is the field left out, as for every field.
+      {"parallel_tool_calls", kBoth,
+       [](const json& v, Request& r) {
+         bool parallel = false;
+         Status s = chat_only("parallel_tool_calls", r);
+         return s.ok() ? read_bool(v, "parallel_tool_calls", &parallel) : s;
+       }},
+      {"tools", kBoth,
+       [](const json& v, Request& r) {
+         Status s = chat_only("tools", r);
+         return s.ok() ? read_tools(v, &r.tools) : s;
+       }},
+      {"tool_choice", kBoth,
+       [](const json& v, Request& r) {
+         Status s = chat_only("tool_choice", r);
+         return s.ok() ? read_tool_choice(v, &r.tools) : s;
+       }},
       // Not served: they would change the answer. Taken by both endpoints, as
       // clients send them to either (refused by name rather than as unknown).
       {"best_of", kBoth, nullptr, is_one, "best_of must be 1: one answer per request is served"},
       {"echo", kBoth, nullptr, is_false, "echo is not served"},
       {"suffix", kBoth, nullptr, is_empty, "suffix (insertion) is not served"},
-      {"tools", kBoth, nullptr, is_empty, "tools (function calling) are not served"},
-      {"tool_choice", kBoth, nullptr, is_none, "tools (function calling) are not served"},
-      {"functions", kBoth, nullptr, is_empty, "functions (function calling) are not served"},
-      {"function_call", kBoth, nullptr, is_none, "functions (function calling) are not served"},
+      {"functions", kBoth, nullptr, is_empty, "functions (OpenAI's older function calling) are not served: give tools"},
+      {"function_call", kBoth, nullptr, is_none, "function_call is not served: give tool_choice"},
       {"modalities", kBoth, nullptr, is_text_modality, "modalities other than [\"text\"] are not served"},
       {"audio", kBoth, nullptr, is_never, "audio output is not served"},
       {"prediction", kBoth, nullptr, is_never, "predicted outputs are not served"},
@@ -457,6 +496,13 @@ StatusOr<Request> read_request(const json& body, Kind kind) {
   if (kind == Kind::kCompletion && (prompt == body.end() || prompt->is_null()))
     return Status::usage("prompt is missing: give a string or an array of token ids");
   if (request.top_logprobs > 0 && !request.logprobs) return Status::usage("top_logprobs needs logprobs: true");
+  Status tools = check_tools(request.tools);
+  if (!tools.ok()) return tools;
+  // A call the answer must be: held to {"name", "arguments"} of the tools.
+  if (request.tools.forced()) {
+    tools = set_constraint(request, "tool_choice", LS_CONSTRAINT_JSON_SCHEMA, call_schema(request.tools));
+    if (!tools.ok()) return tools;
+  }
   if (!request.lora.empty() && request.model != "base")
     return Status::usage(
         "with lora, model must be 'base' (the mix of lora's adapters runs on the foundation alone), got '" +

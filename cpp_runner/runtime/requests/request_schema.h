@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "status.h"
+#include "tool_calls.h"
 
 namespace lora_share::requests {
 
@@ -24,6 +25,8 @@ enum class Kind { kCompletion, kChat };
 struct Message {
   std::string role;  // as given; "developer" is read as "system"
   std::string content;
+  std::vector<ToolCall> tool_calls;  // an assistant's calls (tool_calls.h)
+  std::string tool_call_id;          // a "tool" message: the call it answers
 };
 
 // One adapter of a per-request mix (the "lora" field): ls_lora_term's.
@@ -70,7 +73,8 @@ struct Request {
   int top_logprobs = 0;
   std::vector<int64_t> logit_bias_ids;  // logit_bias, in the order given
   std::vector<double> logit_bias_values;
-  int n = 1;  // choices, sharing one prefill of the prompt
+  int n = 1;    // choices, sharing one prefill of the prompt
+  Tools tools;  // tools and tool_choice (chat)
 };
 
 // Reads and checks a parsed body (bounded_json.h) of `kind`. Every problem is
