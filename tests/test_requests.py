@@ -101,8 +101,8 @@ def test_the_depth_bound_is_exact(runtime):
         ("completion", {"model": "base", "prompt": "hi", "n": 40}, "n must be between 1 and 32, got 40"),
         ("completion", {"model": "base", "prompt": "hi", "logit_bias": {"x": 5}}, "logit_bias has the key 'x'"),
         ("completion", {"model": "base", "prompt": "hi", "prediction": {}}, "predicted outputs are not served"),
-        ("chat", {"model": "base", "messages": CHAT, "tools": [{}]}, "tools (function calling) are not served"),
-        ("chat", {"model": "base", "messages": CHAT, "tool_choice": "auto"}, "tools (function calling)"),
+        ("chat", {"model": "base", "messages": CHAT, "tools": [{}]}, 'tools[0] must be {"type": "function"'),
+        ("chat", {"model": "base", "messages": CHAT, "tool_choice": "auto"}, "tool_choice needs tools"),
         ("chat", {"model": "base", "messages": CHAT, "top_logprobs": 3}, "top_logprobs needs logprobs: true"),
         (
             "chat",
@@ -121,7 +121,7 @@ def test_the_depth_bound_is_exact(runtime):
         (
             "chat",
             {"model": "base", "messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]},
-            "messages[0] has the key 'tool_calls': tools (function calling) are not served",
+            "messages[0] has the key 'tool_calls': tool_calls belong to assistant messages",
         ),
         (
             "completion",

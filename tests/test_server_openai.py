@@ -74,9 +74,9 @@ def test_errors_are_the_clients_exceptions(client):
         client.chat.completions.create(model="nope", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError, match="n must be between 1 and 32"):
         client.chat.completions.create(model=SECOND, messages=MESSAGES, n=33)
-    with pytest.raises(openai.BadRequestError, match="tools"):
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]\.function\.parameters"):
         client.chat.completions.create(
-            model=SECOND, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]
+            model=SECOND, messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f", "parameters": 5}}]
         )
     # Fields that change nothing are accepted.
     r = client.chat.completions.create(model=SECOND, messages=MESSAGES, max_tokens=4, user="u", stream_options=None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -21,9 +22,10 @@ from typing import Literal
 import jsonschema
 import numpy as np
 import pytest
-from conftest import TEXT_ADAPTER
+import yaml
+from conftest import TEXT_ADAPTER, build_config
 from test_server import TIMEOUT, Server, server_bin  # noqa: F401 (fixtures)
-from test_structured_output import eager_log_softmax, json_build, library  # noqa: F401 (fixtures)
+from test_structured_output import eager_log_softmax, library  # noqa: F401 (fixtures)
 
 from lora_share import Runtime
 
@@ -51,6 +53,23 @@ class Form(pydantic.BaseModel):
     count: int = pydantic.Field(ge=0, le=99)
     word: str = pydantic.Field(max_length=6)
     ok: bool
+
+
+# Room for the tools' text in the system message: the tiny byte-level vocabulary (400) spends a token on
+# about every character.
+CONTEXT = 1024
+
+
+@pytest.fixture(scope="module")
+def json_build(text_build, tmp_path_factory):
+    """text_build with a context of CONTEXT (the same checkpoint, tokenizer and adapter)."""
+    root = tmp_path_factory.mktemp("api")
+    shutil.copytree(text_build.build.out_dir, root / "out")  # the adapter's files are reused
+    cfg = yaml.safe_load(text_build.build.config.read_text())
+    cfg["foundation"].update(checkpoint=str(text_build.checkpoint), max_seq_len=CONTEXT)
+    cfg["adapters"] = [{"name": TEXT_ADAPTER, "peft": str(text_build.peft)}]
+    (root / "deploy.yaml").write_text(yaml.safe_dump(cfg))
+    return build_config(root / "deploy.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +264,111 @@ def test_the_runtime_answers_as_the_server(server, runtime):
         assert (a["token"], a["bytes"]) == (b["token"], b["bytes"])
         assert math.isclose(a["logprob"], b["logprob"], abs_tol=1e-4)
         assert [t["token"] for t in a["top_logprobs"]] == [t["token"] for t in b["top_logprobs"]]
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+DIGIT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "pick", "parameters": DIGIT}},
+]
+SCHEMAS = {"get_weather": WEATHER, "pick": DIGIT}
+
+
+def tools_prompt(tools) -> str:
+    """docs/structured-output.md's generic format, written out here from the doc."""
+    listed = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            # The body's objects are read with their keys sorted: the parameters come out so.
+            "parameters": json.loads(json.dumps(t["function"].get("parameters", {}), sort_keys=True)),
+        }
+        for t in tools
+    ]
+    return (
+        "You can call these functions:\n"
+        + json.dumps(listed, separators=(",", ":"))
+        + '\nTo call one, answer with only a JSON object {"name": the function\'s name, "arguments": its arguments}.'
+    )
+
+
+def test_a_named_tool_choice_is_a_valid_call_and_its_result_is_answered(client, runtime):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model=TEXT_ADAPTER, messages=MESSAGES, tools=TOOLS, tool_choice=named)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    # The prompt is the documented generic format in the build's chat template.
+    rendered = [{"role": "system", "content": tools_prompt(TOOLS)}, *MESSAGES]
+    prompt = runtime.tokenize(runtime._rt.tokenizer().apply_chat_template(rendered), add_special=False)
+    assert r.usage.prompt_tokens == len(prompt)
+    # The call and its result sent back: answered, and rendered as documented.
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"},
+    ]
+    answer = client.chat.completions.create(
+        model=TEXT_ADAPTER, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length") and isinstance(answer.choices[0].message.content, str)
+    arguments = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
+    rendered = [
+        *MESSAGES,
+        {"role": "assistant", "content": '{"name":"get_weather","arguments":' + arguments + "}"},
+        {"role": "user", "content": f"Result of get_weather ({call.id}): sunny, 21"},
+    ]
+    prompt = runtime.tokenize(runtime._rt.tokenizer().apply_chat_template(rendered), add_special=False)
+    assert answer.usage.prompt_tokens == len(prompt)
+
+
+def test_required_with_two_tools_calls_one_of_them(client):
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=TEXT_ADAPTER, messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed
+        )
+        assert r.choices[0].finish_reason == "tool_calls"
+        (call,) = r.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_a_streamed_call_is_the_whole_ones(client):
+    kwargs = dict(model=TEXT_ADAPTER, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=2, temperature=1.0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    calls, finish = [], None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in calls] == [(whole.function.name, whole.function.arguments)]
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools[0].function.parameters"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+        ),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ],
+)
+def test_bad_tools_are_a_400_naming_the_field(server, fields, words):
+    status, r = post(server, {"model": TEXT_ADAPTER, "messages": MESSAGES, **fields})
+    assert status == 400, r
+    assert words in r["error"]["message"]
