@@ -28,6 +28,8 @@ from schema_corpus import corpus
 
 from lora_share.inference import c_library as native
 
+pytestmark = pytest.mark.slow  # its own export (a 512-token context) and 225 schemas' answers
+
 PROMPT_TEXT = "Answer in JSON: the fox and the dog."
 LONG_CONTEXT = 512  # room for nested JSON answers of a byte-level vocabulary of 400
 MAX_NEW = 490  # with the prompt, within the context

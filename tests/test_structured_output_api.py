@@ -29,6 +29,8 @@ from test_structured_output import eager_log_softmax, library  # noqa: F401 (fix
 
 from lora_share import Runtime
 
+pytestmark = pytest.mark.slow  # its own export (a 1024-token context), a server and transformers
+
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
 
