@@ -168,6 +168,13 @@ std::vector<flags::Flag> table(Options& o) {
          o.no_packed_cache = true;
          return Status();
        }},
+      {"no-speculation", nullptr, "off",
+       "no request verifies drafts (with --parallel > 1 speculative decoding is on by default: the same "
+       "answers, faster on text the answer copies)",
+       [&o](const std::string&) {
+         o.no_speculation = true;
+         return Status();
+       }},
       {"no-weight-cache", nullptr, "off",
        "turn XNNPACK's shared weight cache off (each adapter packs its own "
        "copy of the foundation; for benchmarks)",

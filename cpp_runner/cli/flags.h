@@ -32,6 +32,7 @@ struct Options {
   bool json = false;                // --json
   std::string packed_cache;         // --packed-cache (a folder; "" = the default ones)
   bool no_packed_cache = false;     // --no-packed-cache
+  bool no_speculation = false;      // --no-speculation (ls_options.speculation 0)
   bool no_weight_cache = false;     // --no-weight-cache
   bool no_huge_pages = false;       // --no-huge-pages
   bool stock = false;               // --stock

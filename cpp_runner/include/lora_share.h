@@ -180,6 +180,9 @@ typedef struct {
                                 folder can be written, else in the user's cache
                                 folder; else this folder (made if missing; one
                                 that cannot be written is refused at open) */
+  int speculation;                 /* nonzero (default): with parallel > 1, requests
+                                      may verify drafts (SPECULATION); 0: none does
+                                      (--no-speculation) */
 } ls_options;
 
 /* STRUCTURED OUTPUT (docs/structured-output.md). ls_generate_options.
@@ -298,6 +301,21 @@ typedef struct {
   ls_token_info_callback on_token_info; /* NULL (default), or called with each
                                            token of each choice */
   void* token_info_user_data;
+  /* SPECULATION. With parallel > 1 and a program whose decode_batch takes
+   * drafts (exporter revision 14), each step a row may carry its last token
+   * and up to 8 guessed next ones (drafts: prompt lookup over the prompt and
+   * the answer so far, and `prediction`), checked in the one batched step:
+   * each token is picked from the logits after the one before it, exactly as
+   * one-token decode picks it, and the drafts are kept while they are the
+   * picks. Answers are the same with and without (greedy: the same ids;
+   * sampled: the same draws of the same seed); only the speed differs. */
+  int speculative;           /* nonzero (default): draft; 0: never */
+  const int64_t* prediction; /* OpenAI's Predicted Outputs: the answer as the
+                                caller expects it, ids; NULL (default): none */
+  size_t n_prediction;
+  uint64_t* drafted;  /* NULL (default), or set when the call returns: the
+                         drafts verified for this request */
+  uint64_t* accepted; /* NULL, or set: those of them kept */
 } ls_generate_options;
 
 /* Called with each generated token id, in order. Return 0 to go on, nonzero
@@ -344,6 +362,9 @@ typedef struct {
                                      decoding */
   uint64_t slots_cleared;         /* slots whose KV held a non-finite value after
                                      a request: cleared, not continued (THREADS) */
+  /* SPECULATION: drafts verified in all, and those kept. */
+  uint64_t drafted_tokens;
+  uint64_t accepted_tokens;
 } ls_runtime_stats;
 
 /* Defaults: no shared file, verify on, no budget, one slot. */
@@ -558,6 +579,10 @@ typedef struct {
   uint64_t prompt_tokens;     /* the prompt's ids */
   uint64_t completion_tokens; /* generated ids, an EOS that ended it excluded */
   ls_finish_reason finish_reason;
+  /* SPECULATION (REQUESTS): drafts kept and drafts not, as OpenAI's
+   * usage.completion_tokens_details names them */
+  uint64_t accepted_prediction_tokens;
+  uint64_t rejected_prediction_tokens;
 } ls_text_result;
 
 /* ls_generate_named with text: `prompt` (UTF-8) encoded with the runtime's
@@ -601,7 +626,7 @@ LS_API ls_status ls_runtime_eos_ids(ls_runtime* runtime, const int64_t** ids, si
  * json_schema, logprobs with top_logprobs, logit_bias, n, and chat's tools
  * with tool_choice (the history's tool_calls and tool messages rendered in a
  * generic format). A field that would change the answer and is not served
- * (best_of > 1, echo, suffix, functions, prediction, ...) is refused by
+ * (best_of > 1, echo, suffix, functions, ...) is refused by
  * name unless it holds its no-op value, as is any field the schema does not
  * know; fields that change nothing (user, metadata, ...) are accepted and a
  * null value is the field left out. Every problem is LS_ERR_REQUEST with one

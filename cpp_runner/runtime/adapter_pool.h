@@ -82,6 +82,7 @@ struct PoolOptions {
   // (batch/batch_engine.h runs it), so the budget counts every slot; 1: one
   // cache, the one-row path alone.
   size_t parallel = 1;
+  bool speculation = true;  // ls_options.speculation: batched requests may verify drafts
 };
 
 // What loading did, for the runner's report.
@@ -241,6 +242,7 @@ class AdapterPool {
 
   // KV slots: requests the runtime batches at once (PoolOptions.parallel).
   size_t parallel() const { return options_.parallel; }
+  bool speculation() const { return options_.speculation; }
 
   // The build's end-of-sequence ids (manifest.h, eos_ids_of); may be none.
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }

@@ -155,6 +155,7 @@ PoolOptions pool_options(const ls_options* options) {
   p.parallel = static_cast<size_t>(o.parallel);
   p.packed_cache = o.packed_cache != 0;
   p.packed_cache_dir = o.packed_cache_dir ? o.packed_cache_dir : "";
+  p.speculation = o.speculation != 0;
   return p;
 }
 
@@ -177,7 +178,8 @@ ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status u
   rt->pool = std::move(pool.value());
   rt->runner_messages = runner_messages;
   if (rt->pool->parallel() > 1)
-    rt->scheduler = std::make_unique<Scheduler>(*rt->pool, rt->lock, rt->lock_waiters, rt->pool->parallel());
+    rt->scheduler = std::make_unique<Scheduler>(*rt->pool, rt->lock, rt->lock_waiters, rt->pool->parallel(),
+                                                rt->pool->speculation());
   clear_error(error);
   return rt;
 }
@@ -188,8 +190,9 @@ namespace {
 // pinned under the lock (as AdapterPool::generate does), then run with the
 // lock released, so that the scheduler and the other callers go on.
 StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int64_t> prompt, int64_t max_new_tokens,
-                                  const Picking& picking, const std::vector<int64_t>& stop_ids, bool cache_prompt,
-                                  const GenerateExtras& extras, const TokenCallback& callback) {
+                                  const Picking& picking, const std::vector<int64_t>& stop_ids,
+                                  const ls_generate_options& o, const GenerateExtras& extras,
+                                  const TokenCallback& callback) {
   Status s = rt->pool->check(index, prompt, max_new_tokens, extras.prompt_label);
   if (!s.ok()) return s;
   s = rt->pool->pin(index);
@@ -201,7 +204,9 @@ StatusOr<Generation> run_in_batch(ls_runtime* rt, size_t index, std::vector<int6
   request.picking = picking;
   request.stop_ids = stop_ids;
   request.keep_logits = extras.keep_logits;
-  request.cache_prompt = cache_prompt;
+  request.cache_prompt = o.cache_prompt != 0;
+  request.speculative = o.speculative != 0;
+  if (o.prediction != nullptr) request.prediction.assign(o.prediction, o.prediction + o.n_prediction);
   StatusOr<Generation> g = Status::failure("not run");
   {
     Unguard waiting(rt);
@@ -263,10 +268,10 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
   if (status != LS_OK) return status;
   TokenCallback callback = caller_callback(o, on_token, user_data);
   std::vector<int64_t> ids(prompt, prompt + n);
-  auto g = rt->scheduler ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, picking, stop_ids,
-                                        o.cache_prompt != 0, extras, callback)
-                         : rt->pool->generate(index, ids, o.max_new_tokens, picking, stop_ids, extras.keep_logits,
-                                              callback, extras.prompt_label);
+  auto g = rt->scheduler
+               ? run_in_batch(rt, index, std::move(ids), o.max_new_tokens, picking, stop_ids, o, extras, callback)
+               : rt->pool->generate(index, ids, o.max_new_tokens, picking, stop_ids, extras.keep_logits, callback,
+                                    extras.prompt_label);
   if (!g.ok()) {
     // Usage errors come from the request's check; failures from loading or running.
     bool loading = !rt->pool->resident(index);
@@ -274,6 +279,8 @@ ls_status generate_index(ls_runtime* rt, size_t index, const int64_t* prompt, si
       return report(error, g.status(), LS_ERR_BUDGET, LS_ERR_BUDGET, rt->runner_messages);
     return report(error, g.status(), LS_ERR_REQUEST, loading ? LS_ERR_LOAD : LS_ERR_RUN, rt->runner_messages);
   }
+  if (o.drafted != nullptr) *o.drafted = g->drafted;
+  if (o.accepted != nullptr) *o.accepted = g->accepted;
   if (extras.result) *extras.result = std::move(g.value());
   clear_error(error);
   return LS_OK;

@@ -30,6 +30,7 @@ void ls_options_init(ls_options* options) {
   options->parallel = 1;
   options->packed_cache = 1;
   options->packed_cache_dir = nullptr;
+  options->speculation = 1;
 }
 
 void ls_generate_options_init(ls_generate_options* options) {
@@ -57,6 +58,11 @@ void ls_generate_options_init(ls_generate_options* options) {
   options->n = 1;
   options->on_token_info = nullptr;
   options->token_info_user_data = nullptr;
+  options->speculative = 1;
+  options->prediction = nullptr;
+  options->n_prediction = 0;
+  options->drafted = nullptr;
+  options->accepted = nullptr;
 }
 
 const char* ls_status_name(ls_status code) {
@@ -439,6 +445,8 @@ ls_status ls_stats(ls_runtime* runtime, ls_runtime_stats* stats, ls_error* error
   stats->mask_ms = ms(c.mask_ns);
   stats->mask_wait_ms = ms(c.mask_wait_ns);
   stats->slots_cleared = b.slots_cleared;
+  stats->drafted_tokens = b.drafted;
+  stats->accepted_tokens = b.accepted;
   clear_error(error);
   return LS_OK;
 }

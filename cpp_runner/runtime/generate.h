@@ -23,7 +23,8 @@ struct Generation {
   std::vector<float> logits;  // rows x vocab, row-major; empty unless kept
   int64_t rows = 0;
   int64_t vocab = 0;
-  uint64_t prompt_fed = 0;  // prompt tokens run through the model (n choices share them)
+  uint64_t prompt_fed = 0;             // prompt tokens run through the model (n choices share them)
+  uint64_t drafted = 0, accepted = 0;  // speculative decoding: drafts verified, and those kept
   double prefill_ms = 0, decode_ms = 0;
   std::optional<double> prefill_tokens_per_s, decode_tokens_per_s;
 };

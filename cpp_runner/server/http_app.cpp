@@ -172,6 +172,8 @@ void App::stats(httplib::Response& res) {
                         {"slots_cleared", s.slots_cleared},
                         {"batch_steps", s.batch_steps},
                         {"batch_size_counts", batch_sizes},
+                        {"drafted_tokens", s.drafted_tokens},
+                        {"accepted_tokens", s.accepted_tokens},
                         {"requests", requests_.load()},
                         {"adapters_known", s.adapters_known},
                         {"adapters_resident", s.adapters_resident},

@@ -96,6 +96,13 @@ std::vector<flags::Flag> table(ServerOptions& o) {
          o.no_packed_cache = true;
          return Status();
        }},
+      {"no-speculation", nullptr, "",
+       "no request verifies drafts (speculative decoding is on by default: the same answers, faster on "
+       "text the answer copies)",
+       [&o](const std::string&) {
+         o.no_speculation = true;
+         return Status();
+       }},
       {"help", nullptr, "", "print this help",
        [&o](const std::string&) {
          o.help = true;

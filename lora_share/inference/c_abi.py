@@ -50,6 +50,7 @@ class LsOptions(ctypes.Structure):
         ("parallel", ctypes.c_int),
         ("packed_cache", ctypes.c_int),
         ("packed_cache_dir", ctypes.c_char_p),
+        ("speculation", ctypes.c_int),
     ]
 
 
@@ -116,6 +117,8 @@ class LsStats(ctypes.Structure):
         ("mask_ms", ctypes.c_double),
         ("mask_wait_ms", ctypes.c_double),
         ("slots_cleared", ctypes.c_uint64),
+        ("drafted_tokens", ctypes.c_uint64),
+        ("accepted_tokens", ctypes.c_uint64),
     ]
 
 
@@ -132,6 +135,8 @@ class LsTextResult(ctypes.Structure):
         ("prompt_tokens", ctypes.c_uint64),
         ("completion_tokens", ctypes.c_uint64),
         ("finish_reason", ctypes.c_int),
+        ("accepted_prediction_tokens", ctypes.c_uint64),
+        ("rejected_prediction_tokens", ctypes.c_uint64),
     ]
 
 

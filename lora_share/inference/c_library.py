@@ -234,6 +234,8 @@ class Request:
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
             "finish_reason": FINISH_REASONS[result.finish_reason],
+            "accepted_prediction_tokens": result.accepted_prediction_tokens,
+            "rejected_prediction_tokens": result.rejected_prediction_tokens,
         }
 
 
@@ -485,14 +487,17 @@ def _options(
     adapter_overhead_bytes: int = 0,
     parallel: int = 1,
     packed_cache=True,
+    speculation: bool = True,
 ) -> _Options:
-    """ls_options; ``packed_cache``: True (the default folders), False (packed in memory) or a folder."""
+    """ls_options; ``packed_cache``: True (the default folders), False (packed in memory) or a folder;
+    ``speculation`` False: no request verifies drafts (lora_share.h, SPECULATION)."""
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
     opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes
     opts.adapter_overhead_bytes, opts.parallel = adapter_overhead_bytes, parallel
     opts.packed_cache = int(packed_cache is not False)
     opts.packed_cache_dir = None if isinstance(packed_cache, bool) else _path(packed_cache)
+    opts.speculation = int(speculation)
     return opts
 
 
@@ -505,13 +510,14 @@ def open(
     library=None,
     parallel: int = 1,
     packed_cache=True,
+    speculation: bool = True,
 ) -> Runtime:
     """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``. ``parallel``: KV slots,
     requests from several threads batched at once (lora_share.h, THREADS); ``packed_cache``: the
     packed-weights file (lora_share.h, PACKED WEIGHTS): True, False (off) or its folder."""
     lib = load_library(library)
     err = _Error()
-    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes, parallel, packed_cache)
+    opts = _options(lib, shared_ptd, verify, budget_bytes, adapter_overhead_bytes, parallel, packed_cache, speculation)
     h = lib.ls_open(_path(ptd), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)
@@ -526,6 +532,7 @@ def open_dir(
     library=None,
     parallel: int = 1,
     packed_cache=True,
+    speculation: bool = True,
 ) -> Runtime:
     """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``
     (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default;
@@ -533,7 +540,7 @@ def open_dir(
     packed-weights file, True, False (off) or its folder)."""
     lib = load_library(library)
     err = _Error()
-    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes, parallel, packed_cache)
+    opts = _options(lib, None, verify, budget_bytes, adapter_overhead_bytes, parallel, packed_cache, speculation)
     h = lib.ls_open_dir(_path(folder), ctypes.byref(opts), ctypes.byref(err))
     if not h:
         _raise(lib, err)

@@ -45,6 +45,11 @@ REQUEST_FIELDS = [
     ("n", ctypes.c_int),
     ("on_token_info", TOKEN_INFO_CALLBACK),
     ("token_info_user_data", ctypes.c_void_p),
+    ("speculative", ctypes.c_int),
+    ("prediction", ctypes.POINTER(ctypes.c_int64)),
+    ("n_prediction", ctypes.c_size_t),
+    ("drafted", ctypes.POINTER(ctypes.c_uint64)),
+    ("accepted", ctypes.POINTER(ctypes.c_uint64)),
 ]
 
 
@@ -55,13 +60,16 @@ def set_request_options(
     logprobs: bool = False,
     top_logprobs: int = 0,
     n: int = 1,
+    speculative: bool = True,
+    prediction: list[int] | None = None,
 ) -> list:
     """Fills ``opts`` (an ls_generate_options from ls_generate_options_init) with these options; returns
     the ctypes objects its pointers point into, which the caller keeps alive while the call runs.
 
     ``constraint``: one key, the kind, and its value: ``{"json_schema": schema}`` (a dict, dumped, or
     its JSON text), ``{"json_object": True}``, ``{"grammar": ebnf}``, ``{"regex": pattern}``,
-    ``{"choices": [text, ...]}``. ``logit_bias``: ``{token id: bias}``."""
+    ``{"choices": [text, ...]}``. ``logit_bias``: ``{token id: bias}``. ``speculative`` False: no drafts;
+    ``prediction``: the answer's ids as expected, drafted from (lora_share.h's SPECULATION)."""
     keep: list = []
     if constraint is not None:
         if not (isinstance(constraint, dict) and len(constraint) == 1 and next(iter(constraint)) in CONSTRAINT_KINDS):
@@ -82,6 +90,11 @@ def set_request_options(
         keep += [ids, values]
         opts.logit_bias_ids, opts.logit_bias_values, opts.n_logit_bias = ids, values, len(logit_bias)
     opts.logprobs, opts.top_logprobs, opts.n = int(logprobs), top_logprobs, n
+    opts.speculative = int(speculative)
+    if prediction:
+        ids = (ctypes.c_int64 * len(prediction))(*prediction)
+        keep.append(ids)
+        opts.prediction, opts.n_prediction = ids, len(prediction)
     return keep
 
 

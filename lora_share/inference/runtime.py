@@ -38,7 +38,9 @@ class Runtime:
     liblora_share.so to use instead of the installed one. ``parallel``: KV slots; calls from that many
     threads at once run in one batch (lora_share.h, THREADS), 1: one at a time. ``packed_cache``:
     XNNPACK's packed weights kept in a file between starts (lora_share.h, PACKED WEIGHTS): True (beside
-    the deployment, else the user's cache folder), False (packed in memory at every start) or a folder."""
+    the deployment, else the user's cache folder), False (packed in memory at every start) or a folder.
+    ``speculation`` False: no request verifies drafts (with parallel > 1 they do by default: the same
+    answers, faster where the answer copies its prompt or its ``prediction``)."""
 
     def __init__(
         self,
@@ -47,10 +49,16 @@ class Runtime:
         library: str | os.PathLike | None = None,
         parallel: int = 1,
         packed_cache: bool | str | os.PathLike = True,
+        speculation: bool = True,
     ):
         self.path = os.fspath(path)
         self._rt = c_library.open_dir(
-            self.path, budget_bytes=budget_bytes, library=library, parallel=parallel, packed_cache=packed_cache
+            self.path,
+            budget_bytes=budget_bytes,
+            library=library,
+            parallel=parallel,
+            packed_cache=packed_cache,
+            speculation=speculation,
         )
 
     def __enter__(self):

@@ -5,6 +5,7 @@
 
 #include "adapter_on_foundation.h"
 #include "kv_rows.h"
+#include "drafter.h"
 
 namespace lora_share {
 
@@ -40,15 +41,19 @@ struct Scheduler::Job {
   bool ended = false;
   Status failure;  // why it ended, if it failed
   Clock::time_point admitted, first_token, last_token;
+  std::unique_ptr<Drafter> drafter;  // null: it does not speculate
+  uint64_t drafted = 0, accepted = 0;
 
   bool decoding() const { return fed == request.prompt.size() && !ended; }
 };
 
-Scheduler::Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots)
+Scheduler::Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots,
+                     bool speculation)
     : pool_(pool),
       pool_lock_(pool_lock),
       lock_waiters_(lock_waiters),
       slots_(slots),
+      speculation_(speculation),
       batch_size_counts_(slots, 0),
       thread_([this] { loop(); }) {}
 
@@ -110,6 +115,8 @@ SchedulerStats Scheduler::stats() const {
   s.prompt_fed = prompt_fed_;
   s.slots_cleared = slots_cleared_;
   s.batch_size_counts = batch_size_counts_;
+  s.drafted = drafted_;
+  s.accepted = accepted_;
   if (table_) {
     s.slots_in_use = table_->in_use();
     s.prefix_hits = table_->prefix_hits();
@@ -270,6 +277,12 @@ void Scheduler::admit() {
         continue;
       }
       job.placed = true;
+      // Drafts need a decode_batch that takes them (exporter revision 14).
+      if (speculation_ && job.request.speculative && engine_->max_row_tokens() > 1) {
+        DrafterOptions options;
+        options.max_drafts = engine_->max_row_tokens() - 1;
+        job.drafter = std::make_unique<Drafter>(job.request.prompt, job.request.prediction, options);
+      }
       job.picker.prepare();                  // its first mask, filled while the prompt runs
       pool_.begin_use(job.request.adapter);  // until it leaves: the budget's eviction skips it
       active_.push_back(&job);
@@ -373,15 +386,24 @@ void Scheduler::end_orphans() {
 
 void Scheduler::decode_all() {
   pack();
-  std::vector<BatchRow> rows;
+  std::vector<DraftRow> rows;
+  bool drafting = false;
   for (Job* job : active_) {
     if (!job->decoding() || job->tokens.empty()) break;  // packed: decoding rows first
-    rows.push_back(BatchRow{job->row, job->slot, job->tokens.back(),
+    std::vector<int64_t> tokens{job->tokens.back()};
+    std::vector<int64_t> drafts = drafts_of(*job);
+    drafting = drafting || !drafts.empty();
+    tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+    rows.push_back(DraftRow{job->row, job->slot, std::move(tokens),
                             static_cast<int64_t>(job->request.prompt.size() + job->tokens.size() - 1)});
   }
   if (rows.empty()) return;
+  if (drafting) return verify_all(rows);
+  // No row drafts: a plain step (one token a row, no padding).
+  std::vector<BatchRow> plain;
+  for (const DraftRow& r : rows) plain.push_back(BatchRow{r.row, r.slot, r.tokens[0], r.pos});
   std::vector<float> logits;
-  Status s = engine_->decode(rows, &logits);
+  Status s = engine_->decode(plain, &logits);
   if (!s.ok()) {
     for (size_t b = 0; b < rows.size(); ++b) active_[b]->ended = true, active_[b]->failure = s;
     return;
@@ -391,9 +413,62 @@ void Scheduler::decode_all() {
   const size_t vocab = static_cast<size_t>(engine_->vocab_size());
   for (size_t b = 0; b < rows.size(); ++b) {
     Job& job = *active_[b];
-    table_->fed(job.slot, &rows[b].token, 1);
+    table_->fed(job.slot, &plain[b].token, 1);
     std::vector<float> row(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab);
     deliver(job, row);
+  }
+}
+
+std::vector<int64_t> Scheduler::drafts_of(Job& job) {
+  if (!job.drafter) return {};
+  const int64_t pos = static_cast<int64_t>(job.request.prompt.size() + job.tokens.size() - 1);
+  // A step gains at most its drafts + 1 tokens; drafts past max_new_tokens or the context are waste.
+  const int64_t room = std::min({static_cast<int64_t>(engine_->max_row_tokens()) - 1,
+                                 job.request.max_new_tokens - static_cast<int64_t>(job.tokens.size()) - 1,
+                                 engine_->max_seq_len() - 1 - pos});
+  if (room <= 0) return {};
+  std::vector<int64_t> drafts = job.drafter->propose();
+  if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
+  return drafts;
+}
+
+void Scheduler::verify_all(std::vector<DraftRow>& rows) {
+  std::vector<float> logits;
+  Status s = engine_->verify(rows, &logits);
+  if (!s.ok()) {
+    for (size_t b = 0; b < rows.size(); ++b) active_[b]->ended = true, active_[b]->failure = s;
+    return;
+  }
+  ++batch_steps_;
+  ++batch_size_counts_[rows.size() - 1];
+  const size_t vocab = static_cast<size_t>(engine_->vocab_size());
+  auto at = logits.begin();
+  for (size_t b = 0; b < rows.size(); ++b) {
+    Job& job = *active_[b];
+    const std::vector<int64_t>& tokens = rows[b].tokens;
+    // Each token is picked from the logits after the one before it, as one-token decode picks it (the
+    // same picker: greedy, or a sample from the same generator); the next draft is verified only if the
+    // pick was it. A sampled row thus keeps the target's distribution (with drafts that are certain,
+    // speculative sampling's rule is "draw from p, keep the draft if the draw is it"), and draws the
+    // same numbers as without drafts: the same seed, the same answer.
+    size_t gained = 0;
+    while (gained < tokens.size()) {
+      std::vector<float> row(at + static_cast<std::ptrdiff_t>(gained * vocab),
+                             at + static_cast<std::ptrdiff_t>((gained + 1) * vocab));
+      deliver(job, row);
+      ++gained;
+      if (job.ended || gained == tokens.size() || job.tokens.back() != tokens[gained]) break;
+    }
+    at += static_cast<std::ptrdiff_t>(tokens.size() * vocab);
+    // The row's last token and its accepted drafts hold their K/V in the slot now; the rejected drafts'
+    // K/V lie past the next position (a ring keeps spare rows for them) and are written over.
+    table_->fed(job.slot, tokens.data(), gained);
+    const size_t drafted = tokens.size() - 1, accepted = gained - 1;
+    if (job.drafter) job.drafter->feedback(drafted, accepted);  // a row without drafter carried none
+    job.drafted += drafted;
+    job.accepted += accepted;
+    drafted_ += drafted;
+    accepted_ += accepted;
   }
 }
 
@@ -406,6 +481,7 @@ void Scheduler::deliver(Job& job, std::vector<float>& logits) {
     return;
   }
   job.tokens.push_back(token->token);
+  if (job.drafter) job.drafter->extend(&token->token, 1);
   job.last_token = Clock::now();
   const auto& stop = job.request.stop_ids;
   if (static_cast<int64_t>(job.tokens.size()) >= job.request.max_new_tokens ||
@@ -453,6 +529,8 @@ void Scheduler::finish(Job& job, const Status& status, const Generation* alone) 
   g.rows = job.request.keep_logits ? static_cast<int64_t>(job.tokens.size()) : 0;
   g.logits = std::move(job.logits);
   g.tokens = job.tokens;
+  g.drafted = job.drafted;
+  g.accepted = job.accepted;
   if (alone != nullptr) {
     g.prefill_ms = alone->prefill_ms;
     g.decode_ms = alone->decode_ms;

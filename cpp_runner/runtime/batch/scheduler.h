@@ -69,6 +69,11 @@ struct BatchRequest {
   // false: the prompt is fed from position 0 even when a slot holds its
   // start (ls_generate_options.cache_prompt).
   bool cache_prompt = true;
+  // Speculative decoding (docs/batching.md, "Drafts in the batch"): on, its
+  // rows verify drafts from prompt lookup and from `prediction` (OpenAI's
+  // Predicted Outputs, as ids) when the program's decode_batch takes them.
+  bool speculative = true;
+  std::vector<int64_t> prediction;
 };
 
 // Counters for ls_runtime_stats.
@@ -77,6 +82,7 @@ struct SchedulerStats {
   uint64_t prefix_hits = 0, prefix_tokens = 0, batch_steps = 0, slots_cleared = 0;
   uint64_t prompt_fed = 0;                  // prompt tokens run through the model
   std::vector<uint64_t> batch_size_counts;  // [b - 1]: decode steps of b rows
+  uint64_t drafted = 0, accepted = 0;       // drafts verified, and those kept
 };
 
 class Scheduler {
@@ -84,7 +90,9 @@ class Scheduler {
   // `slots` KV slots over `pool`, whose calls the scheduler makes holding
   // `pool_lock`; `lock_waiters` counts the threads waiting for that lock (the
   // scheduler lets them in between its iterations).
-  Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots);
+  // `speculation` false: no request drafts (--no-speculation).
+  Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots,
+            bool speculation = true);
   // Ends the thread; requests still queued end with an error.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -110,6 +118,14 @@ class Scheduler {
   // together start in one step, a long one delays the others by one chunk.
   void prefill_chunks();
   void decode_all();
+  // This step's drafts of `job` (none without its drafter), cut to what the
+  // row, its tokens to go and the context leave room for.
+  std::vector<int64_t> drafts_of(Job& job);
+  // The step's rows, each of its last token and its drafts: verified, and
+  // each row's tokens picked in turn from its logits while they are its
+  // drafts; the accepted K/V are committed to the slot table, the rest is
+  // written past the row's position and rolled back (overwritten later).
+  void verify_all(std::vector<DraftRow>& rows);
   // Choice `sibling` starts from its leader's prompt: the leader's slot's KV
   // copied into its own, its first token picked from the prompt's `logits`.
   void fork(Job& sibling, const Job& leader, const std::vector<float>& logits);
@@ -144,6 +160,7 @@ class Scheduler {
   std::mutex& pool_lock_;
   std::atomic<int>& lock_waiters_;
   const size_t slots_;
+  const bool speculation_;
 
   // The scheduler thread's own state (read by stats() under the pool's lock).
   std::unique_ptr<BatchEngine> engine_;
@@ -154,6 +171,7 @@ class Scheduler {
   std::deque<Job*> waiting_;
   std::vector<Job*> active_;  // index = engine row
   uint64_t batch_steps_ = 0, prompt_fed_ = 0;
+  uint64_t drafted_ = 0, accepted_ = 0;
   uint64_t slots_cleared_ = 0;  // over every slot table
   std::vector<uint64_t> batch_size_counts_;
 

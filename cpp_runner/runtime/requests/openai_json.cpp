@@ -21,7 +21,10 @@ json usage(const Answer& answer) {
   for (const Choice& c : answer.choices) completion += static_cast<int64_t>(c.tokens.size());
   return {{"prompt_tokens", answer.prompt_tokens},
           {"completion_tokens", completion},
-          {"total_tokens", answer.prompt_tokens + completion}};
+          {"total_tokens", answer.prompt_tokens + completion},
+          {"completion_tokens_details",
+           {{"accepted_prediction_tokens", answer.accepted_prediction_tokens},
+            {"rejected_prediction_tokens", answer.rejected_prediction_tokens}}}};
 }
 
 json envelope(const AnswerId& id, bool chunk) {

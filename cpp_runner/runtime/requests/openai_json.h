@@ -49,6 +49,8 @@ struct Answer {
   std::vector<Choice> choices;
   int64_t prompt_tokens = 0;
   bool logprobs = false;  // the request asked for them: "logprobs" is filled, not null
+  // Drafts kept and not (ls_generate_options.drafted, accepted).
+  int64_t accepted_prediction_tokens = 0, rejected_prediction_tokens = 0;
 };
 
 // The response object of a non-streamed request.

@@ -97,6 +97,8 @@ ls_status ls_request_generation(const ls_request* request, const int64_t** promp
   *n = request->ids.size();
   *adapter = request->adapter.c_str();
   *options = rq::generate_options(request->request, request->max_new_tokens);
+  options->prediction = request->prediction.empty() ? nullptr : request->prediction.data();
+  options->n_prediction = request->prediction.size();
   clear_error(error);
   return LS_OK;
 }

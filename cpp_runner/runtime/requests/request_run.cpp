@@ -138,6 +138,13 @@ ls_status prompt_ids(ls_runtime* runtime, ls_request* request, ls_error* error) 
                 std::string(r.kind == Kind::kChat ? "messages are" : "prompt is") + " text, and " + no_tokenizer);
   if (!r.stop.empty() && request->tokenizer == nullptr)
     return fail(error, LS_ERR_REQUEST, "stop needs the text of the answer, and " + no_tokenizer + ": leave stop out");
+  if (r.prediction && request->tokenizer == nullptr)
+    return fail(error, LS_ERR_REQUEST, "prediction is text, and " + no_tokenizer + ": leave prediction out");
+  if (r.prediction) {
+    // The answer's ids as the model writes them: no special tokens.
+    ls_status s = encode(request->tokenizer, *r.prediction, /*add_special=*/false, &request->prediction, &e);
+    if (s != LS_OK) return fail(error, s, std::string("prediction: ") + e.message);
+  }
   if (r.kind == Kind::kChat) return chat_prompt(request->tokenizer, r, &request->ids, error);
   if (r.prompt_is_ids) {
     request->ids = r.prompt_ids;
@@ -302,6 +309,7 @@ ls_generate_options generate_options(const Request& request, int64_t max_new_tok
   g.logprobs = request.logprobs ? 1 : 0;
   g.top_logprobs = request.top_logprobs;
   g.n = request.n;
+  g.speculative = request.speculative ? 1 : 0;
   return g;
 }
 
@@ -389,11 +397,18 @@ ls_status run(ls_request* request, ls_event_callback on_event, void* user_data, 
   ls_generate_options options = generate_options(r, request->max_new_tokens);
   options.on_token_info = &Run::on_token;
   options.token_info_user_data = &state;
+  uint64_t drafted = 0, accepted = 0;
+  options.prediction = request->prediction.empty() ? nullptr : request->prediction.data();
+  options.n_prediction = request->prediction.size();
+  options.drafted = &drafted;
+  options.accepted = &accepted;
   if (!state.client_gone) {
     s = ls_generate_named(runtime, request->adapter.c_str(), request->ids.data(), request->ids.size(), &options,
                           nullptr, nullptr, error);
     if (s != LS_OK) return s;
   }
+  state.answer.accepted_prediction_tokens = static_cast<int64_t>(accepted);
+  state.answer.rejected_prediction_tokens = static_cast<int64_t>(drafted - accepted);
   if (!state.client_gone) {
     std::vector<std::string> tails;
     for (size_t c = 0; c < state.choices.size(); ++c) tails.push_back(state.finish_text(c));
@@ -419,6 +434,8 @@ ls_status run(ls_request* request, ls_event_callback on_event, void* user_data, 
     result->prompt_tokens = request->ids.size();
     result->completion_tokens = state.answer.choices[0].tokens.size();
     result->finish_reason = state.client_gone ? LS_FINISH_CALLBACK : state.choices[0].finish;
+    result->accepted_prediction_tokens = accepted;
+    result->rejected_prediction_tokens = drafted - accepted;
   }
   capi::clear_error(error);
   return LS_OK;

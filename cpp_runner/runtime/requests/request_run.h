@@ -20,6 +20,7 @@ struct ls_request {
   std::string adapter;                // what the library runs: model, or the mix's name
   ls_adapter* mix = nullptr;          // the "lora" mix, held until ls_request_free
   std::vector<int64_t> ids;           // the prompt's
+  std::vector<int64_t> prediction;    // the prediction's, encoded
   int64_t max_new_tokens = 0;         // max_tokens, or the rest of the context
   ls_tokenizer* tokenizer = nullptr;  // the runtime's; null when the build has none
 };

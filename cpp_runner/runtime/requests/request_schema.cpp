@@ -363,6 +363,21 @@ struct Field {
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool is_one(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
 bool is_empty(const json& v) { return (v.is_array() || v.is_object() || v.is_string()) && v.empty(); }
+// {"type": "content", "content": a string or a list of text parts}, as OpenAI's prediction.
+Status read_prediction(const json& v, Request& r) {
+  if (!v.is_object() || !v.contains("type") || v["type"] != "content" || !v.contains("content"))
+    return Status::usage("prediction must be {\"type\": \"content\", \"content\": the expected answer}, got " +
+                         preview(v));
+  for (const auto& [key, value] : v.items())
+    if (key != "type" && key != "content")
+      return Status::usage("prediction has an unknown field '" + key + "': give only type and content");
+  std::string text;
+  Status s = read_content(v["content"], "prediction.content", &text);
+  if (!s.ok()) return s;
+  r.prediction = std::move(text);
+  return {};
+}
+
 bool is_never(const json&) { return false; }
 bool is_none(const json& v) { return v == "none"; }
 bool is_text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0] == "text"; }
@@ -425,6 +440,8 @@ const std::vector<Field>& fields() {
          r.n = static_cast<int>(n);
          return s;
        }},
+      {"prediction", kBoth, read_prediction},
+      {"speculative", kBoth, [](const json& v, Request& r) { return read_bool(v, "speculative", &r.speculative); }},
       // Accepted, and change nothing here.
       {"user", kBoth, accept},
       {"metadata", kBoth, accept},
@@ -457,7 +474,6 @@ const std::vector<Field>& fields() {
       {"function_call", kBoth, nullptr, is_none, "function_call is not served: give tool_choice"},
       {"modalities", kBoth, nullptr, is_text_modality, "modalities other than [\"text\"] are not served"},
       {"audio", kBoth, nullptr, is_never, "audio output is not served"},
-      {"prediction", kBoth, nullptr, is_never, "predicted outputs are not served"},
   };
   return table;
 }

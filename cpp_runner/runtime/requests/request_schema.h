@@ -75,6 +75,10 @@ struct Request {
   std::vector<double> logit_bias_values;
   int n = 1;    // choices, sharing one prefill of the prompt
   Tools tools;  // tools and tool_choice (chat)
+  // OpenAI's Predicted Outputs ({"type": "content", "content": ...}): the
+  // answer as the client expects it, drafted from (ls_generate_options).
+  std::optional<std::string> prediction;
+  bool speculative = true;  // false: this request never drafts
 };
 
 // Reads and checks a parsed body (bounded_json.h) of `kind`. Every problem is
