@@ -770,3 +770,69 @@ def test_a_hostile_request_changes_no_other_answer_8da4w(families, qwen2_8da4w, 
     """The same over the 8da4w foundation (activations quantized per row: a NaN row is its own)."""
     build = with_hostile_adapter(qwen2_8da4w, families("qwen2").inputs / "a", tmp_path)
     assert_isolated(build, len(qwen2_8da4w.ptes) + 1)
+
+
+def _scheduler_requests(build: Build) -> list:
+    """(adapter, prompt, new) run at once: base, a prompt that repeats itself (prompt lookup drafts), one that
+    runs to the end of the context (20 + 12 = 32), Gemma 3's window (4) crossed by each."""
+    names = list(build.ptes)
+    return [
+        ("base", PROMPT, 12),
+        (names[0], [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8], 14),
+        (names[-1], [5, 6], 16),
+        (names[0], list(range(30, 50)), 12),
+    ]
+
+
+def _guess(kind: str | None, answer: list[int]) -> list[int] | None:
+    """A prediction of ``answer``: all right, all wrong (every id another), or right for its first half."""
+    if kind is None:
+        return None
+    wrong = [t - 1 if t > 0 else 1 for t in answer]
+    return {"right": answer, "wrong": wrong, "part": answer[: len(answer) // 2] + wrong[len(answer) // 2 :]}[kind]
+
+
+def _run_batch(rt, requests, predictions, temperature=0.0, seed=0) -> list[list[int]]:
+    from test_scheduler import concurrently
+
+    def one(name, prompt, new, prediction):
+        return rt.generate_choices(
+            name, prompt, new, temperature=temperature, seed=seed, prediction=prediction, cache_prompt=False
+        )[0]["tokens"]
+
+    return concurrently([lambda r=r, p=p: one(*r, p) for r, p in zip(requests, predictions)])
+
+
+def _check_scheduler_speculation(build: Build) -> None:
+    """The batch scheduler with speculation (the default) against the same runtime without: every answer of
+    four concurrent requests the same, greedy with predictions all right, all wrong, partly right and none
+    (prompt lookup), and sampled with the same seed (each token drawn as one-token decode draws it); drafts
+    were verified and some kept."""
+    library = REPO / "build" / "liblora_share.so"
+    requests = _scheduler_requests(build)
+    with lora_share.inference.c_library.open_dir(build.out_dir, parallel=4, library=library, speculation=False) as rt:
+        plain = _run_batch(rt, requests, [None] * 4)
+        sampled = [_run_batch(rt, requests, [None] * 4, temperature=0.9, seed=s) for s in range(2)]
+        assert rt.stats()["drafted_tokens"] == 0
+    with lora_share.inference.c_library.open_dir(build.out_dir, parallel=4, library=library) as rt:
+        for kinds in (["right", "wrong", "part", "right"], ["part", None, "right", "wrong"], [None] * 4):
+            predictions = [_guess(k, answer) for k, answer in zip(kinds, plain)]
+            assert _run_batch(rt, requests, predictions) == plain, kinds
+        for s in range(2):
+            predictions = [_guess(k, a) for k, a in zip(["right", None, "part", "wrong"], sampled[s])]
+            assert _run_batch(rt, requests, predictions, temperature=0.9, seed=s) == sampled[s]
+        stats = rt.stats()
+    assert 0 < stats["accepted_tokens"] < stats["drafted_tokens"]
+
+
+@pytest.mark.parametrize("family", list(SPECS))
+def test_speculation_in_the_scheduler_changes_no_answer(families, family):
+    """Issue 60's scheduler on every family's float32 build (_check_scheduler_speculation)."""
+    _check_scheduler_speculation(families(family).build)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(SPECS))
+def test_speculation_in_the_scheduler_changes_no_answer_8da4w(families_8da4w, family):
+    """The same over every family's 8da4w foundation."""
+    _check_scheduler_speculation(families_8da4w(family))

@@ -100,7 +100,18 @@ def test_the_depth_bound_is_exact(runtime):
         ("completion", {"model": "", "prompt": "hi"}, "model must be the name of an adapter"),
         ("completion", {"model": "base", "prompt": "hi", "n": 40}, "n must be between 1 and 32, got 40"),
         ("completion", {"model": "base", "prompt": "hi", "logit_bias": {"x": 5}}, "logit_bias has the key 'x'"),
-        ("completion", {"model": "base", "prompt": "hi", "prediction": {}}, "predicted outputs are not served"),
+        ("completion", {"model": "base", "prompt": "hi", "prediction": {}}, 'prediction must be {"type": "content"'),
+        (
+            "completion",
+            {"model": "base", "prompt": "hi", "prediction": {"type": "content", "content": 3}},
+            "prediction.content",
+        ),
+        (
+            "chat",
+            {"model": "base", "messages": CHAT, "prediction": {"type": "content", "content": "x", "id": 1}},
+            "prediction has an unknown field 'id'",
+        ),
+        ("chat", {"model": "base", "messages": CHAT, "speculative": "no"}, "speculative must be true or false"),
         ("chat", {"model": "base", "messages": CHAT, "tools": [{}]}, 'tools[0] must be {"type": "function"'),
         ("chat", {"model": "base", "messages": CHAT, "tool_choice": "auto"}, "tool_choice needs tools"),
         ("chat", {"model": "base", "messages": CHAT, "top_logprobs": 3}, "top_logprobs needs logprobs: true"),
@@ -210,6 +221,8 @@ def test_streamed_chunks_add_up_to_the_whole_response(runtime):
         "prompt_tokens": whole["usage"]["prompt_tokens"],
         "completion_tokens": 12,
         "finish_reason": "length",
+        "accepted_prediction_tokens": 0,  # one slot: no speculation (it runs in the batch)
+        "rejected_prediction_tokens": 0,
     }
 
 
@@ -234,3 +247,30 @@ def test_a_request_is_prepared_and_run_once(runtime):
 
 def test_eos_ids_are_the_manifests(runtime, text_build):
     assert runtime.eos_ids() == text_build.build.manifest["tokenizer"]["eos_token_ids"]
+
+
+def test_predictions_change_no_answer_and_are_counted(runner_bin, text_build):
+    """Speculation in the batch (parallel 2): the same chat answered without it ("speculative": false), with
+    its own answer as the prediction (drafts kept: accepted_prediction_tokens in usage and in the result),
+    and with a prediction right for its first half only; the text is the same every time."""
+    library = runner_bin.parent / "liblora_share.so"
+    body = {"model": TEXT_ADAPTER, "messages": CHAT, "max_tokens": 24, "ignore_eos": True, "cache_prompt": False}
+    with native.open_dir(text_build.build.out_dir, library=library, parallel=2) as rt:
+        (plain,), result = answer(rt, "chat", {**body, "speculative": False})
+        text = plain["choices"][0]["message"]["content"]
+        assert plain["usage"]["completion_tokens_details"] == {
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        }
+        (right,), result = answer(rt, "chat", {**body, "prediction": {"type": "content", "content": text}})
+        assert right["choices"][0]["message"]["content"] == text
+        details = right["usage"]["completion_tokens_details"]
+        assert details["accepted_prediction_tokens"] > 0
+        assert result["accepted_prediction_tokens"] == details["accepted_prediction_tokens"]
+        half = len(text) // 2
+        wrong_text = text[:half] + " zebra quantum" * 8  # its start as answered, then what it is not
+        (wrong,), _ = answer(rt, "chat", {**body, "prediction": {"type": "content", "content": wrong_text}})
+        assert wrong["choices"][0]["message"]["content"] == text
+        stats = rt.stats()
+    # The runtime's totals hold the request's (rejected drafts: tests/test_families.py, at the token level).
+    assert stats["drafted_tokens"] >= stats["accepted_tokens"] >= details["accepted_prediction_tokens"]

@@ -185,11 +185,13 @@ def test_completion_equals_the_runner(server, runner_bin, deployment, tokenizer,
     assert choice["tokens"] == tokens
     assert choice["text"] == text
     assert choice["finish_reason"] == finish
+    details = body["usage"].pop("completion_tokens_details")  # drafts kept and not: speculation's
     assert body["usage"] == {
         "prompt_tokens": len(ids),
         "completion_tokens": len(tokens),
         "total_tokens": len(ids) + len(tokens),
     }
+    assert set(details) == {"accepted_prediction_tokens", "rejected_prediction_tokens"}
     assert body["model"] == adapter and body["object"] == "text_completion"
 
 
