@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "adapter_on_foundation.h"
-#include "kv_rows.h"
 #include "drafter.h"
+#include "kv_rows.h"
 
 namespace lora_share {
 
