@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve bench-structured held-out-text clean system-deps
 
 all: setup runner
 
@@ -237,6 +237,10 @@ bench-peers: setup runner model bench-quality
 # bench-peers' build in out/peers (built once). `lora-share bench-serve --quick` is a smoke run of minutes.
 bench-serve: setup runner model
 	$(VENV)/bin/lora-share bench-serve --gguf $(PEERS_GGUF)
+
+# Structured output's cost alone, on the demo deployment (bench-serve runs it per precision too).
+bench-structured: setup runner demo-outputs
+	$(VENV)/bin/lora-share bench-structured $(OUT)
 
 clean:
 	rm -rf build out .pytest_cache build-arm64 dist

@@ -25,6 +25,7 @@ EPILOG = """examples:
   lora-share bench-quality
   lora-share bench-peers
   lora-share bench-serve
+  lora-share bench-structured
 """
 SHARED_HELP = (
     "the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
@@ -421,7 +422,7 @@ def _register_schema(subparsers) -> None:
 def parser() -> argparse.ArgumentParser:
     """The ``lora-share`` parser: each subcommand registers its own flags (the benchmarks in their modules)."""
     from . import bench
-    from .bench import budget, peers, quality, scale, serve
+    from .bench import budget, constraints, peers, quality, scale, serve
 
     p = argparse.ArgumentParser(
         prog="lora-share",
@@ -444,6 +445,7 @@ def parser() -> argparse.ArgumentParser:
         serve.register,
         budget.register,
         quality.register,
+        constraints.register,
         _register_schema,
     ):
         register(sub)

@@ -7,7 +7,8 @@
 - the one-row path (parallel 1): a constrained request's decode speed against the same request free.
 
     make bench-serve                                         # per precision, with its checks
-    .venv/bin/python -m lora_share.bench.constraints out/smollm2 [--new 64] [--repeats 5]
+    make bench-structured                                    # alone, on the demo deployment
+    lora-share bench-structured out/smollm2 [--new 64] [--repeats 5] [--out FILE]
 
 Speeds are medians over the repeats, free and constrained runs interleaved. The constrained rows' schema
 asks for a string of at least 2,000 characters, so they decode as many tokens as the free rows (nothing
@@ -18,15 +19,18 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..errors import UserError
 from ..inference import c_library as native
 from ..inference.c_options import TOKEN_INFO_CALLBACK, set_request_options
 from ..manifest import read_manifest
+from .common import at_least, results_header, typed_command, write_whole
 
 SCHEMA = {
     "type": "object",
@@ -199,17 +203,41 @@ def checks(m: dict) -> list[tuple[str, float, str, bool]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("deployment", type=Path)
-    parser.add_argument("--new", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+def register(subparsers) -> None:
+    """``lora-share bench-structured``: its flags and what it runs."""
+    p = subparsers.add_parser(
+        "bench-structured",
+        help="what structured output costs the C runtime: schema compile time, mask time per token, "
+        "constrained rows beside free ones in a 4-row mixed batch",
+        epilog="examples:\n  lora-share bench-structured            # = make bench-structured: the demo deployment\n"
+        "  lora-share bench-structured out/smollm2 --new 32 --repeats 3 --out -",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("deployment", nargs="?", default="out/smollm2", type=Path, help="build folder (default out/smollm2)")
+    p.add_argument("--new", type=at_least(8), default=64, help="tokens decoded per row (default 64)")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="interleaved repeats, medians kept (default 5)")
+    p.add_argument("--out", default="benchmarks/results/bench_structured.json", help="results JSON ('-': none)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Measures, prints the figures and the checks, writes the results file whole; 1 when a check fails."""
+    if not (args.deployment / "manifest.json").is_file():
+        raise UserError(
+            f"{args.deployment}: no manifest.json: give a build folder (`make demo-outputs` writes out/smollm2)"
+        )
     m = measure(args.deployment, args.new, args.repeats)
     print("\n".join(lines(m)))
-    for what, value, target, ok in checks(m):
+    results = checks(m)
+    for what, value, target, ok in results:
         print(f"{'PASS' if ok else 'FAIL'} {what}: {value} (target {target})")
-
-
-if __name__ == "__main__":
-    main()
+    if args.out != "-":
+        record = {
+            **results_header(typed_command("bench-structured")),
+            "deployment": str(args.deployment),
+            **m,
+            "checks": [{"what": w, "value": v, "target": t, "ok": ok} for w, v, t, ok in results],
+        }
+        write_whole(Path(args.out), json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0 if all(ok for *_, ok in results) else 1
