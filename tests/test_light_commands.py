@@ -86,6 +86,7 @@ def test_every_subcommand_registers_its_flags_without_torch():
         "bench-serve",
         "bench-budget",
         "bench-quality",
+        "bench-structured",
         "schema",
         "False",
     ]
