@@ -199,6 +199,13 @@ def runner_bin() -> Path:
     return binary
 
 
+def token_usage(usage: dict) -> dict:
+    """An answer's usage without ``completion_tokens_details``: those count the drafts the answering runtime
+    checked (docs/server.md), and a runtime of one slot (lora_share.Runtime's default) does not speculate
+    while the server's four do, so two doors give the same text and counts but not the same drafts."""
+    return {k: v for k, v in usage.items() if k != "completion_tokens_details"}
+
+
 def run_cli(*args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
     """The real `lora-share` command, as a user types it."""
     exe = Path(sys.executable).parent / "lora-share"
