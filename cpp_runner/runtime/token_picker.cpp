@@ -67,14 +67,17 @@ StatusOr<TokenInfo> TokenPicker::pick(std::vector<float>& logits) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   // Scores that are not numbers come from the model itself (an adapter whose weights or scale overflow),
   // not from the request's bias or constraint: said so, as no sampler can pick from them.
-  if (std::any_of(logits.begin(), logits.end(), [](float l) { return std::isnan(l); }))
+  const auto usable = [](float l) { return l > -std::numeric_limits<float>::infinity(); };  // false for NaN
+  if (std::any_of(logits.begin(), logits.end(), [](float l) { return std::isnan(l); }) ||
+      std::none_of(logits.begin(), logits.end(), usable))
     return Status::usage("token " + std::to_string(picked_) + " of choice " + std::to_string(choice_) +
-                         ": no token can be picked, the model's scores are not numbers (NaN): the adapter's "
-                         "weights or its scale overflow; check the adapter and its lora scale");
+                         ": no token can be picked, the model's scores are not numbers (NaN) or all minus "
+                         "infinity: the adapter's weights or its scale overflow; check the adapter and its lora "
+                         "scale");
   for (const auto& [id, bias] : picking_->logit_bias)
     if (id >= 0 && id < vocab) logits[id] = bias <= kBan ? -std::numeric_limits<float>::infinity() : logits[id] + bias;
   if (constraint_) constraint_->apply(logits.data(), vocab);
-  if (std::none_of(logits.begin(), logits.end(), [](float l) { return l > -std::numeric_limits<float>::infinity(); }))
+  if (std::none_of(logits.begin(), logits.end(), usable))
     return Status::usage("token " + std::to_string(picked_) + " of choice " + std::to_string(choice_) +
                          ": no token is left to pick (logit_bias bans every token " +
                          (constraint_ ? "the constraint allows there)" : "there)"));
