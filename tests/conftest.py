@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +43,28 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") == "loadgroup":
         return lanes.GroupScheduling(config, log)
     return None
+
+
+def built_once(tmp_path_factory, name: str, make: Callable[[Path], object]):
+    """``make(folder)``'s result, built once per run however many xdist workers ask for it.
+
+    Under xdist the first worker to ask builds into a folder beside every worker's base temp folder,
+    under a lock, and leaves the result pickled there; a worker asking later (or while it is built:
+    it waits, which is never longer than building it itself) reads that. Without xdist, a folder of
+    this session. The results are Paths and dicts (Build and its kind): the files are shared, so no
+    test may modify them (copy the folder first)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent
+    folder, result = root / name, root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.is_file():
+            folder.mkdir()
+            built = make(folder)
+            result.with_suffix(".tmp").write_bytes(pickle.dumps(built))
+            result.with_suffix(".tmp").rename(result)
+        return pickle.loads(result.read_bytes())
 
 
 TINY_FOUNDATION = {
@@ -118,24 +143,21 @@ def build_config(path: Path) -> Build:
 def tiny_build(tmp_path_factory) -> Build:
     """Three synthetic adapters (different ranks, targets, layer subsets) over a tied tiny foundation,
     with a context of 32 and forward calls of at most TINY_CHUNK tokens (longer prompts are chunked)."""
-    folder = tmp_path_factory.mktemp("tiny")
-    cfg = write_config(
-        folder, {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK}, TINY_ADAPTERS
+    foundation = {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK}
+    return built_once(
+        tmp_path_factory, "tiny", lambda folder: build_config(write_config(folder, foundation, TINY_ADAPTERS))
     )
-    return build_config(cfg)
 
 
 @pytest.fixture(scope="session")
 def hoisted_build(tmp_path_factory) -> Build:
     """HOIST_ADAPTERS over the tiny foundation, shared tensors hoisted into adapters_shared.ptd."""
-    folder = tmp_path_factory.mktemp("hoisted")
-    cfg = write_config(
-        folder,
-        {"synthetic": TINY_FOUNDATION, "max_seq_len": 32},
-        HOIST_ADAPTERS,
-        dedup={"shared_adapter_tensors": "hoist"},
+    foundation, dedup = {"synthetic": TINY_FOUNDATION, "max_seq_len": 32}, {"shared_adapter_tensors": "hoist"}
+    return built_once(
+        tmp_path_factory,
+        "hoisted",
+        lambda folder: build_config(write_config(folder, foundation, HOIST_ADAPTERS, dedup=dedup)),
     )
-    return build_config(cfg)
 
 
 @pytest.fixture(scope="session")
@@ -243,10 +265,13 @@ def text_build(tmp_path_factory) -> TextBuild:
     prefill_chunk 16 (text prompts longer than 16 tokens are fed in chunks). Do not modify the files:
     copy the output folder first.
     """
+    return built_once(tmp_path_factory, "text", make_text_build)
+
+
+def make_text_build(root: Path) -> TextBuild:
     from hf_files import hf_config, write_hf_llama, write_peft_lora
     from tokenizer_files import byte_level_bpe
 
-    root = tmp_path_factory.mktemp("text")
     base_cfg = hf_config(vocab=400)
     checkpoint = write_hf_llama(root / "llama", base_cfg, seed=5)
     byte_level_bpe(checkpoint, vocab_size=400)
@@ -257,6 +282,26 @@ def text_build(tmp_path_factory) -> TextBuild:
         root, {"checkpoint": "llama", "max_seq_len": 64, "prefill_chunk": 16}, [{"name": TEXT_ADAPTER, "peft": "peft"}]
     )
     return TextBuild(build_config(cfg), checkpoint, peft)
+
+
+LONG_CONTEXT = 1024  # room for nested JSON answers of a byte-level vocabulary of 400
+
+
+@pytest.fixture(scope="session")
+def long_text_build(text_build, tmp_path_factory) -> Build:
+    """text_build with a context of LONG_CONTEXT (the same checkpoint, tokenizer and adapter): the
+    structured-output tests' answers. Do not modify the files: copy the output folder first."""
+    import shutil
+
+    def make(root: Path) -> Build:
+        shutil.copytree(text_build.build.out_dir, root / "out")  # the adapter's files are reused
+        cfg = yaml.safe_load(text_build.build.config.read_text())
+        cfg["foundation"].update(checkpoint=str(text_build.checkpoint), max_seq_len=LONG_CONTEXT)
+        cfg["adapters"] = [{"name": TEXT_ADAPTER, "peft": str(text_build.peft)}]
+        (root / "deploy.yaml").write_text(yaml.safe_dump(cfg))
+        return build_config(root / "deploy.yaml")
+
+    return built_once(tmp_path_factory, "long_text", make)
 
 
 # Longer than text_build's prefill chunk (16), so the prompt is fed in two calls.
@@ -274,19 +319,22 @@ class EosBuild:
 
 
 @pytest.fixture(scope="session")
-def eos_build(text_build, text_hf, tmp_path_factory) -> EosBuild:
+def eos_build(text_build, request, tmp_path_factory) -> EosBuild:
     """text_build rebuilt with foundation.tokenizer: the same tokenizer, but generation_config.json's
     eos is the token greedy decoding of EOS_PROMPT reaches last for the first time (a plain word piece),
     so generation stops before EOS_NEW tokens. The build records its EOS ids (manifest.json's tokenizer
     section) as for any checkpoint. Do not modify the files: copy the output folder first."""
+    return built_once(tmp_path_factory, "eos", lambda root: make_eos_build(root, text_build, request))
+
+
+def make_eos_build(root: Path, text_build: TextBuild, request) -> EosBuild:
     import shutil
 
     from hf_files import hf_generate
 
-    tokenizer, model = text_hf
+    tokenizer, model = request.getfixturevalue("text_hf")  # only where it is built
     greedy = hf_generate(model, tokenizer(EOS_PROMPT)["input_ids"], EOS_NEW, eos=[])
     eos = max(set(greedy[: EOS_NEW - 1]), key=greedy.index)  # generation then stops before EOS_NEW
-    root = tmp_path_factory.mktemp("eos")
     tok_dir = root / "tokenizer"
     tok_dir.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -324,8 +372,10 @@ TINY_UNTIED = dict(TINY_FOUNDATION, tie_embeddings=False)
 def untied_build(tmp_path_factory) -> Build:
     """TINY_ADAPTERS over the tiny foundation with an output projection of its own (TINY_UNTIED):
     greedy tokens that differ from step to step and from adapter to adapter."""
-    folder = tmp_path_factory.mktemp("untied")
-    return build_config(write_config(folder, {"synthetic": TINY_UNTIED, "max_seq_len": 32}, TINY_ADAPTERS))
+    foundation = {"synthetic": TINY_UNTIED, "max_seq_len": 32}
+    return built_once(
+        tmp_path_factory, "untied", lambda folder: build_config(write_config(folder, foundation, TINY_ADAPTERS))
+    )
 
 
 @dataclass
@@ -342,20 +392,22 @@ def pt2_archives(tmp_path_factory):
     """The PT2 archives of tests/pt2_models.py, written once."""
     from pt2_models import write_archives
 
-    return write_archives(tmp_path_factory.mktemp("pt2"))
+    return built_once(tmp_path_factory, "pt2", write_archives)
 
 
 @pytest.fixture(scope="session")
-def programs_build(pt2_archives) -> ProgramsBuild:
+def programs_build(pt2_archives, tmp_path_factory) -> ProgramsBuild:
     """Five programs from four archives (one of them holding two models) built into one deployment."""
     from pt2_models import PROGRAMS_YAML
 
     from lora_share.programs.build import build_programs
 
-    out = pt2_archives.folder / "out"
-    config = pt2_archives.folder / "programs.yaml"
-    config.write_text(PROGRAMS_YAML.format(out=out, a=pt2_archives))
-    return ProgramsBuild(pt2_archives, out, build_programs(config, quiet=True))
+    def make(folder: Path) -> ProgramsBuild:
+        config = folder / "programs.yaml"
+        config.write_text(PROGRAMS_YAML.format(out=folder / "out", a=pt2_archives))
+        return ProgramsBuild(pt2_archives, folder / "out", build_programs(config, quiet=True))
+
+    return built_once(tmp_path_factory, "programs", make)
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def ours(tiny_build, runner_bin):
     }
 
 
-def test_lora_share_side_is_measured(ours):
+def test_lora_share_side_is_measured(ours, tiny_build):
     f = TINY_FOUNDATION
     assert ours["kv_bytes"] == 2 * f["n_layers"] * f["n_kv_heads"] * (f["dim"] // f["n_heads"]) * 32 * 4
     for key in (
@@ -77,7 +77,10 @@ def test_lora_share_side_is_measured(ours):
         "load_ms",
     ):
         assert ours[key] > 0, key
-    assert ours["pss_per_extra_adapter_kb"] > 0  # tiny_b and tiny_c cost pages of their own
+    # tiny_b and tiny_c cost pages of their own: at most their files and their methods' memory. Not > 0: a
+    # tiny adapter's pages are fewer kB than PSS's share of the pages two processes map drifts by (-7 kB once).
+    biggest_kb = max(p.stat().st_size for p in tiny_build.ptes.values()) / 1024
+    assert -64 < ours["pss_per_extra_adapter_kb"] < 2 * biggest_kb + 256
 
 
 def test_checks_and_report(ours):

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import numpy as np
 import pytest
-import yaml
-from conftest import TEXT_ADAPTER, build_config
+from conftest import TEXT_ADAPTER
 from schema_corpus import corpus
 
 from lora_share.inference import c_library as native
@@ -31,7 +29,6 @@ from lora_share.inference import c_library as native
 pytestmark = pytest.mark.slow  # its own export (a 512-token context) and 225 schemas' answers
 
 PROMPT_TEXT = "Answer in JSON: the fox and the dog."
-LONG_CONTEXT = 512  # room for nested JSON answers of a byte-level vocabulary of 400
 MAX_NEW = 490  # with the prompt, within the context
 PARALLEL = 4
 HOT = 20.0
@@ -43,34 +40,22 @@ def library(runner_bin):
 
 
 @pytest.fixture(scope="module")
-def json_build(text_build, tmp_path_factory):
-    """text_build with a context of LONG_CONTEXT (the same checkpoint, tokenizer and adapter)."""
-    root = tmp_path_factory.mktemp("json")
-    shutil.copytree(text_build.build.out_dir, root / "out")  # the adapter's files are reused
-    cfg = yaml.safe_load(text_build.build.config.read_text())
-    cfg["foundation"].update(checkpoint=str(text_build.checkpoint), max_seq_len=LONG_CONTEXT)
-    cfg["adapters"] = [{"name": TEXT_ADAPTER, "peft": str(text_build.peft)}]
-    (root / "deploy.yaml").write_text(yaml.safe_dump(cfg))
-    return build_config(root / "deploy.yaml")
-
-
-@pytest.fixture(scope="module")
-def alone(library, json_build):
-    with native.open_dir(json_build.out_dir, library=library) as rt:
+def alone(library, long_text_build):
+    with native.open_dir(long_text_build.out_dir, library=library) as rt:
         yield rt
 
 
 @pytest.fixture(scope="module")
-def batched(library, json_build):
-    with native.open_dir(json_build.out_dir, parallel=PARALLEL, library=library) as rt:
+def batched(library, long_text_build):
+    with native.open_dir(long_text_build.out_dir, parallel=PARALLEL, library=library) as rt:
         yield rt
 
 
 @pytest.fixture(scope="module")
-def vocab(alone, json_build):
+def vocab(alone, long_text_build):
     """The prompt's ids, the EOS ids, and a bias that favours closing what is open."""
     tok = alone.tokenizer()
-    eos = set(json_build.manifest["tokenizer"]["eos_token_ids"])
+    eos = set(long_text_build.manifest["tokenizer"]["eos_token_ids"])
     closers = {}
     for text, bias in [('"', 100.0), ("}", 50.0), ("]", 50.0), (",", 20.0), ("@", 60.0)]:
         (token,) = tok.encode(text, add_special=False)

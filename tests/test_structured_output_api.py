@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +21,7 @@ from typing import Literal
 import jsonschema
 import numpy as np
 import pytest
-import yaml
-from conftest import TEXT_ADAPTER, build_config
+from conftest import TEXT_ADAPTER
 from test_server import TIMEOUT, Server, server_bin  # noqa: F401 (fixtures)
 from test_structured_output import eager_log_softmax, library  # noqa: F401 (fixtures)
 
@@ -57,26 +55,9 @@ class Form(pydantic.BaseModel):
     ok: bool
 
 
-# Room for the tools' text in the system message: the tiny byte-level vocabulary (400) spends a token on
-# about every character.
-CONTEXT = 1024
-
-
 @pytest.fixture(scope="module")
-def json_build(text_build, tmp_path_factory):
-    """text_build with a context of CONTEXT (the same checkpoint, tokenizer and adapter)."""
-    root = tmp_path_factory.mktemp("api")
-    shutil.copytree(text_build.build.out_dir, root / "out")  # the adapter's files are reused
-    cfg = yaml.safe_load(text_build.build.config.read_text())
-    cfg["foundation"].update(checkpoint=str(text_build.checkpoint), max_seq_len=CONTEXT)
-    cfg["adapters"] = [{"name": TEXT_ADAPTER, "peft": str(text_build.peft)}]
-    (root / "deploy.yaml").write_text(yaml.safe_dump(cfg))
-    return build_config(root / "deploy.yaml")
-
-
-@pytest.fixture(scope="module")
-def server(server_bin, json_build):  # noqa: F811
-    s = Server(server_bin, json_build.out_dir, "--parallel", PARALLEL)
+def server(server_bin, long_text_build):  # noqa: F811
+    s = Server(server_bin, long_text_build.out_dir, "--parallel", PARALLEL)
     yield s
     s.stop()
 
@@ -87,8 +68,8 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def runtime(library, json_build):  # noqa: F811
-    with Runtime(json_build.out_dir, library=library) as rt:
+def runtime(library, long_text_build):  # noqa: F811
+    with Runtime(long_text_build.out_dir, library=library) as rt:
         yield rt
 
 
