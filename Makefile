@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve bench-structured held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve bench-structured bench-spec held-out-text clean system-deps
 
 all: setup runner
 
@@ -241,6 +241,14 @@ bench-serve: setup runner model
 # Structured output's cost alone, on the demo deployment (bench-serve runs it per precision too).
 bench-structured: setup runner demo-outputs
 	$(VENV)/bin/lora-share bench-structured $(OUT)
+
+# Speculative decoding (issue 60) on the demo deployment, fp32 and 8da4w: lora-share-server against itself
+# with --no-speculation, on bench-spec's corpus (proofread, rewrite, extract to JSON, free questions), 1 and
+# 4 clients, with and without the text as `prediction`: decode tokens/s, acceptance, texts equal; and
+# llama-server with and without its n-gram speculation (bench-serve's llama.cpp build in out/peers).
+# `lora-share bench-spec --quick` is a smoke run of minutes.
+bench-spec: setup runner model
+	$(VENV)/bin/lora-share bench-spec --gguf $(PEERS_GGUF)
 
 clean:
 	rm -rf build out .pytest_cache build-arm64 dist

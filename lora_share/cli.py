@@ -26,6 +26,7 @@ EPILOG = """examples:
   lora-share bench-peers
   lora-share bench-serve
   lora-share bench-structured
+  lora-share bench-spec
 """
 SHARED_HELP = (
     "the build's adapters_shared.ptd (built with dedup.shared_adapter_tensors: hoist), for an "
@@ -422,7 +423,7 @@ def _register_schema(subparsers) -> None:
 def parser() -> argparse.ArgumentParser:
     """The ``lora-share`` parser: each subcommand registers its own flags (the benchmarks in their modules)."""
     from . import bench
-    from .bench import budget, constraints, peers, quality, scale, serve
+    from .bench import budget, constraints, peers, quality, scale, serve, spec
 
     p = argparse.ArgumentParser(
         prog="lora-share",
@@ -443,6 +444,7 @@ def parser() -> argparse.ArgumentParser:
         scale.register,
         peers.register,
         serve.register,
+        spec.register,
         budget.register,
         quality.register,
         constraints.register,

@@ -84,6 +84,7 @@ def test_every_subcommand_registers_its_flags_without_torch():
         "bench-scale",
         "bench-peers",
         "bench-serve",
+        "bench-spec",
         "bench-budget",
         "bench-quality",
         "bench-structured",

@@ -5,6 +5,8 @@ aggregate throughput of clients running at once are read from the same clock.
 Works against any server that streams ``/v1/completions`` as server-sent events (lora-share-server and
 llama-server both do): each ``data:`` event's ``choices[0].text`` is one piece of the answer; an event
 carries ``choices[0].tokens`` (lora-share) or is one token (llama-server sends one event per token).
+The last ``usage`` (lora-share's, with ``stream_options.include_usage``) and ``timings`` (llama-server's)
+an event carries are kept.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Streamed:
     sent: float = 0.0
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    usage: dict | None = None
+    timings: dict | None = None
 
     @property
     def first_token_ms(self) -> float:
@@ -69,6 +73,8 @@ def stream(address: str, body: dict, timeout: float = TIMEOUT) -> Streamed:
             event = json.loads(data)
             if "error" in event:
                 raise BenchError(f"{address}/v1/completions streamed an error: {event['error']}")
+            out.usage = event.get("usage") or out.usage
+            out.timings = event.get("timings") or out.timings
             for choice in event.get("choices") or []:
                 text, tokens = choice.get("text") or "", choice.get("tokens")
                 out.text += text

@@ -158,10 +158,20 @@ def llama_ggufs(tools: dict, hf_dir: Path, original: Path, adapters: list[Path],
 
 class LlamaServer(processes.HttpServerProcess):
     """llama-server with every adapter loaded at scale 0; each request switches its own adapter on.
-    ``parallel`` slots (-np), each of ``context`` tokens (llama-server splits -c among its slots)."""
+    ``parallel`` slots (-np), each of ``context`` tokens (llama-server splits -c among its slots); ``extra``
+    flags appended (bench-spec's ``--spec-type ngram-simple``)."""
 
     def __init__(
-        self, binary: Path, model: Path, loras: list[Path], port: int, log: Path, *, context: int, parallel: int = 1
+        self,
+        binary: Path,
+        model: Path,
+        loras: list[Path],
+        port: int,
+        log: Path,
+        *,
+        context: int,
+        parallel: int = 1,
+        extra: tuple[str, ...] = (),
     ):
         # The runner's priority, not the build steps' low one (sh): under it llama-server's threads lost
         # the CPU to the runner's idle pool (llama.cpp F32 decode 10% slower with a runner alive).
@@ -183,6 +193,7 @@ class LlamaServer(processes.HttpServerProcess):
             "--lora-init-without-apply",
             "-lv",
             "4",
+            *extra,
         ]  # verbosity 4: the library's own lines (adapters loaded, KV buffer size)
         for lora in loras:
             cmd += ["--lora", lora]

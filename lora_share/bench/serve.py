@@ -97,12 +97,13 @@ LLAMA_PORT = 18433
 
 
 class LoraShareServer(processes.HttpServerProcess):
-    """build/lora-share-server over one deployment folder on a free port; its stderr goes to ``log``."""
+    """build/lora-share-server over one deployment folder on a free port, with ``extra`` flags (bench-spec's
+    ``--no-speculation``); its stderr goes to ``log``."""
 
-    def __init__(self, binary: Path, folder: Path, parallel: int, log: Path):
+    def __init__(self, binary: Path, folder: Path, parallel: int, log: Path, extra: tuple[str, ...] = ()):
         self.log = log
         self._log = open(log, "w")
-        cmd = [str(binary), "--dir", str(folder), "--port", "0", "--parallel", str(parallel)]
+        cmd = [str(binary), "--dir", str(folder), "--port", "0", "--parallel", str(parallel), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
