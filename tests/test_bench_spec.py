@@ -143,6 +143,8 @@ def test_the_servers_figures_are_read(measured):
                 assert f["decode_tokens_per_s"] > 0 and f["decode_tokens"] > 0, (task, name, mode)
                 if mode != spec.OFF:
                     assert f["over_no_speculation"] == round(f["decode_tokens_per_s"] / off["decode_tokens_per_s"], 3)
+                    gained = f["tokens_per_row_step"] / off["tokens_per_row_step"]
+                    assert f["row_step_cost"] == pytest.approx(gained / f["over_no_speculation"], abs=1e-3)
     # The answer given as its own prediction: drafted, and every draft kept.
     predicted = row["tasks"]["proofread"][spec.ONE_BASE][spec.PREDICTION]
     assert predicted["drafted"] > 0 and predicted["acceptance"] == 1.0

@@ -52,7 +52,7 @@ TASKS = {
     "free": {"max_tokens": 64, "ignore_eos": True, "modes": [OFF, ON]},
 }
 ONE_BASE, ONE_ADAPTER, FOUR = "1 client, base", "1 client, adapter", "4 clients, 4 adapters"
-FULL = {"requests": 12, "groups": 3, "precisions": ["fp32", "8da4w"]}
+FULL = {"requests": 8, "groups": 2, "precisions": ["fp32", "8da4w"]}
 QUICK = {"requests": 2, "groups": 1, "precisions": ["fp32"]}
 # llama-server's own n-gram speculation: the last 3 tokens looked up in the context, up to 16 proposed.
 LLAMA_SPEC = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-draft-n-max", "16")
@@ -220,9 +220,12 @@ def collect(measured: Measured, tasks: dict, adapters: list[str], adapter: str) 
             figures = {mode: summarise(measured.groups[(task, name, mode)]) for mode in spec["modes"]}
             off = figures[OFF]["decode_tokens_per_s"]
             for mode in spec["modes"][1:]:
-                figures[mode]["over_no_speculation"] = (
-                    round(figures[mode]["decode_tokens_per_s"] / off, 3) if off else 0.0
-                )
+                f = figures[mode]
+                f["over_no_speculation"] = round(f["decode_tokens_per_s"] / off, 3) if off else 0.0
+                if f["over_no_speculation"] and "tokens_per_row_step" in f and "tokens_per_row_step" in figures[OFF]:
+                    # What a row-step cost against one without speculation: the tokens it gained over the speed.
+                    gained = f["tokens_per_row_step"] / figures[OFF]["tokens_per_row_step"]
+                    f["row_step_cost"] = round(gained / f["over_no_speculation"], 3)
                 reference = measured.texts[(task, name, OFF)]
                 for i, ((model, text), (_, other)) in enumerate(zip(reference, measured.texts[(task, name, mode)])):
                     out["texts"]["compared"] += 1
@@ -416,7 +419,7 @@ def figures_row(task: str, name: str, mode: str, f: dict, who: str = "lora-share
     accept = "" if f["acceptance"] is None else f"{f['acceptance']:.0%} ({f['accepted']} of {f['drafted']})"
     return (
         f"| {task} | {name} | {who} | {mode} | {f['decode_tokens_per_s']} | {f.get('over_no_speculation', '')} | "
-        f"{accept} | {f.get('tokens_per_row_step', '')} |"
+        f"{accept} | {f.get('tokens_per_row_step', '')} | {f.get('row_step_cost', '')} |"
     )
 
 
@@ -436,7 +439,9 @@ def report(result: dict) -> str:
         f"scenario; 4 clients: {s['groups']} groups of 4 at once on the 4 adapters. Decode tokens/s = tokens "
         "after each answer's first over the time from the group's first first token to its last token. "
         "Acceptance = drafts kept / drafted (usage.completion_tokens_details; llama-server's timings). "
-        "Tokens per row-step = decode tokens / the rows of the server's decode steps (/v1/stats).",
+        "Tokens per row-step = decode tokens / the rows of the server's decode steps (/v1/stats); "
+        "row-step cost = a row-step's time over one without speculation (the tokens per row-step gained "
+        "over the speed gained).",
         "",
     ]
     for precision, row in result["precisions"].items():
@@ -444,8 +449,8 @@ def report(result: dict) -> str:
             f"## {precision}",
             "",
             "| task | clients | server | mode | decode tokens/s | over no speculation | acceptance | "
-            "tokens per row-step |",
-            "|---|---|---|---|---:|---:|---:|---:|",
+            "tokens per row-step | row-step cost |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|",
         ]
         for task, scen in row["tasks"].items():
             for name, modes in scen.items():
