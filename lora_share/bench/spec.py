@@ -315,7 +315,7 @@ def run_spec(
     log=print,
 ) -> dict:
     """Builds, servers, measurements: the result dict, its header naming ``command`` (handed to ``save``
-    after each precision)."""
+    after each precision and after llama-server's figures)."""
     builds = demo_builds(config, work, settings["precisions"], log)
     for b in builds.values():
         if settings["adapter"] not in b["adapters"]:
@@ -323,22 +323,8 @@ def run_spec(
                 f"--adapter {settings['adapter']}: not an adapter of {b['dir']} (it has {', '.join(b['adapters'])})"
             )
     result = {**results_header(command), "quick": settings["quick"], "settings": settings, "precisions": {}}
-    tools = ggufs = None
-    if llama:
-        try:
-            log("llama.cpp and its GGUFs (bench-peers' build) ...")
-            tools = llama_cpp(work / "llama.cpp")
-            hf = peers.hf_folder(gguf, work / "hf")
-            (work / "gguf").mkdir(exist_ok=True)
-            ggufs = llama_ggufs(tools, hf, gguf, [], work / "gguf")
-        except BenchError as e:
-            result["llama_server"] = f"not measured: {e}"
-            llama = False
-    else:
-        result["llama_server"] = "not measured (--no-llama or --quick)"
     for precision in settings["precisions"]:
         b = builds[precision]
-        prompts = Prompts(b["dir"])
         log(f"measuring {precision} ...")
         with (
             LoraShareServer(server_bin, b["dir"], settings["parallel"], work / f"spec-{precision}-on.log") as on,
@@ -346,22 +332,36 @@ def run_spec(
                 server_bin, b["dir"], settings["parallel"], work / f"spec-{precision}-off.log", ("--no-speculation",)
             ) as off,
         ):
-            row = run_precision({ON: on, OFF: off}, b["adapters"], prompts, settings, log)
+            row = run_precision({ON: on, OFF: off}, b["adapters"], Prompts(b["dir"]), settings, log)
             row["server_stats"] = {ON: on.stats(), OFF: off.stats()}
-        if llama:
-            log(f"llama-server {PAIRS[precision].upper()} ...")
-            row["llama_server"] = run_llama(
-                tools,
-                ggufs["models"][PAIRS[precision]],
-                prompts,
-                settings,
-                b["manifest"].max_seq_len,
-                work,
-                PAIRS[precision],
-                log,
-            )
         result["precisions"][precision] = row
         result["checks"] = checks(result)
+        save(result)
+    # llama.cpp after lora-share's side: its build (minutes, the first time) then delays no measurement.
+    result["llama_server"] = "not measured (--no-llama or --quick)"
+    if llama:
+        try:
+            log("llama.cpp and its GGUFs (bench-peers' build) ...")
+            tools = llama_cpp(work / "llama.cpp")
+            hf = peers.hf_folder(gguf, work / "hf")
+            (work / "gguf").mkdir(exist_ok=True)
+            ggufs = llama_ggufs(tools, hf, gguf, [], work / "gguf")
+            for precision, row in result["precisions"].items():
+                b = builds[precision]
+                log(f"llama-server {PAIRS[precision].upper()} ...")
+                row["llama_server"] = run_llama(
+                    tools,
+                    ggufs["models"][PAIRS[precision]],
+                    Prompts(b["dir"]),
+                    settings,
+                    b["manifest"].max_seq_len,
+                    work,
+                    PAIRS[precision],
+                    log,
+                )
+            result["llama_server"] = "measured"
+        except BenchError as e:
+            result["llama_server"] = f"not measured: {e}"
         save(result)
     return result
 
@@ -482,7 +482,7 @@ def report(result: dict) -> str:
                 f"- with: {d['with']!r}",
             ]
         lines.append("")
-    if isinstance(result.get("llama_server"), str):
+    if result.get("llama_server", "measured") != "measured":
         lines += [f"llama-server: {result['llama_server']}.", ""]
     lines += ["## Checks (issue 60)", ""]
     lines += [
