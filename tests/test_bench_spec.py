@@ -145,6 +145,9 @@ def test_the_servers_figures_are_read(measured):
                     assert f["over_no_speculation"] == round(f["decode_tokens_per_s"] / off["decode_tokens_per_s"], 3)
                     gained = f["tokens_per_row_step"] / off["tokens_per_row_step"]
                     assert f["row_step_cost"] == pytest.approx(gained / f["over_no_speculation"], abs=1e-3)
+                if mode != spec.OFF and f["cpu_ms_per_token"] and off["cpu_ms_per_token"]:
+                    assert f["cpu_over_no_speculation"] == round(off["cpu_ms_per_token"] / f["cpu_ms_per_token"], 3)
+                assert f["cpu_ms_per_token"] >= 0  # the servers' CPU time, in clock ticks: a short group may take none
     # The answer given as its own prediction: drafted, and every draft kept.
     predicted = row["tasks"]["proofread"][spec.ONE_BASE][spec.PREDICTION]
     assert predicted["drafted"] > 0 and predicted["acceptance"] == 1.0

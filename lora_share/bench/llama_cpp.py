@@ -198,6 +198,7 @@ class LlamaServer(processes.HttpServerProcess):
         for lora in loras:
             cmd += ["--lora", lora]
         self.url, self.log, self.n_loras = f"http://127.0.0.1:{port}", log, len(loras)
+        self.address = f"127.0.0.1:{port}"  # host:port, as http_streams takes it
         self._log = open(log, "w")
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(list(map(str, cmd)), stdout=self._log, stderr=subprocess.STDOUT)

@@ -10,6 +10,7 @@ process is measured after it has loaded and answered one request per program.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -120,12 +121,18 @@ class Server:
 
 class HttpServerProcess:
     """A server child process (lora-share-server, llama-server) whose output goes to the log file
-    ``self._log``: its memory, and a stop that waits for it (SIGTERM, then SIGKILL after 30 s)."""
+    ``self._log``: its memory, its CPU time, and a stop that waits for it (SIGTERM, then SIGKILL after 30 s)."""
 
     proc: subprocess.Popen
 
     def memory(self) -> dict:
         return process_memory(self.proc.pid)
+
+    def cpu_seconds(self) -> float:
+        """The CPU time (user + system, every thread) the process has used: /proc/PID/stat's utime + stime."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         if self.proc.poll() is None:

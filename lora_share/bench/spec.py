@@ -102,8 +102,9 @@ def row_steps(stats: dict) -> int:
     return sum((b + 1) * n for b, n in enumerate(stats["batch_size_counts"]))
 
 
-def group_figures(answers: list[http_streams.Streamed], steps: int | None) -> dict:
-    """One group of answers asked at once: decode tokens and their time span, draft counts, row steps."""
+def group_figures(answers: list[http_streams.Streamed], steps: int | None, cpu: float) -> dict:
+    """One group of answers asked at once: decode tokens and their time span, draft counts, row steps,
+    the server's CPU seconds."""
     timed = [a for a in answers if len(a.token_times) >= 1]
     details = [(a.usage or {}).get("completion_tokens_details") or {} for a in answers]
     timings = [a.timings or {} for a in answers]
@@ -115,6 +116,7 @@ def group_figures(answers: list[http_streams.Streamed], steps: int | None) -> di
         "rejected": sum(d.get("rejected_prediction_tokens", 0) for d in details)
         + sum(t.get("draft_n", 0) - t.get("draft_n_accepted", 0) for t in timings),
         "row_steps": steps,
+        "cpu_seconds": cpu,
     }
 
 
@@ -123,12 +125,14 @@ def summarise(groups: list[dict]) -> dict:
     tokens, seconds = sum(g["tokens"] for g in groups), sum(g["seconds"] for g in groups)
     accepted, rejected = sum(g["accepted"] for g in groups), sum(g["rejected"] for g in groups)
     steps = [g["row_steps"] for g in groups]
+    cpu = sum(g["cpu_seconds"] for g in groups)
     out = {
         "decode_tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else 0.0,
         "decode_tokens": tokens,
         "drafted": accepted + rejected,
         "accepted": accepted,
         "acceptance": round(accepted / (accepted + rejected), 3) if accepted + rejected else None,
+        "cpu_ms_per_token": round(1e3 * cpu / tokens, 2) if tokens else None,
         "groups_tokens_per_s": [round(g["tokens"] / g["seconds"], 2) if g["seconds"] > 0 else 0.0 for g in groups],
     }
     if None not in steps and sum(steps):
@@ -149,12 +153,15 @@ class Measured:
         self.texts.setdefault(key, []).extend(texts)
 
 
-def ask(server, bodies: list[dict]) -> tuple[list[http_streams.Streamed], int | None]:
-    """Every body at once; the rows the server's decode steps ran meanwhile (lora-share's /v1/stats)."""
+def ask(server, bodies: list[dict]) -> tuple[list[http_streams.Streamed], int | None, float]:
+    """Every body at once: the answers, the rows the server's decode steps ran meanwhile (lora-share's
+    /v1/stats) and the CPU time the server used."""
     before = server.stats() if hasattr(server, "stats") else None
+    cpu = server.cpu_seconds()
     answers = http_streams.at_once(server.address, bodies)
+    cpu = server.cpu_seconds() - cpu
     steps = row_steps(server.stats()) - row_steps(before) if before is not None else None
-    return answers, steps
+    return answers, steps, cpu
 
 
 def run_precision(
@@ -195,10 +202,10 @@ def run_precision(
                         )
                         for m, p in group
                     ]
-                    answers, steps = ask(server, bodies)
+                    answers, steps, cpu = ask(server, bodies)
                     measured.add(
                         (task, name, mode),
-                        group_figures(answers, steps),
+                        group_figures(answers, steps, cpu),
                         [(m, a.text) for (m, _), a in zip(group, answers)],
                     )
                 flip = not flip
@@ -226,6 +233,9 @@ def collect(measured: Measured, tasks: dict, adapters: list[str], adapter: str) 
                     # What a row-step cost against one without speculation: the tokens it gained over the speed.
                     gained = f["tokens_per_row_step"] / figures[OFF]["tokens_per_row_step"]
                     f["row_step_cost"] = round(gained / f["over_no_speculation"], 3)
+                if f["cpu_ms_per_token"] and figures[OFF]["cpu_ms_per_token"]:
+                    # The same ratio in the server's CPU time: what a busy machine's other work does not move.
+                    f["cpu_over_no_speculation"] = round(figures[OFF]["cpu_ms_per_token"] / f["cpu_ms_per_token"], 3)
                 reference = measured.texts[(task, name, OFF)]
                 for i, ((model, text), (_, other)) in enumerate(zip(reference, measured.texts[(task, name, mode)])):
                     out["texts"]["compared"] += 1
@@ -288,10 +298,9 @@ def run_llama(
         for i in range(settings["requests"]):
             ids = prompts.ids([("user", corpus[i % len(corpus)]["message"])])
             for mode in reversed(modes) if i % 2 else modes:
-                address = servers[mode].url.split("://", 1)[1]
-                answers = http_streams.at_once(address, [llama_body(ids, "proofread")])
+                answers, steps, cpu = ask(servers[mode], [llama_body(ids, "proofread")])
                 measured.add(
-                    ("proofread", ONE_BASE, mode), group_figures(answers, None), [(BASE_NAME, answers[0].text)]
+                    ("proofread", ONE_BASE, mode), group_figures(answers, steps, cpu), [(BASE_NAME, answers[0].text)]
                 )
     finally:
         for server in servers.values():
@@ -419,7 +428,8 @@ def figures_row(task: str, name: str, mode: str, f: dict, who: str = "lora-share
     accept = "" if f["acceptance"] is None else f"{f['acceptance']:.0%} ({f['accepted']} of {f['drafted']})"
     return (
         f"| {task} | {name} | {who} | {mode} | {f['decode_tokens_per_s']} | {f.get('over_no_speculation', '')} | "
-        f"{accept} | {f.get('tokens_per_row_step', '')} | {f.get('row_step_cost', '')} |"
+        f"{accept} | {f.get('tokens_per_row_step', '')} | {f.get('row_step_cost', '')} | "
+        f"{f.get('cpu_ms_per_token', '')} | {f.get('cpu_over_no_speculation', '')} |"
     )
 
 
@@ -441,7 +451,9 @@ def report(result: dict) -> str:
         "Acceptance = drafts kept / drafted (usage.completion_tokens_details; llama-server's timings). "
         "Tokens per row-step = decode tokens / the rows of the server's decode steps (/v1/stats); "
         "row-step cost = a row-step's time over one without speculation (the tokens per row-step gained "
-        "over the speed gained).",
+        "over the speed gained); server CPU ms a token = the server process's CPU time (prompts included) over "
+        "its decode tokens, and its ratio no speculation's over the mode's: the speed-up as the machine's "
+        "other load cannot move it.",
         "",
     ]
     for precision, row in result["precisions"].items():
@@ -449,8 +461,8 @@ def report(result: dict) -> str:
             f"## {precision}",
             "",
             "| task | clients | server | mode | decode tokens/s | over no speculation | acceptance | "
-            "tokens per row-step | row-step cost |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|",
+            "tokens per row-step | row-step cost | server CPU ms a token | CPU over no speculation |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for task, scen in row["tasks"].items():
             for name, modes in scen.items():
