@@ -82,6 +82,8 @@ def test_options_are_checked_before_any_work(tmp_path):
     assert "Traceback" not in missing.stderr and not (tmp_path / "w").exists()
     few = run_cli("bench-spec", "--parallel", "2")
     assert few.returncode == 2 and "--parallel" in few.stderr and "below 4" in few.stderr
+    wrong = run_cli("bench-spec", "--precisions", "fp32,fp16")
+    assert wrong.returncode == 2 and "--precisions" in wrong.stderr and "fp32, 8da4w or both" in wrong.stderr
 
 
 # The tiny build's context is 64 tokens of about one a character: short messages, few tokens.

@@ -525,6 +525,8 @@ def run_from_args(ns, command: str) -> int:
     work = Path(ns.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     settings = {**(QUICK if ns.quick else FULL), "quick": ns.quick, "parallel": ns.parallel, "adapter": ns.adapter}
+    if ns.precisions is not None:
+        settings["precisions"] = ns.precisions
     out = Path(ns.out)
     stem = "bench_spec" + ("-quick" if ns.quick else "")
 
@@ -544,6 +546,17 @@ def run_from_args(ns, command: str) -> int:
         raise BenchFailed(str(e)) from None
     print(report(result))
     return 0 if all(c["pass"] for c in result["checks"]) else 1
+
+
+def precision_list(text: str) -> list[str]:
+    """An argparse type: a comma-separated list from fp32 and 8da4w."""
+    import argparse
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    wrong = [n for n in names if n not in PAIRS]
+    if not names or wrong:
+        raise argparse.ArgumentTypeError(f"{text!r}: give fp32, 8da4w or both, comma-separated")
+    return names
 
 
 def register(subparsers) -> None:
@@ -568,6 +581,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--parallel", type=at_least(4), default=4, help="lora-share-server --parallel (default 4)")
     p.add_argument("--adapter", default="brief", help="the adapter of the 1-client copy task (default brief)")
+    p.add_argument(
+        "--precisions",
+        type=precision_list,
+        default=None,
+        help="the builds measured, comma-separated from fp32 and 8da4w (default both; --quick fp32)",
+    )
     p.add_argument("--no-llama", dest="llama", action="store_false", help="lora-share's side only (no llama.cpp build)")
     p.add_argument(
         "--config",
