@@ -528,7 +528,10 @@ def run_from_args(ns, command: str) -> int:
     if ns.precisions is not None:
         settings["precisions"] = ns.precisions
     out = Path(ns.out)
+    # Named after what they hold: bench_spec[-quick][-<precisions>] when --precisions narrows the default.
     stem = "bench_spec" + ("-quick" if ns.quick else "")
+    if ns.precisions is not None and ns.precisions != (QUICK if ns.quick else FULL)["precisions"]:
+        stem += "-" + "-".join(ns.precisions)
 
     try:
         result = run_spec(
@@ -585,7 +588,8 @@ def register(subparsers) -> None:
         "--precisions",
         type=precision_list,
         default=None,
-        help="the builds measured, comma-separated from fp32 and 8da4w (default both; --quick fp32)",
+        help="the builds measured, comma-separated from fp32 and 8da4w (default both; --quick fp32); "
+        "results named bench_spec-<precisions> when fewer than the default",
     )
     p.add_argument("--no-llama", dest="llama", action="store_false", help="lora-share's side only (no llama.cpp build)")
     p.add_argument(
