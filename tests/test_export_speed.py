@@ -49,12 +49,11 @@ def _foundation(case: str, folder) -> dict:
     return foundation
 
 
-def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
-    """lean -> the sha256 of the exported .pte and of its foundation.ptd."""
+def _model(case: str, folder):
+    """(eager model, envelope) of ``case``'s foundation in an envelope of TARGETS."""
     from lora_share.checkpoints.foundation import load_foundation
     from lora_share.config import load_config
     from lora_share.export.eager import eager_model
-    from lora_share.export.program import export_program
     from lora_share.model.envelope import Envelope
 
     adapter = {
@@ -67,12 +66,21 @@ def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
     cfg = load_config(config)
     foundation = load_foundation(cfg.foundation)
     envelope = Envelope.resolve(cfg.lora_envelope, [], foundation.args)
-    model = eager_model(foundation, envelope=envelope)
-    out = {}
-    for lean in (True, False):
-        exported = export_program(model, envelope, folder / f"lean_{lean}", lean=lean)
-        out[lean] = hashlib.sha256(exported.pte).hexdigest(), hashlib.sha256(exported.ptd.read_bytes()).hexdigest()
-    return out
+    return eager_model(foundation, envelope=envelope), envelope
+
+
+def _digests(exported) -> tuple[str, str]:
+    return hashlib.sha256(exported.pte).hexdigest(), hashlib.sha256(exported.ptd.read_bytes()).hexdigest()
+
+
+def _export_both_ways(case: str, folder) -> dict[bool, tuple[str, str]]:
+    """lean -> the sha256 of the exported .pte and of its foundation.ptd."""
+    from lora_share.export.program import export_program
+
+    model, envelope = _model(case, folder)
+    return {
+        lean: _digests(export_program(model, envelope, folder / f"lean_{lean}", lean=lean)) for lean in (True, False)
+    }
 
 
 @pytest.mark.parametrize("case", ["llama fp32", "llama 8da4w", "gemma3", "phi3 8da4w"])
@@ -145,3 +153,48 @@ def test_sharing_weights_takes_scalar_constants():
     assert [b.to_bytes() for b in stored] == [scalar.numpy().tobytes(), row.numpy().tobytes()]
     assert all(not isinstance(b, bytes) for b in stored)  # read from the tensors, not copied
     assert copy.deepcopy(scalar) is not scalar  # the block's sharing ends with it
+
+
+def test_partitions_of_every_method_hold_the_quantized_weights_not_copies(tmp_path, monkeypatch):
+    """ExecuTorch deep-copies every delegated partition of every method before XNNPACK preprocesses any
+    (export/memory.py): an 8da4w weight's int8 values are there plain tensors, which the lowering now keeps
+    on the model's own memory in forward, decode and decode_batch alike; and the program and
+    foundation.ptd are those of the lowering that copies them, byte for byte."""
+    import copy
+
+    import torch
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from lora_share.export import memory
+    from lora_share.export.program import export_program
+    from lora_share.model.quantize import foundation_linears
+
+    model, envelope = _model("llama 8da4w", tmp_path)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    qdata = weight.qdata  # torchao's IntxUnpackedToInt8Tensor: int8 values, scales, zero points
+    assert qdata.dtype == torch.int8 and qdata.data_ptr() != 0
+    with memory.sharing_weights([weight]):
+        assert copy.deepcopy(qdata) is qdata and copy.deepcopy(qdata[1:]).data_ptr() == qdata[1:].data_ptr()
+    assert copy.deepcopy(qdata).data_ptr() != qdata.data_ptr()  # the block's sharing ends with it
+
+    linears_int8 = {lin.weight.qdata.untyped_storage().data_ptr() for lin in foundation_linears(model).values()}
+    model_memory = {ptr for t in (*model.parameters(), *model.buffers()) for ptr in memory._storage_pointers(t)}
+    seen = {}  # method's partition -> the storages of its int8 constants
+    original = XnnpackBackend.copy_exported_program_for_preprocess.__func__
+
+    def recording(cls, program, compile_specs):
+        copied = original(cls, program, compile_specs)
+        int8 = [t for t in (*copied.state_dict.values(), *copied.constants.values()) if t.dtype == torch.int8]
+        seen[len(seen)] = {t.untyped_storage().data_ptr() for t in int8}
+        return copied
+
+    monkeypatch.setattr(XnnpackBackend, "copy_exported_program_for_preprocess", classmethod(recording))
+    shared = _digests(export_program(model, envelope, tmp_path / "shared", batch=True))
+    partitions_int8 = set().union(*seen.values())
+    assert len(linears_int8) >= 5 and linears_int8 <= partitions_int8 <= model_memory
+
+    seen.clear()
+    monkeypatch.setattr(memory, "_plain_storage", lambda t: None)  # ExecuTorch's own copies
+    copied = _digests(export_program(model, envelope, tmp_path / "copied", batch=True))
+    assert set().union(*seen.values()).isdisjoint(model_memory)  # the copies this lowering no longer makes
+    assert copied == shared

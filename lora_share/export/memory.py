@@ -1,10 +1,14 @@
 """Keep an export's peak memory near one copy of the foundation.
 
 Lowering with ExecuTorch 1.5.1 (the version pinned in pyproject.toml) copies every foundation
-weight twice more than it needs to, which put a 1B-parameter build past 24 GB:
+weight more often than it needs to, which put a 1B-parameter build past 24 GB:
 
 - ``to_edge_transform_and_lower`` deep-copies the exported program, state dict included, before
   its first passes; the original stays alive in the caller for the whole lowering;
+- its backend step deep-copies every delegated partition before XNNPACK preprocesses it, those of
+  all methods at once: a quantized foundation's int8 values and scales (plain tensors inside the
+  lowering, unwrapped from torchao's weight subclass) once more per method, 3.6 GB of the 8da4w
+  build's 14.1 GB peak at Llama-3.2-1B's shape with forward, decode and decode_batch;
 - XNNPACK's serializer hands each weight's bytes to the named-data store as a ``bytes`` copy, and
   the store keeps it until the .ptd is written;
 - XNNPACK's partitioner (and torch.fx's, which it extends) keeps, for every node, the set of all
@@ -14,11 +18,11 @@ weight twice more than it needs to, which put a 1B-parameter build past 24 GB:
 ``compact_dependencies`` keeps the same two relations as one bit per node pair instead.
 ``release_after_export`` hands what the lowering left behind back to the system before the build
 goes on to write and check the adapters.
-``sharing_weights`` undoes both copies for the tensors it is given, for the length of the lowering:
-a deep copy of one of them is the tensor itself (the passes that follow build new tensors, they
-do not write into constants), and a named-data entry whose bytes equal one of them is stored as a
-view of that tensor's memory instead of a copy (``TensorBytes``: the store takes ``bytes`` or its
-own file-backed buffers, which is what the view presents itself as).
+``sharing_weights`` undoes these copies for the tensors it is given, for the length of the lowering:
+a deep copy of one of them, or of any tensor on its memory, is the tensor itself (the passes that
+follow build new tensors, they do not write into constants), and a named-data entry whose bytes
+equal one of them is stored as a view of that tensor's memory instead of a copy (``TensorBytes``:
+the store takes ``bytes`` or its own file-backed buffers, which is what the view presents itself as).
 """
 
 from __future__ import annotations
@@ -93,6 +97,9 @@ def sharing_weights(tensors):
     from executorch.exir._serialize._named_data_store import NamedDataStore
 
     tensor_bytes = _tensor_bytes_class()
+    tensors = list(tensors)
+    # Any tensor on a given weight's memory (an 8da4w weight's int8 values, its scales) is shared by deepcopy.
+    storages = {ptr for t in tensors for ptr in _storage_pointers(t)} - {0}
     # Only tensors that are their whole storage: XNNPACK's serializer reads a weight's storage, not its view.
     tensors = [
         t
@@ -102,7 +109,6 @@ def sharing_weights(tensors):
         and t.storage_offset() == 0
         and t.untyped_storage().nbytes() == t.nbytes
     ]
-    ids = {id(t) for t in tensors}
     by_digest = {}
     for t in tensors:
         # reshape first: a 0-dim tensor (a scalar constant) has no last dimension to view as bytes.
@@ -115,7 +121,7 @@ def sharing_weights(tensors):
 
     def shared(original):
         def deepcopy(self, memo):
-            if id(self) in ids:
+            if _plain_storage(self) in storages:
                 memo[id(self)] = self
                 return self
             return original(self, memo)
@@ -136,6 +142,25 @@ def sharing_weights(tensors):
     finally:
         torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = tensor_deepcopy, parameter_deepcopy
         NamedDataStore.add_named_data = add_named_data
+
+
+def _plain_storage(t: torch.Tensor) -> int | None:
+    """The address of a plain CPU tensor's storage (a fake or meta tensor, or a subclass, has none)."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type != "cpu":
+        return None
+    return t.untyped_storage().data_ptr()
+
+
+def _storage_pointers(t) -> list[int]:
+    """The storages ``t`` holds: its own, or those of the tensors a traceable subclass wraps (an 8da4w
+    weight, torchao's IntxUnpackedToInt8Tensor: int8 values, scales and zero points)."""
+    if not isinstance(t, torch.Tensor):
+        return []
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(type(t), "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return [ptr for name in names for ptr in _storage_pointers(getattr(t, name))]
+    ptr = _plain_storage(t)
+    return [] if ptr is None else [ptr]
 
 
 class _NodeBits:
