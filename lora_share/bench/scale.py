@@ -35,7 +35,7 @@ hold on an otherwise idle machine and are printed, not enforced):
 - one adapter's PSS after its request minus after load is at most its KV cache's bytes + 32 MiB;
 - each `lora-share add` takes at most 2 s inside the command and exports nothing;
 - decode through the all-linear rank-16 envelope at >= 0.9 x through the exact one, at ~10 and ~1,000;
-- a build's peak RSS is at most 2.5 x the fp32 foundation's bytes + 1 GB (printed for the large shape);
+- a build's peak RSS is at most 2.5 x the fp32 foundation's bytes + 1 GB, the large shape's builds too;
 - fp32 decode at position ~1,000 runs at >= 0.8 x the speed at ~10 (reported for the others), and
   decode at ~10 with the full context at >= 0.8 x the 128-token context's;
 - targets: fp32 decode at ~10 >= 35 tokens/s, prefill of 1,000 tokens >= 300 tokens/s.

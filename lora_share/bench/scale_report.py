@@ -117,7 +117,6 @@ def checks(result: dict) -> list[dict]:
             f"{b['build_peak_rss'] / 1e9:.2f} GB",
             f"{limit / 1e9:.2f} GB",
             0 < b["build_peak_rss"] <= limit,
-            enforced=False,
         )
     fp32 = next((v for v in result["variants"] if v["name"] == "fp32"), None)
     if fp32 is not None:
