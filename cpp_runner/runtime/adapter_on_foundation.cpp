@@ -43,7 +43,7 @@ StatusOr<std::vector<size_t>> planned_buffer_sizes(const Program& program, const
 MethodMemory::MethodMemory(Span<Span<uint8_t>> planned_buffers)
     : planned(planned_buffers), manager(&method_allocator, &planned, &temp_allocator) {}
 
-Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_slots) {
+Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_slots, bool drafts) {
   auto t0 = std::chrono::steady_clock::now();
   pte_path_ = pte;
   Status readable = check_readable_file(pte, "--pte");
@@ -77,10 +77,18 @@ Status SharedProgram::open(const std::string& pte, size_t lora_slots, size_t kv_
   if (!sizes.ok()) return Status::failure(pte + ": " + sizes.status().message());
   // Programs exported before decode existed have forward alone.
   has_decode_ = program_->method_meta("decode").ok();
-  // decode_batch (EXPORTER_REVISION 11) only for a runtime with several slots:
-  // its activations are planned for its most rows, which one slot never uses.
-  file_has_batch_ = program_->method_meta("decode_batch").ok();
-  has_batch_ = file_has_batch_ && kv_slots > 1;
+  // decode_batch (EXPORTER_REVISION 11) for a runtime with several slots, or
+  // with one slot that verifies drafts in it: its activations are planned for
+  // its most rows x tokens, which one slot never fills, so without drafts (its
+  // tokens [rows, 1] before revision 14, or speculation off) one slot leaves it.
+  auto batch = program_->method_meta("decode_batch");
+  file_has_batch_ = batch.ok();
+  bool batch_drafts = false;
+  if (file_has_batch_) {
+    auto tokens = batch->input_tensor_meta(0);
+    batch_drafts = tokens.ok() && tokens->sizes().size() == 2 && tokens->sizes()[1] > 1;
+  }
+  has_batch_ = file_has_batch_ && (kv_slots > 1 || (drafts && batch_drafts));
   for (auto [method, wanted] : {std::pair<const char*, bool>{"decode", has_decode_}, {"decode_batch", has_batch_}}) {
     if (!wanted) continue;
     auto more = planned_buffer_sizes(*program_, method);

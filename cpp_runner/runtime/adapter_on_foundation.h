@@ -48,8 +48,10 @@ class SharedProgram {
   // planned buffers, its KV cache and its `lora_slots` LoRA input pairs.
   // `kv_slots` N > 1: the KV buffer holds N slots (decode_batch's pools,
   // forward_io.h's KvCache) and decode_batch is loaded too, when the program
-  // has it (batch/batch_engine.h runs it); N = 1: one cache, no decode_batch.
-  Status open(const std::string& pte, size_t lora_slots, size_t kv_slots = 1);
+  // has it (batch/batch_engine.h runs it); N = 1: one cache, and decode_batch
+  // only with `drafts` and a decode_batch that takes them (exporter revision
+  // 14): a runtime of one slot verifies its drafts in it (docs/batching.md).
+  Status open(const std::string& pte, size_t lora_slots, size_t kv_slots = 1, bool drafts = false);
   // The arena buffers the methods need: the KV cache's bytes (all slots), then
   // each planned buffer (memory-id order, planned_arena.h says why) at the
   // largest of forward's, decode's and decode_batch's sizes: one call runs at
@@ -81,7 +83,7 @@ class SharedProgram {
   // Whether the program has a decode method (programs before EXPORTER_REVISION 9 do not).
   bool has_decode() const { return has_decode_; }
   // Whether the file has decode_batch (EXPORTER_REVISION 11 and later builds),
-  // and whether it was opened with it (kv_slots > 1).
+  // and whether it was opened with it (kv_slots > 1, or one slot for drafts).
   bool file_has_batch() const { return file_has_batch_; }
   bool has_batch() const { return has_batch_; }
   // decode_batch's input and output metadata (has_batch() only).

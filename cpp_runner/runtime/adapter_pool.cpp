@@ -251,7 +251,7 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   p.pte = pte;
   p.lora_slots = info.record.envelope.size();
   p.program = std::make_unique<SharedProgram>();
-  Status s = p.program->open(pte, p.lora_slots, options_.parallel);
+  Status s = p.program->open(pte, p.lora_slots, options_.parallel, options_.speculation);
   if (!s.ok()) return s;
   p.planned_sizes = p.program->planned_sizes();
   p.vocab_size = p.program->vocab_size();
@@ -270,7 +270,7 @@ Status AdapterPool::load_program(size_t index) {
   if (p.loaded) return Status();
   if (!p.program) {
     p.program = std::make_unique<SharedProgram>();
-    Status s = p.program->open(p.pte, p.lora_slots, options_.parallel);
+    Status s = p.program->open(p.pte, p.lora_slots, options_.parallel, options_.speculation);
     if (!s.ok()) return s;
   }
   PlannedArena* arena = arena_.get();
@@ -337,7 +337,7 @@ Status AdapterPool::write_packed_cache(ProgramEntry& p, PlannedArena& arena) {
   // exclusive lock), then it loads from the published file as every later
   // start will, sharing it with other processes.
   p.program = std::make_unique<SharedProgram>();
-  s = p.program->open(p.pte, p.lora_slots, options_.parallel);
+  s = p.program->open(p.pte, p.lora_slots, options_.parallel, options_.speculation);
   if (!s.ok()) return s;
   packed_->open_published();
   return xnnpack_.use_packed_cache(packed_->path());

@@ -80,9 +80,11 @@ struct PoolOptions {
   // KV slots (ls_options.parallel): requests batched at once (issue 47). > 1
   // sizes the arena's KV buffer for that many slots and loads decode_batch
   // (batch/batch_engine.h runs it), so the budget counts every slot; 1: one
-  // cache, the one-row path alone.
+  // cache, and decode_batch only to verify drafts (`speculation`).
   size_t parallel = 1;
-  bool speculation = true;  // ls_options.speculation: batched requests may verify drafts
+  // ls_options.speculation: requests may verify drafts in decode_batch (a
+  // runtime of one slot loads it for them when it takes drafts).
+  bool speculation = true;
 };
 
 // What loading did, for the runner's report.
@@ -243,6 +245,7 @@ class AdapterPool {
   // KV slots: requests the runtime batches at once (PoolOptions.parallel).
   size_t parallel() const { return options_.parallel; }
   bool speculation() const { return options_.speculation; }
+  bool stock() const { return options_.stock; }  // a Module per adapter: no shared program to batch
 
   // The build's end-of-sequence ids (manifest.h, eos_ids_of); may be none.
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }

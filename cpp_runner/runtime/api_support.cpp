@@ -177,7 +177,9 @@ ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status u
   auto* rt = new ls_runtime();
   rt->pool = std::move(pool.value());
   rt->runner_messages = runner_messages;
-  if (rt->pool->parallel() > 1)
+  // One slot with speculation runs its requests through the scheduler too, one at a time: its drafts are
+  // verified in decode_batch (docs/batching.md, "One slot"); without, the one-row path under the lock.
+  if (rt->pool->parallel() > 1 || (rt->pool->speculation() && !rt->pool->stock()))
     rt->scheduler = std::make_unique<Scheduler>(*rt->pool, rt->lock, rt->lock_waiters, rt->pool->parallel(),
                                                 rt->pool->speculation());
   clear_error(error);

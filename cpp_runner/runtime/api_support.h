@@ -61,8 +61,9 @@ struct ls_runtime {
   // fills masks. Before `scheduler`, whose requests use them.
   std::unique_ptr<lora_share::constraint::Compiler> constraints;
   std::unique_ptr<lora_share::constraint::MaskWorker> mask_worker;
-  // parallel > 1: batches every ls_generate (THREADS). Last, so that it goes
-  // first: its thread uses the pool and the lock.
+  // parallel > 1, or one slot with speculation: runs every ls_generate
+  // (THREADS, SPECULATION). Last, so that it goes first: its thread uses the
+  // pool and the lock.
   std::unique_ptr<lora_share::Scheduler> scheduler;
 };
 

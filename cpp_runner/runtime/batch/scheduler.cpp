@@ -189,6 +189,15 @@ void Scheduler::drop_engine() {
 
 void Scheduler::release_slot(size_t slot) {
   int64_t held = static_cast<int64_t>(table_->tokens(slot).size());
+  if (slots_ == 1) {
+    // One slot continues nothing (admit): as the one-row path, the rows the request wrote are zeroed
+    // when it ends, its rejected drafts' after what it holds included.
+    if (!rows_finite(kv_.at_slot(slot), held)) ++slots_cleared_;
+    clear_rows(kv_.at_slot(slot), 0, held + static_cast<int64_t>(engine_->max_row_tokens()));
+    table_->forget(slot);
+    table_->release(slot);
+    return;
+  }
   if (!rows_finite(kv_.at_slot(slot), held)) {
     clear_rows(kv_.at_slot(slot), 0, held);
     table_->forget(slot);
@@ -221,6 +230,10 @@ void Scheduler::admit() {
     // waits (first in line) rather than overshooting; acquire refuses what
     // never fits.
     if (!active_.empty() && pool_.room_for(lead.request.adapter) == AdapterPool::Room::kWait) return;
+    // One slot (a runtime of parallel 1 that speculates): n choices run one after the other, and a
+    // request that does not speculate runs, on the one-row path, as with speculation off.
+    const bool one_row = slots_ == 1 && (n > 1 || !lead.request.speculative);
+    if (one_row && !active_.empty()) return;
     std::vector<Job*> group(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
     waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
     auto fail = [&](const Status& status) {
@@ -238,8 +251,10 @@ void Scheduler::admit() {
                         "loading (a Module per adapter) cannot"));
       continue;
     }
-    if (other && !shared->program()->file_has_batch()) {
-      run_alone(group);  // a build before decode_batch: one request at a time, as with parallel 1
+    // A build before decode_batch (or, with one slot, before its drafts: not loaded): one request at a
+    // time on the one-row path, as with parallel 1.
+    if (one_row || (other && !shared->program()->has_batch())) {
+      run_alone(group);
       continue;
     }
     if (other) {
@@ -257,8 +272,10 @@ void Scheduler::admit() {
     for (Job* next : group) {
       Job& job = *next;
       // Choice 0 may continue a slot holding its prompt's start; the others take any free slot,
-      // which the fork fills.
-      auto claim = table_->claim(job.request.adapter, job.request.prompt, job.request.cache_prompt && !job.leader);
+      // which the fork fills. One slot feeds every prompt from position 0, as the one-row path does: a
+      // prefix hit could change an answer (its KV computed in other chunks).
+      auto claim =
+          table_->claim(job.request.adapter, job.request.prompt, job.request.cache_prompt && !job.leader && slots_ > 1);
       if (!claim) {  // rows <= slots: a free row has a free slot
         finish(job, Status::failure("no free KV slot for a free row"));
         continue;
@@ -403,7 +420,10 @@ void Scheduler::decode_all() {
   std::vector<BatchRow> plain;
   for (const DraftRow& r : rows) plain.push_back(BatchRow{r.row, r.slot, r.tokens[0], r.pos});
   std::vector<float> logits;
-  Status s = engine_->decode(plain, &logits);
+  // One slot: the one-row path's call (decode over the slot in place), so a step without drafts costs
+  // and computes what it does with speculation off; decode_batch runs only the steps that verify.
+  Status s = slots_ == 1 ? engine_->prefill(plain[0].row, plain[0].slot, {plain[0].token}, plain[0].pos, &logits)
+                         : engine_->decode(plain, &logits);
   if (!s.ok()) {
     for (size_t b = 0; b < rows.size(); ++b) active_[b]->ended = true, active_[b]->failure = s;
     return;

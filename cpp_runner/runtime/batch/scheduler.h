@@ -2,8 +2,8 @@
 // batching" and "The C API's threads"; the C++ port of
 // lora_share/inference/batching.py's Scheduler over BatchEngine).
 //
-// One scheduler thread per runtime opened with parallel > 1 owns the
-// BatchEngine and the slot table. ls_generate's callers (any threads) hand a
+// One scheduler thread per runtime opened with parallel > 1, or with one slot
+// and speculation (below), owns the BatchEngine and the slot table. ls_generate's callers (any threads) hand a
 // request to run() and block on their own queue of tokens; the callback runs
 // on the caller's thread. Each iteration of the scheduler thread, under the
 // runtime's lock (the pool is not thread-safe):
@@ -37,7 +37,17 @@
 // share it): a request on another program (another envelope) waits until the
 // batch is empty, then the engine is made again over its program, and the
 // slots start empty. A program built before decode_batch runs its requests
-// one at a time on the one-row path, as a runtime of one slot does.
+// one at a time on the one-row path (AdapterPool::generate), as a runtime of
+// one slot without speculation does.
+//
+// One slot (parallel 1 with speculation; docs/batching.md, "One slot"): one
+// request at a time, so that its drafts are verified in decode_batch; every
+// other step is the one-row path's decode call, and every prompt is fed from
+// position 0 (no prefix reuse: a hit could change an answer), so its answers
+// are the one-row path's bit for bit. A request that does not speculate, one
+// of n > 1 choices (one after the other), and a program whose decode_batch
+// takes no drafts (not loaded) run on the one-row path. The slot's rows are
+// zeroed when a request ends, as the one-row path zeroes them.
 #pragma once
 
 #include <atomic>
