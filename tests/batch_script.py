@@ -1,5 +1,6 @@
 """Batched decode through the C library (ls_diag_batch_script, lora_share_diag.h) against the same requests
-alone through the one-row C path (ls_diag_generate on a runtime with one KV slot), with and without drafts
+alone through the one-row C path (ls_diag_generate on a runtime of one KV slot, speculation off), with and
+without drafts
 (rows that verify a guess of their answer): shared by tests/test_batch_engine.py (the tiny build) and
 tests/test_families.py (every family's build, fp32 and 8da4w); and
 ``diag_generate``, one request with its logits rows, for tests/test_scheduler.py and test_adapter_mix.py."""
@@ -97,12 +98,13 @@ def _bind(lib):
     lib.ls_diag_last_message.restype = ctypes.c_char_p
 
 
-def _open(build, library, parallel: int) -> native.Runtime:
+def _open(build, library, parallel: int, speculation: bool = True) -> native.Runtime:
     rt = native.open(
         build.ptd,
         library=library,
         parallel=parallel,
         shared_ptd=build.shared_ptd if build.shared_ptd.exists() else None,
+        speculation=speculation,
     )
     for pte in build.ptes.values():
         rt.load_adapter(pte)
@@ -163,10 +165,12 @@ def _ints(values):
     return (ctypes.c_int64 * max(len(values), 1))(*values)
 
 
-def batch_script(build, requests: list[Req], library, parallel: int = 4) -> list[Result] | str:
+def batch_script(
+    build, requests: list[Req], library, parallel: int = 4, speculation: bool = True
+) -> list[Result] | str:
     """``requests`` through ls_diag_batch_script on a runtime with ``parallel`` slots: each one's greedy tokens,
     logits and the most rows it decoded with; or the library's error message."""
-    rt = _open(build, library, parallel)
+    rt = _open(build, library, parallel, speculation)
     try:
         lib = rt.lib
         _bind(lib)
@@ -201,8 +205,9 @@ def batch_script(build, requests: list[Req], library, parallel: int = 4) -> list
 
 
 def alone(build, requests: list[Req], library) -> list[Result]:
-    """Each request alone through the one-row path (one KV slot; forward then decode), no stop ids."""
-    rt = _open(build, library, 1)
+    """Each request alone through the one-row path (one KV slot without speculation; forward then decode), no
+    stop ids."""
+    rt = _open(build, library, 1, speculation=False)
     try:
         vocab = build.manifest["foundation"]["args"]["vocab_size"]
         out = []

@@ -49,8 +49,8 @@ def test_rows_of_drafts_equal_each_request_alone(tiny_build, library):
 
 @pytest.mark.parametrize("case", ["one slot", "shared slot", "slot out of range", "too many rows"])
 def test_script_errors_are_messages(tiny_build, library, case):
-    """A runtime without slots, two live requests on one slot, a slot or a row past the engine's: one
-    message naming the fix, the process alive."""
+    """A runtime without slots (one slot, no speculation: no decode_batch loaded), two live requests on one
+    slot, a slot or a row past the engine's: one message naming the fix, the process alive."""
     script = {
         "one slot": SCRIPT[:1],
         "shared slot": [Req(None, [1], 0, 3), Req("tiny_a", [2], 0, 3)],
@@ -58,7 +58,7 @@ def test_script_errors_are_messages(tiny_build, library, case):
         "too many rows": [Req(None, [1], s, 3) for s in range(3)],
     }[case]
     parallel = {"one slot": 1, "too many rows": 2}.get(case, 4)
-    got = batch_script(tiny_build, script, library, parallel=parallel)
+    got = batch_script(tiny_build, script, library, parallel=parallel, speculation=case != "one slot")
     assert isinstance(got, str), case
     assert {
         "one slot": "several KV slots",

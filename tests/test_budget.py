@@ -124,8 +124,8 @@ def test_budget_for_two_serves_all_six_in_lru_order(deployment, runner_answers, 
 
 def test_accounted_adapter_cost_is_the_documented_rule(deployment, runner_bin):
     """lora_share.h: an adapter is 1.05 x its own LoRA bytes + the overhead (512 KiB unless set); its
-    program 1.2 x the .pte without the adapter's data + 4 MiB per method (forward and decode); the
-    foundation its file + 8 MiB."""
+    program 1.2 x the .pte without the adapter's data + 4 MiB per method (forward and decode, and decode_batch
+    when one slot speculates, the default); the foundation its file + 8 MiB."""
     library = runner_bin.parent / "liblora_share.so"
     entries = deployment.manifest["adapters"]
     assert len({e["lora_bytes"] for e in entries}) == 1 and not any(e.get("hoisted") for e in entries)
@@ -134,11 +134,14 @@ def test_accounted_adapter_cost_is_the_documented_rule(deployment, runner_bin):
     program = pte.size - sum(d.size for d in pte.named_data)  # its own data: LoRA tensors and record
     assert sum(d.size for d in pte.named_data) > own
     ptd = deployment.ptd.stat().st_size
-    for overhead, expected in ((0, 512 << 10), (1 << 20, 1 << 20)):
-        with native.open_dir(deployment.out_dir, adapter_overhead_bytes=overhead, library=library) as rt:
+    for overhead, expected, speculation in ((0, 512 << 10, True), (1 << 20, 1 << 20, False)):
+        with native.open_dir(
+            deployment.out_dir, adapter_overhead_bytes=overhead, library=library, speculation=speculation
+        ) as rt:
             s = rt.stats()
         assert s["largest_adapter_bytes"] == own + own // 20 + expected
-        assert s["program_bytes"] == program + program // 5 + 2 * (4 << 20)
+        methods = 3 if speculation else 2
+        assert s["program_bytes"] == program + program // 5 + methods * (4 << 20)
         assert s["foundation_bytes"] == ptd + (8 << 20) and s["arena_bytes"] > 0  # + the runtime's state
 
 

@@ -221,8 +221,9 @@ def test_streamed_chunks_add_up_to_the_whole_response(runtime):
         "prompt_tokens": whole["usage"]["prompt_tokens"],
         "completion_tokens": 12,
         "finish_reason": "length",
-        "accepted_prediction_tokens": 0,  # one slot: no speculation (it runs in the batch)
-        "rejected_prediction_tokens": 0,
+        # The same drafts, streamed or not (one slot speculates: prompt lookup over the chat).
+        "accepted_prediction_tokens": whole["usage"]["completion_tokens_details"]["accepted_prediction_tokens"],
+        "rejected_prediction_tokens": whole["usage"]["completion_tokens_details"]["rejected_prediction_tokens"],
     }
 
 

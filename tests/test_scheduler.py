@@ -132,8 +132,9 @@ def concurrently(jobs):
 
 @pytest.fixture(scope="module")
 def alone(runner_bin, tiny_build):
-    """The reference: the runtime without batching (parallel 1), every request alone from position 0."""
-    with native.open_dir(tiny_build.out_dir, library=runner_bin.parent / "liblora_share.so") as rt:
+    """The reference: the runtime without batching (parallel 1, speculation off: the one-row path), every
+    request alone from position 0."""
+    with native.open_dir(tiny_build.out_dir, library=runner_bin.parent / "liblora_share.so", speculation=False) as rt:
         yield rt
 
 

@@ -125,8 +125,8 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
                          "rebuild it with this version to run several requests at once");
   if (!program.has_batch() || program.kv().data == nullptr)
     return Status::usage(pte +
-                         ": loaded with one KV slot; batching needs several KV slots "
-                         "(ls_options.parallel > 1)");
+                         ": loaded with one KV slot and no drafts to verify (speculation off, or a program "
+                         "exported before drafts); batching needs several KV slots (ls_options.parallel > 1)");
   if (slots < 1 || slots > program.kv_slots())
     return Status::usage(pte + ": " + std::to_string(slots) + " slots asked for; the program " + "was opened with " +
                          std::to_string(program.kv_slots()));

@@ -160,6 +160,7 @@ void Scheduler::step() {
     if (job->cancelled.load()) job->ended = true;
   leave_finished();
   admit();
+  if (!engine_) return;  // nothing in the batch: each request admitted ran alone (run_alone drops the engine)
   prefill_chunks();
   end_orphans();
   decode_all();
@@ -190,9 +191,8 @@ void Scheduler::drop_engine() {
 void Scheduler::release_slot(size_t slot) {
   int64_t held = static_cast<int64_t>(table_->tokens(slot).size());
   if (slots_ == 1) {
-    // One slot continues nothing (admit): as the one-row path, the rows the request wrote are zeroed
-    // when it ends, its rejected drafts' after what it holds included.
-    if (!rows_finite(kv_.at_slot(slot), held)) ++slots_cleared_;
+    // One slot continues nothing (admit): as on the one-row path, the rows the request wrote are zeroed
+    // when it ends, its rejected drafts' after what it holds included (none is "cleared" for a value).
     clear_rows(kv_.at_slot(slot), 0, held + static_cast<int64_t>(engine_->max_row_tokens()));
     table_->forget(slot);
     table_->release(slot);
