@@ -805,18 +805,20 @@ def _run_batch(rt, requests, predictions, temperature=0.0, seed=0) -> list[list[
     return concurrently([lambda r=r, p=p: one(*r, p) for r, p in zip(requests, predictions)])
 
 
-def _check_scheduler_speculation(build: Build) -> None:
-    """The batch scheduler with speculation (the default) against the same runtime without: every answer of
-    four concurrent requests the same, greedy with predictions all right, all wrong, partly right and none
-    (prompt lookup), and sampled with the same seed (each token drawn as one-token decode draws it); drafts
-    were verified and some kept."""
+def _check_scheduler_speculation(build: Build, parallel: int = 4) -> None:
+    """The scheduler with speculation (the default; ``parallel`` 1: one slot, one request at a time) against
+    the same runtime without (one slot: the one-row path): every answer of four concurrent requests the
+    same, greedy with predictions all right, all wrong, partly right and none (prompt lookup), and sampled
+    with the same seed (each token drawn as one-token decode draws it); drafts were verified and some kept."""
     library = REPO / "build" / "liblora_share.so"
     requests = _scheduler_requests(build)
-    with lora_share.inference.c_library.open_dir(build.out_dir, parallel=4, library=library, speculation=False) as rt:
+    with lora_share.inference.c_library.open_dir(
+        build.out_dir, parallel=parallel, library=library, speculation=False
+    ) as rt:
         plain = _run_batch(rt, requests, [None] * 4)
         sampled = [_run_batch(rt, requests, [None] * 4, temperature=0.9, seed=s) for s in range(2)]
         assert rt.stats()["drafted_tokens"] == 0
-    with lora_share.inference.c_library.open_dir(build.out_dir, parallel=4, library=library) as rt:
+    with lora_share.inference.c_library.open_dir(build.out_dir, parallel=parallel, library=library) as rt:
         for kinds in (["right", "wrong", "part", "right"], ["part", None, "right", "wrong"], [None] * 4):
             predictions = [_guess(k, answer) for k, answer in zip(kinds, plain)]
             assert _run_batch(rt, requests, predictions) == plain, kinds
@@ -827,10 +829,11 @@ def _check_scheduler_speculation(build: Build) -> None:
     assert 0 < stats["accepted_tokens"] < stats["drafted_tokens"]
 
 
+@pytest.mark.parametrize("parallel", [4, 1], ids=["batched", "one_slot"])
 @pytest.mark.parametrize("family", list(SPECS))
-def test_speculation_in_the_scheduler_changes_no_answer(families, family):
+def test_speculation_in_the_scheduler_changes_no_answer(families, family, parallel):
     """Issue 60's scheduler on every family's float32 build (_check_scheduler_speculation)."""
-    _check_scheduler_speculation(families(family).build)
+    _check_scheduler_speculation(families(family).build, parallel)
 
 
 @pytest.mark.slow

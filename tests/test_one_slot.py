@@ -125,10 +125,12 @@ def test_requests_on_the_one_row_path_draft_nothing(one_row, one_slot):
     got, drafted, _ = answer(one_slot, name, prompt, new, speculative=False, prediction=plain["tokens"])
     assert (got, drafted) == (plain, 0)
     request = {"temperature": 0.9, "seed": 4, "n": 3}
-    before = one_slot.stats()["drafted_tokens"]
+    before = one_slot.stats()
     choices = one_slot.generate_choices(name, prompt, new, **request)
     assert choices == one_row.generate_choices(name, prompt, new, **request)
-    assert len(choices) == 3 and one_slot.stats()["drafted_tokens"] == before
+    after = one_slot.stats()
+    assert len(choices) == 3 and after["drafted_tokens"] == before["drafted_tokens"]
+    assert after["prompt_tokens_fed"] - before["prompt_tokens_fed"] == len(prompt)  # one prefill, counted once
 
 
 def test_a_copy_prompt_is_drafted_and_counted(runner_bin, text_build):

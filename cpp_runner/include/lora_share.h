@@ -47,9 +47,12 @@
  * answer. An adapter a running request uses stays resident (the budget's
  * LRU eviction skips it) until the request ends; a request that needs room
  * those hold waits (MEMORY BUDGET).
- * With parallel = 1 (the default) calls run one at a time under a lock
- * inside the runtime, each from position 0, as before (the KV rows a request
- * wrote are zeroed when it ends).
+ * With parallel = 1 (the default) calls run one at a time, each from
+ * position 0 (no prefix is kept; the KV rows a request wrote are zeroed when
+ * it ends): with speculation on (the default; SPECULATION) in the scheduler,
+ * a call waiting there with the runtime's lock released as above, so that
+ * its drafts are verified in decode_batch; with ls_options.speculation = 0
+ * under the runtime's lock, on the one-row path (forward, then decode).
  * Every other call on a runtime (loading, stats, programs) takes that lock
  * too; a callback (on_token, on_text) must not call back into the runtime it
  * was called from: that returns LS_ERR_BUSY.
@@ -66,8 +69,8 @@
  *                carries the same one, named by its sha256 in the adapter's
  *                record): 1.2 x its .pte size without adapter data + 4 MiB
  *                per method it runs (forward, and decode when it has one,
- *                and decode_batch with parallel > 1: each method's state and
- *                XNNPACK runtimes);
+ *                and decode_batch with parallel > 1 or with one slot that
+ *                speculates: each method's state and XNNPACK runtimes);
  *   arena        the planned memory (KV cache and activations) every program
  *                shares, sized to the largest program: its allocated bytes.
  *                Its KV cache is `parallel` slots, each a whole context
@@ -171,7 +174,8 @@ typedef struct {
                              accounting (MEMORY BUDGET); 0 (default): 512 KiB */
   int parallel;                    /* KV slots, 1..LS_MAX_PARALLEL: requests that run
                                       in one batch at once (THREADS); default 1: one
-                                      request at a time */
+                                      request at a time (which still verifies drafts:
+                                      SPECULATION) */
   int packed_cache;                /* nonzero (default): keep XNNPACK's packed weights
                                       in a file between starts (PACKED WEIGHTS); 0:
                                       pack them in memory at every start */
@@ -180,9 +184,10 @@ typedef struct {
                                 folder can be written, else in the user's cache
                                 folder; else this folder (made if missing; one
                                 that cannot be written is refused at open) */
-  int speculation;                 /* nonzero (default): with parallel > 1, requests
-                                      may verify drafts (SPECULATION); 0: none does
-                                      (--no-speculation) */
+  int speculation;                 /* nonzero (default): requests may verify drafts
+                                      (SPECULATION), with any parallel; 0: none does
+                                      (--no-speculation), and one slot then loads no
+                                      decode_batch (less memory: SPECULATION) */
 } ls_options;
 
 /* STRUCTURED OUTPUT (docs/structured-output.md). ls_generate_options.
@@ -301,14 +306,19 @@ typedef struct {
   ls_token_info_callback on_token_info; /* NULL (default), or called with each
                                            token of each choice */
   void* token_info_user_data;
-  /* SPECULATION. With parallel > 1 and a program whose decode_batch takes
-   * drafts (exporter revision 14), each step a row may carry its last token
-   * and up to 8 guessed next ones (drafts: prompt lookup over the prompt and
-   * the answer so far, and `prediction`), checked in the one batched step:
-   * each token is picked from the logits after the one before it, exactly as
-   * one-token decode picks it, and the drafts are kept while they are the
-   * picks. Answers are the same with and without (greedy: the same ids;
-   * sampled: the same draws of the same seed); only the speed differs. */
+  /* SPECULATION. With a program whose decode_batch takes drafts (exporter
+   * revision 14), each step a row may carry its last token and up to 8
+   * guessed next ones (drafts: prompt lookup over the prompt and the answer
+   * so far, and `prediction`), checked in the one batched step: each token is
+   * picked from the logits after the one before it, exactly as one-token
+   * decode picks it, and the drafts are kept while they are the picks.
+   * Answers are the same with and without (greedy: the same ids; sampled:
+   * the same draws of the same seed); only the speed differs. With parallel
+   * = 1 too (docs/batching.md, "One slot"): the runtime then loads
+   * decode_batch, whose activations are planned for 16 rows x 9 tokens (on
+   * the SmolLM2-135M demo, 20 MiB more planned memory and about 21 MiB more
+   * PSS); steps without drafts, a request of n > 1 choices and one with
+   * speculative = 0 run on the one-row path. */
   int speculative;           /* nonzero (default): draft; 0: never */
   const int64_t* prediction; /* OpenAI's Predicted Outputs: the answer as the
                                 caller expects it, ids; NULL (default): none */
@@ -338,7 +348,8 @@ typedef struct {
   uint64_t resident_adapter_bytes; /* accounted cost of the resident adapters */
   uint64_t largest_adapter_bytes;  /* accounted cost of the largest known one */
   int64_t process_pss_bytes;       /* the whole process's PSS now; -1 if unreadable */
-  /* Batching (THREADS); with parallel = 1: parallel 1, the rest 0. */
+  /* Batching (THREADS); with parallel = 1: parallel 1, no prefix hits, and
+   * the decode steps of a runtime that speculates (SPECULATION), else 0. */
   uint32_t parallel;                           /* KV slots (ls_options.parallel) */
   uint32_t slots_in_use;                       /* requests running now */
   uint64_t prefix_hits;                        /* requests that continued a slot's tokens */

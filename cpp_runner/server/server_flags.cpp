@@ -97,8 +97,8 @@ std::vector<flags::Flag> table(ServerOptions& o) {
          return Status();
        }},
       {"no-speculation", nullptr, "",
-       "no request verifies drafts (speculative decoding is on by default: the same answers, faster on "
-       "text the answer copies)",
+       "no request verifies drafts (speculative decoding is on by default, --parallel 1 included: the same "
+       "answers, faster on text the answer copies)",
        [&o](const std::string&) {
          o.no_speculation = true;
          return Status();

@@ -490,7 +490,7 @@ def _options(
     speculation: bool = True,
 ) -> _Options:
     """ls_options; ``packed_cache``: True (the default folders), False (packed in memory) or a folder;
-    ``speculation`` False: no request verifies drafts (lora_share.h, SPECULATION)."""
+    ``speculation`` False: no request verifies drafts (lora_share.h, SPECULATION; on, parallel 1 included)."""
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
     opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes

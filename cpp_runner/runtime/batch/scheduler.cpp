@@ -323,7 +323,7 @@ void Scheduler::run_alone(const std::vector<Job*>& group) {
     for (Job* job : group) finish(*job, g.status());
     return;
   }
-  prompt_fed_ += g->prompt_fed;
+  // Its prompt tokens are the pool's count (ls_stats adds both).
   group.front()->logits = std::move(g->logits);
   for (Job* job : group) finish(*job, Status(), &g.value());
 }
