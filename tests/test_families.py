@@ -837,7 +837,8 @@ def test_speculation_in_the_scheduler_changes_no_answer(families, family, parall
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("parallel", [4, 1], ids=["batched", "one_slot"])
 @pytest.mark.parametrize("family", list(SPECS))
-def test_speculation_in_the_scheduler_changes_no_answer_8da4w(families_8da4w, family):
+def test_speculation_in_the_scheduler_changes_no_answer_8da4w(families_8da4w, family, parallel):
     """The same over every family's 8da4w foundation."""
-    _check_scheduler_speculation(families_8da4w(family))
+    _check_scheduler_speculation(families_8da4w(family), parallel)
