@@ -371,7 +371,7 @@ def run_spec(
             result["llama_server"] = "measured"
         except BenchError as e:
             result["llama_server"] = f"not measured: {e}"
-        save(result)
+    save(result)
     return result
 
 
