@@ -46,7 +46,10 @@
  * one request computes, however absurd its adapter, cannot change another's
  * answer. An adapter a running request uses stays resident (the budget's
  * LRU eviction skips it) until the request ends; a request that needs room
- * those hold waits (MEMORY BUDGET).
+ * those hold waits (MEMORY BUDGET). Loading an adapter whose program needs
+ * more planned memory than the runtime's arena holds (another envelope)
+ * re-plans that memory: requests running in the scheduler then end with
+ * LS_ERR_RUN ("run it again"); load such adapters before serving.
  * With parallel = 1 (the default) calls run one at a time, each from
  * position 0 (no prefix is kept; the KV rows a request wrote are zeroed when
  * it ends): with speculation on (the default; SPECULATION) in the scheduler,
