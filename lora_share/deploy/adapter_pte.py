@@ -12,9 +12,14 @@ Stock ExecuTorch runs such a file alone: the program loads as usual, and the cal
 LoRA inputs from the program's named data (the C++ runner's ``--stock``). lora-share's runtime
 recognises the same program across adapter files by ``program_sha256`` and loads it once.
 
-With ``lora_envelope.skip_absent`` an adapter's file carries a variant of the program in which the
-slots it leaves alone are dead code (formats/xnnpack_prune.py); its record names the variant by
-``program_sha256`` and keeps the rewrites, so the envelope program can be taken back from it.
+Every record also carries the program's table of rewrites that make each envelope slot's LoRA dead
+code (formats/xnnpack_prune.py, ``slot_patches``): lora-share's runtime applies those of the slots a
+call leaves alone to a copy of the program's XNNPACK payloads, so that a slot no adapter of the call
+uses costs nothing, while every adapter still carries (and shares) the one program.
+
+With ``lora_envelope.skip_absent`` an adapter's file carries that variant itself, for the slots it
+leaves alone, and no table; its record names the variant by ``program_sha256`` and keeps the
+rewrites, so the envelope program can be taken back from it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from ..formats import read_pte
 from ..formats.meta import ADAPTER_KEY, AdapterMeta, LoraTensors, encode_adapter
 from ..formats.pte_write import Entry, Template
 from ..formats.seal import seal_pte
-from ..formats.xnnpack_prune import Patch, skip_patches
+from ..formats.xnnpack_prune import Patch, skip_patches, slot_patches
 from ..formats.xnnpack_prune import apply as apply_patches
 
 TENSOR_ALIGNMENT = 64  # bytes: a cache line, for the LoRA tensors the runtime reads in place
@@ -53,6 +58,17 @@ class Program:
         self.what = what
         self.patches: tuple[Patch, ...] = ()  # set on a variant: its rewrites of the envelope program
         self._variants: dict[tuple[int, ...], Program] = {}
+        self._slot_table: dict[int, list[int]] = {}  # envelope size -> slot_table()'s record values
+
+    def slot_table(self, n_slots: int) -> list[int]:
+        """The record's ``slot_patches`` for this program with ``n_slots`` envelope slots: every slot's
+        rewrites (formats/xnnpack_prune.py), 5 uint32 each (slot, segment, offset, old, new)."""
+        if n_slots not in self._slot_table:
+            table = slot_patches(self._template.write([]), self.what, n_slots)
+            self._slot_table[n_slots] = [
+                v for slot in sorted(table) for p in table[slot] for v in (slot, p.segment, p.offset, p.old, p.new)
+            ]
+        return self._slot_table[n_slots]
 
     def skipping(self, absent: tuple[int, ...], n_slots: int) -> Program:
         """This program with the LoRA of envelope slots ``absent`` (of ``n_slots``) as dead code in its
@@ -95,18 +111,22 @@ class Program:
             return cls(apply_patches(data, str(path), undo, revert=True), str(path), keys, meta.envelope_program_sha256)
         return cls(data, str(path), keys, meta.program_sha256)
 
-    def write(self, meta: AdapterMeta, tensors: dict[str, bytes], skip_absent: bool = False) -> bytes:
+    def write(
+        self, meta: AdapterMeta, tensors: dict[str, bytes], skip_absent: bool = False, slot_table: bool = True
+    ) -> bytes:
         """The sealed .pte of the adapter ``meta`` describes, with ``tensors`` (key -> bytes) as its
         named data (the keys its record names that are not in adapters_shared.ptd), then its record
         (last: no tensor ends the file, so a kernel that reads a few bytes past the end of its input,
         as XNNPACK may, stays inside the mapping). ``skip_absent``: the program it carries skips the
-        envelope slots the adapter leaves alone (``skipping``)."""
+        envelope slots the adapter leaves alone (``skipping``). ``slot_table=False`` leaves the table
+        of every slot's rewrites out (``slot_table``): the runtime then runs every slot, a benchmark's
+        reference."""
         program = self
         if skip_absent:
             have = {e.slot for e in meta.lora}
             program = self.skipping(tuple(s for s in range(len(meta.envelope)) if s not in have), len(meta.envelope))
         variant = (
-            {}
+            {"slot_patches": self.slot_table(len(meta.envelope)) if slot_table else []}
             if program is self
             else {
                 "envelope_program_sha256": self.sha256,

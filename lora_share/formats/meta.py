@@ -54,7 +54,8 @@ _F_FINGERPRINT, _F_TENSORS, _F_PARAMS, _F_BYTES, _F_TIED = 0, 1, 2, 3, 4
     _A_LORA,
     _A_ENVELOPE_PROGRAM,
     _A_PATCHES,
-) = range(19)
+    _A_SLOT_PATCHES,
+) = range(20)
 _H_FILE, _H_SHA = 0, 1
 _E_LAYER, _E_TARGET = 0, 1
 _L_SLOT, _L_RANK, _L_A, _L_B = 0, 1, 2, 3
@@ -107,6 +108,10 @@ class AdapterMeta:
     # it was derived from, and 4 uint32 per rewrite (segment, offset, original value, value written).
     envelope_program_sha256: str = ""
     program_patches: list[int] = field(default_factory=list)
+    # Every envelope slot's rewrites that make its LoRA dead code in the program this file carries, for
+    # a runtime to skip the slots a call leaves alone (xnnpack_prune.slot_patches): 5 uint32 per
+    # rewrite (slot, segment, offset, original value, value written).
+    slot_patches: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -192,19 +197,15 @@ def encode_adapter(m: AdapterMeta) -> bytes:
     lora_vec = _strings(b, lora)
     program = b.CreateString(m.program_sha256)
     envelope_program = b.CreateString(m.envelope_program_sha256) if m.envelope_program_sha256 else None
-    patches = None
-    if m.program_patches:
-        b.StartVector(4, len(m.program_patches), 4)
-        for value in reversed(m.program_patches):
-            b.PrependUint32(value)
-        patches = b.EndVector()
+    patches = _uint32s(b, m.program_patches)
+    slot_patches = _uint32s(b, m.slot_patches)
     targets = _strings(b, [b.CreateString(t) for t in m.targets])
     b.StartVector(4, len(m.layers), 4)
     for layer in reversed(m.layers):
         b.PrependUint32(layer)
     layers = b.EndVector()
     name, fp, kind, source = (b.CreateString(s) for s in (m.name, m.foundation_fingerprint, m.source_kind, m.source))
-    b.StartObject(19)
+    b.StartObject(20)
     b.PrependUOffsetTRelativeSlot(_A_NAME, name, 0)
     b.PrependUOffsetTRelativeSlot(_A_FINGERPRINT, fp, 0)
     b.PrependUint32Slot(_A_RANK, m.rank, 0)
@@ -231,7 +232,19 @@ def encode_adapter(m: AdapterMeta) -> bytes:
         b.PrependUOffsetTRelativeSlot(_A_ENVELOPE_PROGRAM, envelope_program, 0)
     if patches is not None:
         b.PrependUOffsetTRelativeSlot(_A_PATCHES, patches, 0)
+    if slot_patches is not None:
+        b.PrependUOffsetTRelativeSlot(_A_SLOT_PATCHES, slot_patches, 0)
     return _finish(b, _M_ADAPTER, b.EndObject(), ADAPTER_PAD)
+
+
+def _uint32s(b: flatbuffers.Builder, values: list[int]) -> int | None:
+    """A vector of uint32, or None (the field left out) when ``values`` is empty."""
+    if not values:
+        return None
+    b.StartVector(4, len(values), 4)
+    for value in reversed(values):
+        b.PrependUint32(value)
+    return b.EndVector()
 
 
 def encode_shared(m: SharedMeta) -> bytes:
@@ -288,13 +301,16 @@ def decode(data: bytes, what: str) -> Metadata:
             ],
             envelope_program_sha256=_text(a, _A_ENVELOPE_PROGRAM),
             program_patches=a.scalars(_A_PATCHES, "I"),
+            slot_patches=a.scalars(_A_SLOT_PATCHES, "I"),
         )
-        if len(out.adapter.program_patches) % 4:
-            raise BadFlatbuffer(
-                what,
-                f"adapter record: {len(out.adapter.program_patches)} program patch values, "
-                "not a multiple of 4: the record is damaged",
-            )
+        for key, values, per in (
+            ("program patch", out.adapter.program_patches, 4),
+            ("slot patch", out.adapter.slot_patches, 5),
+        ):
+            if len(values) % per:
+                raise BadFlatbuffer(
+                    what, f"adapter record: {len(values)} {key} values, not a multiple of {per}: the record is damaged"
+                )
     s = root.table(_M_SHARED, "Shared")
     if s is not None:
         out.shared = SharedMeta(_text(s, _S_FINGERPRINT), s.u32(_S_TENSORS), s.u64(_S_BYTES))

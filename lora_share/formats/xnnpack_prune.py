@@ -1,27 +1,38 @@
 """Absent LoRA slots as dead code: a program variant that skips the slots an adapter leaves alone.
 
-An envelope program (model/envelope.py) computes every slot's LoRA on every token, as three XNNPACK
-nodes: ``h = FC(x, A)``, ``d = FC(h, B)``, ``out = Add(y, d)``, where ``y`` is the foundation
-linear's output and ``A``, ``B`` are forward inputs. For a slot the adapter leaves alone those
-three nodes add a zero rank-1 product, and at decode they cost about what the slot's linear does
-(a few microseconds each, a threadpool hand-off among them).
+An envelope program (model/envelope.py) computes every slot's LoRA on every token. In ``forward`` and
+``decode`` a slot is three XNNPACK nodes: ``h = FC(x, A)``, ``d = FC(h, B)``, ``out = Add(y, d)``,
+where ``y`` is the foundation linear's output and ``A``, ``B`` are forward inputs. In
+``decode_batch`` (rows of their own LoRA, docs/batching.md) it is five: ``xt = Transpose(x)``,
+``h = BMM(A, xt)``, ``d = BMM(B, h)``, ``dt = Transpose(d)``, ``out = Add(y, dt)``. For a slot no
+row uses, those nodes add a zero product, and at decode they cost about what the slot's linear
+does (a few microseconds each, a threadpool hand-off among them).
 
-This module rewrites a copy of the program so that XNNPACK drops them when it builds its runtime,
-with every byte in place (the same file layout, no re-serialization, no export):
+This module finds the 4-byte words to rewrite in a copy of the program so that XNNPACK drops them
+when it builds its runtime, with every byte in place (the same file layout, no re-serialization,
+no export):
 
 - the Add becomes a Copy of ``y`` into ``out`` (its type byte, and its id fields read with the
   Copy's layout: input ``y``, output ``out``, flags 0);
-- the B product reads ``B`` where it read ``h``.
+- every other node of the slot reads the slot's own ``A`` or ``B`` where it read the value the node
+  before it made (the B product reads ``B`` where it read ``h``; in decode_batch the transpose of
+  ``d`` reads ``B``, the B product ``B`` and the A product ``A`` where they read ``d``, ``h`` and
+  ``xt``).
 
-XNNPACK's ``xnn_subgraph_optimize`` (run by ``xnn_create_runtime``) then finds ``d`` and ``h``
-without consumers and removes both products, and fuses the Copy into the foundation linear where
-``y`` is internal to the payload (the linear writes ``out`` itself); where it is not, the Copy
-moves one row per token. ``out`` keeps its id, so the rewrite holds whether or not it leaves the
-payload. Each rewrite is 4 bytes of the payload's flatbuffer (schema: ExecuTorch's
-backends/xnnpack/serialization/schema.fbs), recorded as a ``Patch`` so that the unpatched program
-can be restored exactly (``apply(..., revert=True)``). A slot whose nodes do not have that shape
-(a value with other readers or leaving the payload) is left as it is: the variant is always
-correct, at worst not faster.
+XNNPACK's ``xnn_subgraph_optimize`` (run by ``xnn_create_runtime``) then finds every value of the
+chain without consumers in its one pass and removes the nodes that make them, and fuses the Copy
+into the foundation linear where ``y`` is internal to the payload (the linear writes ``out``
+itself); where it is not, the Copy moves one row per token. ``out`` keeps its id, so the rewrite
+holds whether or not it leaves the payload. Each rewrite is 4 bytes of the payload's flatbuffer
+(schema: ExecuTorch's backends/xnnpack/serialization/schema.fbs), a ``Patch``, so that the
+unpatched program can be restored exactly (``apply(..., revert=True)``). A slot whose nodes do not
+have that shape (a value with other readers or leaving the payload) is left as it is: the variant
+is always correct, at worst not faster.
+
+Two users: lora-share's runtime makes a variant for the slots a request (or every row of a batched
+step) leaves alone, from the table of every slot's rewrites each adapter record carries
+(``slot_patches``; deploy/adapter_pte.py), and ``lora_envelope.skip_absent`` writes an adapter's
+file with the variant for its own absent slots (``skip_patches``).
 
 Which payload input is which forward input: a delegate call's arguments are its inputs, then its
 outputs, and argument k is the payload's value whose ``external_id`` is k (ExecuTorch's
@@ -171,31 +182,73 @@ class _Payload:
                 self.external[ext] = value.u32(_TV_ID_OUT)
         self.n_inputs = len(graph.scalars(_G_INPUTS, "I"))
         self.outputs = set(graph.scalars(_G_OUTPUTS, "I"))
+        self._readers: dict[int, list[_Node]] = {}  # value id -> the nodes reading it, each once
+        for node in self.nodes:
+            for value in dict.fromkeys(v for _, v in node.inputs()):
+                self._readers.setdefault(value, []).append(node)
 
     def readers(self, value: int) -> list[_Node]:
-        return [n for n in self.nodes if any(v == value for _, v in n.inputs())]
+        return self._readers.get(value, [])
+
+    def _only_reader(self, value: int | None, kind: str) -> _Node | None:
+        """The one node reading ``value``, when it is of type ``kind`` and ``value`` stays inside the
+        payload; else None."""
+        readers = self.readers(value) if value is not None else []
+        if len(readers) != 1 or readers[0].type != kind or value in self.outputs:
+            return None
+        return readers[0]
 
     def skip_slot(self, a: int, b: int) -> list[tuple[int, int, int]]:
         """(position, old, new) rewrites that make the slot whose A and B are values ``a``, ``b``
-        dead code, or [] when its nodes do not have the shape this module knows."""
-        a_fc = [n for n in self.nodes if n.type == "XNNFullyConnected" and n.get("filter_id") == a]
+        dead code, or [] when its nodes do not have a shape this module knows (module docstring):
+        forward's and decode's products, or decode_batch's."""
+        return self._skip_linear_slot(a, b) or self._skip_rows_slot(a, b)
+
+    def _skip_linear_slot(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """``h = FC(x, A)``, ``d = FC(h, B)``, ``out = Add(y, d)``."""
+        a_fc = [n for n in self.readers(a) if n.type == "XNNFullyConnected" and n.get("filter_id") == a]
         if len(a_fc) != 1:
             return []
         h = a_fc[0].get("output_id")
-        b_fc = self.readers(h)
-        if (
-            len(b_fc) != 1
-            or b_fc[0].type != "XNNFullyConnected"
-            or b_fc[0].get("input1_id") != h
-            or b_fc[0].get("filter_id") != b
-            or h in self.outputs
-        ):
+        b_fc = self._only_reader(h, "XNNFullyConnected")
+        if b_fc is None or b_fc.get("input1_id") != h or b_fc.get("filter_id") != b:
             return []
-        d = b_fc[0].get("output_id")
-        add = self.readers(d)
-        if len(add) != 1 or add[0].type != "XNNAdd" or d in self.outputs:
+        copy = self._add_as_copy(b_fc.get("output_id"))
+        return copy and [*copy, (b_fc.fields["input1_id"][0], h, b)]
+
+    def _skip_rows_slot(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """decode_batch's ``xt = Transpose(x)``, ``h = BMM(A, xt)``, ``d = BMM(B, h)``,
+        ``dt = Transpose(d)``, ``out = Add(y, dt)``. Each node of the chain then reads ``A`` or ``B``
+        (3-D float32 inputs, as the values they replace), so that every value of the chain loses its
+        reader at once: XNNPACK removes nodes without consumers in a single pass. ``xt`` may be read
+        by other nodes too: then its transpose stays."""
+        bmm = "XNNBatchMatrixMultiply"
+        a_bmm = [n for n in self.readers(a) if n.type == bmm and n.get("input1_id") == a]
+        if len(a_bmm) != 1:
             return []
-        add = add[0]
+        h = a_bmm[0].get("output_id")
+        b_bmm = self._only_reader(h, bmm)
+        if b_bmm is None or b_bmm.get("input1_id") != b or b_bmm.get("input2_id") != h:
+            return []
+        d = b_bmm.get("output_id")
+        transpose = self._only_reader(d, "XNNStaticTranspose")
+        if transpose is None or transpose.get("input_id") != d:
+            return []
+        copy = self._add_as_copy(transpose.get("output_id"))
+        if not copy:
+            return []
+        rewrites = [*copy, (transpose.fields["input_id"][0], d, b), (b_bmm.fields["input2_id"][0], h, b)]
+        xt = a_bmm[0].get("input2_id")
+        if xt is not None and xt != a:
+            rewrites.append((a_bmm[0].fields["input2_id"][0], xt, a))
+        return rewrites
+
+    def _add_as_copy(self, d: int | None) -> list[tuple[int, int, int]]:
+        """The rewrites that turn the Add of ``y`` and the slot's product ``d`` into a Copy of ``y``
+        (module docstring), or [] when ``d`` has other readers or that Add is not as expected."""
+        add = self._only_reader(d, "XNNAdd")
+        if add is None:
+            return []
         y = add.get("input1_id") if add.get("input2_id") == d else add.get("input2_id")
         out = add.get("output_id")
         if (
@@ -212,7 +265,6 @@ class _Payload:
             (add.fields["input1_id"][0], add.get("input1_id"), y),  # Copy's input_id
             (add.fields["input2_id"][0], add.get("input2_id"), out),  # Copy's output_id
             (add.fields["output_id"][0], out, 0),  # Copy's flags
-            (b_fc[0].fields["input1_id"][0], h, b),
         ]
 
 
@@ -222,24 +274,39 @@ def _segments(pte: bytes, what: str) -> list[tuple[int, int]]:
     return [(s.start, s.size) for s in program_segments(root, read_header(pte, what), what)]
 
 
-# The methods that take LoRA inputs (model/decoder.py): forward, and decode where the program has it.
-LORA_METHODS = ("forward", "decode")
+# The methods that take LoRA inputs (model/decoder.py): forward, and decode and decode_batch where the
+# program has them.
+LORA_METHODS = ("forward", "decode", "decode_batch")
 
 
 def skip_patches(pte: bytes, what: str, slots: list[int], n_slots: int) -> list[Patch]:
     """The patches that make LoRA slots ``slots`` (envelope indices, of ``n_slots``) dead code in
-    ``pte``'s XNNPACK payloads, in every method that takes LoRA inputs (``LORA_METHODS``). The LoRA
-    inputs come last, A and B per slot (model/decoder.py)."""
+    ``pte``'s XNNPACK payloads, in every method that takes LoRA inputs (``LORA_METHODS``)."""
+    table = slot_patches(pte, what, n_slots, slots)
+    return [p for s in sorted(slots) for p in table[s]]
+
+
+def slot_patches(pte: bytes, what: str, n_slots: int, slots: list[int] | None = None) -> dict[int, list[Patch]]:
+    """Each LoRA slot's patches (envelope index -> its rewrites in every method that takes LoRA
+    inputs, ``LORA_METHODS``; [] for a slot whose nodes have no shape this module knows), for
+    ``slots`` (default: all ``n_slots``). The LoRA inputs come last, A and B per slot
+    (model/decoder.py). Slots' rewrites never overlap: applying any set of slots' gives the variant
+    that skips those."""
     root = FlatBuffer(pte, what).root("Program")
     plans = {p.string(_PLAN_NAME): p for p in root.tables(_P_PLANS, "ExecutionPlan")}
     if "forward" not in plans:
         raise BadFlatbuffer(what, "no forward method")
+    slots = list(range(n_slots)) if slots is None else list(slots)
+    if any(not 0 <= s < n_slots for s in slots):
+        raise BadFlatbuffer(what, f"LoRA slots {slots} are not all among the envelope's {n_slots}")
     segments = _segments(pte, what)
-    patches, taken = [], set()  # taken: one rewrite per id field, whichever method reaches it first
+    table: dict[int, list[Patch]] = {s: [] for s in slots}
+    taken: set[int] = set()  # one rewrite per id field, whichever method reaches it first
     for name in LORA_METHODS:
         if name in plans:
-            patches += _plan_patches(pte, what, plans[name], name, slots, n_slots, segments, taken)
-    return patches
+            for slot, patch in _plan_patches(pte, what, plans[name], name, slots, n_slots, segments, taken):
+                table[slot].append(patch)
+    return table
 
 
 def _plan_patches(
@@ -251,15 +318,15 @@ def _plan_patches(
     n_slots: int,
     segments: list[tuple[int, int]],
     taken: set[int],
-) -> list[Patch]:
-    """``skip_patches`` of one method (``plan``, called ``name``)."""
+) -> list[tuple[int, Patch]]:
+    """``slot_patches`` of one method (``plan``, called ``name``): (slot, patch) pairs."""
     inputs = plan.scalars(_PLAN_INPUTS, "i")
     delegates = plan.tables(_PLAN_DELEGATES, "BackendDelegate")
     first = len(inputs) - 2 * n_slots
-    if first < 0 or any(not 0 <= s < n_slots for s in slots):
+    if first < 0:
         raise BadFlatbuffer(what, f"{name} has {len(inputs)} inputs, too few for {n_slots} LoRA slots")
-    # A's value -> B's value, as the program's values
-    wanted = {inputs[first + 2 * s]: inputs[first + 2 * s + 1] for s in slots}
+    # A's value -> (slot, B's value), as the program's values
+    wanted = {inputs[first + 2 * s]: (s, inputs[first + 2 * s + 1]) for s in slots}
     patches = []
     for chain in plan.tables(_PLAN_CHAINS, "Chain"):
         for instr in chain.tables(_CHAIN_INSTRUCTIONS, "Instruction"):
@@ -282,14 +349,14 @@ def _plan_patches(
             start, size = segments[segment]
             payload = _Payload(pte, what, start, size)
             arg_of = {v: k for k, v in enumerate(args[: payload.n_inputs])}
-            for a_value, b_value in wanted.items():
+            for a_value, (slot, b_value) in wanted.items():
                 if a_value in arg_of and b_value in arg_of:
                     a = payload.external.get(arg_of[a_value])
                     b = payload.external.get(arg_of[b_value])
                     rewrites = payload.skip_slot(a, b) if a is not None and b is not None else []
                     if rewrites and not taken & {pos for pos, _, _ in rewrites}:
                         taken |= {pos for pos, _, _ in rewrites}
-                        patches += [Patch(segment, pos - start, old, new) for pos, old, new in rewrites]
+                        patches += [(slot, Patch(segment, pos - start, old, new)) for pos, old, new in rewrites]
     return patches
 
 

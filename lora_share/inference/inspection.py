@@ -223,6 +223,13 @@ def render(r: dict) -> str:
                     f"    which skips the others: envelope program {a['envelope_program_sha256'][:16]} with "
                     f"{len(a['program_patches']) // 4} words rewritten (lora_envelope.skip_absent)"
                 )
+            elif a.get("slot_patches"):
+                table = a["slot_patches"]
+                slots = len({table[i] for i in range(0, len(table), 5)})
+                out.append(
+                    f"    slot table: {len(table) // 5} words, by which lora-share's runtime skips the slots a call "
+                    f"leaves alone ({slots} of the {len(a['envelope'])} slots have theirs)"
+                )
         out.append(
             f"  seal: {r['seal']}"
             + (f" (size {a['content_bytes']:,}, CRC-32 {a['content_crc32']:08x})" if r["seal"] == "sealed" else "")
