@@ -58,6 +58,28 @@ class _DiagGeneration(ctypes.Structure):
     ]
 
 
+class Variants(ctypes.Structure):
+    """ls_diag_variants: the program variants that skip absent LoRA slots (lora_share_diag.h)."""
+
+    _fields_ = [
+        ("made", ctypes.c_uint64),
+        ("refused", ctypes.c_uint64),
+        ("failed", ctypes.c_uint64),
+        ("resident", ctypes.c_uint64),
+    ]
+
+
+def slot_variants(rt: native.Runtime) -> Variants:
+    """ls_diag_slot_variants on ``rt``."""
+    lib = rt.lib
+    lib.ls_diag_slot_variants.restype = ctypes.c_int
+    lib.ls_diag_slot_variants.argtypes = [ctypes.c_void_p, ctypes.POINTER(Variants), ctypes.POINTER(native._Error)]
+    out, err = Variants(), native._Error()
+    if lib.ls_diag_slot_variants(rt.handle, ctypes.byref(out), ctypes.byref(err)) != 0:
+        native._raise(lib, err)
+    return out
+
+
 @dataclass
 class Req:
     adapter: str | None  # None: base
@@ -166,10 +188,11 @@ def _ints(values):
 
 
 def batch_script(
-    build, requests: list[Req], library, parallel: int = 4, speculation: bool = True
+    build, requests: list[Req], library, parallel: int = 4, speculation: bool = True, variants: list | None = None
 ) -> list[Result] | str:
     """``requests`` through ls_diag_batch_script on a runtime with ``parallel`` slots: each one's greedy tokens,
-    logits and the most rows it decoded with; or the library's error message."""
+    logits and the most rows it decoded with; or the library's error message. ``variants``: gets the runtime's
+    slot_variants at the end."""
     rt = _open(build, library, parallel, speculation)
     try:
         lib = rt.lib
@@ -189,6 +212,8 @@ def batch_script(
             c.max_drafts = r.max_drafts
         if lib.ls_diag_batch_script(rt.handle, array, len(requests), None) != 0:
             return lib.ls_diag_last_message().decode()
+        if variants is not None:
+            variants.append(slot_variants(rt))
         return [
             Result(
                 list(c.tokens[: r.new]),
@@ -204,9 +229,9 @@ def batch_script(
         rt.close()
 
 
-def alone(build, requests: list[Req], library) -> list[Result]:
+def alone(build, requests: list[Req], library, variants: list | None = None) -> list[Result]:
     """Each request alone through the one-row path (one KV slot without speculation; forward then decode), no
-    stop ids."""
+    stop ids. ``variants``: gets the runtime's slot_variants at the end."""
     rt = _open(build, library, 1, speculation=False)
     try:
         vocab = build.manifest["foundation"]["args"]["vocab_size"]
@@ -214,6 +239,8 @@ def alone(build, requests: list[Req], library) -> list[Result]:
         for r in requests:
             tokens, logits = diag_generate(rt, _handle(rt, r.adapter), r.prompt, r.new, vocab)
             out.append(Result(tokens, logits))
+        if variants is not None:
+            variants.append(slot_variants(rt))
         return out
     finally:
         rt.close()

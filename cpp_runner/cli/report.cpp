@@ -70,6 +70,11 @@ std::string run_json(const RunnerRuntime& runtime, const AdapterView& adapter, c
   ls_diag_reshapes reshapes;
   ls_diag_xnnpack_reshapes(&reshapes);
   j["xnnpack_reshapes"] = {{"run", reshapes.run}, {"skipped", reshapes.skipped}};
+  ls_diag_variants variants = runtime.variants();
+  j["slot_variants"] = {{"made", variants.made},
+                        {"refused", variants.refused},
+                        {"failed", variants.failed},
+                        {"resident", variants.resident}};
   j["ptd"] = runtime.ptd;
   j["shared_ptd"] = runtime.shared_ptd.empty() ? json(nullptr) : json(runtime.shared_ptd);
   json adapters = json::array();

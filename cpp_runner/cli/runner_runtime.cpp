@@ -103,6 +103,13 @@ ls_generate_options flag_options(const Options& options) {
   return g;
 }
 
+ls_diag_variants RunnerRuntime::variants() const {
+  ls_diag_variants v{};
+  ls_error error;
+  ls_diag_slot_variants(runtime_, &v, &error);  // the runner's own thread: never busy
+  return v;
+}
+
 const AdapterView* RunnerRuntime::find(const std::string& name) const {
   if (name == LS_BASE_NAME) return base ? &*base : nullptr;
   for (const AdapterView& a : adapters)

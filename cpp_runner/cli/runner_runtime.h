@@ -68,6 +68,9 @@ class RunnerRuntime {
   StatusOr<Reply> generate(const AdapterView& adapter, const GenerateRequest& request,
                            const std::function<void(int64_t)>& on_token) const;
 
+  // The program variants made so far (ls_diag_slot_variants).
+  ls_diag_variants variants() const;
+
   std::string ptd, shared_ptd;        // as given ("" = none)
   std::vector<AdapterView> adapters;  // in --pte order
   std::optional<AdapterView> base;    // none with --stock

@@ -45,6 +45,17 @@ Status decode_record(const uint8_t* data, uint64_t start, uint64_t size, bool ad
                 std::to_string(out->envelope_max_rank));
       out->lora.push_back(std::move(keys));
     }
+    FlatReader::Vector patches = fb.vector(body, 19, 4);
+    if (!fb.failed() && patches.count % 5 != 0)
+      fb.fail(std::to_string(patches.count) + " slot patch values, not a multiple of 5");
+    for (uint32_t i = 0; i + 4 < patches.count && !fb.failed(); i += 5) {
+      SlotPatch p{fb.u32_at(patches, i), fb.u32_at(patches, i + 1), fb.u32_at(patches, i + 2),
+                  fb.u32_at(patches, i + 3), fb.u32_at(patches, i + 4)};
+      if (p.slot >= out->envelope.size())
+        fb.fail("a slot patch names slot " + std::to_string(p.slot) + " of an envelope of " +
+                std::to_string(out->envelope.size()) + " slots");
+      out->slot_patches.push_back(p);
+    }
   } else {
     out->fingerprint = fb.string(body, 0);
   }

@@ -28,6 +28,15 @@ struct LoraKeys {
   std::string a, b;
 };
 
+// One rewrite of the table that makes an envelope slot's LoRA nodes dead code
+// in the program's XNNPACK payloads (schema/FORMAT.md, "slot_patches";
+// lora_share/formats/xnnpack_prune.py): the 4-byte word at `offset` in program
+// segment `segment` holds value id `old_value`, and a variant that skips the
+// slot holds `new_value` there.
+struct SlotPatch {
+  uint32_t slot = 0, segment = 0, offset = 0, old_value = 0, new_value = 0;
+};
+
 // lora-share's record found in a file. `present` is false for files
 // lora-share did not write (or older builds).
 struct Record {
@@ -45,6 +54,9 @@ struct Record {
   uint32_t envelope_max_rank = 0;
   std::vector<EnvelopeSlot> envelope;
   std::vector<LoraKeys> lora;
+  // Every envelope slot's rewrites (empty in older files, and in files whose
+  // program already skips the adapter's absent slots: lora_envelope.skip_absent).
+  std::vector<SlotPatch> slot_patches;
 };
 
 // Decodes the Metadata flatbuffer at data[start, start + size), bounds-checked;

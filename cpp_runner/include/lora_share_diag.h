@@ -7,7 +7,8 @@
  *     weight cache off) and load every adapter up front (ls_diag_open);
  *   - what loading did (ls_diag_loading_info), each adapter's shape and load
  *     time (ls_diag_adapter_info), the process's memory (ls_diag_memory_stats),
- *     how often XNNPACK re-planned its runtimes (ls_diag_xnnpack_reshapes);
+ *     how often XNNPACK re-planned its runtimes (ls_diag_xnnpack_reshapes),
+ *     the program variants that skip absent LoRA slots (ls_diag_slot_variants);
  *   - a request's timings and logits rows, with the ids it stops at chosen by
  *     the caller (ls_diag_generate);
  *   - a script of requests through the batched decode step
@@ -169,6 +170,17 @@ typedef struct {
 } ls_diag_reshapes;
 
 LS_API void ls_diag_xnnpack_reshapes(ls_diag_reshapes* counts);
+
+/* The program variants that skip the envelope slots a call leaves alone (a
+ * slot no adapter of the call, or no row of a batched step, has LoRA on),
+ * summed over the loaded programs: variant methods made, not made for want
+ * of room in the memory budget, not made because a load failed (the call ran
+ * the whole program: correct, not faster), and variants kept now. */
+typedef struct {
+  uint64_t made, refused, failed, resident;
+} ls_diag_variants;
+
+LS_API ls_status ls_diag_slot_variants(ls_runtime* runtime, ls_diag_variants* variants, ls_error* error);
 
 /* The loops the decode attention kernels run (lora_share::attend, rope_attend):
  * "avx512", "avx2" or "portable" (a static string), picked for the CPU when

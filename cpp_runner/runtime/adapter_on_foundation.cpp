@@ -134,6 +134,8 @@ Status SharedProgram::load_methods(PlannedArena& arena, const Foundation& founda
   kv_.data = reinterpret_cast<uint8_t*>(arena.buffer(0).data());
   // No foundation (no --ptd): the program's own named data is all there is.
   if (foundation.data_map() != nullptr) data_map_ = std::make_unique<KeyRecordingDataMap>(foundation.data_map());
+  variants_.clear();
+  variant_context_ = {loader_.get(), &arena, planned_sizes_.size() - 1, data_map_.get(), backend_options};
   clear_last_runtime_error();
   Result<Method> method = program_->load_method("forward", &memory_->manager,
                                                 /*event_tracer=*/nullptr, data_map_.get(), backend_options);
@@ -211,25 +213,32 @@ Status SharedProgram::explain_load_failure(Error error, const Foundation& founda
       " (" + executorch::runtime::to_string(error) + (detail.empty() ? "" : ": " + detail) + ")" + hint);
 }
 
-Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& lora,
+Status SharedProgram::step(const std::vector<executorch::extension::TensorPtr>& lora, const SlotMask& absent,
                            const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
                            const std::string& adapter_pte) {
-  return step_in(kv_, lora, tokens, pos, logits, adapter_pte);
+  return step_in(kv_, lora, absent, tokens, pos, logits, adapter_pte);
 }
 
 Status SharedProgram::step_in(const KvCache& cache, const std::vector<executorch::extension::TensorPtr>& lora,
-                              const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
-                              const std::string& what) {
-  Method& method = tokens.size() == 1 && decode_ ? *decode_ : *forward_;
-  std::string call = what + (&method == decode_.get() ? ": decode" : ": forward");
+                              const SlotMask& absent, const std::vector<int64_t>& tokens, int64_t pos,
+                              std::vector<float>* logits, const std::string& what) {
+  bool one = tokens.size() == 1 && decode_;
+  Method& method = pick(one ? MethodKind::kDecode : MethodKind::kForward, absent);
+  std::string call = what + (one ? ": decode" : ": forward");
   return run_forward(
       [this, &method, &call](const std::vector<EValue>& inputs) { return execute(method, inputs, call); }, cache, lora,
       tokens, pos, vocab_size_, call, logits);
 }
 
-StatusOr<std::vector<EValue>> SharedProgram::run_batch(const std::vector<EValue>& inputs) {
+StatusOr<std::vector<EValue>> SharedProgram::run_batch(const std::vector<EValue>& inputs, const SlotMask& absent) {
   if (!batch_) return Status::failure(pte_path_ + ": decode_batch is not loaded");
-  return execute(*batch_, inputs, pte_path_ + ": decode_batch");
+  return execute(pick(MethodKind::kBatch, absent), inputs, pte_path_ + ": decode_batch");
+}
+
+Method& SharedProgram::pick(MethodKind kind, const SlotMask& absent) {
+  Method& whole = kind == MethodKind::kBatch ? *batch_ : kind == MethodKind::kDecode ? *decode_ : *forward_;
+  Method* variant = variants_.method(kind, variants_.skippable(absent), variant_context_);
+  return variant != nullptr ? *variant : whole;
 }
 
 executorch::runtime::MethodMeta SharedProgram::batch_meta() const {
@@ -247,10 +256,11 @@ SharedAdapter::SharedAdapter(const std::string& pte, SharedProgram* program, std
   ring_cache_ = program->kv().layout.ring > 0;
   load_ms_ = load_ms;
   lora_ = lora_input_tensors(data_.get(), program->lora_shapes(), program->zeros());
+  absent_ = absent_slots(data_.get(), program->lora_shapes().size());
 }
 
 Status SharedAdapter::step(const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits) {
-  return program_->step(lora_, tokens, pos, logits, pte_path_);
+  return program_->step(lora_, absent_, tokens, pos, logits, pte_path_);
 }
 
 void SharedAdapter::clear_rows(int64_t positions) {

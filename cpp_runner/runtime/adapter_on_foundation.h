@@ -15,6 +15,7 @@
 #include <executorch/runtime/executor/method.h>
 #include <executorch/runtime/executor/program.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "foundation.h"
 #include "lora_data.h"
 #include "planned_arena.h"
+#include "program_variants.h"
 
 namespace lora_share {
 
@@ -67,14 +69,32 @@ class SharedProgram {
   // One call with an adapter's LoRA inputs (lora_input_tensors): decode for
   // one token when the program has it (its attention is one lora_share::attend
   // kernel per layer, which reads the cache in place), forward otherwise;
+  // `absent`: the envelope slots the adapter leaves alone, which the call
+  // skips when the program's slot table allows (program_variants.h);
   // `adapter_pte` names the adapter in errors.
-  Status step(const std::vector<executorch::extension::TensorPtr>& lora, const std::vector<int64_t>& tokens,
-              int64_t pos, std::vector<float>* logits, const std::string& adapter_pte);
+  Status step(const std::vector<executorch::extension::TensorPtr>& lora, const SlotMask& absent,
+              const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
+              const std::string& adapter_pte);
   // step over `cache` (a slot of kv(): kv().at_slot(n)); `what` names the call in errors.
   Status step_in(const KvCache& cache, const std::vector<executorch::extension::TensorPtr>& lora,
-                 const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits, const std::string& what);
-  // decode_batch on `inputs` (in its input order); its outputs, valid until the next call.
-  StatusOr<std::vector<executorch::runtime::EValue>> run_batch(const std::vector<executorch::runtime::EValue>& inputs);
+                 const SlotMask& absent, const std::vector<int64_t>& tokens, int64_t pos, std::vector<float>* logits,
+                 const std::string& what);
+  // decode_batch on `inputs` (in its input order), skipping the slots `absent`
+  // (those no row has); its outputs, valid until the next call.
+  StatusOr<std::vector<executorch::runtime::EValue>> run_batch(const std::vector<executorch::runtime::EValue>& inputs,
+                                                               const SlotMask& absent);
+
+  // The table of every slot's rewrites (an adapter record's slot_patches),
+  // before the first call; the budget's say on each variant method
+  // (program_variants.h).
+  void set_slot_patches(const std::vector<SlotPatch>& patches) { variants_.set_table(patches, lora_shapes_.size()); }
+  void set_variant_budget(std::function<bool(uint64_t)> fits, uint64_t method_bytes) {
+    variants_.set_budget(std::move(fits), method_bytes);
+  }
+  // Variants' accounted bytes, dropping them all, and what they did.
+  uint64_t variant_bytes() const { return variants_.bytes(); }
+  void drop_variants() { variants_.clear(); }
+  VariantStats variant_stats() const { return variants_.stats(); }
 
   const std::string& pte() const { return pte_path_; }
   int64_t vocab_size() const { return vocab_size_; }
@@ -98,6 +118,9 @@ class SharedProgram {
 
  private:
   StatusOr<int64_t> run_constant_method(const char* method_name);
+  // The method of `kind` to run for a call that leaves `absent` alone: a
+  // variant's, or the whole program's.
+  executorch::runtime::Method& pick(MethodKind kind, const SlotMask& absent);
   StatusOr<std::vector<executorch::runtime::EValue>> execute(executorch::runtime::Method& method,
                                                              const std::vector<executorch::runtime::EValue>& inputs,
                                                              const std::string& what);
@@ -118,6 +141,9 @@ class SharedProgram {
   KvCache kv_;  // its data is arena buffer 0, set by load_methods
   std::unique_ptr<MethodMemory> memory_, decode_memory_, batch_memory_;
   std::unique_ptr<executorch::runtime::Method> forward_, decode_, batch_;
+  // Where variants load (set by load_methods); they go before everything above.
+  ProgramVariants::LoadContext variant_context_;
+  ProgramVariants variants_;
 };
 
 // An adapter of a loaded program: its LoRA data, bound to the program's inputs.
@@ -138,6 +164,7 @@ class SharedAdapter final : public Adapter {
   SharedProgram* program_;
   std::unique_ptr<LoraData> data_;
   std::vector<executorch::extension::TensorPtr> lora_;  // over data_'s tensors
+  SlotMask absent_;                                     // the slots data_ leaves alone
 };
 
 }  // namespace lora_share

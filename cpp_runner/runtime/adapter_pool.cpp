@@ -245,8 +245,12 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   // A program without a record (not written by lora-share) is its own.
   std::string sha = info.record.program_sha256.empty() ? "file:" + pte : info.record.program_sha256;
   for (size_t i = 0; i < programs_.size(); ++i)
-    if (programs_[i].sha256 == sha) return i;
+    if (programs_[i].sha256 == sha) {
+      if (programs_[i].slot_patches.empty()) programs_[i].slot_patches = info.record.slot_patches;
+      return i;
+    }
   ProgramEntry p;
+  p.slot_patches = info.record.slot_patches;
   p.sha256 = sha;
   p.pte = pte;
   p.lora_slots = info.record.envelope.size();
@@ -261,6 +265,7 @@ StatusOr<size_t> AdapterPool::program_for(const std::string& pte, const PteInfo&
   for (const auto& [key, range] : info.own_ranges) data += range.second;
   uint64_t size = file_size(pte);
   p.cost = program_cost_bytes(size > data ? size - data : 0, 1 + p.program->has_decode() + p.program->has_batch());
+  p.method_cost = program_cost_bytes(size > data ? size - data : 0, 1);
   programs_.push_back(std::move(p));
   return programs_.size() - 1;
 }
@@ -293,6 +298,14 @@ Status AdapterPool::load_program(size_t index) {
     if (!s.ok()) return s;
     p.loaded = true;
   }
+  // Its calls skip the envelope slots they leave alone, in variants made on
+  // first use while the budget has room for them (program_variants.h).
+  p.program->set_slot_patches(p.slot_patches);
+  p.program->set_variant_budget(
+      [this](uint64_t bytes) {
+        return options_.budget_bytes == 0 || accounted_bytes() + bytes <= options_.budget_bytes;
+      },
+      p.method_cost);
   // Loading packed the foundation (the first program) or this program's own
   // weights: every token reads them, so they go into 2 MiB pages now.
   if (options_.huge_pages) collapse_resident_memory(options_.threads);
@@ -450,7 +463,7 @@ uint64_t AdapterPool::arena_bytes() const {
 uint64_t AdapterPool::accounted_bytes() const {
   uint64_t sum = foundation_bytes_ + arena_bytes();
   for (const ProgramEntry& p : programs_)
-    if (p.loaded) sum += p.cost;
+    if (p.loaded) sum += p.cost + p.program->variant_bytes();
   for (const Entry& e : entries_)
     if (e.adapter) sum += e.cost;
   for (const auto& [index, mix] : mixes_)
@@ -492,6 +505,9 @@ AdapterPool::Room AdapterPool::room_for(size_t index) const {
   if (options_.budget_bytes == 0 || incoming == 0) return Room::kReady;
   // What no eviction frees, and what only the end of running requests does.
   uint64_t fixed = accounted_bytes(), used = 0;
+  // Variants are dropped before any adapter is (make_room).
+  for (const ProgramEntry& p : programs_)
+    if (p.loaded) fixed -= p.program->variant_bytes();
   auto visit = [&](size_t i, const Entry& e) {
     if (!e.adapter) return;
     fixed -= e.cost;
@@ -505,6 +521,10 @@ AdapterPool::Room AdapterPool::room_for(size_t index) const {
 
 Status AdapterPool::make_room(uint64_t incoming, size_t keep, const std::string& what) {
   if (options_.budget_bytes == 0) return Status();
+  // Variants go first: they only make calls faster, and are made again on use.
+  if (accounted_bytes() + incoming > options_.budget_bytes)
+    for (ProgramEntry& p : programs_)
+      if (p.loaded) p.program->drop_variants();
   while (accounted_bytes() + incoming > options_.budget_bytes) {
     size_t lru = kBase;  // none yet
     uint64_t oldest = 0;
@@ -736,6 +756,20 @@ PoolStats AdapterPool::stats() const {
   for (const auto& [index, mix] : mixes_)
     if (mix.adapter) s.resident_adapter_bytes += mix.cost;
   return s;
+}
+
+VariantStats AdapterPool::variant_stats() const {
+  VariantStats sum;
+  for (const ProgramEntry& p : programs_) {
+    if (!p.loaded || !p.program) continue;
+    VariantStats v = p.program->variant_stats();
+    sum.made += v.made;
+    sum.refused += v.refused;
+    sum.failed += v.failed;
+    sum.resident += v.resident;
+    if (!v.last_error.empty()) sum.last_error = v.last_error;
+  }
+  return sum;
 }
 
 }  // namespace lora_share

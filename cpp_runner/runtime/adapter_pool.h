@@ -257,6 +257,8 @@ class AdapterPool {
   const Manifest* tokenizer_manifest() const { return tokenizer_manifest_ ? &*tokenizer_manifest_ : nullptr; }
 
   PoolStats stats() const;
+  // The loaded programs' variants that skip absent LoRA slots, summed.
+  VariantStats variant_stats() const;
 
   // The foundation every program of the pool reads, and XNNPACK's load
   // options: for programs of PT2 archives (program_forward.h) beside the adapters.
@@ -277,6 +279,11 @@ class AdapterPool {
     std::unique_ptr<PlannedArena> own_arena;
     std::unique_ptr<SharedProgram> program;  // null = to be opened again (after the arena grew)
     bool loaded = false;
+    // The table of every slot's rewrites (the first adapter record that has
+    // one), handed to the program when it loads: its calls skip the slots
+    // they leave alone (program_variants.h).
+    std::vector<SlotPatch> slot_patches;
+    uint64_t method_cost = 0;  // accounted bytes of each variant method
   };
   struct Entry {
     std::string name, pte;

@@ -168,6 +168,20 @@ void ls_diag_xnnpack_reshapes(ls_diag_reshapes* counts) {
   counts->skipped = c.skipped;
 }
 
+ls_status ls_diag_slot_variants(ls_runtime* runtime, ls_diag_variants* variants, ls_error* error) {
+  if (runtime == nullptr) return missing(error, "runtime");
+  if (variants == nullptr) return missing(error, "variants");
+  Guard guard(runtime);
+  if (!guard.held()) return busy(error);
+  lora_share::VariantStats v = runtime->pool->variant_stats();
+  variants->made = v.made;
+  variants->refused = v.refused;
+  variants->failed = v.failed;
+  variants->resident = v.resident;
+  clear_error(error);
+  return LS_OK;
+}
+
 void ls_diag_generate_options_init(ls_diag_generate_options* options) {
   if (options == nullptr) return;
   options->logits = nullptr;

@@ -42,6 +42,8 @@ struct BatchEngine::Impl {
   // rank its A/B rows are laid out at now (0: not yet).
   std::vector<const LoraData*> row_data;
   std::vector<std::vector<int64_t>> laid;
+  // Per row: the envelope slots its adapter leaves alone (its prefill skips them).
+  std::vector<SlotMask> row_absent;
 
   int64_t rank_of(size_t row, size_t s) const {
     const LoraData* lora = row_data[row];
@@ -165,6 +167,7 @@ StatusOr<std::unique_ptr<BatchEngine>> BatchEngine::create(SharedProgram& progra
   impl->row_lora.resize(impl->rows);
   impl->row_data.resize(impl->rows, nullptr);
   impl->laid.assign(impl->rows, std::vector<int64_t>(shapes.size(), 0));
+  impl->row_absent.assign(impl->rows, SlotMask(shapes.size(), true));
   return std::unique_ptr<BatchEngine>(new BatchEngine(std::move(impl)));
 }
 
@@ -198,6 +201,7 @@ Status BatchEngine::set_row(size_t row, const LoraData* lora) {
   e.row_data[row] = lora;
   std::fill(e.laid[row].begin(), e.laid[row].end(), 0);
   e.row_lora[row] = lora_input_tensors(lora, shapes, e.program->zeros());
+  e.row_absent[row] = absent_slots(lora, shapes.size());
   return Status();
 }
 
@@ -211,7 +215,7 @@ Status BatchEngine::prefill(size_t row, size_t slot, const std::vector<int64_t>&
   if (static_cast<int64_t>(tokens.size()) > prefill_chunk())
     return Status::usage("prefill: " + std::to_string(tokens.size()) +
                          " tokens in one chunk; the program takes at most " + std::to_string(prefill_chunk()));
-  return e.program->step_in(e.program->kv().at_slot(slot), e.row_lora[row], tokens, pos, logits,
+  return e.program->step_in(e.program->kv().at_slot(slot), e.row_lora[row], e.row_absent[row], tokens, pos, logits,
                             e.program->pte() + " (row " + std::to_string(row) + ", slot " + std::to_string(slot) + ")");
 }
 
@@ -323,12 +327,16 @@ Status BatchEngine::run(size_t n, size_t steps, const std::vector<int64_t>& toke
         {dim(kv.pool_slots), static_cast<SizesType>(layout.rows(j)), static_cast<SizesType>(layout.head_dim)},
         kv.at_slot(0).slab(j), layout.dtype));
   const std::vector<LoraShape>& shapes = e.program->lora_shapes();
+  // The slots no row of the step has: the step runs the program without them (program_variants.h).
+  SlotMask absent(shapes.size(), false);
   for (size_t s = 0; s < shapes.size(); ++s) {
     // The step's rank: the largest of its rows' (at least 1), not the envelope's: the products'
     // work scales with it (the demo's rank-8 adapters sit in a rank-16 envelope). Rows are laid out
     // again only when the step's rank changes (a row of a larger rank joins, or the largest leaves).
-    int64_t rank = 1;
+    int64_t rank = 0;
     for (size_t b = 0; b < n; ++b) rank = std::max(rank, e.rank_of(b, s));
+    absent[s] = rank == 0;
+    rank = std::max<int64_t>(rank, 1);
     // Rows laid out at another rank overlap this step's places: lay them out again when they run.
     for (std::vector<int64_t>& row : e.laid)
       if (row[s] != rank) row[s] = 0;
@@ -341,7 +349,7 @@ Status BatchEngine::run(size_t n, size_t steps, const std::vector<int64_t>& toke
   }
   std::vector<EValue> inputs;
   for (const TensorPtr& t : tensors) inputs.emplace_back(*t);
-  auto outputs = e.program->run_batch(inputs);
+  auto outputs = e.program->run_batch(inputs, absent);
   if (!outputs.ok()) return outputs.status();
   std::string what = e.program->pte() + ": decode_batch";
   size_t entries = n * steps;
