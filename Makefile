@@ -10,7 +10,7 @@ OUT ?= out/smollm2
 # The synthetic deployment the speed and memory benchmarks measure (no download, any machine).
 BENCH_CONFIG ?= configs/llama_adapters.yaml
 
-.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-budget bench-quality bench-peers bench-serve bench-structured bench-spec held-out-text clean system-deps
+.PHONY: all setup runner model demo demo-outputs lint test test-fast browser-deps bench bench-scale bench-envelope bench-budget bench-quality bench-peers bench-serve bench-structured bench-spec held-out-text clean system-deps
 
 all: setup runner
 
@@ -119,6 +119,11 @@ bench: setup runner
 # The builds are kept in out/bench_scale and reused while nothing changed.
 bench-scale: setup runner
 	$(VENV)/bin/lora-share bench-scale
+
+# One rank-8 q/v adapter decoded through an all-linear rank-16 envelope (default settings) vs its exact-recipe
+# program, at SmolLM-135M's shape: the ratio at positions ~10 and ~1000. Builds kept in out/bench_envelope.
+bench-envelope: setup runner
+	$(VENV)/bin/lora-share bench-envelope
 
 # 32 adapters served under a memory budget that holds 4: PSS against the budget, a request whose
 # adapter is resident vs one that must be loaded (p50, p99), requests/s of a mixed stream, against

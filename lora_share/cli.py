@@ -22,6 +22,7 @@ EPILOG = """examples:
   lora-share eval out/smollm2 notes.txt
   lora-share bench configs/llama_adapters.yaml
   lora-share bench-scale
+  lora-share bench-envelope
   lora-share bench-quality
   lora-share bench-peers
   lora-share bench-serve
@@ -423,7 +424,7 @@ def _register_schema(subparsers) -> None:
 def parser() -> argparse.ArgumentParser:
     """The ``lora-share`` parser: each subcommand registers its own flags (the benchmarks in their modules)."""
     from . import bench
-    from .bench import budget, constraints, peers, quality, scale, serve, spec
+    from .bench import budget, constraints, envelope, peers, quality, scale, serve, spec
 
     p = argparse.ArgumentParser(
         prog="lora-share",
@@ -442,6 +443,7 @@ def parser() -> argparse.ArgumentParser:
         _register_eval,
         bench.register,
         scale.register,
+        envelope.register,
         peers.register,
         serve.register,
         spec.register,

@@ -82,6 +82,7 @@ def test_every_subcommand_registers_its_flags_without_torch():
         "eval",
         "bench",
         "bench-scale",
+        "bench-envelope",
         "bench-peers",
         "bench-serve",
         "bench-spec",

@@ -129,10 +129,13 @@ def whole_program_copy(d: Deployment, folder: Path) -> Deployment:
     tensors = {
         n.key: data[n.start : n.end] for n in read_pte(data, str(d.ptes[0]), plans=False).named_data if n.key in keys
     }
-    whole = dataclasses.replace(meta, envelope_program_sha256="", program_patches=[], content_bytes=0, content_crc32=0)
+    whole = dataclasses.replace(
+        meta, envelope_program_sha256="", program_patches=[], slot_patches=[], content_bytes=0, content_crc32=0
+    )
     folder.mkdir(parents=True, exist_ok=True)
     pte, ptd = folder / d.ptes[0].name, folder / "foundation.ptd"
-    pte.write_bytes(Program.from_adapter_file(d.ptes[0]).write(whole, tensors))
+    # No slot table either: the runtime runs every slot (cpp_runner/runtime/program_variants.h).
+    pte.write_bytes(Program.from_adapter_file(d.ptes[0]).write(whole, tensors, slot_table=False))
     if not ptd.exists():
         os.link(d.ptd, ptd)
     return dataclasses.replace(d, name=f"{d.name}-whole", ptd=ptd, ptes=[pte], out=folder)
