@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from batch_script import Req, alone, batch_script
-from conftest import REPO, TINY_CHUNK, Build
+from batch_script import Req, alone, batch_script, guess
+from conftest import REPO, TINY_ADAPTERS, TINY_CHUNK, TINY_FOUNDATION, Build, build_config, write_config
 from test_batching import Program as ExportedProgram
 
 from lora_share.deploy.adapter_pte import RECORD_ALIGNMENT, TENSOR_ALIGNMENT, Program, read_record
@@ -89,11 +89,10 @@ def test_the_variant_program_computes_what_the_whole_one_does(tiny_build, runner
     """Independently of the C++ runtime: the program with the rewrites of every slot neither tiny_a nor tiny_b
     has applied gives, through ExecuTorch's Python runtime, the whole program's outputs bit for bit: forward
     (a chunk) and decode for tiny_a, and decode_batch for a row of each."""
-    from lora_share.deploy.builder import manifest_model_args
     from lora_share.inference.python_runtime import lora_inputs
     from lora_share.model.decoder import KVCache, KVPools, forward_inputs, rows_inputs
 
-    args = manifest_model_args(tiny_build.manifest)
+    args = tiny_build.manifest.model_args
     data = {n: tiny_build.ptes[n].read_bytes() for n in ("tiny_a", "tiny_b")}
     records = {n: read_record(d, n) for n, d in data.items()}
     n_slots = len(records["tiny_a"].envelope)
@@ -150,6 +149,64 @@ def test_batched_and_alone_answers_equal_the_whole_program_bit_for_bit(tiny_buil
         assert v.made >= (1 if run is batch_script else 4) and v.failed == v.refused == 0, run.__name__
         assert (w.made, w.failed, w.resident) == (0, 0, 0)
     assert max(g.max_batch for g in batch_script(tiny_build, SCRIPT, library)) >= 3
+
+
+def test_batches_with_drafts_equal_the_whole_program_bit_for_bit(tiny_build, whole, library):
+    """Rows that verify drafts (decode_batch with a row's last token and up to 8 guessed ones) beside plain
+    rows, as rows join and leave: the tokens and logits of the whole program exactly, through variants."""
+    vocab = tiny_build.manifest["foundation"]["args"]["vocab_size"]
+    ref_alone = alone(whole, SCRIPT, library)
+    drafting = [
+        dataclasses.replace(r, prediction=guess(a.tokens, kind, vocab), max_drafts=8 if kind else 0)
+        for r, a, kind in zip(SCRIPT, ref_alone, ("part", "right", None, "wrong", "part"))
+    ]
+    got_variants = []
+    got = batch_script(tiny_build, drafting, library, variants=got_variants)
+    ref = batch_script(whole, drafting, library)
+    assert not isinstance(got, str) and not isinstance(ref, str), (got, ref)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert g.tokens == r.tokens and np.array_equal(g.logits, r.logits), i
+        assert (g.drafted, g.accepted) == (r.drafted, r.accepted), i
+    assert sum(g.drafted for g in got) > 0 and got_variants[0].made >= 1 and got_variants[0].failed == 0
+
+
+@pytest.fixture(scope="module")
+def exact_a(tmp_path_factory) -> Build:
+    """tiny_a alone, its LoRA envelope exactly its recipe (q and v at its rank): the same foundation and
+    adapter weights as in the tiny build, whose envelope is every linear at rank 8."""
+    folder = tmp_path_factory.mktemp("exact_a")
+    foundation = {"synthetic": TINY_FOUNDATION, "max_seq_len": 32, "prefill_chunk": TINY_CHUNK}
+    return build_config(write_config(folder, foundation, [a for a in TINY_ADAPTERS if a["name"] == "tiny_a"]))
+
+
+def test_the_wide_envelope_answers_as_the_exact_recipe_program(tiny_build, exact_a, library):
+    """tiny_a (q and v at rank 4) through the tiny build's envelope of every linear at rank 8, at default
+    settings, gives what its exact-recipe program gives: the same tokens and logits, alone and in batches of
+    its own rows, with and without drafts. The skipped slots add nothing, and its rank is its own."""
+    records = {n: read_record(b.ptes["tiny_a"].read_bytes(), n) for n, b in (("wide", tiny_build), ("exact", exact_a))}
+    assert len(records["wide"].envelope) == 14 and len(records["exact"].envelope) == 4
+    assert records["wide"].envelope_max_rank == 8 and records["exact"].envelope_max_rank == 4
+    vocab = tiny_build.manifest["foundation"]["args"]["vocab_size"]
+    script = [
+        Req("tiny_a", [1, 17, 42, 5, 9], slot=0, new=9),
+        Req("tiny_a", LONG, slot=1, new=6, joins=1),
+        Req("tiny_a", [7, 8, 9], slot=2, new=5, joins=3),
+    ]
+    ref_alone = alone(exact_a, script, library)
+    wide_variants = []
+    got_alone = alone(tiny_build, script, library, variants=wide_variants)
+    drafting = [
+        dataclasses.replace(r, prediction=guess(a.tokens, kind, vocab), max_drafts=8)
+        for r, a, kind in zip(script, ref_alone, ("part", "right", "wrong"))
+    ]
+    runs = [(ref_alone, got_alone)]
+    for requests in (script, drafting):
+        runs.append((batch_script(exact_a, requests, library), batch_script(tiny_build, requests, library)))
+    for ref, got in runs:
+        assert not isinstance(got, str) and not isinstance(ref, str), (got, ref)
+        for i, (g, r) in enumerate(zip(got, ref)):
+            assert g.tokens == r.tokens and np.array_equal(g.logits, r.logits), (i, np.abs(g.logits - r.logits).max())
+    assert wide_variants[0].made >= 2 and wide_variants[0].failed == 0
 
 
 def test_a_table_that_is_not_the_programs_leaves_the_whole_program_running(tiny_build, whole, library, tmp_path):
