@@ -11,16 +11,23 @@ adapter leaves alone, cpp_runner/runtime/program_variants.h). The wide build's a
 written again without its record's slot table (``-whole``: the runtime then runs every slot), the
 reference for what skipping saves.
 
-Decode tokens/s at position about 10 and about 1,000, in one runner process per build, requests
-interleaved across builds so the machine's noise hits all alike (median of ``--repeats``).
+One row: decode tokens/s at position about 10 and about 1,000 (the ``decode`` method), in one runner
+process per build, requests interleaved across builds so the machine's noise hits all alike (median
+of ``--repeats``).
 
-Checks (exit status 1 if one fails): decode through the wide envelope at >= 0.95 x through the exact
-one, at ~10 and at ~1,000.
+The batched step (``decode_batch``, what the server runs): milliseconds of a step of ``BATCH_ROWS``
+rows on the adapter, each on its KV slot at the same position, carrying one token (a plain decode
+step) or one token and ``DRAFTS`` drafts (speculative decoding's check), through the C library's
+ls_diag_time_steps in one runtime per build, in one process, interleaved likewise.
+
+Checks (exit status 1 if one fails): the wide envelope at >= 0.95 x the exact one's speed, at ~10 and
+at ~1,000, one row and in the batched step, with and without drafts.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import os
@@ -29,6 +36,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import UserError
+from ..inference import c_abi
 from . import processes
 from .common import BenchFailed, Progress, header_line, prompt_ids, results_header, typed_command, write_whole
 from .memory import BenchError
@@ -37,6 +45,10 @@ from .scale_shapes import DEFAULT_SHAPE, SHAPES
 
 WIDE = {"targets": "all", "max_rank": 16}
 WIDE_SPEED = 0.95  # decode through the wide envelope >= 0.95 x through the exact one
+BATCH_ROWS = 4  # rows of the batched step, each on the adapter
+DRAFTS = 4  # drafts a row carries in the timed speculative check
+STEPS = 16  # batched steps timed a round, for each size
+BATCH_WARM_PROMPT = 8  # prompt tokens of the untimed first step of each size
 PRECISIONS = ("fp32", "8da4w")
 
 
@@ -62,7 +74,8 @@ def whole_copy(d: Deployment, folder: Path) -> Deployment:
 
 
 def decode_speeds(runner: Path, deployments: list[Deployment], near: list[int], far: list[int], new: int, repeats: int):
-    """name -> {"near": decode tokens/s at ~len(near), "far": at ~len(far)}, medians over ``repeats`` rounds."""
+    """name -> {"near": one-row decode tokens/s at ~len(near), "far": at ~len(far)}, medians over ``repeats``
+    rounds."""
     with ExitStack() as stack:
         servers = {
             d.name: (
@@ -81,8 +94,81 @@ def decode_speeds(runner: Path, deployments: list[Deployment], near: list[int], 
     return {name: {k: round(statistics.median(v), 2) for k, v in s.items()} for name, s in samples.items()}
 
 
+class _Variants(ctypes.Structure):
+    """ls_diag_variants (lora_share_diag.h): the program variants that skip absent LoRA slots."""
+
+    _fields_ = [(k, ctypes.c_uint64) for k in ("made", "refused", "failed", "resident")]
+
+
+def _time_steps(rt, adapter, prompt: list[int], rows: int, tokens: int, steps: int) -> list[float]:
+    """ls_diag_time_steps: the milliseconds of each of ``steps`` batched steps of ``rows`` rows carrying
+    ``tokens`` tokens each, after ``prompt`` was fed on every row's slot."""
+    lib = rt.lib
+    lib.ls_diag_time_steps.restype = ctypes.c_int
+    lib.ls_diag_time_steps.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
+    lib.ls_diag_time_steps.argtypes += [ctypes.c_size_t] * 4 + [ctypes.POINTER(ctypes.c_double)]
+    lib.ls_diag_time_steps.argtypes += [ctypes.POINTER(c_abi.LsError)]
+    ms, err = (ctypes.c_double * steps)(), c_abi.LsError()
+    ids = (ctypes.c_int64 * len(prompt))(*prompt)
+    if lib.ls_diag_time_steps(rt.handle, adapter, ids, len(prompt), rows, tokens, steps, ms, ctypes.byref(err)):
+        raise BenchError(f"ls_diag_time_steps: {err.message.decode(errors='replace')}")
+    return list(ms)
+
+
+def _slot_variants(rt) -> dict:
+    """ls_diag_slot_variants: the variants the runtime made, refused, failed to make, and keeps."""
+    lib = rt.lib
+    lib.ls_diag_slot_variants.restype = ctypes.c_int
+    lib.ls_diag_slot_variants.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Variants), ctypes.POINTER(c_abi.LsError)]
+    out, err = _Variants(), c_abi.LsError()
+    if lib.ls_diag_slot_variants(rt.handle, ctypes.byref(out), ctypes.byref(err)):
+        raise BenchError(f"ls_diag_slot_variants: {err.message.decode(errors='replace')}")
+    return {k: getattr(out, k) for k, _ in _Variants._fields_}
+
+
+def step_times(library: Path, deployments: list[Deployment], near: list[int], far: list[int], repeats: int):
+    """name -> {"near"/"far": {tokens a row: median ms of a batched step of BATCH_ROWS rows}, "variants":
+    ls_diag_slot_variants at the end}, over ``repeats`` interleaved rounds of ``STEPS`` steps each."""
+    from ..inference import c_library
+
+    sizes = [(where, prompt, tokens) for where, prompt in (("near", near), ("far", far)) for tokens in (1, 1 + DRAFTS)]
+    with ExitStack() as stack:
+        runtimes = {}
+        for d in deployments:
+            rt = stack.enter_context(c_library.open(d.ptd, library=library, parallel=BATCH_ROWS))
+            runtimes[d.name] = (rt, rt.load_adapter(d.ptes[0]).handle)
+        for rt, adapter in runtimes.values():  # a step of each shape first: XNNPACK plans it, variants are made
+            for _, prompt, tokens in sizes:
+                _time_steps(rt, adapter, prompt[:BATCH_WARM_PROMPT], BATCH_ROWS, tokens, steps=1)
+        samples = {name: {(where, tokens): [] for where, _, tokens in sizes} for name in runtimes}
+        for _ in range(repeats):
+            for where, prompt, tokens in sizes:
+                for name, (rt, adapter) in runtimes.items():
+                    samples[name][(where, tokens)] += _time_steps(rt, adapter, prompt, BATCH_ROWS, tokens, STEPS)
+        variants = {name: _slot_variants(rt) for name, (rt, _) in runtimes.items()}
+    out = {}
+    for name, s in samples.items():
+        out[name] = {where: {} for where in ("near", "far")}
+        for (where, tokens), ms in s.items():
+            out[name][where][str(tokens)] = round(statistics.median(ms), 3)
+        out[name]["variants"] = variants[name]
+    return out
+
+
+def _ratios(exact: dict, other: dict) -> dict:
+    """``other``'s tokens/s over ``exact``'s, at each position."""
+    return {k: round(other[k] / exact[k], 3) for k in ("near", "far")}
+
+
 def run_envelope(
-    command: str, shape_name: str, precisions: list[str], runner: Path, workdir: Path, repeats: int, quiet: bool
+    command: str,
+    shape_name: str,
+    precisions: list[str],
+    runner: Path,
+    library: Path,
+    workdir: Path,
+    repeats: int,
+    quiet: bool,
 ):
     shape = SHAPES[shape_name]
     progress = Progress(quiet)
@@ -96,15 +182,23 @@ def run_envelope(
             with progress.step(f"build_{name}", f"{name}: build (reused when unchanged)"):
                 builds.append(build_variant(workdir / name, name, foundation, 1, envelope))
         builds.append(whole_copy(builds[1], workdir / f"{precision}-wide-whole"))
-        with progress.step(f"speed_{precision}", f"{precision}: decode speeds, {repeats} rounds"):
+        with progress.step(f"speed_{precision}", f"{precision}: one-row decode speeds, {repeats} rounds"):
             speed = decode_speeds(runner, builds, near, far, shape.speed_new_tokens, repeats)
+        with progress.step(f"steps_{precision}", f"{precision}: batched steps of {BATCH_ROWS} rows, {repeats} rounds"):
+            steps = step_times(library, builds[:2], near, far, repeats)
         exact, wide, whole = (speed[b.name] for b in builds)
+        batch_exact, batch_wide = (steps[b.name] for b in builds[:2])
         rows.append(
             {
                 "precision": precision,
                 "tokens_per_s": {b.name: speed[b.name] for b in builds},
-                "wide_over_exact": {k: round(wide[k] / exact[k], 3) for k in ("near", "far")},
-                "whole_over_exact": {k: round(whole[k] / exact[k], 3) for k in ("near", "far")},
+                "wide_over_exact": _ratios(exact, wide),
+                "whole_over_exact": _ratios(exact, whole),
+                "batch_ms": {b.name: steps[b.name] for b in builds[:2]},
+                "batch_wide_over_exact": {
+                    tokens: {w: round(batch_exact[w][tokens] / batch_wide[w][tokens], 3) for w in ("near", "far")}
+                    for tokens in batch_exact["near"]
+                },
             }
         )
     return {
@@ -116,6 +210,7 @@ def run_envelope(
         "adapter": ADAPTER,
         "wide_envelope": WIDE,
         "repeats": repeats,
+        "batch": {"rows": BATCH_ROWS, "drafts": DRAFTS, "steps_a_round": STEPS},
         "rows": rows,
         "steps_s": progress.steps,
     }
@@ -123,23 +218,23 @@ def run_envelope(
 
 def checks(result: dict) -> list[dict]:
     out = []
+
+    def check(what: str, ratio: float) -> None:
+        out.append({"what": what, "measured": ratio, "limit": f">= {WIDE_SPEED}", "ok": ratio >= WIDE_SPEED})
+
+    rows = result["batch"]["rows"]
     for row in result["rows"]:
         for key in ("near", "far"):
-            where = result["positions"][key]
-            ratio = row["wide_over_exact"][key]
-            out.append(
-                {
-                    "what": f"{row['precision']}: decode at ~{where}, all-linear rank-16 envelope / exact recipe",
-                    "measured": ratio,
-                    "limit": f">= {WIDE_SPEED}",
-                    "ok": ratio >= WIDE_SPEED,
-                }
-            )
+            where = f"at ~{result['positions'][key]}, all-linear rank-16 envelope / exact recipe"
+            check(f"{row['precision']}: one-row decode {where}", row["wide_over_exact"][key])
+            for tokens, ratios in row["batch_wide_over_exact"].items():
+                carried = "1 token" if tokens == "1" else f"1 token + {int(tokens) - 1} drafts"
+                check(f"{row['precision']}: batched step of {rows} rows x {carried} {where}", ratios[key])
     return out
 
 
 def markdown(result: dict) -> str:
-    p = result["positions"]
+    p, b = result["positions"], result["batch"]
     lines = [
         "# bench-envelope",
         "",
@@ -147,10 +242,13 @@ def markdown(result: dict) -> str:
         "",
         f"Shape {result['shape']}, context {result['context']}; one adapter (rank {ADAPTER['rank']} on "
         f"{', '.join(ADAPTER['target_modules'])}) through its exact-recipe program and through "
-        f"`lora_envelope: {{targets: all, max_rank: 16}}` (default settings), and the wide build's adapter with "
-        f"no slot table (`-whole`: every slot run). Decode tokens/s, median of {result['repeats']} interleaved rounds.",
+        "`lora_envelope: {targets: all, max_rank: 16}` (default settings), and the wide build's adapter with "
+        "no slot table (`-whole`: every slot run). Medians of "
+        f"{result['repeats']} interleaved rounds.",
         "",
-        f"| build | decode at ~{p['near']} | decode at ~{p['far']} |",
+        "One row (the `decode` method), decode tokens/s:",
+        "",
+        f"| build | at ~{p['near']} | at ~{p['far']} |",
         "|---|---|---|",
     ]
     for row in result["rows"]:
@@ -158,6 +256,24 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {s['near']:.1f} | {s['far']:.1f} |")
         for label, key in (("wide / exact", "wide_over_exact"), ("whole / exact", "whole_over_exact")):
             lines.append(f"| {row['precision']}: {label} | {row[key]['near']:.3f} | {row[key]['far']:.3f} |")
+    lines += [
+        "",
+        f"The batched step (`decode_batch`), {b['rows']} rows on the adapter, ms a step ({b['steps_a_round']} "
+        "steps a round); each row carries 1 token, or 1 and "
+        f"{b['drafts']} drafts:",
+        "",
+        f"| build | 1 token at ~{p['near']} | +{b['drafts']} drafts at ~{p['near']} "
+        f"| 1 token at ~{p['far']} | +{b['drafts']} drafts at ~{p['far']} | variants made |",
+        "|---|---|---|---|---|---|",
+    ]
+    drafted = str(1 + b["drafts"])
+    for row in result["rows"]:
+        for name, s in row["batch_ms"].items():
+            cells = [f"{s[w][t]:.2f}" for w in ("near", "far") for t in ("1", drafted)]
+            lines.append(f"| {name} | {' | '.join(cells)} | {s['variants']['made']} |")
+        r = row["batch_wide_over_exact"]
+        cells = [f"{r[t][w]:.3f}" for w in ("near", "far") for t in ("1", drafted)]
+        lines.append(f"| {row['precision']}: wide / exact (speed) | {' | '.join(cells)} | |")
     lines += ["", "| check | measured | limit | |", "|---|---|---|---|"]
     lines += [
         f"| {c['what']} | {c['measured']} | {c['limit']} | {'ok' if c['ok'] else 'FAIL'} |" for c in checks(result)
@@ -180,6 +296,7 @@ def register(subparsers) -> None:
     p.add_argument("--workdir", help="where the builds are kept and reused (default out/bench_envelope[_SHAPE])")
     p.add_argument("--out", default="benchmarks/results", help="results folder (default benchmarks/results)")
     p.add_argument("--runner", default="build/runner", help="the C++ runner (default build/runner)")
+    p.add_argument("--library", default="build/liblora_share.so", help="the C library (default build/liblora_share.so)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-envelope")))
 
@@ -192,10 +309,14 @@ def run_from_args(ns, command: str) -> int:
         raise UserError("--repeats must be at least 1")
     if not Path(ns.runner).is_file():
         raise UserError(f"--runner {ns.runner}: no such file; run `make runner` first")
+    if not Path(ns.library).is_file():
+        raise UserError(f"--library {ns.library}: no such file; run `make runner` first")
     suffix = "" if ns.shape == DEFAULT_SHAPE else f"_{ns.shape}"
     workdir = Path(ns.workdir or f"out/bench_envelope{suffix}").resolve()
     try:
-        result = run_envelope(command, ns.shape, precisions, Path(ns.runner), workdir, ns.repeats, ns.quiet)
+        result = run_envelope(
+            command, ns.shape, precisions, Path(ns.runner), Path(ns.library), workdir, ns.repeats, ns.quiet
+        )
     except BenchError as e:
         raise BenchFailed(str(e)) from None
     result["checks"] = checks(result)
