@@ -2,7 +2,7 @@
 whether the tree had uncommitted changes, the machine), its progress lines with their times, the
 results written whole or not at all, and the synthetic prompts.
 
-Every bench command (bench, bench-scale, bench-budget, bench-quality, bench-peers, bench-serve) puts
+Every bench command (bench, bench-scale, bench-envelope, bench-budget, bench-quality, bench-peers, bench-serve) puts
 ``results_header`` first in its results, so a figure in the README can be traced to the commit and
 machine that measured it (tests/test_readme.py checks each "Measured" row against its file).
 """
