@@ -12,8 +12,8 @@ written again without its record's slot table (``-whole``: the runtime then runs
 reference for what skipping saves.
 
 One row: decode tokens/s at position about 10 and about 1,000 (the ``decode`` method), in one runner
-process per build, requests interleaved across builds so the machine's noise hits all alike (median
-of ``--repeats``).
+process per build, requests interleaved across builds, in reversed order every other round, so the
+machine's noise hits all alike (median of ``--repeats``).
 
 The batched step (``decode_batch``, what the server runs): milliseconds of a step of ``BATCH_ROWS``
 rows on the adapter, each on its KV slot at the same position, carrying one token (a plain decode
@@ -73,6 +73,13 @@ def whole_copy(d: Deployment, folder: Path) -> Deployment:
     return dataclasses.replace(d, name=f"{d.name}-whole", ptd=ptd, ptes=[pte], out=folder)
 
 
+def _order(by_name: dict, round_: int) -> list[str]:
+    """The builds in their order on even rounds, reversed on odd ones: a build measured first (or right after
+    another's burst of work) in one round is measured last in the next."""
+    names = list(by_name)
+    return names if round_ % 2 == 0 else names[::-1]
+
+
 def decode_speeds(runner: Path, deployments: list[Deployment], near: list[int], far: list[int], new: int, repeats: int):
     """name -> {"near": one-row decode tokens/s at ~len(near), "far": at ~len(far)}, medians over ``repeats``
     rounds."""
@@ -87,9 +94,10 @@ def decode_speeds(runner: Path, deployments: list[Deployment], near: list[int], 
         for server, adapter in servers.values():  # the first request touches every page: not timed
             server.ask(adapter, near)
         samples = {name: {"near": [], "far": []} for name in servers}
-        for _ in range(repeats):
+        for round_ in range(repeats):
             for where, prompt in (("near", near), ("far", far)):
-                for name, (server, adapter) in servers.items():
+                for name in _order(servers, round_):
+                    server, adapter = servers[name]
                     samples[name][where].append(server.ask(adapter, prompt)[0]["decode_tokens_per_s"])
     return {name: {k: round(statistics.median(v), 2) for k, v in s.items()} for name, s in samples.items()}
 
@@ -141,9 +149,10 @@ def step_times(library: Path, deployments: list[Deployment], near: list[int], fa
             for _, prompt, tokens in sizes:
                 _time_steps(rt, adapter, prompt[:BATCH_WARM_PROMPT], BATCH_ROWS, tokens, steps=1)
         samples = {name: {(where, tokens): [] for where, _, tokens in sizes} for name in runtimes}
-        for _ in range(repeats):
+        for round_ in range(repeats):
             for where, prompt, tokens in sizes:
-                for name, (rt, adapter) in runtimes.items():
+                for name in _order(runtimes, round_):
+                    rt, adapter = runtimes[name]
                     samples[name][(where, tokens)] += _time_steps(rt, adapter, prompt, BATCH_ROWS, tokens, STEPS)
         variants = {name: _slot_variants(rt) for name, (rt, _) in runtimes.items()}
     out = {}
