@@ -11,7 +11,8 @@ adapter leaves alone, cpp_runner/runtime/program_variants.h). The wide build's a
 written again without its record's slot table (``-whole``: the runtime then runs every slot), the
 reference for what skipping saves.
 
-One row: decode tokens/s at position about 10 and about 1,000 (the ``decode`` method), in one runner
+One row: decode tokens/s at position about 10 and about 1,000 through the runner at its defaults (one
+KV slot: ``decode`` for steps without drafts, ``decode_batch`` for those that verify some), in one runner
 process per build, requests interleaved across builds, in reversed order every other round, so the
 machine's noise hits all alike (median of ``--repeats``).
 
@@ -255,7 +256,7 @@ def markdown(result: dict) -> str:
         "no slot table (`-whole`: every slot run). Medians of "
         f"{result['repeats']} interleaved rounds.",
         "",
-        "One row (the `decode` method), decode tokens/s:",
+        "One row (`build/runner` at its defaults), decode tokens/s:",
         "",
         f"| build | at ~{p['near']} | at ~{p['far']} |",
         "|---|---|---|",
