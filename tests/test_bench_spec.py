@@ -76,6 +76,21 @@ def test_checks_hold_the_done_when_lines_to_their_targets():
     ]
 
 
+def test_llama_servers_scenario_is_summed_alone():
+    """llama-server runs one scenario of one task: its figures and texts without the others'."""
+    measured = spec.Measured()
+    # Three tokens each: two decode tokens, in 2 s without speculation and in 1 s with it.
+    for mode, times, text in ((spec.OFF, [0.0, 1.0, 2.0], "a b"), (spec.ON, [5.0, 5.5, 6.0], "a c")):
+        answer = spec.http_streams.Streamed(text=text, token_times=times)
+        measured.add(("proofread", spec.ONE_BASE, mode), spec.group_figures([answer], None, 0.0), [("base", text)])
+    result = spec.collect(measured, {"proofread": {"modes": [spec.OFF, spec.ON]}})
+    figures = result["tasks"]["proofread"]
+    assert list(figures) == [spec.ONE_BASE]
+    assert figures[spec.ONE_BASE][spec.OFF]["decode_tokens_per_s"] == 1.0
+    assert figures[spec.ONE_BASE][spec.ON]["over_no_speculation"] == 2.0
+    assert result["texts"]["compared"] == 1 and result["texts"]["differ"][0]["with"] == "a c"
+
+
 def test_options_are_checked_before_any_work(tmp_path):
     missing = run_cli("bench-spec", "--server", tmp_path / "nowhere", "--workdir", tmp_path / "w")
     assert missing.returncode == 2 and "--server" in missing.stderr and "make runner" in missing.stderr

@@ -214,16 +214,17 @@ def run_precision(
                 f"  {task}, {name}: "
                 + "; ".join(f"{mode} {f['decode_tokens_per_s']} tokens/s" for mode, f in figures.items())
             )
-    return collect(measured, tasks, adapters, adapter)
+    return collect(measured, tasks)
 
 
-def collect(measured: Measured, tasks: dict, adapters: list[str], adapter: str) -> dict:
+def collect(measured: Measured, tasks: dict) -> dict:
     """The measured groups as figures per task/scenario/mode (with the ratio to no speculation) and the
     texts of each speculating mode compared with no speculation's, request by request."""
     out: dict = {"tasks": {}, "texts": {"compared": 0, "differ": []}}
     for task, spec in tasks.items():
         out["tasks"][task] = {}
-        for name in scenarios(task, adapters, adapter):
+        measured_names = dict.fromkeys(name for (t, name, _) in measured.groups if t == task)  # in order
+        for name in measured_names:
             figures = {mode: summarise(measured.groups[(task, name, mode)]) for mode in spec["modes"]}
             off = figures[OFF]["decode_tokens_per_s"]
             for mode in spec["modes"][1:]:
@@ -305,7 +306,7 @@ def run_llama(
     finally:
         for server in servers.values():
             server.close()
-    result = collect(measured, {"proofread": {"modes": modes}}, [BASE_NAME], BASE_NAME)
+    result = collect(measured, {"proofread": {"modes": modes}})
     figures = result["tasks"]["proofread"][ONE_BASE]
     log(f"  llama-server {tag}: " + "; ".join(f"{m} {f['decode_tokens_per_s']} tokens/s" for m, f in figures.items()))
     return {"gguf": gguf.name, "flags": " ".join(LLAMA_SPEC), "figures": figures, "texts": result["texts"]}
