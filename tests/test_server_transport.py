@@ -403,6 +403,7 @@ def draining_server(binary, folder, streams: int, *args):
             r.sock.close()
 
 
+@pytest.mark.slow  # exports a build of its own (long_context)
 def test_health_answers_while_completions_fill_every_worker(server_bin, long_context):  # noqa: F811
     """20 long streams on one slot: every worker a completion may take is taken, /health still answers."""
     with draining_server(server_bin, long_context, 20) as (server, readers):
@@ -413,6 +414,7 @@ def test_health_answers_while_completions_fill_every_worker(server_bin, long_con
         assert sum(r.thread.is_alive() for r in readers) > 8
 
 
+@pytest.mark.slow  # exports a build of its own (long_context)
 def test_first_signal_drains_the_open_streams(server_bin, long_context):  # noqa: F811
     """The stream running and the two waiting for the slot are answered to their end, then exit 0."""
     with draining_server(server_bin, long_context, 3, "--drain-timeout", 60) as (server, readers):
@@ -424,6 +426,7 @@ def test_first_signal_drains_the_open_streams(server_bin, long_context):  # noqa
         assert server.proc.wait(timeout=TIMEOUT) == 0
 
 
+@pytest.mark.slow  # exports a build of its own (long_context)
 def test_second_signal_exits_at_once(server_bin, long_context):  # noqa: F811
     with draining_server(server_bin, long_context, 20, "--drain-timeout", 60) as (server, readers):
         server.proc.send_signal(signal.SIGTERM)
@@ -436,6 +439,7 @@ def test_second_signal_exits_at_once(server_bin, long_context):  # noqa: F811
         assert not all(r.finished() for r in readers), "every stream ended: nothing was cut"
 
 
+@pytest.mark.slow  # exports a build of its own (long_context)
 def test_drain_timeout_bounds_the_drain(server_bin, long_context):  # noqa: F811
     with draining_server(server_bin, long_context, 20, "--drain-timeout", 1) as (server, readers):
         start = time.monotonic()
