@@ -14,8 +14,10 @@ from lora_share.checkpoints.foundation import load_foundation
 
 # The program itself (graph, XNNPACK payloads, KV-cache and op metadata) costs at most
 # this much per decoder layer on top of the adapter's own LoRA bytes. Measured: ~24 KiB.
+# The fixed part holds decode_batch with drafts (exporter revision 14) and the slot-rewrite table
+# every adapter carries: the 2-layer 8da4w build of test_quantized measured 114,816 bytes of program.
 PROGRAM_BYTES_PER_LAYER = 40 * 1024
-PROGRAM_BYTES_FIXED = 32 * 1024
+PROGRAM_BYTES_FIXED = 40 * 1024
 
 
 @pytest.fixture(scope="module")
