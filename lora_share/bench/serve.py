@@ -617,6 +617,32 @@ def run_from_args(ns, command: str) -> int:
     return 0 if all(c["pass"] for c in result["checks"]) else 1
 
 
+def add_demo_and_llama_args(p) -> None:
+    """The flags bench-serve and bench-spec share: the demo deployment, llama.cpp's model and work folder."""
+    p.add_argument(
+        "--no-llama",
+        dest="llama",
+        action="store_false",
+        help="lora-share's side only (no llama.cpp build, no comparison)",
+    )
+    p.add_argument(
+        "--config",
+        default="configs/smollm2.yaml",
+        help="the demo deployment's config (default configs/smollm2.yaml; built when missing)",
+    )
+    p.add_argument(
+        "--gguf",
+        default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        help="the model llama.cpp runs (default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF)",
+    )
+    p.add_argument(
+        "--workdir",
+        default="out/peers",
+        help="llama.cpp's build and GGUFs (shared by bench-peers, bench-serve and bench-spec) and the 8da4w "
+        "build (default out/peers)",
+    )
+
+
 def register(subparsers) -> None:
     """``lora-share bench-serve``: its flags and what it runs."""
     import argparse
@@ -647,27 +673,7 @@ def register(subparsers) -> None:
         default=None,
         help=f"repeats of each scenario (default {FULL['repeats']}; --quick {QUICK['repeats']})",
     )
-    p.add_argument(
-        "--no-llama",
-        dest="llama",
-        action="store_false",
-        help="lora-share's side only (no llama.cpp build, no comparison)",
-    )
-    p.add_argument(
-        "--config",
-        default="configs/smollm2.yaml",
-        help="the demo deployment's config (default configs/smollm2.yaml; built when missing)",
-    )
-    p.add_argument(
-        "--gguf",
-        default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        help="the model llama.cpp runs (default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF)",
-    )
-    p.add_argument(
-        "--workdir",
-        default="out/peers",
-        help="llama.cpp's build and GGUFs (shared with bench-peers) and the 8da4w build (default out/peers)",
-    )
+    add_demo_and_llama_args(p)
     p.add_argument("--server", default="build/lora-share-server", help="default build/lora-share-server")
     p.add_argument("--out", default="benchmarks/results", help="folder for serve-<date>.{json,md}")
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-serve")))

@@ -41,7 +41,7 @@ from . import http_streams, peers, spec_corpus
 from .common import BenchFailed, at_least, header_line, results_header, typed_command, write_whole
 from .llama_cpp import LlamaServer, llama_cpp, llama_ggufs
 from .memory import BenchError
-from .serve import PAIRS, LoraShareServer, Prompts, demo_builds
+from .serve import PAIRS, LoraShareServer, Prompts, add_demo_and_llama_args, demo_builds
 
 OFF, ON, PREDICTION = "no speculation", "speculation", "speculation + prediction"
 # Each task: the most tokens an answer gets, whether EOS ends it, and its modes.
@@ -592,23 +592,7 @@ def register(subparsers) -> None:
         help="the builds measured, comma-separated from fp32 and 8da4w (default both; --quick fp32); "
         "results named bench_spec-<precisions> when fewer than the default",
     )
-    p.add_argument("--no-llama", dest="llama", action="store_false", help="lora-share's side only (no llama.cpp build)")
-    p.add_argument(
-        "--config",
-        default="configs/smollm2.yaml",
-        help="the demo deployment's config (default configs/smollm2.yaml; built when missing)",
-    )
-    p.add_argument(
-        "--gguf",
-        default="models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        help="the model llama.cpp runs (default: the demo's SmolLM2-135M-Instruct Q4_1 GGUF)",
-    )
-    p.add_argument(
-        "--workdir",
-        default="out/peers",
-        help="llama.cpp's build and GGUFs (shared with bench-peers and bench-serve) and the 8da4w build "
-        "(default out/peers)",
-    )
+    add_demo_and_llama_args(p)
     p.add_argument("--server", default="build/lora-share-server", help="default build/lora-share-server")
     p.add_argument("--out", default="benchmarks/results", help="folder for bench_spec.{json,md}")
     p.set_defaults(func=lambda ns: run_from_args(ns, typed_command("bench-spec")))
