@@ -218,6 +218,20 @@ def test_parallel_out_of_range_is_refused(library, tiny_build, parallel):
     )
 
 
+@pytest.mark.parametrize("speculation", [-1, 3])
+def test_speculation_out_of_range_is_refused(library, tiny_build, speculation):
+    expect(
+        "LS_ERR_ARGUMENT",
+        native.open_dir,
+        tiny_build.out_dir,
+        speculation=speculation,
+        library=library,
+        contains="ls_options.speculation",
+    )
+    with pytest.raises(ValueError, match="every_draft"):
+        native.open_dir(tiny_build.out_dir, speculation="every", library=library)
+
+
 def test_an_adapter_of_another_runtime_is_refused(library, runtime, tiny_build):
     with native.open(tiny_build.ptd, library=library) as other:
         handle = other.load_adapter(tiny_build.ptes["tiny_a"])

@@ -34,6 +34,7 @@ import torch
 from conftest import REPO, Build, build_config, run_cli, write_config
 
 import lora_share
+from lora_share.inference import c_library
 
 EXAMPLES = REPO / "examples" / "families"
 sys.path.insert(0, str(EXAMPLES))
@@ -806,19 +807,18 @@ def _run_batch(rt, requests, predictions, temperature=0.0, seed=0) -> list[list[
 
 
 def _check_scheduler_speculation(build: Build, parallel: int = 4) -> None:
-    """The scheduler with speculation (the default; ``parallel`` 1: one slot, one request at a time) against
+    """The scheduler with speculation (every draft verified, so that the counts below do not hang on timing;
+    ``parallel`` 1: one slot, one request at a time) against
     the same runtime without (one slot: the one-row path): every answer of four concurrent requests the
     same, greedy with predictions all right, all wrong, partly right and none (prompt lookup), and sampled
     with the same seed (each token drawn as one-token decode draws it); drafts were verified and some kept."""
     library = REPO / "build" / "liblora_share.so"
     requests = _scheduler_requests(build)
-    with lora_share.inference.c_library.open_dir(
-        build.out_dir, parallel=parallel, library=library, speculation=False
-    ) as rt:
+    with c_library.open_dir(build.out_dir, parallel=parallel, library=library, speculation=False) as rt:
         plain = _run_batch(rt, requests, [None] * 4)
         sampled = [_run_batch(rt, requests, [None] * 4, temperature=0.9, seed=s) for s in range(2)]
         assert rt.stats()["drafted_tokens"] == 0
-    with lora_share.inference.c_library.open_dir(build.out_dir, parallel=parallel, library=library) as rt:
+    with c_library.open_dir(build.out_dir, parallel=parallel, library=library, speculation="every_draft") as rt:
         for kinds in (["right", "wrong", "part", "right"], ["part", None, "right", "wrong"], [None] * 4):
             predictions = [_guess(k, answer) for k, answer in zip(kinds, plain)]
             assert _run_batch(rt, requests, predictions) == plain, kinds

@@ -42,8 +42,9 @@ def one_row(tiny_build, library):
 
 @pytest.fixture(scope="module")
 def one_slot(tiny_build, library):
-    """The default runtime: one slot, speculation on."""
-    with native.open_dir(tiny_build.out_dir, library=library) as rt:
+    """One slot (the default), speculation on, every draft verified: how many pay for a step is timed
+    (step_width.h), and these tests count drafts."""
+    with native.open_dir(tiny_build.out_dir, library=library, speculation="every_draft") as rt:
         yield rt
 
 
@@ -86,7 +87,7 @@ def test_predictions_change_no_greedy_answer(one_row, one_slot, kind):
     elif kind == "wrong":
         assert accepted < drafted
     else:
-        assert 0 < accepted < drafted
+        assert 0 < accepted < drafted, (drafted, accepted)
 
 
 def test_prompt_lookup_changes_no_logits(one_row, one_slot):
@@ -134,9 +135,9 @@ def test_requests_on_the_one_row_path_draft_nothing(one_row, one_slot):
 
 
 def test_a_copy_prompt_is_drafted_and_counted(runner_bin, text_build):
-    """lora_share.Runtime with its defaults (one slot) on a chat whose prediction is its own answer: the text
-    of Runtime(speculation=False), with drafts kept in its usage (accepted_prediction_tokens) and in the
-    runtime's stats; a prediction right for half of it gives the same text too."""
+    """lora_share.Runtime (one slot, every draft verified) on a chat whose prediction is its own answer: the
+    text of Runtime(speculation=False), with drafts kept in its usage (accepted_prediction_tokens) and in
+    the runtime's stats; a prediction right for half of it gives the same text too."""
     from lora_share import Runtime
 
     library = runner_bin.parent / "liblora_share.so"
@@ -146,7 +147,7 @@ def test_a_copy_prompt_is_drafted_and_counted(runner_bin, text_build):
         plain = rt.create_chat_completion(chat, **body)
     text = plain["choices"][0]["message"]["content"]
     assert plain["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
-    with Runtime(text_build.build.out_dir, library=library) as rt:
+    with Runtime(text_build.build.out_dir, library=library, speculation="every_draft") as rt:
         right = rt.create_chat_completion(chat, prediction={"type": "content", "content": text}, **body)
         half = text[: len(text) // 2] + " zebra quantum" * 8
         wrong = rt.create_chat_completion(chat, prediction={"type": "content", "content": half}, **body)

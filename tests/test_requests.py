@@ -256,7 +256,8 @@ def test_predictions_change_no_answer_and_are_counted(runner_bin, text_build):
     and with a prediction right for its first half only; the text is the same every time."""
     library = runner_bin.parent / "liblora_share.so"
     body = {"model": TEXT_ADAPTER, "messages": CHAT, "max_tokens": 24, "ignore_eos": True, "cache_prompt": False}
-    with native.open_dir(text_build.build.out_dir, library=library, parallel=2) as rt:
+    # Every draft verified: how many pay for a step is timed (step_width.h), and this test counts drafts.
+    with native.open_dir(text_build.build.out_dir, library=library, parallel=2, speculation="every_draft") as rt:
         (plain,), result = answer(rt, "chat", {**body, "speculative": False})
         text = plain["choices"][0]["message"]["content"]
         assert plain["usage"]["completion_tokens_details"] == {

@@ -1,6 +1,8 @@
 """Speculative decoding's pieces outside the scheduler (issue 60), through the C library's diag entry points
 (lora_share_diag.h), without a program: a request's drafter (cpp_runner/runtime/batch/drafter.h: prompt
-lookup, its prediction, a length that adapts) and speculative sampling's acceptance (drafts.h's
+lookup, its prediction, a length that adapts, its estimate of what it keeps), the scheduler's choice of how
+wide a step that verifies drafts runs (step_width.h: what pays for every row's padding) and speculative
+sampling's acceptance (drafts.h's
 accept_sampled, Leviathan et al. 2023), whose gained tokens must be distributed as one-token sampling draws
 them: a chi-square test over many seeds on a tiny model's distributions. The verification step itself is
 held to one-token decode in tests/test_batch_engine.py and tests/test_families.py."""
@@ -17,6 +19,7 @@ from scipy.stats import chisquare
 
 I64 = ctypes.POINTER(ctypes.c_int64)
 F32 = ctypes.POINTER(ctypes.c_float)
+F64 = ctypes.POINTER(ctypes.c_double)
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,11 @@ def lib(runner_bin):
     lib.ls_diag_drafter_propose.restype = ctypes.c_size_t
     lib.ls_diag_drafter_propose.argtypes = [ctypes.c_void_p, I64, ctypes.c_size_t]
     lib.ls_diag_drafter_feedback.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    lib.ls_diag_drafter_acceptance.restype = ctypes.c_double
+    lib.ls_diag_drafter_acceptance.argtypes = [ctypes.c_void_p]
+    lib.ls_diag_best_width.restype = ctypes.c_size_t
+    lib.ls_diag_best_width.argtypes = [F64, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    lib.ls_diag_best_width.argtypes += [F64, ctypes.c_size_t]
     lib.ls_diag_accept_sampled.restype = ctypes.c_size_t
     lib.ls_diag_accept_sampled.argtypes = [I64, ctypes.c_size_t, F32, ctypes.c_int64, F32, ctypes.c_uint64, I64]
     return lib
@@ -54,13 +62,17 @@ class Drafter:
     def feedback(self, drafted, accepted):
         self.lib.ls_diag_drafter_feedback(self.handle, drafted, accepted)
 
+    def acceptance(self) -> float:
+        return self.lib.ls_diag_drafter_acceptance(self.handle)
+
     def close(self):
         self.lib.ls_diag_drafter_free(self.handle)
 
 
-def run_answer(lib, prompt, answer, prediction=()) -> tuple[int, int]:
+def run_answer(lib, prompt, answer, prediction=()) -> tuple[int, int, float]:
     """The drafter over a request whose greedy answer is ``answer``: each step drafts, keeps the drafts that
-    match the answer (greedy acceptance), gains them and the next token. Returns (steps, rows of drafts)."""
+    match the answer (greedy acceptance), gains them and the next token. Returns (steps, rows of drafts,
+    the drafter's acceptance at the end)."""
     drafter = Drafter(lib, prompt, prediction)
     drafter.extend(answer[:1])  # the first token comes from the prompt
     have, steps, drafting = 1, 0, 0
@@ -74,19 +86,20 @@ def run_answer(lib, prompt, answer, prediction=()) -> tuple[int, int]:
         have += kept + 1
         steps += 1
         drafting += bool(drafts)
+    acceptance = drafter.acceptance()
     drafter.close()
-    return steps, drafting
+    return steps, drafting, acceptance
 
 
 def test_prompt_lookup_drafts_what_followed_the_last_tokens(lib):
     """The latest earlier occurrence of the answer's last tokens (the longest of 4..2 that occurs), in the
-    prompt or the answer: the tokens after it, 4 at first."""
+    prompt or the answer: the tokens after it, up to max_drafts (8)."""
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 7, 8, 20, 21, 22, 23, 24]
     drafter = Drafter(lib, prompt)
     drafter.extend([40, 7, 8])  # "7 8" occurs twice: the later one (followed by 20..) is taken
-    assert drafter.propose() == [20, 21, 22, 23]
+    assert drafter.propose() == [20, 21, 22, 23, 24, 40, 7, 8]  # on into the answer
     drafter.extend([9])  # "7 8 9" is in the prompt once: the longer match wins over the later "8 ..."
-    assert drafter.propose() == [10, 11, 12, 1]
+    assert drafter.propose() == [10, 11, 12, 1, 2, 3, 7, 8]
     drafter.extend([99, 98])  # "99 98" and "98" alone occur nowhere
     assert drafter.propose() == []
     drafter.close()
@@ -99,8 +112,8 @@ def test_a_prediction_is_drafted_in_order(lib):
     prediction = [1, 2, 3, 4, 1, 2, 3, 5, 6, 7, 8, 9]
     drafter = Drafter(lib, [50, 51], prediction)
     drafter.extend([1])
-    assert drafter.propose() == [2, 3, 4, 1]
-    drafter.feedback(4, 4)  # all kept: 8 next time
+    assert drafter.propose() == [2, 3, 4, 1, 2, 3, 5, 6]
+    drafter.feedback(4, 4)  # the scheduler verified 4
     drafter.extend([2, 3, 4, 1, 2])
     assert drafter.propose() == [3, 5, 6, 7, 8, 9]  # "1 2" at 4, nearer than at 0
     drafter.close()
@@ -110,39 +123,126 @@ def test_a_prediction_is_drafted_in_order(lib):
     other.close()
 
 
-def test_the_length_grows_while_drafts_hold_and_pauses_when_they_fail(lib):
-    """Doubling while every draft is kept (to max_drafts), one more than was kept when some are, and after a
-    step that kept none no drafts for 1, 2, 4 .. steps, each pause ended by a one-draft probe."""
+def test_it_proposes_all_it_finds_whatever_was_kept(lib):
+    """Every proposal is as long as the lookup allows (max_drafts), after steps that kept all, some or none:
+    how many are verified is the scheduler's choice (step_width.h), from the drafter's acceptance."""
     prompt = list(range(100, 140)) * 2  # any suffix of the first half is found, with 40 tokens after it
     drafter = Drafter(lib, prompt)
     drafter.extend([100, 101])
     lengths = []
-    for kept in ("all", "all", "all", 3, 0, 0, "all"):
+    for kept in (8, 8, 3, 0, 0, 8):
         drafts = drafter.propose()
-        while not drafts:  # paused
-            lengths.append(0)
-            drafts = drafter.propose()
         lengths.append(len(drafts))
-        drafter.feedback(len(drafts), len(drafts) if kept == "all" else kept)
+        drafter.feedback(len(drafts), kept)
     drafter.close()
-    assert lengths == [4, 8, 8, 8, 4, 0, 1, 0, 0, 1]
+    assert lengths == [8] * 6
 
 
-def test_free_answers_draft_little_and_copied_answers_draft_long(lib):
+def test_the_acceptance_estimate_follows_what_was_kept(lib):
+    """From one half before any feedback; above 0.8 after two steps that kept all 8 drafts; below 0.25 after
+    three that kept none; above 0.75 after three that kept all again; a step that kept 3 of 8 as 3 of 4
+    tries (the first rejected one the fourth): steady at 0.75."""
+    drafter = Drafter(lib, [1, 2, 3])
+    assert drafter.acceptance() == 0.5
+    drafter.feedback(8, 8)
+    drafter.feedback(8, 8)
+    assert drafter.acceptance() > 0.8
+    for _ in range(3):
+        drafter.feedback(4, 0)
+    assert drafter.acceptance() < 0.25
+    for _ in range(3):
+        drafter.feedback(8, 8)
+    assert drafter.acceptance() > 0.75
+    for _ in range(20):
+        drafter.feedback(8, 3)
+    assert abs(drafter.acceptance() - 0.75) < 1e-3
+    drafter.close()
+
+
+# How wide a step that verifies drafts runs (step_width.h). Step costs in ms by positions (rows x width):
+# flat (the weights' stream bounds every step), and as measured on 2 cores for SmolLM2-135M fp32
+# (benchmarks/verify_step.py: flat to 6 positions, then about 2 ms a position), between its points on a line.
+FLAT = {p: 20.0 for p in range(1, 37)}
+_POINTS = [(1, 21.8), (2, 20.0), (3, 20.4), (4, 22.8), (5, 21.1), (6, 21.8), (8, 30.7), (9, 29.1), (10, 29.6)]
+_POINTS += [(12, 31.9), (18, 40.4), (20, 42.7), (36, 71.7)]
+MEASURED = dict(zip(range(1, 37), np.interp(range(1, 37), *zip(*_POINTS)).tolist()))
+
+
+def best_width(lib, costs: dict[int, float], rows: list[tuple[int, float]], max_rows=4, max_width=9) -> int:
+    """ls_diag_best_width over step costs by positions (``costs[rows x width]``: every shape of that many
+    positions, as a device whose cost is its positions'; missing: never run) and rows of (drafts, acceptance)."""
+    ms = (ctypes.c_double * (max_rows * max_width))(
+        *[costs.get(r * w, 0.0) for r in range(1, max_rows + 1) for w in range(1, max_width + 1)]
+    )
+    drafts = (ctypes.c_size_t * max(len(rows), 1))(*[d for d, _ in rows])
+    acceptance = (ctypes.c_double * max(len(rows), 1))(*[a for _, a in rows])
+    return lib.ls_diag_best_width(ms, max_rows, max_width, drafts, acceptance, len(rows))
+
+
+def simulated_rate(costs, rows, width, rng, trials=4000) -> float:
+    """Tokens per ms of steps of ``width``, by drawing each row's drafts: kept in order while each draw
+    keeps it (chance = its acceptance), the row's own next token always gained."""
+    tokens = 0
+    for drafts, acceptance in rows:
+        tried = min(drafts, width - 1)
+        kept = rng.random((trials, tried)) < acceptance
+        tokens += trials + np.cumprod(kept, axis=1).sum() if tried else trials
+    return tokens / trials / costs[len(rows) * width]
+
+
+@pytest.mark.parametrize("costs", [FLAT, MEASURED], ids=["flat", "measured"])
+@pytest.mark.parametrize(
+    "rows",
+    [[(8, 0.9)], [(8, 0.5)], [(8, 0.9)] * 4, [(8, 0.3)] * 4, [(8, 0.9), (0, 0.5), (0, 0.5), (0, 0.5)], [(2, 0.6)] * 3],
+    ids=["copy", "half", "copy_x4", "free_x4", "one_of_4", "short_x3"],
+)
+def test_the_chosen_width_gains_the_most_tokens_per_ms(lib, costs, rows):
+    """Every width measured: the chosen one gains within 3% of the most tokens per ms of any width, as a
+    simulation of the drafts' acceptance counts them."""
+    rng = np.random.default_rng(0)
+    widest = max(d for d, _ in rows) + 1
+    rates = {w: simulated_rate(costs, rows, w, rng) for w in range(1, widest + 1)}
+    chosen = best_width(lib, costs, rows)
+    assert 1 <= chosen <= widest
+    assert rates[chosen] >= 0.97 * max(rates.values()), (chosen, rates)
+
+
+def test_drafts_that_pay_alone_are_cut_in_a_batch(lib):
+    """As measured, a copying row alone drafts through the flat part (drafts nearly free there); beside three
+    rows without drafts it drafts less (their padding costs what its drafts gain); four free answers
+    (acceptance 0.25) verify none; flat costs verify every draft."""
+    alone = best_width(lib, MEASURED, [(8, 0.9)])
+    assert alone >= 6
+    assert best_width(lib, MEASURED, [(8, 0.9)] + [(0, 0.5)] * 3) < alone
+    assert best_width(lib, MEASURED, [(8, 0.25)] * 4) == 1
+    assert best_width(lib, FLAT, [(8, 0.25)] * 4) == 9
+
+
+def test_a_width_not_yet_run_is_tried_when_it_may_pay(lib):
+    """Only widths 1..5 run (flat): a copying row (0.95) tries a wider step, though the estimate from 5
+    positions (in proportion past them) says it loses a little; once widths 6..9 are measured as dear
+    (a compute-bound device), it stays at 5."""
+    measured = {p: 20.0 for p in range(1, 6)}
+    assert best_width(lib, measured, [(8, 0.95)]) > 5
+    assert best_width(lib, {**measured, **{p: 40.0 for p in range(6, 10)}}, [(8, 0.95)]) == 5
+
+
+def test_free_answers_are_known_by_their_acceptance_and_copied_answers_draft_long(lib):
     """A free answer (its tokens nowhere in the prompt, never repeated) never drafts; one whose lookups
     match every other step and are always wrong (pairs of the prompt's tokens, each pair from elsewhere)
-    drafts in a handful of its 63 steps, the pauses doubling; a copied answer, or one its prediction
-    gives, gains over 4 tokens a step."""
+    drafts in half its 63 steps, its acceptance falling under 0.1, so that four such rows as measured
+    verify none (width 1); a copied answer, or one its prediction gives, gains over 4 tokens a step."""
     rng = np.random.default_rng(0)
     prompt = rng.permutation(1000)[:200].tolist()
     free = (1000 + rng.permutation(1000)[:64]).tolist()
-    assert run_answer(lib, prompt, free) == (63, 0)
+    assert run_answer(lib, prompt, free) == (63, 0, 0.5)
     pairs = [prompt[i] for start in range(0, 200, 5) for i in (start, start + 1)][:64]
-    steps, drafting = run_answer(lib, prompt, pairs)
-    assert steps == 63 and 3 <= drafting <= 8, (steps, drafting)
-    steps, _ = run_answer(lib, prompt, prompt[10:90])
-    assert 79 / steps > 4, steps
-    steps, _ = run_answer(lib, [7, 7], free, prediction=free)  # the answer as predicted
+    steps, drafting, acceptance = run_answer(lib, prompt, pairs)
+    assert steps == 63 and 25 <= drafting <= 35 and acceptance < 0.1, (steps, drafting, acceptance)
+    assert best_width(lib, MEASURED, [(8, acceptance)] * 4) == 1
+    steps, _, acceptance = run_answer(lib, prompt, prompt[10:90])
+    assert 79 / steps > 4 and acceptance > 0.8, (steps, acceptance)
+    steps, _, _ = run_answer(lib, [7, 7], free, prediction=free)  # the answer as predicted
     assert 63 / steps > 4, steps
 
 

@@ -138,6 +138,11 @@ extern "C" {
  * of ls_runtime_stats.batch_size_counts. */
 #define LS_MAX_PARALLEL 32
 
+/* ls_options.speculation (SPECULATION). */
+#define LS_SPECULATION_OFF 0
+#define LS_SPECULATION_ON 1
+#define LS_SPECULATION_EVERY_DRAFT 2
+
 /* The name that asks for the foundation alone (no adapter): ls_generate_named
  * and ls_check_request take it; no adapter may be called that. */
 #define LS_BASE_NAME "base"
@@ -187,8 +192,12 @@ typedef struct {
                                 folder can be written, else in the user's cache
                                 folder; else this folder (made if missing; one
                                 that cannot be written is refused at open) */
-  int speculation;                 /* nonzero (default): requests may verify drafts
-                                      (SPECULATION), with any parallel; 0: none does
+  int speculation;                 /* LS_SPECULATION_ON (default): requests may verify
+                                      drafts (SPECULATION), with any parallel, each
+                                      step as many as pay for its width (timed);
+                                      LS_SPECULATION_EVERY_DRAFT: every draft found
+                                      (draft counts that timing cannot move: tests,
+                                      comparisons); LS_SPECULATION_OFF: none
                                       (--no-speculation), and one slot then loads no
                                       decode_batch (less memory: SPECULATION) */
 } ls_options;

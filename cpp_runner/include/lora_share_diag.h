@@ -94,6 +94,14 @@ LS_API size_t ls_diag_drafter_propose(ls_diag_drafter* drafter, int64_t* drafts,
 LS_API void ls_diag_drafter_feedback(ls_diag_drafter* drafter, size_t drafted, size_t accepted);
 LS_API size_t ls_diag_accept_sampled(const int64_t* tokens, size_t n, const float* probs, int64_t vocab,
                                      const float* draft_probs, uint64_t seed, int64_t* gained);
+/* The drafter's estimate of the chance that a draft is kept (Drafter::acceptance). */
+LS_API double ls_diag_drafter_acceptance(const ls_diag_drafter* drafter);
+/* The scheduler's width of a step that verifies drafts (runtime/batch/step_width.h): step costs of
+ * 1..max_rows rows of 1..max_width tokens, ms[(r - 1) * max_width + w - 1] recorded for each shape
+ * whose value is > 0 (0: never run), then best_width over `rows` rows, row i proposing drafts[i]
+ * drafts, each kept with chance acceptance[i] when the one before it was. */
+LS_API size_t ls_diag_best_width(const double* ms, size_t max_rows, size_t max_width, const size_t* drafts,
+                                 const double* acceptance, size_t rows);
 
 /* Defaults: the library's loading (shared program, one arena, weight cache
  * on), EOS ids read, the library's wording. The packed-weights file is

@@ -83,8 +83,10 @@ struct PoolOptions {
   // cache, and decode_batch only to verify drafts (`speculation`).
   size_t parallel = 1;
   // ls_options.speculation: requests may verify drafts in decode_batch (a
-  // runtime of one slot loads it for them when it takes drafts).
+  // runtime of one slot loads it for them when it takes drafts); every_draft:
+  // every draft found, not as many as pay for the step (step_width.h).
   bool speculation = true;
+  bool every_draft = false;
 };
 
 // What loading did, for the runner's report.
@@ -245,6 +247,7 @@ class AdapterPool {
   // KV slots: requests the runtime batches at once (PoolOptions.parallel).
   size_t parallel() const { return options_.parallel; }
   bool speculation() const { return options_.speculation; }
+  bool every_draft() const { return options_.every_draft; }
   bool stock() const { return options_.stock; }  // a Module per adapter: no shared program to batch
 
   // The build's end-of-sequence ids (manifest.h, eos_ids_of); may be none.

@@ -155,16 +155,27 @@ PoolOptions pool_options(const ls_options* options) {
   p.parallel = static_cast<size_t>(o.parallel);
   p.packed_cache = o.packed_cache != 0;
   p.packed_cache_dir = o.packed_cache_dir ? o.packed_cache_dir : "";
-  p.speculation = o.speculation != 0;
+  p.speculation = o.speculation != LS_SPECULATION_OFF;
+  p.every_draft = o.speculation == LS_SPECULATION_EVERY_DRAFT;
   return p;
 }
 
 ls_status check_options(const ls_options* options, ls_error* error) {
-  if (options == nullptr || (options->parallel >= 1 && options->parallel <= LS_MAX_PARALLEL)) return LS_OK;
-  set_error(error, LS_ERR_ARGUMENT,
-            "ls_options.parallel is " + std::to_string(options->parallel) + ": give 1 to " +
-                std::to_string(LS_MAX_PARALLEL) + " KV slots (ls_options_init sets 1)");
-  return LS_ERR_ARGUMENT;
+  if (options == nullptr) return LS_OK;
+  if (options->parallel < 1 || options->parallel > LS_MAX_PARALLEL) {
+    set_error(error, LS_ERR_ARGUMENT,
+              "ls_options.parallel is " + std::to_string(options->parallel) + ": give 1 to " +
+                  std::to_string(LS_MAX_PARALLEL) + " KV slots (ls_options_init sets 1)");
+    return LS_ERR_ARGUMENT;
+  }
+  if (options->speculation < LS_SPECULATION_OFF || options->speculation > LS_SPECULATION_EVERY_DRAFT) {
+    set_error(error, LS_ERR_ARGUMENT,
+              "ls_options.speculation is " + std::to_string(options->speculation) +
+                  ": give LS_SPECULATION_OFF (0), LS_SPECULATION_ON (1, ls_options_init's) or "
+                  "LS_SPECULATION_EVERY_DRAFT (2)");
+    return LS_ERR_ARGUMENT;
+  }
+  return LS_OK;
 }
 
 ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status usage_code, bool runner_messages,
@@ -181,7 +192,7 @@ ls_runtime* finish_open(StatusOr<std::unique_ptr<AdapterPool>> pool, ls_status u
   // verified in decode_batch (docs/batching.md, "One slot"); without, the one-row path under the lock.
   if (rt->pool->parallel() > 1 || (rt->pool->speculation() && !rt->pool->stock()))
     rt->scheduler = std::make_unique<Scheduler>(*rt->pool, rt->lock, rt->lock_waiters, rt->pool->parallel(),
-                                                rt->pool->speculation());
+                                                rt->pool->speculation(), rt->pool->every_draft());
   clear_error(error);
   return rt;
 }

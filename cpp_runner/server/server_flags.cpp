@@ -103,6 +103,13 @@ std::vector<flags::Flag> table(ServerOptions& o) {
          o.no_speculation = true;
          return Status();
        }},
+      {"every-draft", nullptr, "",
+       "each step verifies every draft found, not as many as pay for the step's width on this machine "
+       "(docs/batching.md): the same answers, with draft counts no timing moves (tests, comparisons)",
+       [&o](const std::string&) {
+         o.every_draft = true;
+         return Status();
+       }},
       {"help", nullptr, "", "print this help",
        [&o](const std::string&) {
          o.help = true;

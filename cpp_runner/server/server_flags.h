@@ -21,6 +21,7 @@ struct ServerOptions {
   std::string packed_cache;        // --packed-cache: the packed-weights file's folder ("" = default)
   bool no_packed_cache = false;    // --no-packed-cache
   bool no_speculation = false;     // --no-speculation (ls_options.speculation 0)
+  bool every_draft = false;        // --every-draft (LS_SPECULATION_EVERY_DRAFT)
   // Slow clients and stopping (transport.h, signals.h).
   std::chrono::milliseconds header_timeout{10000};  // --header-timeout: a request's head, in total
   std::chrono::milliseconds body_timeout{30000};    // --body-timeout: its body, in total, after the head

@@ -39,7 +39,9 @@ ls::StatusOr<ls_runtime*> open_runtime(const srv::ServerOptions& options) {
   opts.budget_bytes = options.memory_budget;
   opts.parallel = options.parallel;
   opts.packed_cache = options.no_packed_cache ? 0 : 1;
-  opts.speculation = options.no_speculation ? 0 : 1;
+  opts.speculation = options.no_speculation ? LS_SPECULATION_OFF
+                     : options.every_draft  ? LS_SPECULATION_EVERY_DRAFT
+                                            : LS_SPECULATION_ON;
   opts.packed_cache_dir = options.packed_cache.empty() ? nullptr : options.packed_cache.c_str();
   ls_error err;
   ls_runtime* runtime = ls_open_dir(options.dir.c_str(), &opts, &err);

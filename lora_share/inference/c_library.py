@@ -33,6 +33,8 @@ from .c_abi import LsTextResult as _TextResult
 from .c_abi import generate_options as _generate_options
 from .c_options import ChoiceCollector, set_request_options
 
+SPECULATION_EVERY_DRAFT = 2  # lora_share.h's LS_SPECULATION_EVERY_DRAFT
+
 
 def _raise(lib, err: _Error) -> None:
     raise NativeError(lib.ls_status_name(err.code).decode(), err.message.decode("utf-8", "replace"))
@@ -487,17 +489,23 @@ def _options(
     adapter_overhead_bytes: int = 0,
     parallel: int = 1,
     packed_cache=True,
-    speculation: bool = True,
+    speculation: bool | str = True,
 ) -> _Options:
     """ls_options; ``packed_cache``: True (the default folders), False (packed in memory) or a folder;
-    ``speculation`` False: no request verifies drafts (lora_share.h, SPECULATION; on, parallel 1 included)."""
+    ``speculation`` False: no request verifies drafts (lora_share.h, SPECULATION; on, parallel 1 included);
+    ``"every_draft"``: each step verifies every draft found, not as many as pay for its width."""
     opts = _Options()
     lib.ls_options_init(ctypes.byref(opts))
     opts.shared_ptd, opts.verify, opts.budget_bytes = _path(shared_ptd), int(verify), budget_bytes
     opts.adapter_overhead_bytes, opts.parallel = adapter_overhead_bytes, parallel
     opts.packed_cache = int(packed_cache is not False)
     opts.packed_cache_dir = None if isinstance(packed_cache, bool) else _path(packed_cache)
-    opts.speculation = int(speculation)
+    if speculation == "every_draft":
+        opts.speculation = SPECULATION_EVERY_DRAFT
+    elif isinstance(speculation, int):  # True, False, or ls_options' own values (the library checks them)
+        opts.speculation = int(speculation)
+    else:
+        raise ValueError(f"speculation={speculation!r}: give True, False or 'every_draft'")
     return opts
 
 
@@ -510,7 +518,7 @@ def open(
     library=None,
     parallel: int = 1,
     packed_cache=True,
-    speculation: bool = True,
+    speculation: bool | str = True,
 ) -> Runtime:
     """ls_open: the foundation at ``ptd``; adapters come with ``load_adapter``. ``parallel``: KV slots,
     requests from several threads batched at once (lora_share.h, THREADS); ``packed_cache``: the
@@ -532,7 +540,7 @@ def open_dir(
     library=None,
     parallel: int = 1,
     packed_cache=True,
-    speculation: bool = True,
+    speculation: bool | str = True,
 ) -> Runtime:
     """ls_open_dir: every adapter of a build folder's manifest.json, loaded on demand under ``budget_bytes``
     (``adapter_overhead_bytes``: the per-adapter constant of the accounting, 0 = the library's default;

@@ -42,7 +42,8 @@ class Runtime:
     ``speculation`` False: no request verifies drafts (by default they do, with parallel 1 too: the same
     answers, faster where the answer copies its prompt or its ``prediction``, for the memory of the batched
     step, which one slot then loads: about 21 MiB more PSS on the SmolLM2-135M demo; docs/batching.md,
-    "One slot")."""
+    "One slot"); ``"every_draft"``: each step verifies every draft found, not only as many as pay for the
+    step on this machine (draft counts that timing cannot move)."""
 
     def __init__(
         self,
@@ -51,7 +52,7 @@ class Runtime:
         library: str | os.PathLike | None = None,
         parallel: int = 1,
         packed_cache: bool | str | os.PathLike = True,
-        speculation: bool = True,
+        speculation: bool | str = True,
     ):
         self.path = os.fspath(path)
         self._rt = c_library.open_dir(

@@ -9,6 +9,7 @@
 #include "drafter.h"
 #include "drafts.h"
 #include "lora_share_diag.h"
+#include "step_width.h"
 
 struct ls_diag_drafter {
   lora_share::Drafter drafter;
@@ -51,6 +52,21 @@ size_t ls_diag_accept_sampled(const int64_t* tokens, size_t n, const float* prob
       lora_share::accept_sampled(std::vector<int64_t>(tokens, tokens + n), probs, vocab, draft_probs, rng);
   std::copy(out.begin(), out.end(), gained);
   return out.size();
+}
+
+double ls_diag_drafter_acceptance(const ls_diag_drafter* drafter) { return drafter->drafter.acceptance(); }
+
+size_t ls_diag_best_width(const double* ms, size_t max_rows, size_t max_width, const size_t* drafts,
+                          const double* acceptance, size_t rows) {
+  if (ms == nullptr || (rows > 0 && (drafts == nullptr || acceptance == nullptr))) return 0;
+  lora_share::StepCosts costs(max_rows, max_width);
+  for (size_t r = 1; r <= max_rows; ++r)
+    for (size_t w = 1; w <= max_width; ++w)
+      if (ms[(r - 1) * max_width + w - 1] > 0) costs.record(r, w, ms[(r - 1) * max_width + w - 1]);
+  std::vector<lora_share::RowDrafts> proposed(rows);
+  for (size_t i = 0; i < rows; ++i)
+    if (drafts[i] > 0) proposed[i].expected_kept = lora_share::chained_kept(acceptance[i], drafts[i]);
+  return lora_share::best_width(proposed, costs);
 }
 
 }  // extern "C"

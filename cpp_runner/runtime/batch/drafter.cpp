@@ -20,11 +20,7 @@ std::vector<int64_t> after(const std::vector<int64_t>& seq, size_t from, size_t 
 }  // namespace
 
 Drafter::Drafter(std::vector<int64_t> prompt, std::vector<int64_t> prediction, DrafterOptions options)
-    : options_(options),
-      seq_(std::move(prompt)),
-      prompt_(seq_.size()),
-      prediction_(std::move(prediction)),
-      length_(std::min(options.first_length, options.max_drafts)) {
+    : options_(options), seq_(std::move(prompt)), prompt_(seq_.size()), prediction_(std::move(prediction)) {
   options_.min_ngram = std::max<size_t>(options_.min_ngram, 1);
   options_.max_ngram = std::max(options_.max_ngram, options_.min_ngram);
 }
@@ -32,28 +28,24 @@ Drafter::Drafter(std::vector<int64_t> prompt, std::vector<int64_t> prediction, D
 void Drafter::extend(const int64_t* tokens, size_t n) { seq_.insert(seq_.end(), tokens, tokens + n); }
 
 std::vector<int64_t> Drafter::propose() {
-  if (pause_ > 0) {
-    if (--pause_ == 0) length_ = 1;  // the pause is over: probe with one draft
-    return {};
-  }
-  if (length_ == 0) return {};
-  std::vector<int64_t> drafts = from_prediction(length_);
-  return drafts.empty() ? from_context(length_) : drafts;
+  if (options_.max_drafts == 0) return {};
+  std::vector<int64_t> drafts = from_prediction(options_.max_drafts);
+  return drafts.empty() ? from_context(options_.max_drafts) : drafts;
 }
+
+std::vector<int64_t> Drafter::from_context_loose(size_t n) const {
+  if (seq_.size() < 2) return {};
+  for (size_t i = seq_.size() - 1; i-- > 0;)
+    if (seq_[i] == seq_.back()) return after(seq_, i + 1, n);
+  return {};
+}
+
+std::vector<int64_t> Drafter::propose_loose() const { return from_context_loose(options_.max_drafts); }
 
 void Drafter::feedback(size_t drafted, size_t accepted) {
   if (drafted == 0) return;
-  if (accepted == 0) {
-    misses_ = std::min<size_t>(misses_ + 1, 30);
-    pause_ = std::min(options_.max_pause, size_t{1} << (misses_ - 1));
-    length_ = pause_ > 0 ? 0 : 1;
-    return;
-  }
-  misses_ = 0;
-  if (accepted >= drafted)  // all kept: draft further (the lookup may have run out before length_)
-    length_ = std::min(options_.max_drafts, std::max(length_, drafted) * 2);
-  else
-    length_ = std::min(options_.max_drafts, accepted + 1);
+  const double kept = static_cast<double>(accepted);
+  acceptance_ += 0.4 * (kept / (kept + (accepted < drafted ? 1.0 : 0.0)) - acceptance_);
 }
 
 std::vector<int64_t> Drafter::from_prediction(size_t n) {

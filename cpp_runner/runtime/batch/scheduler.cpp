@@ -6,6 +6,7 @@
 #include "adapter_on_foundation.h"
 #include "drafter.h"
 #include "kv_rows.h"
+#include "step_width.h"
 
 namespace lora_share {
 
@@ -48,12 +49,13 @@ struct Scheduler::Job {
 };
 
 Scheduler::Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots,
-                     bool speculation)
+                     bool speculation, bool every_draft)
     : pool_(pool),
       pool_lock_(pool_lock),
       lock_waiters_(lock_waiters),
       slots_(slots),
       speculation_(speculation),
+      every_draft_(every_draft),
       batch_size_counts_(slots, 0),
       thread_([this] { loop(); }) {}
 
@@ -173,6 +175,7 @@ Status Scheduler::set_engine(SharedProgram& program, size_t index) {
   if (!engine.ok()) return engine.status();
   engine_ = std::move(engine.value());
   table_ = std::make_unique<SlotTable>(engine_->slots(), engine_->ring());
+  costs_ = std::make_unique<StepCosts>(engine_->rows(), engine_->max_row_tokens());
   kv_ = program.kv();
   engine_program_ = index;
   engine_generation_ = pool_.programs_generation();
@@ -185,6 +188,7 @@ void Scheduler::drop_engine() {
     for (size_t slot = 0; slot < table_->size(); ++slot)
       clear_rows(kv_.at_slot(slot), 0, static_cast<int64_t>(table_->tokens(slot).size()));
   table_.reset();
+  costs_.reset();
   engine_.reset();
 }
 
@@ -404,26 +408,47 @@ void Scheduler::end_orphans() {
 void Scheduler::decode_all() {
   pack();
   std::vector<DraftRow> rows;
-  bool drafting = false;
+  std::vector<RowDrafts> proposed;
   for (Job* job : active_) {
     if (!job->decoding() || job->tokens.empty()) break;  // packed: decoding rows first
     std::vector<int64_t> tokens{job->tokens.back()};
     std::vector<int64_t> drafts = drafts_of(*job);
-    drafting = drafting || !drafts.empty();
+    proposed.push_back(
+        RowDrafts{drafts.empty() ? std::vector<double>{} : chained_kept(job->drafter->acceptance(), drafts.size())});
     tokens.insert(tokens.end(), drafts.begin(), drafts.end());
     rows.push_back(DraftRow{job->row, job->slot, std::move(tokens),
                             static_cast<int64_t>(job->request.prompt.size() + job->tokens.size() - 1)});
   }
   if (rows.empty()) return;
-  if (drafting) return verify_all(rows);
-  // No row drafts: a plain step (one token a row, no padding).
+  // Every row runs at the widest row's width: drafts only as far as they pay for the whole step
+  // (step_width.h). Drafts cut here were not verified: their drafter hears only of those that were.
+  size_t widest = 1;
+  for (const DraftRow& r : rows) widest = std::max(widest, r.tokens.size());
+  const size_t width = every_draft_ ? widest : best_width(proposed, *costs_);
+  if (width > 1) {
+    std::vector<bool> loose(rows.size(), false);
+    for (size_t b = 0; b < rows.size(); ++b) {
+      DraftRow& r = rows[b];
+      if (r.tokens.size() == 1 && active_[b]->drafter) {
+        // No drafts of its own: its padding runs anyway, so it carries the weaker ones (free to verify).
+        std::vector<int64_t> drafts = drafts_of(*active_[b], true);
+        r.tokens.insert(r.tokens.end(), drafts.begin(), drafts.end());
+        loose[b] = !drafts.empty();
+      }
+      if (r.tokens.size() > width) r.tokens.resize(width);
+    }
+    return verify_all(rows, loose);
+  }
+  // Width 1: a plain step (one token a row, no padding).
   std::vector<BatchRow> plain;
   for (const DraftRow& r : rows) plain.push_back(BatchRow{r.row, r.slot, r.tokens[0], r.pos});
   std::vector<float> logits;
   // One slot: the one-row path's call (decode over the slot in place), so a step without drafts costs
   // and computes what it does with speculation off; decode_batch runs only the steps that verify.
+  const Clock::time_point start = Clock::now();
   Status s = slots_ == 1 ? engine_->prefill(plain[0].row, plain[0].slot, {plain[0].token}, plain[0].pos, &logits)
                          : engine_->decode(plain, &logits);
+  costs_->record(rows.size(), 1, std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   if (!s.ok()) {
     for (size_t b = 0; b < rows.size(); ++b) active_[b]->ended = true, active_[b]->failure = s;
     return;
@@ -439,7 +464,7 @@ void Scheduler::decode_all() {
   }
 }
 
-std::vector<int64_t> Scheduler::drafts_of(Job& job) {
+std::vector<int64_t> Scheduler::drafts_of(Job& job, bool loose) {
   if (!job.drafter) return {};
   const int64_t pos = static_cast<int64_t>(job.request.prompt.size() + job.tokens.size() - 1);
   // A step gains at most its drafts + 1 tokens; drafts past max_new_tokens or the context are waste.
@@ -447,14 +472,18 @@ std::vector<int64_t> Scheduler::drafts_of(Job& job) {
                                  job.request.max_new_tokens - static_cast<int64_t>(job.tokens.size()) - 1,
                                  engine_->max_seq_len() - 1 - pos});
   if (room <= 0) return {};
-  std::vector<int64_t> drafts = job.drafter->propose();
+  std::vector<int64_t> drafts = loose ? job.drafter->propose_loose() : job.drafter->propose();
   if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(static_cast<size_t>(room));
   return drafts;
 }
 
-void Scheduler::verify_all(std::vector<DraftRow>& rows) {
+void Scheduler::verify_all(std::vector<DraftRow>& rows, const std::vector<bool>& loose) {
   std::vector<float> logits;
+  size_t width = 0;
+  for (const DraftRow& r : rows) width = std::max(width, r.tokens.size());
+  const Clock::time_point start = Clock::now();
   Status s = engine_->verify(rows, &logits);
+  costs_->record(rows.size(), width, std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   if (!s.ok()) {
     for (size_t b = 0; b < rows.size(); ++b) active_[b]->ended = true, active_[b]->failure = s;
     return;
@@ -484,7 +513,7 @@ void Scheduler::verify_all(std::vector<DraftRow>& rows) {
     // K/V lie past the next position (a ring keeps spare rows for them) and are written over.
     table_->fed(job.slot, tokens.data(), gained);
     const size_t drafted = tokens.size() - 1, accepted = gained - 1;
-    if (job.drafter) job.drafter->feedback(drafted, accepted);  // a row without drafter carried none
+    if (job.drafter && !loose[b]) job.drafter->feedback(drafted, accepted);  // a row without drafter carried none
     job.drafted += drafted;
     job.accepted += accepted;
     drafted_ += drafted;

@@ -21,7 +21,8 @@
 //      token picked by its own TokenPicker (token_picker.h: logprobs, bias,
 //      its constraint's mask, its sampler) and handed to its caller; a
 //      constrained row's next mask is queued on the mask worker at once, so
-//      it is filled while the next step runs;
+//      it is filled while the next step runs; rows that speculate carry
+//      their drafts, as many as pay for the step's width (step_width.h);
 //   5. finished requests leave; their slot keeps its tokens and KV, unless
 //      that KV holds a non-finite value: then it is cleared (kv_rows.h).
 // A request with n choices (Picking::choices) is n rows admitted together:
@@ -64,6 +65,7 @@
 #include "generate.h"
 #include "slot_table.h"
 #include "status.h"
+#include "step_width.h"
 #include "token_picker.h"
 
 namespace lora_share {
@@ -100,9 +102,10 @@ class Scheduler {
   // `slots` KV slots over `pool`, whose calls the scheduler makes holding
   // `pool_lock`; `lock_waiters` counts the threads waiting for that lock (the
   // scheduler lets them in between its iterations).
-  // `speculation` false: no request drafts (--no-speculation).
+  // `speculation` false: no request drafts (--no-speculation); `every_draft`:
+  // each step verifies every draft found, not as many as pay (step_width.h).
   Scheduler(AdapterPool& pool, std::mutex& pool_lock, std::atomic<int>& lock_waiters, size_t slots,
-            bool speculation = true);
+            bool speculation = true, bool every_draft = false);
   // Ends the thread; requests still queued end with an error.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -128,14 +131,16 @@ class Scheduler {
   // together start in one step, a long one delays the others by one chunk.
   void prefill_chunks();
   void decode_all();
-  // This step's drafts of `job` (none without its drafter), cut to what the
-  // row, its tokens to go and the context leave room for.
-  std::vector<int64_t> drafts_of(Job& job);
+  // This step's drafts of `job` (none without its drafter; `loose`: its
+  // drafter's weaker ones, Drafter::propose_loose), cut to what the row, its
+  // tokens to go and the context leave room for.
+  std::vector<int64_t> drafts_of(Job& job, bool loose = false);
   // The step's rows, each of its last token and its drafts: verified, and
   // each row's tokens picked in turn from its logits while they are its
   // drafts; the accepted K/V are committed to the slot table, the rest is
   // written past the row's position and rolled back (overwritten later).
-  void verify_all(std::vector<DraftRow>& rows);
+  // `loose[b]`: row b carries loose drafts, of which its drafter hears nothing.
+  void verify_all(std::vector<DraftRow>& rows, const std::vector<bool>& loose);
   // Choice `sibling` starts from its leader's prompt: the leader's slot's KV
   // copied into its own, its first token picked from the prompt's `logits`.
   void fork(Job& sibling, const Job& leader, const std::vector<float>& logits);
@@ -171,11 +176,13 @@ class Scheduler {
   std::atomic<int>& lock_waiters_;
   const size_t slots_;
   const bool speculation_;
+  const bool every_draft_;
 
   // The scheduler thread's own state (read by stats() under the pool's lock).
   std::unique_ptr<BatchEngine> engine_;
   std::unique_ptr<SlotTable> table_;
-  KvCache kv_;  // the engine's program's KV slots (slot 0; at_slot for the others)
+  std::unique_ptr<StepCosts> costs_;  // the engine's steps, timed (how wide a step that verifies pays)
+  KvCache kv_;                        // the engine's program's KV slots (slot 0; at_slot for the others)
   size_t engine_program_ = 0;
   uint64_t engine_generation_ = 0;
   std::deque<Job*> waiting_;
