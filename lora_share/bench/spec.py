@@ -52,7 +52,9 @@ TASKS = {
     "free": {"max_tokens": 64, "ignore_eos": True, "modes": [OFF, ON]},
 }
 ONE_BASE, ONE_ADAPTER, FOUR = "1 client, base", "1 client, adapter", "4 clients, 4 adapters"
-FULL = {"requests": 8, "groups": 2, "precisions": ["fp32", "8da4w"]}
+# 4 groups of 4: a group's speed depends on its four texts (how much each adapter copies, how long the longest
+# answer runs alone), so 2 groups (8 requests) gave 1.29x to 1.49x on the copy task at one commit.
+FULL = {"requests": 8, "groups": 4, "precisions": ["fp32", "8da4w"]}
 QUICK = {"requests": 2, "groups": 1, "precisions": ["fp32"]}
 # llama-server's own n-gram speculation: the last 3 tokens looked up in the context, up to 16 proposed.
 LLAMA_SPEC = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-draft-n-max", "16")
@@ -177,11 +179,21 @@ def run_precision(
     modes' order swapping from one group of requests to the next; the figures, ratios and texts compared.
     ``corpus(task)`` gives a task's requests (``spec_corpus.prompts``)."""
     adapter = settings["adapter"]
-    for server in servers.values():  # every adapter loaded (and packed weights written) before anything is timed
+    warm_up_drafted = {}
+    for mode, server in servers.items():  # every adapter loaded (and packed weights written) before anything is timed
         for model in [BASE_NAME, *adapters]:
             http_streams.stream(
                 server.address, body(model, prompts.ids([("user", "Hi")]), {**TASKS["free"], "max_tokens": 1}, None)
             )
+        # As a server that has served a while: the scheduler learns what each shape of step costs from the
+        # steps it runs (docs/batching.md, "In the scheduler"), so one untimed group of 4 copy requests on
+        # the 4 adapters (the task's last requests, none of them timed) runs first on both servers.
+        copy, warm = tasks.get("proofread", TASKS["proofread"]), corpus("proofread")[-4:]
+        answers, _, _ = ask(
+            server, [body(m, prompts.ids([("user", p["message"])]), copy, None) for m, p in zip(adapters, warm)]
+        )
+        warm_up = group_figures(answers, None, 0.0)
+        warm_up_drafted[mode] = warm_up["accepted"] + warm_up["rejected"]
     measured = Measured()
     flip = False
     for task, spec in tasks.items():
@@ -214,7 +226,7 @@ def run_precision(
                 f"  {task}, {name}: "
                 + "; ".join(f"{mode} {f['decode_tokens_per_s']} tokens/s" for mode, f in figures.items())
             )
-    return collect(measured, tasks)
+    return {**collect(measured, tasks), "warm_up_drafted": warm_up_drafted}
 
 
 def collect(measured: Measured, tasks: dict) -> dict:
@@ -443,7 +455,8 @@ def report(result: dict) -> str:
         f"{' (QUICK smoke run)' if result['quick'] else ''}",
         "",
         f"{header_line(result)} Two lora-share-servers --parallel {s['parallel']} alive at once, the default "
-        "(speculation on) and --no-speculation, every request asked of both in alternating order. Each "
+        "(speculation on) and --no-speculation, every request asked of both in alternating order, after one "
+        "untimed group of 4 proofreading requests on each (the scheduler's step costs learned). Each "
         "request: bench-spec's corpus (lora_share/bench/spec_corpus.py) as a chat message, streamed "
         "/v1/completions, greedy, cache_prompt off; EOS honoured (proofread and rewrite 192 tokens at most, "
         f"extract 96), free answers 64 tokens with EOS ignored. 1 client: {s['requests']} requests a "
