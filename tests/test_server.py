@@ -444,6 +444,7 @@ def test_a_client_hanging_up_leaves_a_concurrent_stream_as_it_is_alone(server):
         (["--parallel", "0"], "--parallel must be a number from 1 to"),
         (["--parallel", "two"], "--parallel must be a number from 1 to"),
         (["--parallel"], "--parallel needs a value"),
+        (["--every-draft", "--no-speculation"], "give one of them"),
     ],
 )
 def test_bad_flags_are_usage_errors(server_bin, deployment, args, words):

@@ -129,6 +129,9 @@ StatusOr<ServerOptions> parse_server_flags(int argc, char** argv) {
         "--packed-cache names the packed-weights file's folder, --no-packed-cache "
         "turns the file off: give one of them");
   }
+  if (options.every_draft && options.no_speculation) {
+    return Status::usage("--every-draft verifies every draft, --no-speculation verifies none: give one of them");
+  }
   if (!options.help && options.dir.empty()) {
     return Status::usage("--dir is required: the output folder of `lora-share build`");
   }
