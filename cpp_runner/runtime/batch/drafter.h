@@ -58,7 +58,7 @@ class Drafter {
   std::vector<int64_t> seq_;  // the prompt, then the answer
   size_t prompt_ = 0;         // the prompt's length in seq_
   std::vector<int64_t> prediction_;
-  size_t cursor_ = 0;             // in prediction_: just after the last drafts taken from it
+  size_t cursor_ = 0;  // in prediction_: just after the last drafts taken from it
   double acceptance_ = 0.5;
 };
 
