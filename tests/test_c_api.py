@@ -206,28 +206,21 @@ def test_struct_layouts_match_the_library(library, tiny_build):
     assert s["parallel"] == 1 and len(s["batch_size_counts"]) == c_abi.MAX_PARALLEL
 
 
-@pytest.mark.parametrize("parallel", [0, c_abi.MAX_PARALLEL + 1])
-def test_parallel_out_of_range_is_refused(library, tiny_build, parallel):
+@pytest.mark.parametrize(
+    "field, value", [("parallel", 0), ("parallel", c_abi.MAX_PARALLEL + 1), ("speculation", -1), ("speculation", 3)]
+)
+def test_options_out_of_range_are_refused(library, tiny_build, field, value):
     expect(
         "LS_ERR_ARGUMENT",
         native.open_dir,
         tiny_build.out_dir,
-        parallel=parallel,
+        **{field: value},
         library=library,
-        contains="ls_options.parallel",
+        contains=f"ls_options.{field}",
     )
 
 
-@pytest.mark.parametrize("speculation", [-1, 3])
-def test_speculation_out_of_range_is_refused(library, tiny_build, speculation):
-    expect(
-        "LS_ERR_ARGUMENT",
-        native.open_dir,
-        tiny_build.out_dir,
-        speculation=speculation,
-        library=library,
-        contains="ls_options.speculation",
-    )
+def test_a_speculation_mode_misspelt_is_refused(library, tiny_build):
     with pytest.raises(ValueError, match="every_draft"):
         native.open_dir(tiny_build.out_dir, speculation="every", library=library)
 
