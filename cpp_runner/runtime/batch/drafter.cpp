@@ -33,14 +33,12 @@ std::vector<int64_t> Drafter::propose() {
   return drafts.empty() ? from_context(options_.max_drafts) : drafts;
 }
 
-std::vector<int64_t> Drafter::from_context_loose(size_t n) const {
+std::vector<int64_t> Drafter::propose_loose() const {
   if (seq_.size() < 2) return {};
   for (size_t i = seq_.size() - 1; i-- > 0;)
-    if (seq_[i] == seq_.back()) return after(seq_, i + 1, n);
+    if (seq_[i] == seq_.back()) return after(seq_, i + 1, options_.max_drafts);
   return {};
 }
-
-std::vector<int64_t> Drafter::propose_loose() const { return from_context_loose(options_.max_drafts); }
 
 void Drafter::feedback(size_t drafted, size_t accepted) {
   if (drafted == 0) return;

@@ -51,7 +51,6 @@ class Drafter {
   // Up to `n` tokens that followed the latest earlier occurrence of the answer's suffix in `seq` (the
   // prompt and answer), or the prediction's occurrence nearest after its last use.
   std::vector<int64_t> from_context(size_t n) const;
-  std::vector<int64_t> from_context_loose(size_t n) const;  // the last token alone
   std::vector<int64_t> from_prediction(size_t n);
 
   DrafterOptions options_;

@@ -5,7 +5,7 @@
 namespace lora_share {
 namespace {
 
-// A new step's weight in its P's average: a few steps follow a change (a longer context, another process on
+// A new step's weight in its shape's average: a few steps follow a change (a longer context, another process on
 // the cores), one slow step (a page fault, a preemption) moves it by a fifth.
 constexpr double kWeight = 0.2;
 // Before any measurement near it, a step is assumed to cost the same up to kKnee positions (the weights'
