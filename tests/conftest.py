@@ -223,8 +223,8 @@ def runner_bin() -> Path:
 
 def token_usage(usage: dict) -> dict:
     """An answer's usage without ``completion_tokens_details``: those count the drafts the answering runtime
-    checked (docs/server.md), and a runtime of one slot (lora_share.Runtime's default) does not speculate
-    while the server's four do, so two doors give the same text and counts but not the same drafts."""
+    checked (docs/server.md), and how many drafts pay for a step is timed on the machine (step_width.h), so
+    two doors give the same text and counts but not always the same drafts (unless both verify every draft)."""
     return {k: v for k, v in usage.items() if k != "completion_tokens_details"}
 
 

@@ -353,6 +353,7 @@ def test_load_errors(runner_bin, tiny_build, tmp_path, case, mode):
         "no-tokens",
         "missing-value",
         "same-stem-twice",
+        "every-draft-and-no-speculation",
     ],
 )
 def test_usage_errors(runner_bin, tiny_build, vocab_and_len, case):
@@ -371,6 +372,7 @@ def test_usage_errors(runner_bin, tiny_build, vocab_and_len, case):
         "no-tokens": base,
         "missing-value": [*base, "--tokens"],
         "same-stem-twice": [*base, "--pte", next(iter(tiny_build.ptes.values())), "--tokens", "1"],
+        "every-draft-and-no-speculation": [*base, "--tokens", "1", "--every-draft", "--no-speculation"],
     }[case]
     assert_clean_error(run_runner(runner_bin, *args), 2)
 

@@ -286,7 +286,8 @@ def test_serve_messages_answer_as_chat(runner_bin, text_build):
 def test_serve_openai_lines_answer_as_the_server(runner_bin, text_build):
     """A --serve line with "model" is the server's body, read by the same schema: the answer's choices
     and usage equal lora_share.Runtime's (the server's calls, in-process), whole or one chunk a line;
-    a refused field says what the server says."""
+    a refused field says what the server says. Both verify every draft: how many drafts pay for a step
+    is timed on the machine, so the usage's draft counts would otherwise hang on load."""
     from lora_share import NativeError, Runtime
 
     chat = {"model": TEXT_ADAPTER, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "top_k": 3}
@@ -295,13 +296,14 @@ def test_serve_openai_lines_answer_as_the_server(runner_bin, text_build):
     lines = [chat, {**chat, "stream": True}, completion, bad]
     r = runner(
         runner_bin,
-        *base_args(text_build.build.out_dir, "--serve"),
+        *base_args(text_build.build.out_dir, "--serve", "--every-draft"),
         stdin="".join(json.dumps(line) + "\n" for line in lines),
     )
     assert r.returncode == 0, r.stderr
     whole, *rest = json_lines(r.stdout)
     chunks, (done, refused) = rest[:-2], rest[-2:]
-    with Runtime(text_build.build.out_dir, library=runner_bin.parent / "liblora_share.so") as rt:
+    library = runner_bin.parent / "liblora_share.so"
+    with Runtime(text_build.build.out_dir, library=library, speculation="every_draft") as rt:
         want = rt.create_chat_completion(**chat)
         want_chunks = list(rt.create_chat_completion(**chat, stream=True))
         want_done = rt.create_completion(**completion)

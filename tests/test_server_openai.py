@@ -101,7 +101,9 @@ def test_text_parts_and_the_developer_role(client):
     want = client.chat.completions.create(model=SECOND, messages=plain, max_tokens=8)
     got = client.chat.completions.create(model=SECOND, messages=parts, max_tokens=8)
     assert got.choices[0].message.content == want.choices[0].message.content
-    assert got.usage == want.usage
+    # The token counts; the drafts verified (completion_tokens_details) hang on each step's timing.
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+    assert got.usage.completion_tokens == want.usage.completion_tokens
     other = client.chat.completions.create(model=SECOND, messages=plain[1:], max_tokens=8)
     assert other.usage.prompt_tokens != want.usage.prompt_tokens  # the system message is in the prompt
 

@@ -176,6 +176,13 @@ std::vector<flags::Flag> table(Options& o) {
          o.no_speculation = true;
          return Status();
        }},
+      {"every-draft", nullptr, "off",
+       "each step verifies every draft found, not as many as pay for the step's width on this machine "
+       "(docs/batching.md): the same answers, with draft counts no timing moves (tests, comparisons)",
+       [&o](const std::string&) {
+         o.every_draft = true;
+         return Status();
+       }},
       {"no-weight-cache", nullptr, "off",
        "turn XNNPACK's shared weight cache off (each adapter packs its own "
        "copy of the foundation; for benchmarks)",
@@ -313,6 +320,8 @@ Status check_combinations(const Options& o) {
     return Status::usage(
         "--packed-cache names the packed-weights file's folder, "
         "--no-packed-cache turns the file off: give one of them");
+  if (o.every_draft && o.no_speculation)
+    return Status::usage("--every-draft verifies every draft, --no-speculation verifies none: give one of them");
   if (!o.packed_cache.empty() && (o.no_weight_cache || o.stock))
     return Status::usage(
         "--packed-cache needs the weight cache, which "

@@ -33,6 +33,7 @@ struct Options {
   std::string packed_cache;         // --packed-cache (a folder; "" = the default ones)
   bool no_packed_cache = false;     // --no-packed-cache
   bool no_speculation = false;      // --no-speculation (ls_options.speculation 0)
+  bool every_draft = false;         // --every-draft (LS_SPECULATION_EVERY_DRAFT)
   bool no_weight_cache = false;     // --no-weight-cache
   bool no_huge_pages = false;       // --no-huge-pages
   bool stock = false;               // --stock

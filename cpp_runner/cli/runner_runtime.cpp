@@ -45,7 +45,9 @@ StatusOr<std::unique_ptr<RunnerRuntime>> RunnerRuntime::load(const Options& opti
   lib.shared_ptd = options.shared_ptd.empty() ? nullptr : options.shared_ptd.c_str();
   lib.verify = options.no_verify ? 0 : 1;
   lib.packed_cache = options.no_packed_cache ? 0 : 1;
-  lib.speculation = options.no_speculation ? 0 : 1;
+  lib.speculation = options.no_speculation ? LS_SPECULATION_OFF
+                    : options.every_draft  ? LS_SPECULATION_EVERY_DRAFT
+                                           : LS_SPECULATION_ON;
   lib.packed_cache_dir = options.packed_cache.empty() ? nullptr : options.packed_cache.c_str();
   ls_diag_options diag;
   ls_diag_options_init(&diag);
