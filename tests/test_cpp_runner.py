@@ -195,7 +195,8 @@ def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_buil
     """The library answers XNNPACK's per-call re-plan at once when no input changed shape
     (runtime/platform/xnnpack_reshape.h): a prompt over two prefill chunks (forward's inputs change shape
     between them) then decoded tokens give the same logits, bit for bit, as re-planning every call,
-    with fewer re-plans run."""
+    with fewer re-plans run. Every draft verified: how many drafts pay for a step is timed, so the two
+    runs could otherwise run different steps (and count different calls)."""
     first = next(iter(tiny_build.ptes.values()))
     probe = json.loads(
         run_runner(
@@ -217,6 +218,7 @@ def test_xnnpack_reshapes_only_when_an_input_changes_shape(runner_bin, tiny_buil
             "--max-new-tokens",
             NEW,
             "--ignore-eos",
+            "--every-draft",
             "--dump-logits",
             npy,
             "--json",
