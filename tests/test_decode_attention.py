@@ -241,7 +241,8 @@ def test_the_program_decodes_with_one_call_per_layer(tiny_build):
     assert len(plans["decode"].inputs) == len(plans["forward"].inputs)
 
 
-@pytest.mark.parametrize("isa", ["avx2", "portable"])
+# portable (~15 s; the loops aarch64 runs) is in `make test`, not in the edit loop.
+@pytest.mark.parametrize("isa", ["avx2", pytest.param("portable", marks=pytest.mark.slow)])
 def test_every_instruction_set_path_matches_the_reference(runner_bin, isa):
     """The kernel's other inner loops (an x86 without AVX-512; ``portable`` is what aarch64 runs),
     forced by LORA_SHARE_ATTEND_ISA, through the reference test in a process of their own (the

@@ -327,7 +327,8 @@ def test_each_damage_has_its_error(tiny_build, kind):
 # --- fuzz -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["ptd", "pte"])
+# The .pte's thousand (its seal checked each time, ~18 s) run in `make test`, not in the edit loop.
+@pytest.mark.parametrize("kind", ["ptd", pytest.param("pte", marks=pytest.mark.slow)])
 def test_damaged_files_are_rejected_cleanly(tiny_build, kind):
     """1,000 damaged copies: each parses (its record decodes, a .pte matches its seal) or raises one FormatError."""
     path = tiny_build.ptd if kind == "ptd" else tiny_build.ptes[next(iter(tiny_build.ptes))]

@@ -513,6 +513,7 @@ def test_c_api_runs_programs_on_caller_tensors(programs_build, runner_bin):
         lib.ls_close(runtime)
 
 
+@pytest.mark.slow  # ~14 s: `make test`, not the edit loop (test_add_program_keeps_the_foundation is in it)
 def test_add_cli_with_model(programs_build, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(programs_build.out_dir, out)

@@ -290,6 +290,7 @@ def pss_bytes(pid: int) -> int:
     raise AssertionError("no Pss in smaps_rollup")
 
 
+@pytest.mark.slow  # ~9 s of 6 MB bodies: `make test`, not the edit loop
 def test_memory_is_returned_after_large_hostile_bodies(server, quiet_answer):
     """Twelve 6 MB bodies of nested arrays, 4 at a time (millions of JSON values each): PSS comes back
     to within 64 MiB of its level before them, and the server answers as before."""
